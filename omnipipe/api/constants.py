@@ -1,0 +1,40 @@
+"""Names, label keys and ports that the operator, router and workers agree on."""
+
+from typing import Final
+
+GROUP: Final = "omnipipe.io"
+VERSION: Final = "v1alpha1"
+API_VERSION: Final = f"{GROUP}/{VERSION}"
+KIND: Final = "OmniPipeline"
+PLURAL: Final = "omnipipelines"
+SINGULAR: Final = "omnipipeline"
+SHORT_NAMES: Final = ("omnip",)
+
+LABEL_NAME: Final = "app.kubernetes.io/name"
+LABEL_INSTANCE: Final = "app.kubernetes.io/instance"
+LABEL_COMPONENT: Final = "app.kubernetes.io/component"
+LABEL_MANAGED_BY: Final = "app.kubernetes.io/managed-by"
+LABEL_PIPELINE: Final = "omnipipe.io/pipeline"
+LABEL_STAGE: Final = "omnipipe.io/stage"
+ANNOTATION_CONFIG_HASH: Final = "omnipipe.io/config-hash"
+
+APP_NAME: Final = "omnipipe"
+MANAGER: Final = "omnipipe-operator"
+COMPONENT_STAGE: Final = "stage"
+COMPONENT_ROUTER: Final = "router"
+
+ROUTER_PORT: Final = 8000
+WORKER_CONTROL_PORT: Final = 8100
+WORKER_TRANSFER_PORT: Final = 8101
+
+# Pod-side path where the ConfigMap with the resolved pipeline is mounted.
+CONFIG_DIR: Final = "/etc/omnipipe"
+CONFIG_FILE: Final = "pipeline.yaml"
+
+# Kubernetes object names are DNS-1035 labels: at most 63 characters.
+MAX_OBJECT_NAME: Final = 63
+# Longest suffix the operator appends to a pipeline name ("-router", "-config").
+LONGEST_FIXED_SUFFIX: Final = len("-router")
+DNS_LABEL_PATTERN: Final = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+MAX_STAGES: Final = 16
+MAX_INPUTS: Final = 8

@@ -1,0 +1,265 @@
+"""Generate the OmniPipeline CustomResourceDefinition from the pydantic models.
+
+Pydantic's JSON schema is rewritten into a Kubernetes structural schema: references
+inlined, optional fields un-nulled, free-form maps marked, and cross-field rules added as
+CEL. Defaults are left out on purpose: the API server would persist them into the
+user's object and a stage override would then override every default field.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from omnipipe.api import constants as c
+from omnipipe.api.pipelines import CUSTOM, PIPELINE_TYPE_NAMES, PIPELINE_TYPES
+from omnipipe.api.resource import MAX_PIPELINE_NAME
+from omnipipe.api.spec import OmniPipelineSpec
+from omnipipe.api.status import OmniPipelineStatus
+
+Schema = dict[str, Any]
+
+_DROP = {"title", "default"}
+
+
+def _cel_str_list(items: tuple[str, ...] | list[str]) -> str:
+    return "[" + ", ".join(json.dumps(i) for i in items) + "]"
+
+
+def _defaults_expr() -> str:
+    """CEL for the pipeline type's default stage names (empty for custom)."""
+    pairs = ", ".join(
+        f"{json.dumps(name)}: {_cel_str_list(p.stage_names)}" for name, p in PIPELINE_TYPES.items()
+    )
+    return f"({{{pairs}}}[?self.pipeline].orValue([]))"
+
+
+def _spec_rules() -> list[Schema]:
+    d = _defaults_expr()
+    order = f"{d} + self.stages.map(s, s.name).filter(n, !(n in {d}))"
+    return [
+        {
+            "rule": "!has(self.stages) || self.stages.all(s, self.stages.exists_one(t, t.name == s.name))",
+            "message": "stage names must be unique",
+            "fieldPath": ".stages",
+            "reason": "FieldValueDuplicate",
+        },
+        {
+            "rule": f"self.pipeline != {json.dumps(CUSTOM)} || (has(self.stages) && size(self.stages) > 0)",
+            "message": "a custom pipeline must define at least one stage",
+            "fieldPath": ".stages",
+            "reason": "FieldValueRequired",
+        },
+        {
+            "rule": f"!has(self.stages) || self.stages.all(s, s.name in {d} || (has(s.role) && has(s.engine)))",
+            "message": "role and engine are required for a stage the pipeline type does not define",
+            "fieldPath": ".stages",
+            "reason": "FieldValueRequired",
+        },
+        {
+            "rule": f"!has(self.stages) || cel.bind(order, {order}, self.stages.all(s, !has(s.inputs) || s.inputs.all(i, i in order)))",
+            "message": "every input must name a stage of this pipeline",
+            "fieldPath": ".stages",
+            "reason": "FieldValueInvalid",
+        },
+        {
+            "rule": f"!has(self.stages) || cel.bind(order, {order}, self.stages.all(s, !has(s.inputs) || s.inputs.all(i, !(i in order) || order.indexOf(i) < order.indexOf(s.name))))",
+            "message": "inputs must name earlier stages: the stage graph may not have cycles",
+            "fieldPath": ".stages",
+            "reason": "FieldValueInvalid",
+        },
+    ]
+
+
+_ROOT_RULES: list[Schema] = [
+    {
+        "rule": f"self.metadata.name.matches({json.dumps(c.DNS_LABEL_PATTERN)}) && size(self.metadata.name) <= {MAX_PIPELINE_NAME}",
+        "message": f"metadata.name must be a DNS label (lowercase letters, digits, '-', starting "
+        f"with a letter) of at most {MAX_PIPELINE_NAME} characters, so child names fit in 63",
+    },
+    {
+        "rule": "!has(self.spec.stages) || self.spec.stages.all(s, size(self.metadata.name) + 1 + size(s.name) <= 63)",
+        "message": "spec.stages[].name: <pipeline>-<stage> must be at most 63 characters",
+    },
+]
+
+_AUTOSCALING_RULES: list[Schema] = [
+    {
+        "rule": "!has(self.minReplicas) || self.minReplicas <= self.maxReplicas",
+        "message": "minReplicas must be <= maxReplicas",
+        "fieldPath": ".minReplicas",
+    },
+    {
+        "rule": "!has(self.metric) || self.metric != 'promql' || has(self.query)",
+        "message": "query is required when metric is promql",
+        "fieldPath": ".query",
+    },
+]
+
+
+def _structural(node: Schema, defs: dict[str, Schema]) -> Schema:
+    """Rewrite one pydantic JSON-schema node into a structural OpenAPI v3 node."""
+    node = dict(node)
+    if "$ref" in node:
+        target = defs[node.pop("$ref").rsplit("/", 1)[-1]]
+        merged = {**target, **node}
+        return _structural(merged, defs)
+    if "anyOf" in node:
+        options = [o for o in node.pop("anyOf") if o.get("type") != "null"]
+        types = {o.get("type") for o in options}
+        if types == {"string", "integer"}:
+            pattern = next(o.get("pattern") for o in options if o.get("type") == "string")
+            node["x-kubernetes-int-or-string"] = True
+            if pattern:
+                node.setdefault("x-kubernetes-validations", []).append(
+                    {"rule": f"type(self) == int || self.matches({json.dumps(pattern)})",
+                     "message": "must be a Kubernetes quantity such as 2, 500m or 16Gi"}
+                )
+        elif len(options) == 1:
+            node = {**options[0], **node}
+        else:
+            raise ValueError(f"cannot express union in a structural schema: {options}")
+        return _structural(node, defs)
+    out: Schema = {}
+    for key, value in node.items():
+        if key in _DROP:
+            continue
+        if key == "properties":
+            out[key] = {k: _structural(v, defs) for k, v in value.items()}
+        elif key == "items":
+            out[key] = _structural(value, defs)
+        elif key == "additionalProperties":
+            if value is True or value == {}:
+                out["x-kubernetes-preserve-unknown-fields"] = True
+            elif value is not False:
+                out[key] = _structural(value, defs)
+        elif key == "exclusiveMinimum":
+            out["minimum"] = value
+            out["exclusiveMinimum"] = True
+        elif key == "description":
+            out[key] = " ".join(value.split())
+        elif key == "const":
+            out["enum"] = [value]
+        else:
+            out[key] = value
+    if "enum" in out and "type" not in out:
+        out["type"] = "string"
+    if out.get("type") == "object" and "properties" not in out and "additionalProperties" not in out:
+        out["x-kubernetes-preserve-unknown-fields"] = True
+    return out
+
+
+def _model_schema(model: type[OmniPipelineSpec] | type[OmniPipelineStatus]) -> Schema:
+    raw = model.model_json_schema(by_alias=True, mode="validation")
+    defs = raw.pop("$defs", {})
+    return _structural(raw, defs)
+
+
+def _walk(node: Schema, path: str, visit: Any) -> None:
+    visit(node, path)
+    for name, child in node.get("properties", {}).items():
+        _walk(child, f"{path}.{name}", visit)
+    if "items" in node:
+        _walk(node["items"], f"{path}[]", visit)
+    if isinstance(node.get("additionalProperties"), dict):
+        _walk(node["additionalProperties"], f"{path}{{}}", visit)
+
+
+def _require_descriptions(schema: Schema, root: str) -> None:
+    missing: list[str] = []
+
+    def visit(node: Schema, path: str) -> None:
+        if not node.get("description") and not path.endswith(("[]", "}")):
+            missing.append(path)
+
+    _walk(schema, root, visit)
+    if missing:
+        raise ValueError(f"fields without a description: {', '.join(missing)}")
+
+
+def _spec_schema() -> Schema:
+    spec = _model_schema(OmniPipelineSpec)
+    props = spec["properties"]
+    props["pipeline"]["enum"] = list(PIPELINE_TYPE_NAMES)
+    props["pipeline"].pop("pattern", None)
+    stages = props["stages"]
+    stages["x-kubernetes-list-type"] = "map"
+    stages["x-kubernetes-list-map-keys"] = ["name"]
+    stage = stages["items"]
+    stage["properties"]["inputs"]["x-kubernetes-list-type"] = "set"
+    stage["properties"]["env"]["x-kubernetes-list-type"] = "map"
+    stage["properties"]["env"]["x-kubernetes-list-map-keys"] = ["name"]
+    stage["properties"]["autoscaling"]["x-kubernetes-validations"] = _AUTOSCALING_RULES
+    spec["x-kubernetes-validations"] = _spec_rules()
+    return spec
+
+
+def _status_schema() -> Schema:
+    status = _model_schema(OmniPipelineStatus)
+    props = status["properties"]
+    for key, field in (("conditions", "type"), ("stages", "name")):
+        props[key]["x-kubernetes-list-type"] = "map"
+        props[key]["x-kubernetes-list-map-keys"] = [field]
+    return status
+
+
+def build_crd() -> Schema:
+    """The OmniPipeline CRD as a dict, ready to dump as YAML."""
+    spec, status = _spec_schema(), _status_schema()
+    _require_descriptions(spec, "spec")
+    _require_descriptions(status, "status")
+    schema: Schema = {
+        "type": "object",
+        "description": "OmniPipeline serves one omni-modality model as a graph of stages "
+        "(AR, diffusion, codec), each a Deployment scaled on its own, behind an "
+        "OpenAI-compatible router.",
+        "required": ["spec"],
+        "properties": {
+            "apiVersion": {"type": "string", "description": "omnipipe.io/v1alpha1"},
+            "kind": {"type": "string", "description": "OmniPipeline"},
+            "metadata": {"type": "object"},
+            "spec": spec,
+            "status": status,
+        },
+        "x-kubernetes-validations": _ROOT_RULES,
+    }
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{c.PLURAL}.{c.GROUP}"},
+        "spec": {
+            "group": c.GROUP,
+            "scope": "Namespaced",
+            "names": {
+                "kind": c.KIND,
+                "listKind": f"{c.KIND}List",
+                "plural": c.PLURAL,
+                "singular": c.SINGULAR,
+                "shortNames": list(c.SHORT_NAMES),
+                "categories": ["omnipipe"],
+            },
+            "versions": [
+                {
+                    "name": c.VERSION,
+                    "served": True,
+                    "storage": True,
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": [
+                        {"name": "Ready", "type": "string",
+                         "jsonPath": '.status.conditions[?(@.type=="Ready")].status'},
+                        {"name": "Stages", "type": "string", "jsonPath": ".status.stagesReady"},
+                        {"name": "Endpoint", "type": "string", "jsonPath": ".status.endpoint"},
+                        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+                    ],
+                    "schema": {"openAPIV3Schema": schema},
+                }
+            ],
+        },
+    }
+
+
+def render_crd_yaml() -> str:
+    import yaml
+
+    header = "# Generated by `omnipipe crd` from omnipipe/api. Do not edit; run `make manifests`.\n"
+    return header + yaml.safe_dump(build_crd(), sort_keys=False, width=100)

@@ -1,0 +1,159 @@
+"""Merge a pipeline type's default stages with the user's overrides.
+
+The result is what the operator writes into the ConfigMap and what `omnipipe serve`
+runs: workers and the router read it, never the raw resource.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from omnipipe.api.pipelines import PIPELINE_TYPES, StageDefaults, stage_order
+from omnipipe.api.resource import OmniPipeline
+from omnipipe.api.spec import (
+    Autoscaling,
+    Engine,
+    EnvVar,
+    Metric,
+    Role,
+    Router,
+    Stage,
+    Toleration,
+    Transfer,
+)
+
+TINY_SCHEME = "tiny://"
+DEFAULT_TARGETS = {
+    Metric.INFLIGHT: 4.0,
+    Metric.QUEUE_WAIT_P90: 1.0,
+    Metric.KV_CACHE_USAGE: 0.8,
+    Metric.PROMQL: 1.0,
+}
+
+
+class ResolvedModel(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class ResolvedStage(ResolvedModel):
+    name: str
+    role: Role
+    engine: Engine
+    model: str
+    inputs: tuple[str, ...]
+    replicas: int
+    cpu: str | None
+    memory: str | None
+    gpus: int
+    engine_args: dict[str, Any]
+    env: tuple[EnvVar, ...]
+    node_selector: dict[str, str]
+    tolerations: tuple[Toleration, ...]
+    autoscaling: Autoscaling | None
+    target: float | None
+
+    @property
+    def autoscaled(self) -> bool:
+        return self.autoscaling is not None
+
+
+class ResolvedPipeline(ResolvedModel):
+    """A fully specified pipeline: every stage concrete, in dependency order."""
+
+    name: str
+    namespace: str
+    model: str
+    pipeline: str
+    stages: tuple[ResolvedStage, ...]
+    router: Router
+    transfer: Transfer
+
+    def stage(self, name: str) -> ResolvedStage:
+        for stage in self.stages:
+            if stage.name == name:
+                return stage
+        raise KeyError(f"pipeline {self.name} has no stage {name!r}")
+
+    @property
+    def outputs(self) -> tuple[str, ...]:
+        """Stages no other stage consumes: they produce what users see."""
+        consumed = {i for s in self.stages for i in s.inputs}
+        return tuple(s.name for s in self.stages if s.name not in consumed)
+
+
+def is_tiny(model: str) -> bool:
+    return model.startswith(TINY_SCHEME)
+
+
+def _quantity(value: str | int | None) -> str | None:
+    return None if value is None else str(value)
+
+
+def _base_stage(name: str, model: str, default: StageDefaults | None) -> dict[str, Any]:
+    """The stage as its pipeline type defines it, or an empty shell for an added stage."""
+    tiny = is_tiny(model)
+    if default is None:
+        return {"name": name, "inputs": (), "gpus": 0, "engine_args": {}}
+    return {
+        "name": name,
+        "role": default.role,
+        "engine": default.cpu_engine if tiny and default.cpu_engine else default.engine,
+        "inputs": default.inputs,
+        "gpus": 0 if tiny else default.gpus,
+        "engine_args": dict(default.engine_args),
+    }
+
+
+def _resolve_stage(model: str, default: StageDefaults | None, user: Stage) -> ResolvedStage:
+    stage_model = user.model or model
+    fields = _base_stage(user.name, stage_model, default)
+    if user.role is not None:
+        fields["role"] = user.role
+    if user.engine is not None:
+        fields["engine"] = user.engine
+    if user.inputs is not None:
+        fields["inputs"] = tuple(user.inputs)
+    res = user.resources
+    if res is not None and res.gpus is not None:
+        fields["gpus"] = res.gpus
+    fields["engine_args"].update(user.engine_args or {})
+    scaling = user.autoscaling
+    if user.replicas is not None:
+        replicas = user.replicas
+    else:
+        replicas = scaling.min_replicas if scaling else 1
+    return ResolvedStage(
+        **fields,
+        model=stage_model,
+        replicas=replicas,
+        cpu=_quantity(res.cpu if res else None),
+        memory=_quantity(res.memory if res else None),
+        env=tuple(user.env or ()),
+        node_selector=dict(user.node_selector or {}),
+        tolerations=tuple(user.tolerations or ()),
+        autoscaling=scaling,
+        target=(scaling.target or DEFAULT_TARGETS[scaling.metric]) if scaling else None,
+    )
+
+
+def resolve(resource: OmniPipeline) -> ResolvedPipeline:
+    """The pipeline type's defaults merged with the user's stage entries."""
+    spec = resource.spec
+    known = PIPELINE_TYPES.get(spec.pipeline)
+    defaults = {s.name: s for s in known.stages} if known else {}
+    users = {s.name: s for s in spec.stages}
+    stages = tuple(
+        _resolve_stage(spec.model, defaults.get(name), users.get(name, Stage(name=name)))
+        for name in stage_order(spec)
+    )
+    return ResolvedPipeline(
+        name=resource.metadata.name,
+        namespace=resource.metadata.namespace,
+        model=spec.model,
+        pipeline=spec.pipeline,
+        stages=stages,
+        router=spec.router,
+        transfer=spec.transfer,
+    )

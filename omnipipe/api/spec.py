@@ -1,0 +1,223 @@
+"""Pydantic models of the OmniPipeline resource: the single source of the CRD.
+
+Field docstrings become the CRD's descriptions (``kubectl explain``). Validators here
+mirror the CRD's CEL rules so that ``omnipipe serve`` and ``omnipipe render`` reject the
+same manifests the API server does.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic.alias_generators import to_camel
+
+from omnipipe.api import constants as c
+
+DnsLabel = Annotated[str, Field(pattern=c.DNS_LABEL_PATTERN, min_length=1, max_length=63)]
+# Kubernetes resource.Quantity: "2", "500m", "16Gi", or a bare integer.
+Quantity = Annotated[str, Field(pattern=r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$")] | int
+
+
+class SpecModel(BaseModel):
+    """Base for resource models: camelCase on the wire, unknown fields rejected."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        frozen=True,
+        use_attribute_docstrings=True,
+    )
+
+
+class Engine(StrEnum):
+    TRANSFORMERS = "transformers"
+    DIFFUSERS = "diffusers"
+    VLLM = "vllm"
+
+
+class Role(StrEnum):
+    TEXT_ENCODER = "text-encoder"
+    DENOISER = "denoiser"
+    VAE_DECODER = "vae-decoder"
+    THINKER = "thinker"
+    TALKER = "talker"
+    CODE2WAV = "code2wav"
+
+
+class Metric(StrEnum):
+    INFLIGHT = "inflight"
+    QUEUE_WAIT_P90 = "queue-wait-p90"
+    KV_CACHE_USAGE = "kv-cache-usage"
+    PROMQL = "promql"
+
+
+class ServiceType(StrEnum):
+    CLUSTER_IP = "ClusterIP"
+    NODE_PORT = "NodePort"
+    LOAD_BALANCER = "LoadBalancer"
+
+
+class TransferBackend(StrEnum):
+    UCX = "ucx"
+    TCP = "tcp"
+
+
+class Resources(SpecModel):
+    """Compute resources of one replica of a stage."""
+
+    cpu: Quantity | None = None
+    """CPU request and limit, as a Kubernetes quantity ("2", "500m")."""
+    memory: Quantity | None = None
+    """Memory request and limit, as a Kubernetes quantity ("16Gi")."""
+    gpus: Annotated[int, Field(ge=0, le=64)] | None = None
+    """Number of GPUs per replica, requested as nvidia.com/gpu. 0 runs on the CPU."""
+
+
+class EnvVar(SpecModel):
+    """An environment variable of the stage's container, as in a Pod spec."""
+
+    name: Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")]
+    """Variable name."""
+    value: str | None = None
+    """Literal value."""
+    value_from: dict[str, Any] | None = None
+    """Source of the value (secretKeyRef, configMapKeyRef, fieldRef), as in a Pod spec."""
+
+
+class Toleration(SpecModel):
+    """A toleration of the stage's pods, as in a Pod spec."""
+
+    key: str | None = None
+    """Taint key the toleration applies to; empty matches all keys."""
+    operator: Annotated[str, Field(pattern=r"^(Exists|Equal)$")] | None = None
+    """Exists or Equal (the default)."""
+    value: str | None = None
+    """Taint value the toleration matches."""
+    effect: Annotated[str, Field(pattern=r"^(NoSchedule|PreferNoSchedule|NoExecute)$")] | None = None
+    """Taint effect to match; empty matches all effects."""
+    toleration_seconds: int | None = None
+    """How long a NoExecute taint is tolerated before eviction."""
+
+
+class Autoscaling(SpecModel):
+    """Per-stage autoscaling from Prometheus metrics. The autoscaler then owns replicas."""
+
+    min_replicas: Annotated[int, Field(ge=0, le=1000)] = 1
+    """Lowest replica count. 0 lets the stage scale to zero while idle."""
+    max_replicas: Annotated[int, Field(ge=1, le=1000)]
+    """Highest replica count."""
+    metric: Metric = Metric.INFLIGHT
+    """Signal to scale on: inflight (running plus waiting requests per ready replica),
+    queue-wait-p90 (seconds), kv-cache-usage (fraction, vLLM stages) or promql (see query)."""
+    target: Annotated[float, Field(gt=0)] | None = None
+    """Target value of the metric per replica. Defaults depend on the metric."""
+    query: Annotated[str, Field(min_length=1, max_length=4096)] | None = None
+    """Raw PromQL expression giving the per-replica value, used when metric is promql."""
+    scale_up_stabilization_seconds: Annotated[int, Field(ge=0, le=3600)] = 0
+    """Window over which the lowest recommendation is taken before scaling up."""
+    scale_down_stabilization_seconds: Annotated[int, Field(ge=0, le=3600)] = 300
+    """Window over which the highest recommendation is taken before scaling down."""
+
+    @model_validator(mode="after")
+    def _bounds(self) -> Autoscaling:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError("autoscaling.minReplicas must be <= autoscaling.maxReplicas")
+        if self.metric is Metric.PROMQL and self.query is None:
+            raise ValueError("autoscaling.query is required when autoscaling.metric is promql")
+        return self
+
+
+class Stage(SpecModel):
+    """One stage of the pipeline. For a known pipeline type, an entry whose name matches a
+    default stage overrides only the fields it sets; other entries add stages."""
+
+    name: DnsLabel
+    """Stage name, a DNS label. It names the stage's Deployment: <pipeline>-<name>."""
+    role: Role | None = None
+    """What the stage does. Required for stages the pipeline type does not define."""
+    engine: Engine | None = None
+    """Inference engine: transformers, diffusers or vllm. Required for new stages."""
+    model: Annotated[str, Field(min_length=1, max_length=512)] | None = None
+    """Model override for this stage; defaults to spec.model."""
+    inputs: Annotated[list[DnsLabel], Field(max_length=c.MAX_INPUTS)] | None = None
+    """Names of the upstream stages this stage consumes; each must come earlier."""
+    replicas: Annotated[int, Field(ge=0, le=1000)] | None = None
+    """Fixed replica count. Ignored when autoscaling is set."""
+    resources: Resources | None = None
+    """CPU, memory and GPUs per replica."""
+    engine_args: dict[str, Any] | None = None
+    """Free-form arguments passed to the engine (e.g. vLLM's max_model_len)."""
+    env: Annotated[list[EnvVar], Field(max_length=64)] | None = None
+    """Extra environment variables of the stage's container."""
+    node_selector: dict[str, str] | None = None
+    """Node labels the stage's pods must match."""
+    tolerations: Annotated[list[Toleration], Field(max_length=32)] | None = None
+    """Tolerations of the stage's pods."""
+    autoscaling: Autoscaling | None = None
+    """Autoscaling policy. When set, the autoscaler owns the replica count."""
+
+
+class SecretKeyRef(SpecModel):
+    """A key of a Secret in the pipeline's namespace."""
+
+    name: DnsLabel
+    """Secret name."""
+    key: Annotated[str, Field(min_length=1, max_length=253)] = "api-key"
+    """Key inside the Secret."""
+
+
+class Router(SpecModel):
+    """The OpenAI-compatible router in front of the stages."""
+
+    replicas: Annotated[int, Field(ge=1, le=100)] = 1
+    """Router replicas."""
+    service_type: ServiceType = ServiceType.CLUSTER_IP
+    """Type of the router's Service: ClusterIP, NodePort or LoadBalancer."""
+    api_key_secret_ref: SecretKeyRef | None = None
+    """When set, clients must send this Secret's value as a Bearer token."""
+
+
+class Transfer(SpecModel):
+    """How stages hand tensors to each other."""
+
+    backend: TransferBackend = TransferBackend.UCX
+    """ucx (ucxx: shared memory, CMA, TCP or RDMA) or tcp (asyncio sockets, the fallback)."""
+
+
+class Images(SpecModel):
+    """Container image overrides; the operator's defaults apply otherwise."""
+
+    worker: Annotated[str, Field(min_length=1, max_length=512)] | None = None
+    """Image of the stage workers."""
+    router: Annotated[str, Field(min_length=1, max_length=512)] | None = None
+    """Image of the router."""
+
+
+class OmniPipelineSpec(SpecModel):
+    """Desired state of an omni-modality serving pipeline."""
+
+    model: Annotated[str, Field(min_length=1, max_length=512)]
+    """A Hugging Face model id, a local path, or tiny://NAME for a built-in tiny random model."""
+    pipeline: Annotated[str, Field(min_length=1, max_length=63)]
+    """Stage-graph type, e.g. qwen-image or qwen2.5-omni; custom defines all stages in spec.stages."""
+    stages: Annotated[list[Stage], Field(max_length=c.MAX_STAGES)] = []
+    """Stage overrides and additions, keyed by name."""
+    router: Router = Router()
+    """Router settings."""
+    transfer: Transfer = Transfer()
+    """Stage-to-stage tensor transfer settings."""
+    images: Images = Images()
+    """Container image overrides."""
+    prometheus_url: Annotated[str, Field(pattern=r"^https?://")] | None = None
+    """Prometheus the autoscaler queries for this pipeline; defaults to the operator's."""
+
+    @model_validator(mode="after")
+    def _graph(self) -> OmniPipelineSpec:
+        # Imported here: the registry imports this module.
+        from omnipipe.api.pipelines import check_stage_graph
+
+        check_stage_graph(self)
+        return self

@@ -1,0 +1,61 @@
+"""Status of an OmniPipeline: conditions, not phases."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated
+
+from pydantic import Field
+
+from omnipipe.api.spec import SpecModel
+
+
+class ConditionStatus(StrEnum):
+    TRUE = "True"
+    FALSE = "False"
+    UNKNOWN = "Unknown"
+
+
+class Condition(SpecModel):
+    """An observation of one aspect of the pipeline (Kubernetes API conventions)."""
+
+    type: Annotated[str, Field(max_length=316)]
+    """Condition type: Ready, StagesReady, RouterReady or Stage<Name>Ready."""
+    status: ConditionStatus
+    """True, False or Unknown."""
+    reason: Annotated[str, Field(max_length=1024)] = ""
+    """CamelCase reason for the last transition."""
+    message: Annotated[str, Field(max_length=32768)] = ""
+    """Human-readable detail."""
+    last_transition_time: str | None = None
+    """When the status last changed (RFC 3339)."""
+    observed_generation: int | None = None
+    """The metadata.generation this condition was computed for."""
+
+
+class StageStatus(SpecModel):
+    """Observed replicas of one stage."""
+
+    name: str
+    """Stage name."""
+    replicas: int = 0
+    """Pods of the stage's Deployment."""
+    ready_replicas: int = 0
+    """Pods that pass their readiness probe."""
+    desired_replicas: int = 0
+    """Replicas wanted now: the fixed count or the autoscaler's latest decision."""
+
+
+class OmniPipelineStatus(SpecModel):
+    """Observed state of the pipeline, computed from its children."""
+
+    conditions: list[Condition] = []
+    """Ready rolls up StagesReady, RouterReady and one condition per stage."""
+    observed_generation: int | None = None
+    """The metadata.generation the operator last reconciled."""
+    stages: list[StageStatus] = []
+    """Per-stage replica counts."""
+    stages_ready: str | None = None
+    """Ready stages over all stages, e.g. 2/3."""
+    endpoint: str | None = None
+    """The router's OpenAI-compatible base URL."""

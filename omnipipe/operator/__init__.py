@@ -1,0 +1,1 @@
+"""The kopf operator: OmniPipeline -> Deployments, Services, ConfigMap, status."""

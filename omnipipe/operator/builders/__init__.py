@@ -1,0 +1,32 @@
+"""Pure builders: BuildContext -> manifests. No I/O, no clock, no randomness."""
+
+from omnipipe.operator.builders.common import Manifest
+from omnipipe.operator.builders.configmap import build_config_map
+from omnipipe.operator.builders.context import BuildContext, OwnerRef, build_context
+from omnipipe.operator.builders.router import (
+    build_router_deployment,
+    build_router_service,
+    router_endpoint,
+)
+from omnipipe.operator.builders.stage import build_stage_deployment, build_stage_service
+
+
+def build_children(ctx: BuildContext) -> list[Manifest]:
+    """Every child of the pipeline, in apply order: config first, router last."""
+    children = [build_config_map(ctx)]
+    for stage in ctx.pipeline.stages:
+        children.append(build_stage_service(ctx, stage))
+        children.append(build_stage_deployment(ctx, stage))
+    children.append(build_router_service(ctx))
+    children.append(build_router_deployment(ctx))
+    return children
+
+
+__all__ = [
+    "BuildContext",
+    "Manifest",
+    "OwnerRef",
+    "build_children",
+    "build_context",
+    "router_endpoint",
+]

@@ -1,0 +1,57 @@
+"""The one frozen input of every builder."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from omnipipe.api import OmniPipeline, ResolvedPipeline, resolve
+from omnipipe.api import constants as c
+from omnipipe.operator.settings import OperatorSettings
+
+
+@dataclass(frozen=True)
+class OwnerRef:
+    name: str
+    uid: str
+
+    def as_manifest(self) -> dict[str, object]:
+        return {
+            "apiVersion": c.API_VERSION,
+            "kind": c.KIND,
+            "name": self.name,
+            "uid": self.uid,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+
+
+@dataclass(frozen=True)
+class BuildContext:
+    pipeline: ResolvedPipeline
+    worker_image: str
+    router_image: str
+    image_pull_policy: str
+    termination_grace_seconds: int
+    # None when rendering without a cluster: there is no uid to point at yet.
+    owner: OwnerRef | None
+
+    @property
+    def name(self) -> str:
+        return self.pipeline.name
+
+    @property
+    def namespace(self) -> str:
+        return self.pipeline.namespace
+
+
+def build_context(resource: OmniPipeline, settings: OperatorSettings) -> BuildContext:
+    meta = resource.metadata
+    images = resource.spec.images
+    return BuildContext(
+        pipeline=resolve(resource),
+        worker_image=images.worker or settings.worker_image,
+        router_image=images.router or settings.router_image,
+        image_pull_policy=settings.image_pull_policy,
+        termination_grace_seconds=settings.termination_grace_seconds,
+        owner=OwnerRef(meta.name, meta.uid) if meta.uid else None,
+    )

@@ -1,0 +1,170 @@
+"""A stage's Deployment and headless Service."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from omnipipe.api import ResolvedStage
+from omnipipe.api import constants as c
+from omnipipe.api.names import stage_labels, stage_object_name, stage_selector
+from omnipipe.api.spec import Engine
+from omnipipe.operator.builders.common import (
+    Manifest,
+    config_mount,
+    config_volume,
+    container_security_context,
+    content_hash,
+    http_probe,
+    object_meta,
+    pipeline_file_args,
+    pod_security_context,
+)
+from omnipipe.operator.builders.context import BuildContext
+
+GPU_RESOURCE = "nvidia.com/gpu"
+CACHE_DIR = "/var/cache/omnipipe"
+# vLLM compiles kernels and writes caches next to its package at run time.
+WRITABLE_ROOT_ENGINES = frozenset({Engine.VLLM})
+
+
+def _resources(stage: ResolvedStage) -> Manifest:
+    amounts: dict[str, Any] = {}
+    if stage.cpu is not None:
+        amounts["cpu"] = stage.cpu
+    if stage.memory is not None:
+        amounts["memory"] = stage.memory
+    if stage.gpus:
+        amounts[GPU_RESOURCE] = stage.gpus
+    if not amounts:
+        return {}
+    # Requests equal limits: model servers should not be squeezed by noisy neighbours.
+    return {"requests": dict(amounts), "limits": dict(amounts)}
+
+
+def _env(ctx: BuildContext, stage: ResolvedStage) -> list[Manifest]:
+    env: list[Manifest] = [
+        {"name": "OMNIPIPE_POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        {"name": "OMNIPIPE_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "HF_HOME", "value": f"{CACHE_DIR}/huggingface"},
+        {"name": "OMNIPIPE_CACHE_DIR", "value": CACHE_DIR},
+    ]
+    for var in stage.env:
+        env.append(var.model_dump(by_alias=True, exclude_none=True))
+    return env
+
+
+def stage_config_hash(ctx: BuildContext, stage: ResolvedStage) -> str:
+    """Only what this stage's pods read: editing another stage never rolls this one."""
+    return content_hash(
+        {
+            "stage": stage.model_dump(mode="json"),
+            "transfer": ctx.pipeline.transfer.model_dump(mode="json"),
+        }
+    )
+
+
+def _container(ctx: BuildContext, stage: ResolvedStage) -> Manifest:
+    container: Manifest = {
+        "name": "worker",
+        "image": ctx.worker_image,
+        "imagePullPolicy": ctx.image_pull_policy,
+        "command": ["omnipipe"],
+        "args": [*pipeline_file_args("worker"), "--stage", stage.name],
+        "ports": [
+            {"name": "control", "containerPort": c.WORKER_CONTROL_PORT, "protocol": "TCP"},
+            {"name": "transfer", "containerPort": c.WORKER_TRANSFER_PORT, "protocol": "TCP"},
+        ],
+        "env": _env(ctx, stage),
+        "readinessProbe": http_probe("/ready", "control", period=5, failures=3),
+        "livenessProbe": http_probe("/health", "control", period=10, failures=6),
+        # /drain makes the worker fail /ready and returns once in-flight work is done;
+        # terminationGracePeriodSeconds bounds it.
+        "lifecycle": {"preStop": {"httpGet": {"path": "/drain", "port": "control"}}},
+        "securityContext": container_security_context(
+            read_only_root=stage.engine not in WRITABLE_ROOT_ENGINES
+        ),
+        "volumeMounts": [
+            config_mount(),
+            {"name": "cache", "mountPath": CACHE_DIR},
+            {"name": "tmp", "mountPath": "/tmp"},
+            {"name": "shm", "mountPath": "/dev/shm"},
+        ],
+    }
+    resources = _resources(stage)
+    if resources:
+        container["resources"] = resources
+    return container
+
+
+def _pod_spec(ctx: BuildContext, stage: ResolvedStage) -> Manifest:
+    spec: Manifest = {
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "securityContext": pod_security_context(),
+        "terminationGracePeriodSeconds": ctx.termination_grace_seconds,
+        "containers": [_container(ctx, stage)],
+        "volumes": [
+            config_volume(ctx),
+            {"name": "cache", "emptyDir": {}},
+            {"name": "tmp", "emptyDir": {}},
+            # UCX's shared-memory transports and NCCL need more than the runtime's 64 MiB.
+            {"name": "shm", "emptyDir": {"medium": "Memory"}},
+        ],
+    }
+    if stage.node_selector:
+        spec["nodeSelector"] = dict(stage.node_selector)
+    if stage.tolerations:
+        spec["tolerations"] = [
+            t.model_dump(by_alias=True, exclude_none=True) for t in stage.tolerations
+        ]
+    return spec
+
+
+def build_stage_deployment(ctx: BuildContext, stage: ResolvedStage) -> Manifest:
+    name = stage_object_name(ctx.name, stage.name)
+    labels = stage_labels(ctx.name, stage.name)
+    spec: Manifest = {
+        "selector": {"matchLabels": stage_selector(ctx.name, stage.name)},
+        "revisionHistoryLimit": 3,
+        "strategy": {
+            "type": "RollingUpdate",
+            "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+        },
+        "template": {
+            "metadata": {
+                "labels": labels,
+                "annotations": {c.ANNOTATION_CONFIG_HASH: stage_config_hash(ctx, stage)},
+            },
+            "spec": _pod_spec(ctx, stage),
+        },
+    }
+    # An autoscaled stage's replica count belongs to the autoscaler alone.
+    if not stage.autoscaled:
+        spec = {"replicas": stage.replicas, **spec}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": object_meta(ctx, name, labels),
+        "spec": spec,
+    }
+
+
+def build_stage_service(ctx: BuildContext, stage: ResolvedStage) -> Manifest:
+    """Headless: resolves to the stage's ready pods, which the router and upstream
+    stages address one by one."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": object_meta(
+            ctx, stage_object_name(ctx.name, stage.name), stage_labels(ctx.name, stage.name)
+        ),
+        "spec": {
+            "clusterIP": "None",
+            "selector": stage_selector(ctx.name, stage.name),
+            "publishNotReadyAddresses": False,
+            "ports": [
+                {"name": "control", "port": c.WORKER_CONTROL_PORT, "targetPort": "control"},
+                {"name": "transfer", "port": c.WORKER_TRANSFER_PORT, "targetPort": "transfer"},
+            ],
+        },
+    }

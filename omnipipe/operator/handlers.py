@@ -1,0 +1,90 @@
+"""Thin kopf handlers: they pick what to reconcile and hand it to reconcile.py."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import kopf
+
+from omnipipe.api import ManifestError
+from omnipipe.api import constants as c
+from omnipipe.operator.k8s import Kube
+from omnipipe.operator.reconcile import reconcile, refresh_status
+from omnipipe.operator.settings import OperatorSettings
+
+
+def _lock(memo: kopf.Memo) -> asyncio.Lock:
+    # Change handlers and the drift timer of one pipeline must not interleave.
+    lock: asyncio.Lock = memo.setdefault("reconcile_lock", asyncio.Lock())
+    return lock
+
+
+def build_registry(settings: OperatorSettings, kube: Kube) -> kopf.OperatorRegistry:
+    registry = kopf.OperatorRegistry()
+    resource = (c.GROUP, c.VERSION, c.PLURAL)
+
+    @kopf.on.startup(registry=registry)
+    def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+        settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=c.GROUP)
+        settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+            prefix=c.GROUP, key="last-handled-configuration"
+        )
+        settings.posting.level = logging.WARNING
+        settings.watching.server_timeout = 300
+
+    async def _reconcile(body: kopf.Body, memo: kopf.Memo) -> dict[str, Any]:
+        async with _lock(memo):
+            try:
+                result = await reconcile(kube, settings, body)
+            except ManifestError as exc:
+                # Only reachable when the CRD's validation was bypassed; retrying won't help.
+                raise kopf.PermanentError(str(exc)) from exc
+        return {"ready": result.ready}
+
+    @kopf.on.create(*resource, registry=registry, id="create")
+    async def on_create(body: kopf.Body, memo: kopf.Memo, **_: Any) -> dict[str, Any]:
+        return await _reconcile(body, memo)
+
+    @kopf.on.update(*resource, registry=registry, id="update")
+    async def on_update(body: kopf.Body, memo: kopf.Memo, **_: Any) -> dict[str, Any]:
+        return await _reconcile(body, memo)
+
+    @kopf.on.resume(*resource, registry=registry, id="resume")
+    async def on_resume(body: kopf.Body, memo: kopf.Memo, **_: Any) -> dict[str, Any]:
+        return await _reconcile(body, memo)
+
+    @kopf.timer(*resource, registry=registry, id="drift", interval=settings.drift_check_seconds,
+                initial_delay=settings.drift_check_seconds)
+    async def drift(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+        await _reconcile(body, memo)
+
+    @kopf.on.event("apps", "v1", "deployments", registry=registry,
+                   labels={c.LABEL_MANAGED_BY: c.MANAGER})
+    async def child_changed(body: kopf.Body, type: str | None, **_: Any) -> None:
+        labels = body.get("metadata", {}).get("labels", {})
+        pipeline = labels.get(c.LABEL_PIPELINE)
+        if pipeline:
+            await refresh_status(kube, settings, body["metadata"]["namespace"], pipeline)
+
+    return registry
+
+
+def run_operator(settings: OperatorSettings) -> None:
+    """Run until interrupted: `omnipipe operator`."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+
+    async def main() -> None:
+        kube = Kube.from_environment()
+        try:
+            await kopf.operator(
+                registry=build_registry(settings, kube),
+                clusterwide=settings.namespace is None,
+                namespaces=[settings.namespace] if settings.namespace else (),
+                standalone=True,
+            )
+        finally:
+            await kube.close()
+
+    asyncio.run(main())

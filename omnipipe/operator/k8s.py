@@ -1,0 +1,122 @@
+"""The only module that talks to the Kubernetes API (besides kopf's own watching)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from lightkube import AsyncClient, codecs
+from lightkube.core.exceptions import ApiError
+from lightkube.generic_resource import create_namespaced_resource
+from lightkube.resources.apps_v1 import Deployment
+from lightkube.resources.core_v1 import ConfigMap, Service
+from lightkube.types import PatchType
+
+from omnipipe.api import constants as c
+
+Manifest = dict[str, Any]
+
+OmniPipelineResource = create_namespaced_resource(
+    c.GROUP, c.VERSION, c.KIND, c.PLURAL, verbs=None
+)
+CHILD_KINDS = {"Deployment": Deployment, "Service": Service, "ConfigMap": ConfigMap}
+
+
+def utc_now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class Kube:
+    """Server-side apply, listing, deletion, events and status, all for one operator."""
+
+    def __init__(self, client: AsyncClient) -> None:
+        self._client = client
+
+    @classmethod
+    def from_environment(cls) -> Kube:
+        return cls(AsyncClient(field_manager=c.MANAGER))
+
+    async def close(self) -> None:
+        await self._client.close()
+
+    async def apply(self, desired: Manifest) -> Manifest:
+        """The one write path for children: server-side apply as omnipipe-operator."""
+        obj = codecs.from_dict(desired)
+        applied = await self._client.apply(obj, field_manager=c.MANAGER, force=True)
+        result: Manifest = applied.to_dict()
+        return result
+
+    async def list_children(self, namespace: str, pipeline: str) -> list[Manifest]:
+        labels = {c.LABEL_PIPELINE: pipeline, c.LABEL_MANAGED_BY: c.MANAGER}
+        found: list[Manifest] = []
+        for kind, res in CHILD_KINDS.items():
+            async for obj in self._client.list(res, namespace=namespace, labels=labels):
+                manifest = obj.to_dict()
+                manifest.setdefault("kind", kind)
+                found.append(manifest)
+        return found
+
+    async def list_deployments(self, namespace: str, pipeline: str) -> list[Manifest]:
+        labels = {c.LABEL_PIPELINE: pipeline, c.LABEL_MANAGED_BY: c.MANAGER}
+        return [
+            obj.to_dict()
+            async for obj in self._client.list(Deployment, namespace=namespace, labels=labels)
+        ]
+
+    async def delete(self, kind: str, namespace: str, name: str) -> None:
+        try:
+            await self._client.delete(CHILD_KINDS[kind], name, namespace=namespace)
+        except ApiError as exc:
+            if exc.status.code != 404:
+                raise
+
+    async def get_pipeline(self, namespace: str, name: str) -> Manifest | None:
+        try:
+            obj = await self._client.get(OmniPipelineResource, name, namespace=namespace)
+        except ApiError as exc:
+            if exc.status.code == 404:
+                return None
+            raise
+        result: Manifest = obj.to_dict()
+        return result
+
+    async def patch_status(self, namespace: str, name: str, status: Manifest) -> None:
+        await self._client.patch(
+            OmniPipelineResource,
+            name,
+            {"status": status},
+            namespace=namespace,
+            subresource="status",
+            patch_type=PatchType.MERGE,
+        )
+
+    async def post_event(
+        self, owner: Mapping[str, Any], reason: str, message: str, type_: str = "Normal"
+    ) -> None:
+        meta = owner["metadata"]
+        now = utc_now()
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {
+                "name": f"{meta['name']}.{uuid.uuid4().hex[:12]}",
+                "namespace": meta["namespace"],
+            },
+            "involvedObject": {
+                "apiVersion": c.API_VERSION,
+                "kind": c.KIND,
+                "name": meta["name"],
+                "namespace": meta["namespace"],
+                "uid": meta.get("uid"),
+            },
+            "reason": reason,
+            "message": message,
+            "type": type_,
+            "source": {"component": c.MANAGER},
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        await self._client.create(codecs.from_dict(event), namespace=meta["namespace"])

@@ -1,0 +1,111 @@
+"""One reconcile: resolve -> build -> apply -> prune -> status. Idempotent, so a killed
+and restarted operator converges to the same children."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from omnipipe.api import parse_resource
+from omnipipe.api.status import Condition
+from omnipipe.operator.builders import build_children, build_context, router_endpoint
+from omnipipe.operator.k8s import Kube, utc_now
+from omnipipe.operator.planner import (
+    ObservedDeployment,
+    child_key,
+    compute_status,
+    orphans,
+)
+from omnipipe.operator.settings import OperatorSettings
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ReconcileResult:
+    created: tuple[str, ...]
+    updated: tuple[str, ...]
+    deleted: tuple[str, ...]
+    ready: bool
+
+
+def _label(key: tuple[str, str]) -> str:
+    return f"{key[0]}/{key[1]}"
+
+
+def _previous_conditions(body: Mapping[str, Any]) -> list[Condition]:
+    raw = (body.get("status") or {}).get("conditions") or []
+    return [Condition.model_validate(c) for c in raw]
+
+
+async def reconcile(kube: Kube, settings: OperatorSettings, body: Mapping[str, Any]) -> ReconcileResult:
+    resource = parse_resource(dict(body))
+    ctx = build_context(resource, settings)
+    existing = {child_key(o): o for o in await kube.list_children(ctx.namespace, ctx.name)}
+    desired = build_children(ctx)
+    created: list[str] = []
+    updated: list[str] = []
+    deployments: dict[str, ObservedDeployment] = {}
+    for manifest in desired:
+        key = child_key(manifest)
+        applied = await kube.apply(manifest)
+        before = existing.get(key)
+        if before is None:
+            created.append(_label(key))
+        elif before["metadata"].get("resourceVersion") != applied["metadata"].get(
+            "resourceVersion"
+        ):
+            updated.append(_label(key))
+        if key[0] == "Deployment":
+            deployments[key[1]] = ObservedDeployment.from_manifest(applied)
+    deleted = orphans(existing, [child_key(m) for m in desired])
+    for kind, name in deleted:
+        await kube.delete(kind, ctx.namespace, name)
+    for reason, items in (("Created", created), ("Updated", updated),
+                          ("Deleted", [_label(k) for k in deleted])):
+        if items:
+            await kube.post_event(body, reason, f"{reason.lower()} {', '.join(items)}")
+    status = compute_status(
+        ctx.pipeline,
+        resource.metadata.generation,
+        deployments,
+        _previous_conditions(body),
+        router_endpoint(ctx),
+        utc_now(),
+    )
+    await _write_status(kube, body, status.model_dump(mode="json", by_alias=True, exclude_none=True))
+    ready = status.conditions[0].status == "True"
+    log.info("reconciled %s/%s: +%d ~%d -%d ready=%s", ctx.namespace, ctx.name,
+             len(created), len(updated), len(deleted), ready)
+    return ReconcileResult(tuple(created), tuple(updated), tuple(_label(k) for k in deleted), ready)
+
+
+async def refresh_status(kube: Kube, settings: OperatorSettings, namespace: str, name: str) -> None:
+    """Recompute status from the children as they are now, without re-applying them."""
+    body = await kube.get_pipeline(namespace, name)
+    if body is None:
+        return
+    resource = parse_resource(body)
+    ctx = build_context(resource, settings)
+    deployments = {
+        d["metadata"]["name"]: ObservedDeployment.from_manifest(d)
+        for d in await kube.list_deployments(namespace, name)
+    }
+    status = compute_status(
+        ctx.pipeline,
+        (body.get("status") or {}).get("observedGeneration"),
+        deployments,
+        _previous_conditions(body),
+        router_endpoint(ctx),
+        utc_now(),
+    )
+    await _write_status(kube, body, status.model_dump(mode="json", by_alias=True, exclude_none=True))
+
+
+async def _write_status(kube: Kube, body: Mapping[str, Any], status: dict[str, Any]) -> None:
+    if (body.get("status") or {}) == status:
+        return
+    meta = body["metadata"]
+    await kube.patch_status(meta["namespace"], meta["name"], status)

@@ -1,0 +1,26 @@
+"""Operator settings, loaded once from OMNIPIPE_OPERATOR_* environment variables."""
+
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from omnipipe import __version__
+
+
+class OperatorSettings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="OMNIPIPE_OPERATOR_", frozen=True, use_attribute_docstrings=True
+    )
+
+    worker_image: str = f"omnipipe/worker:{__version__}"
+    """Default image of stage workers (spec.images.worker overrides it)."""
+    router_image: str = f"omnipipe/router:{__version__}"
+    """Default image of the router (spec.images.router overrides it)."""
+    image_pull_policy: str = "IfNotPresent"
+    """imagePullPolicy of every container the operator creates."""
+    prometheus_url: str = "http://prometheus-operated.monitoring.svc:9090"
+    """Prometheus the autoscaler queries unless a pipeline sets spec.prometheusUrl."""
+    drift_check_seconds: float = 60.0
+    """How often every pipeline is re-applied to undo manual drift of its children."""
+    termination_grace_seconds: int = 120
+    """terminationGracePeriodSeconds of worker pods: the bound on draining in-flight work."""
+    namespace: str | None = None
+    """Watch only this namespace; all namespaces when unset."""
