@@ -6,9 +6,8 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-import yaml
-
 from omnipipe.api import ManifestError, load_file
+from omnipipe.api.yamlio import dump_all
 
 
 def _cmd_crd(args: argparse.Namespace) -> int:
@@ -31,7 +30,7 @@ def _cmd_render(args: argparse.Namespace) -> int:
         "# Rendered by `omnipipe render`: what the operator applies. It adds\n"
         "# metadata.ownerReferences, which need the live object's uid.\n"
     )
-    sys.stdout.write(yaml.safe_dump_all(children, sort_keys=False))
+    sys.stdout.write(dump_all(children))
     return 0
 
 

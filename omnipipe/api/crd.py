@@ -9,6 +9,7 @@ user's object and a stage override would then override every default field.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from omnipipe.api import constants as c
@@ -16,6 +17,7 @@ from omnipipe.api.pipelines import CUSTOM, PIPELINE_TYPE_NAMES, PIPELINE_TYPES
 from omnipipe.api.resource import MAX_PIPELINE_NAME
 from omnipipe.api.spec import OmniPipelineSpec
 from omnipipe.api.status import OmniPipelineStatus
+from omnipipe.api.yamlio import dump
 
 Schema = dict[str, Any]
 
@@ -23,47 +25,83 @@ _DROP = {"title", "default"}
 
 
 def _cel_str_list(items: tuple[str, ...] | list[str]) -> str:
+    """A CEL list literal of strings."""
     return "[" + ", ".join(json.dumps(i) for i in items) + "]"
 
 
-def _defaults_expr() -> str:
-    """CEL for the pipeline type's default stage names (empty for custom)."""
-    pairs = ", ".join(
-        f"{json.dumps(name)}: {_cel_str_list(p.stage_names)}" for name, p in PIPELINE_TYPES.items()
+def _rank(var: str, names: tuple[str, ...]) -> str:
+    """CEL for the position of `var` among the default stage names (a ternary chain:
+    the cost estimator prices list.indexOf far above the budget)."""
+    expr = str(len(names))
+    for pos, name in reversed(list(enumerate(names))):
+        expr = f"({var} == {json.dumps(name)} ? {pos} : {expr})"
+    return expr
+
+
+def _role_rule(defaults: tuple[str, ...]) -> str:
+    d = _cel_str_list(defaults)
+    return f"self.stages.all(s, s.name in {d} || (has(s.role) && has(s.engine)))"
+
+
+def _input_exists_rule(defaults: tuple[str, ...]) -> str:
+    d = _cel_str_list(defaults)
+    return (
+        f"self.stages.all(s, !has(s.inputs) || s.inputs.all(n, n in {d} || "
+        "self.stages.exists(t, t.name == n)))"
     )
-    return f"({{{pairs}}}[?self.pipeline].orValue([]))"
+
+
+def _input_earlier_rule(defaults: tuple[str, ...]) -> str:
+    """Stage order is the default stages first, then added stages in list order."""
+    d = _cel_str_list(defaults)
+    return (
+        f"self.stages.all(k, s, !has(s.inputs) || s.inputs.all(n, (n in {d}) ? "
+        f"(!(s.name in {d}) || {_rank('n', defaults)} < {_rank('s.name', defaults)}) : "
+        f"(!(s.name in {d}) && self.stages.exists(j, t, t.name == n && j < k))))"
+    )
+
+
+def _per_pipeline(rule: Callable[[tuple[str, ...]], str]) -> str:
+    """Specialise a stage-graph rule for each pipeline type's default stage names."""
+    branches = [
+        f"(self.pipeline == {json.dumps(name)} && {rule(p.stage_names)})"
+        for name, p in PIPELINE_TYPES.items()
+    ]
+    known = _cel_str_list(list(PIPELINE_TYPES))
+    branches.append(f"(!(self.pipeline in {known}) && {rule(())})")
+    return "!has(self.stages) || " + " || ".join(branches)
 
 
 def _spec_rules() -> list[Schema]:
-    d = _defaults_expr()
-    order = f"{d} + self.stages.map(s, s.name).filter(n, !(n in {d}))"
     return [
         {
-            "rule": "!has(self.stages) || self.stages.all(s, self.stages.exists_one(t, t.name == s.name))",
+            "rule": "!has(self.stages) || "
+            "self.stages.all(s, self.stages.exists_one(t, t.name == s.name))",
             "message": "stage names must be unique",
             "fieldPath": ".stages",
             "reason": "FieldValueDuplicate",
         },
         {
-            "rule": f"self.pipeline != {json.dumps(CUSTOM)} || (has(self.stages) && size(self.stages) > 0)",
+            "rule": f"self.pipeline != {json.dumps(CUSTOM)} || "
+            "(has(self.stages) && size(self.stages) > 0)",
             "message": "a custom pipeline must define at least one stage",
             "fieldPath": ".stages",
             "reason": "FieldValueRequired",
         },
         {
-            "rule": f"!has(self.stages) || self.stages.all(s, s.name in {d} || (has(s.role) && has(s.engine)))",
+            "rule": _per_pipeline(_role_rule),
             "message": "role and engine are required for a stage the pipeline type does not define",
             "fieldPath": ".stages",
             "reason": "FieldValueRequired",
         },
         {
-            "rule": f"!has(self.stages) || cel.bind(order, {order}, self.stages.all(s, !has(s.inputs) || s.inputs.all(i, i in order)))",
+            "rule": _per_pipeline(_input_exists_rule),
             "message": "every input must name a stage of this pipeline",
             "fieldPath": ".stages",
             "reason": "FieldValueInvalid",
         },
         {
-            "rule": f"!has(self.stages) || cel.bind(order, {order}, self.stages.all(s, !has(s.inputs) || s.inputs.all(i, !(i in order) || order.indexOf(i) < order.indexOf(s.name))))",
+            "rule": _per_pipeline(_input_earlier_rule),
             "message": "inputs must name earlier stages: the stage graph may not have cycles",
             "fieldPath": ".stages",
             "reason": "FieldValueInvalid",
@@ -73,12 +111,14 @@ def _spec_rules() -> list[Schema]:
 
 _ROOT_RULES: list[Schema] = [
     {
-        "rule": f"self.metadata.name.matches({json.dumps(c.DNS_LABEL_PATTERN)}) && size(self.metadata.name) <= {MAX_PIPELINE_NAME}",
+        "rule": f"self.metadata.name.matches({json.dumps(c.DNS_LABEL_PATTERN)}) && "
+        f"size(self.metadata.name) <= {MAX_PIPELINE_NAME}",
         "message": f"metadata.name must be a DNS label (lowercase letters, digits, '-', starting "
         f"with a letter) of at most {MAX_PIPELINE_NAME} characters, so child names fit in 63",
     },
     {
-        "rule": "!has(self.spec.stages) || self.spec.stages.all(s, size(self.metadata.name) + 1 + size(s.name) <= 63)",
+        "rule": "!has(self.spec.stages) || "
+        "self.spec.stages.all(s, size(self.metadata.name) + 1 + size(s.name) <= 63)",
         "message": "spec.stages[].name: <pipeline>-<stage> must be at most 63 characters",
     },
 ]
@@ -108,13 +148,13 @@ def _structural(node: Schema, defs: dict[str, Schema]) -> Schema:
         options = [o for o in node.pop("anyOf") if o.get("type") != "null"]
         types = {o.get("type") for o in options}
         if types == {"string", "integer"}:
+            # Quantities, written the way controller-gen writes resource.Quantity.
             pattern = next(o.get("pattern") for o in options if o.get("type") == "string")
+            node["anyOf"] = [{"type": "integer"}, {"type": "string"}]
             node["x-kubernetes-int-or-string"] = True
             if pattern:
-                node.setdefault("x-kubernetes-validations", []).append(
-                    {"rule": f"type(self) == int || self.matches({json.dumps(pattern)})",
-                     "message": "must be a Kubernetes quantity such as 2, 500m or 16Gi"}
-                )
+                node["pattern"] = pattern
+            return {k: v for k, v in node.items() if k not in _DROP}
         elif len(options) == 1:
             node = {**options[0], **node}
         else:
@@ -144,7 +184,11 @@ def _structural(node: Schema, defs: dict[str, Schema]) -> Schema:
             out[key] = value
     if "enum" in out and "type" not in out:
         out["type"] = "string"
-    if out.get("type") == "object" and "properties" not in out and "additionalProperties" not in out:
+    if (
+        out.get("type") == "object"
+        and "properties" not in out
+        and "additionalProperties" not in out
+    ):
         out["x-kubernetes-preserve-unknown-fields"] = True
     return out
 
@@ -245,8 +289,11 @@ def build_crd() -> Schema:
                     "storage": True,
                     "subresources": {"status": {}},
                     "additionalPrinterColumns": [
-                        {"name": "Ready", "type": "string",
-                         "jsonPath": '.status.conditions[?(@.type=="Ready")].status'},
+                        {
+                            "name": "Ready",
+                            "type": "string",
+                            "jsonPath": '.status.conditions[?(@.type=="Ready")].status',
+                        },
                         {"name": "Stages", "type": "string", "jsonPath": ".status.stagesReady"},
                         {"name": "Endpoint", "type": "string", "jsonPath": ".status.endpoint"},
                         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
@@ -259,7 +306,5 @@ def build_crd() -> Schema:
 
 
 def render_crd_yaml() -> str:
-    import yaml
-
     header = "# Generated by `omnipipe crd` from omnipipe/api. Do not edit; run `make manifests`.\n"
-    return header + yaml.safe_dump(build_crd(), sort_keys=False, width=100)
+    return header + dump(build_crd())

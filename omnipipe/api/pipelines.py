@@ -59,7 +59,7 @@ PIPELINE_TYPES: dict[str, PipelineType] = {
     for p in (
         PipelineType(
             name="qwen-image",
-            description="Text to image: text encoder (AR) -> DiT denoiser (true CFG) -> VAE decoder.",
+            description="Text to image: text encoder (AR) -> DiT denoiser (true CFG) -> VAE.",
             example_models=("Qwen/Qwen-Image", "tiny://qwen-image"),
             stages=(
                 StageDefaults("encode", Role.TEXT_ENCODER, Engine.TRANSFORMERS),

@@ -14,8 +14,8 @@ from omnipipe.api.spec import OmniPipelineSpec
 
 # The longest default stage name decides how long a pipeline name may be: every child
 # name <pipeline>-<stage> must stay a 63-character DNS label.
-MAX_PIPELINE_NAME = c.MAX_OBJECT_NAME - 1 - max(
-    len(s.name) for p in PIPELINE_TYPES.values() for s in p.stages
+MAX_PIPELINE_NAME = (
+    c.MAX_OBJECT_NAME - 1 - max(len(s.name) for p in PIPELINE_TYPES.values() for s in p.stages)
 )
 
 

@@ -17,6 +17,8 @@ from omnipipe.api import constants as c
 
 DnsLabel = Annotated[str, Field(pattern=c.DNS_LABEL_PATTERN, min_length=1, max_length=63)]
 # Kubernetes resource.Quantity: "2", "500m", "16Gi", or a bare integer.
+ENV_NAME_PATTERN = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
+TAINT_EFFECT_PATTERN = r"^(NoSchedule|PreferNoSchedule|NoExecute)$"
 Quantity = Annotated[str, Field(pattern=r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$")] | int
 
 
@@ -79,7 +81,9 @@ class Resources(SpecModel):
 class EnvVar(SpecModel):
     """An environment variable of the stage's container, as in a Pod spec."""
 
-    name: Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")]
+    name: Annotated[
+        str, Field(min_length=1, max_length=253, pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")
+    ]
     """Variable name."""
     value: str | None = None
     """Literal value."""
@@ -96,7 +100,9 @@ class Toleration(SpecModel):
     """Exists or Equal (the default)."""
     value: str | None = None
     """Taint value the toleration matches."""
-    effect: Annotated[str, Field(pattern=r"^(NoSchedule|PreferNoSchedule|NoExecute)$")] | None = None
+    effect: Annotated[str, Field(pattern=r"^(NoSchedule|PreferNoSchedule|NoExecute)$")] | None = (
+        None
+    )
     """Taint effect to match; empty matches all effects."""
     toleration_seconds: int | None = None
     """How long a NoExecute taint is tolerated before eviction."""
@@ -202,7 +208,7 @@ class OmniPipelineSpec(SpecModel):
     model: Annotated[str, Field(min_length=1, max_length=512)]
     """A Hugging Face model id, a local path, or tiny://NAME for a built-in tiny random model."""
     pipeline: Annotated[str, Field(min_length=1, max_length=63)]
-    """Stage-graph type, e.g. qwen-image or qwen2.5-omni; custom defines all stages in spec.stages."""
+    """Stage-graph type, e.g. qwen-image or qwen2.5-omni; custom: spec.stages defines all."""
     stages: Annotated[list[Stage], Field(max_length=c.MAX_STAGES)] = []
     """Stage overrides and additions, keyed by name."""
     router: Router = Router()

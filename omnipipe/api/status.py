@@ -49,11 +49,11 @@ class StageStatus(SpecModel):
 class OmniPipelineStatus(SpecModel):
     """Observed state of the pipeline, computed from its children."""
 
-    conditions: list[Condition] = []
+    conditions: list[Condition] = Field(default_factory=list)
     """Ready rolls up StagesReady, RouterReady and one condition per stage."""
     observed_generation: int | None = None
     """The metadata.generation the operator last reconciled."""
-    stages: list[StageStatus] = []
+    stages: list[StageStatus] = Field(default_factory=list)
     """Per-stage replica counts."""
     stages_ready: str | None = None
     """Ready stages over all stages, e.g. 2/3."""

@@ -25,6 +25,11 @@ def build_registry(settings: OperatorSettings, kube: Kube) -> kopf.OperatorRegis
     registry = kopf.OperatorRegistry()
     resource = (c.GROUP, c.VERSION, c.PLURAL)
 
+    @kopf.on.login(registry=registry)
+    def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+        # In a pod: the mounted ServiceAccount token; elsewhere: KUBECONFIG.
+        return kopf.login_with_service_account(**kwargs) or kopf.login_with_kubeconfig(**kwargs)
+
     @kopf.on.startup(registry=registry)
     def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=c.GROUP)
@@ -55,13 +60,19 @@ def build_registry(settings: OperatorSettings, kube: Kube) -> kopf.OperatorRegis
     async def on_resume(body: kopf.Body, memo: kopf.Memo, **_: Any) -> dict[str, Any]:
         return await _reconcile(body, memo)
 
-    @kopf.timer(*resource, registry=registry, id="drift", interval=settings.drift_check_seconds,
-                initial_delay=settings.drift_check_seconds)
+    @kopf.timer(
+        *resource,
+        registry=registry,
+        id="drift",
+        interval=settings.drift_check_seconds,
+        initial_delay=settings.drift_check_seconds,
+    )
     async def drift(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
         await _reconcile(body, memo)
 
-    @kopf.on.event("apps", "v1", "deployments", registry=registry,
-                   labels={c.LABEL_MANAGED_BY: c.MANAGER})
+    @kopf.on.event(
+        "apps", "v1", "deployments", registry=registry, labels={c.LABEL_MANAGED_BY: c.MANAGER}
+    )
     async def child_changed(body: kopf.Body, type: str | None, **_: Any) -> None:
         labels = body.get("metadata", {}).get("labels", {})
         pipeline = labels.get(c.LABEL_PIPELINE)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 from lightkube import AsyncClient, codecs
 from lightkube.core.exceptions import ApiError
@@ -18,10 +18,21 @@ from omnipipe.api import constants as c
 
 Manifest = dict[str, Any]
 
-OmniPipelineResource = create_namespaced_resource(
-    c.GROUP, c.VERSION, c.KIND, c.PLURAL, verbs=None
-)
-CHILD_KINDS = {"Deployment": Deployment, "Service": Service, "ConfigMap": ConfigMap}
+OmniPipelineResource = create_namespaced_resource(c.GROUP, c.VERSION, c.KIND, c.PLURAL, verbs=None)
+# lightkube's overloads are precise per resource class; a table of them is typed loosely.
+CHILD_KINDS: dict[str, Any] = {
+    "Deployment": Deployment,
+    "Service": Service,
+    "ConfigMap": ConfigMap,
+}
+
+
+def _as_dict(obj: Any) -> Manifest:
+    return cast(Manifest, obj.to_dict())
+
+
+def _child_labels(pipeline: str) -> dict[str, Any]:
+    return {c.LABEL_PIPELINE: pipeline, c.LABEL_MANAGED_BY: c.MANAGER}
 
 
 def utc_now() -> str:
@@ -45,24 +56,25 @@ class Kube:
         """The one write path for children: server-side apply as omnipipe-operator."""
         obj = codecs.from_dict(desired)
         applied = await self._client.apply(obj, field_manager=c.MANAGER, force=True)
-        result: Manifest = applied.to_dict()
-        return result
+        return _as_dict(applied)
 
     async def list_children(self, namespace: str, pipeline: str) -> list[Manifest]:
-        labels = {c.LABEL_PIPELINE: pipeline, c.LABEL_MANAGED_BY: c.MANAGER}
         found: list[Manifest] = []
         for kind, res in CHILD_KINDS.items():
-            async for obj in self._client.list(res, namespace=namespace, labels=labels):
-                manifest = obj.to_dict()
+            async for obj in self._client.list(
+                res, namespace=namespace, labels=_child_labels(pipeline)
+            ):
+                manifest = _as_dict(obj)
                 manifest.setdefault("kind", kind)
                 found.append(manifest)
         return found
 
     async def list_deployments(self, namespace: str, pipeline: str) -> list[Manifest]:
-        labels = {c.LABEL_PIPELINE: pipeline, c.LABEL_MANAGED_BY: c.MANAGER}
         return [
-            obj.to_dict()
-            async for obj in self._client.list(Deployment, namespace=namespace, labels=labels)
+            _as_dict(obj)
+            async for obj in self._client.list(
+                Deployment, namespace=namespace, labels=_child_labels(pipeline)
+            )
         ]
 
     async def delete(self, kind: str, namespace: str, name: str) -> None:
@@ -79,16 +91,14 @@ class Kube:
             if exc.status.code == 404:
                 return None
             raise
-        result: Manifest = obj.to_dict()
-        return result
+        return _as_dict(obj)
 
     async def patch_status(self, namespace: str, name: str, status: Manifest) -> None:
         await self._client.patch(
-            OmniPipelineResource,
+            OmniPipelineResource.Status,
             name,
             {"status": status},
             namespace=namespace,
-            subresource="status",
             patch_type=PatchType.MERGE,
         )
 
@@ -119,4 +129,4 @@ class Kube:
             "lastTimestamp": now,
             "count": 1,
         }
-        await self._client.create(codecs.from_dict(event), namespace=meta["namespace"])
+        await self._client.create(cast(Any, codecs.from_dict(event)))

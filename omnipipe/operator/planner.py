@@ -90,8 +90,9 @@ def compute_status(
         observed = deployments.get(stage_object_name(pipeline.name, stage.name))
         status, reason, message = _deployment_condition(f"stage {stage.name}", observed)
         conditions.append(
-            _condition(stage_condition_type(stage.name), status, reason, message, before, now,
-                       generation)
+            _condition(
+                stage_condition_type(stage.name), status, reason, message, before, now, generation
+            )
         )
         if status is not ConditionStatus.TRUE:
             not_ready.append(stage.name)
@@ -121,10 +122,18 @@ def compute_status(
         ready_reason, ready_msg = "RouterNotReady", router_msg
     roll_up = [
         _condition("Ready", ready, ready_reason, ready_msg, before, now, generation),
-        _condition("StagesReady", stages_ok, "AllStagesReady" if not not_ready else "StageNotReady",
-                   stages_msg, before, now, generation),
-        _condition("RouterReady", router_status, router_reason, router_msg, before, now,
-                   generation),
+        _condition(
+            "StagesReady",
+            stages_ok,
+            "AllStagesReady" if not not_ready else "StageNotReady",
+            stages_msg,
+            before,
+            now,
+            generation,
+        ),
+        _condition(
+            "RouterReady", router_status, router_reason, router_msg, before, now, generation
+        ),
     ]
     ready_count = len(pipeline.stages) - len(not_ready)
     return OmniPipelineStatus(

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from omnipipe.api import parse_resource
-from omnipipe.api.status import Condition
+from omnipipe.api.status import Condition, OmniPipelineStatus
 from omnipipe.operator.builders import build_children, build_context, router_endpoint
 from omnipipe.operator.k8s import Kube, utc_now
 from omnipipe.operator.planner import (
@@ -40,7 +40,9 @@ def _previous_conditions(body: Mapping[str, Any]) -> list[Condition]:
     return [Condition.model_validate(c) for c in raw]
 
 
-async def reconcile(kube: Kube, settings: OperatorSettings, body: Mapping[str, Any]) -> ReconcileResult:
+async def reconcile(
+    kube: Kube, settings: OperatorSettings, body: Mapping[str, Any]
+) -> ReconcileResult:
     resource = parse_resource(dict(body))
     ctx = build_context(resource, settings)
     existing = {child_key(o): o for o in await kube.list_children(ctx.namespace, ctx.name)}
@@ -63,8 +65,11 @@ async def reconcile(kube: Kube, settings: OperatorSettings, body: Mapping[str, A
     deleted = orphans(existing, [child_key(m) for m in desired])
     for kind, name in deleted:
         await kube.delete(kind, ctx.namespace, name)
-    for reason, items in (("Created", created), ("Updated", updated),
-                          ("Deleted", [_label(k) for k in deleted])):
+    for reason, items in (
+        ("Created", created),
+        ("Updated", updated),
+        ("Deleted", [_label(k) for k in deleted]),
+    ):
         if items:
             await kube.post_event(body, reason, f"{reason.lower()} {', '.join(items)}")
     status = compute_status(
@@ -75,10 +80,17 @@ async def reconcile(kube: Kube, settings: OperatorSettings, body: Mapping[str, A
         router_endpoint(ctx),
         utc_now(),
     )
-    await _write_status(kube, body, status.model_dump(mode="json", by_alias=True, exclude_none=True))
+    await _write_status(kube, body, status)
     ready = status.conditions[0].status == "True"
-    log.info("reconciled %s/%s: +%d ~%d -%d ready=%s", ctx.namespace, ctx.name,
-             len(created), len(updated), len(deleted), ready)
+    log.info(
+        "reconciled %s/%s: +%d ~%d -%d ready=%s",
+        ctx.namespace,
+        ctx.name,
+        len(created),
+        len(updated),
+        len(deleted),
+        ready,
+    )
     return ReconcileResult(tuple(created), tuple(updated), tuple(_label(k) for k in deleted), ready)
 
 
@@ -101,10 +113,11 @@ async def refresh_status(kube: Kube, settings: OperatorSettings, namespace: str,
         router_endpoint(ctx),
         utc_now(),
     )
-    await _write_status(kube, body, status.model_dump(mode="json", by_alias=True, exclude_none=True))
+    await _write_status(kube, body, status)
 
 
-async def _write_status(kube: Kube, body: Mapping[str, Any], status: dict[str, Any]) -> None:
+async def _write_status(kube: Kube, body: Mapping[str, Any], computed: OmniPipelineStatus) -> None:
+    status = computed.model_dump(mode="json", by_alias=True, exclude_none=True)
     if (body.get("status") or {}) == status:
         return
     meta = body["metadata"]

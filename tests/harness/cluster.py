@@ -30,10 +30,17 @@ FAKE_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 def ensure_binaries() -> Path:
     """Build (or find cached) Kubernetes binaries, streaming the build's progress."""
     needed = ["kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl", "kwok"]
-    if not all((BIN / b).exists() for b in needed) or not (BIN.parent / "kwok-stages.yaml").exists():
+    if (
+        not all((BIN / b).exists() for b in needed)
+        or not (BIN.parent / "kwok-stages.yaml").exists()
+    ):
         print(f"building Kubernetes {K8S_VERSION} binaries (first run only)", file=sys.stderr)
-        subprocess.run(["bash", str(REPO / "hack/build-k8s.sh")], check=True,
-                       stdout=sys.stderr, env={**os.environ, "K8S_VERSION": K8S_VERSION})
+        subprocess.run(
+            ["bash", str(REPO / "hack/build-k8s.sh")],
+            check=True,
+            stdout=sys.stderr,
+            env={**os.environ, "K8S_VERSION": K8S_VERSION},
+        )
     etcd = shutil.which("etcd")
     if etcd is None:
         raise RuntimeError("etcd not found: install Debian's etcd-server (make test does)")
@@ -53,8 +60,22 @@ def _openssl(*args: str, cwd: Path) -> None:
 
 def make_certs(d: Path) -> None:
     """A CA, the apiserver's serving cert, an admin client cert and the SA key pair."""
-    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-keyout", "ca.key",
-             "-out", "ca.crt", "-subj", "/CN=omnipipe-test-ca", cwd=d)
+    _openssl(
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "2",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.crt",
+        "-subj",
+        "/CN=omnipipe-test-ca",
+        cwd=d,
+    )
     (d / "san.cnf").write_text(
         "[req]\ndistinguished_name=dn\n[dn]\n[ext]\n"
         "subjectAltName=IP:127.0.0.1,IP:10.96.0.1,DNS:localhost,DNS:kubernetes,"
@@ -65,10 +86,36 @@ def make_certs(d: Path) -> None:
         ("apiserver", "/CN=kube-apiserver", ["-extfile", "san.cnf", "-extensions", "ext"]),
         ("admin", "/O=system:masters/CN=admin", []),
     ):
-        _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", f"{name}.key",
-                 "-out", f"{name}.csr", "-subj", subj, cwd=d)
-        _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
-                 "-CAcreateserial", "-days", "2", "-out", f"{name}.crt", *ext, cwd=d)
+        _openssl(
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            f"{name}.key",
+            "-out",
+            f"{name}.csr",
+            "-subj",
+            subj,
+            cwd=d,
+        )
+        _openssl(
+            "x509",
+            "-req",
+            "-in",
+            f"{name}.csr",
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-out",
+            f"{name}.crt",
+            *ext,
+            cwd=d,
+        )
     _openssl("genrsa", "-out", "sa.key", "2048", cwd=d)
     _openssl("rsa", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=d)
 
@@ -103,11 +150,21 @@ class Cluster:
             "PATH": f"{self.bin_dir}:{os.environ['PATH']}",
         }
 
-    def kubectl(self, *args: str, check: bool = True, input: str | None = None,
-                kubeconfig: Path | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    def kubectl(
+        self,
+        *args: str,
+        check: bool = True,
+        input: str | None = None,
+        kubeconfig: Path | None = None,
+        timeout: float = 60,
+    ) -> subprocess.CompletedProcess[str]:
         proc = subprocess.run(
-            [str(self.bin_dir / "kubectl"), *args], env=self.env(kubeconfig), input=input,
-            capture_output=True, text=True, timeout=timeout,
+            [str(self.bin_dir / "kubectl"), *args],
+            env=self.env(kubeconfig),
+            input=input,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
         )
         if check and proc.returncode != 0:
             raise AssertionError(f"kubectl {' '.join(args)} failed:\n{proc.stderr}{proc.stdout}")
@@ -115,14 +172,19 @@ class Cluster:
 
     def start(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
         log = open(self.workdir / f"{name}.log", "wb")  # noqa: SIM115 - lives with the process
-        proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=self.env(),
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            argv, stdout=log, stderr=subprocess.STDOUT, env=self.env(), start_new_session=True
+        )
         self.procs[name] = proc
         return proc
 
     def log_tail(self, name: str, lines: int = 40) -> str:
         path = self.workdir / f"{name}.log"
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
+        return (
+            "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+            if path.exists()
+            else ""
+        )
 
     def stop(self) -> None:
         for name in reversed(list(self.procs)):
@@ -148,15 +210,23 @@ status:
         self.kubectl("apply", "-f", "-", input=node)
 
 
-def _wait_http(url: str, ctx: ssl.SSLContext | None, deadline: float, proc: subprocess.Popen[bytes],
-               what: str, cluster: Cluster) -> None:
+def _wait_http(
+    url: str,
+    ctx: ssl.SSLContext | None,
+    deadline: float,
+    proc: subprocess.Popen[bytes],
+    what: str,
+    cluster: Cluster,
+) -> None:
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"{what} exited:\n{cluster.log_tail(what)}")
-        with contextlib.suppress(OSError):
-            with urllib.request.urlopen(url, context=ctx, timeout=2) as resp:
-                if resp.status == 200:
-                    return
+        with (
+            contextlib.suppress(OSError),
+            urllib.request.urlopen(url, context=ctx, timeout=2) as resp,
+        ):
+            if resp.status == 200:
+                return
         time.sleep(0.2)
     raise RuntimeError(f"{what} not ready at {url}:\n{cluster.log_tail(what)}")
 
@@ -171,79 +241,139 @@ def control_plane(workdir: Path, *, with_pods: bool = False) -> Iterator[Cluster
     etcd_port, etcd_peer, api_port = free_port(), free_port(), free_port()
     server = f"https://127.0.0.1:{api_port}"
     admin = workdir / "admin.kubeconfig"
-    admin.write_text(kubeconfig_text(server, workdir / "ca.crt", {
-        "client-certificate": str(workdir / "admin.crt"),
-        "client-key": str(workdir / "admin.key"),
-    }))
+    admin.write_text(
+        kubeconfig_text(
+            server,
+            workdir / "ca.crt",
+            {
+                "client-certificate": str(workdir / "admin.crt"),
+                "client-key": str(workdir / "admin.key"),
+            },
+        )
+    )
     cluster = Cluster(workdir, server, admin, bin_dir)
     try:
-        etcd = cluster.start("etcd", [
-            "etcd", "--data-dir", str(workdir / "etcd"), "--name", "test",
-            "--listen-client-urls", f"http://127.0.0.1:{etcd_port}",
-            "--advertise-client-urls", f"http://127.0.0.1:{etcd_port}",
-            "--listen-peer-urls", f"http://127.0.0.1:{etcd_peer}",
-            "--initial-advertise-peer-urls", f"http://127.0.0.1:{etcd_peer}",
-            "--initial-cluster", f"test=http://127.0.0.1:{etcd_peer}",
-            "--unsafe-no-fsync", "--log-level", "warn",
-        ])
-        _wait_http(f"http://127.0.0.1:{etcd_port}/health", None, time.monotonic() + 30, etcd,
-                   "etcd", cluster)
-        api = cluster.start("kube-apiserver", [
-            str(bin_dir / "kube-apiserver"),
-            f"--etcd-servers=http://127.0.0.1:{etcd_port}",
-            "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1",
-            f"--secure-port={api_port}",
-            f"--cert-dir={workdir / 'apiserver-certs'}",
-            f"--tls-cert-file={workdir / 'apiserver.crt'}",
-            f"--tls-private-key-file={workdir / 'apiserver.key'}",
-            f"--client-ca-file={workdir / 'ca.crt'}",
-            f"--service-account-key-file={workdir / 'sa.pub'}",
-            f"--service-account-signing-key-file={workdir / 'sa.key'}",
-            "--service-account-issuer=https://kubernetes.default.svc",
-            "--service-cluster-ip-range=10.96.0.0/16",
-            "--authorization-mode=RBAC",
-            "--endpoint-reconciler-type=none",
-            # Without a node-lifecycle controller nothing would lift the not-ready taint
-            # that TaintNodesByCondition puts on the fake node at creation.
-            "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
-            "--allow-privileged=false",
-        ])
+        etcd = cluster.start(
+            "etcd",
+            [
+                "etcd",
+                "--data-dir",
+                str(workdir / "etcd"),
+                "--name",
+                "test",
+                "--listen-client-urls",
+                f"http://127.0.0.1:{etcd_port}",
+                "--advertise-client-urls",
+                f"http://127.0.0.1:{etcd_port}",
+                "--listen-peer-urls",
+                f"http://127.0.0.1:{etcd_peer}",
+                "--initial-advertise-peer-urls",
+                f"http://127.0.0.1:{etcd_peer}",
+                "--initial-cluster",
+                f"test=http://127.0.0.1:{etcd_peer}",
+                "--unsafe-no-fsync",
+                "--log-level",
+                "warn",
+            ],
+        )
+        _wait_http(
+            f"http://127.0.0.1:{etcd_port}/health",
+            None,
+            time.monotonic() + 30,
+            etcd,
+            "etcd",
+            cluster,
+        )
+        api = cluster.start(
+            "kube-apiserver",
+            [
+                str(bin_dir / "kube-apiserver"),
+                f"--etcd-servers=http://127.0.0.1:{etcd_port}",
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                f"--secure-port={api_port}",
+                f"--cert-dir={workdir / 'apiserver-certs'}",
+                f"--tls-cert-file={workdir / 'apiserver.crt'}",
+                f"--tls-private-key-file={workdir / 'apiserver.key'}",
+                f"--client-ca-file={workdir / 'ca.crt'}",
+                f"--service-account-key-file={workdir / 'sa.pub'}",
+                f"--service-account-signing-key-file={workdir / 'sa.key'}",
+                "--service-account-issuer=https://kubernetes.default.svc",
+                "--service-cluster-ip-range=10.96.0.0/16",
+                "--authorization-mode=RBAC",
+                "--endpoint-reconciler-type=none",
+                # Without a node-lifecycle controller nothing would lift the not-ready taint
+                # that TaintNodesByCondition puts on the fake node at creation.
+                "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
+                "--allow-privileged=false",
+            ],
+        )
         ca = ssl.create_default_context(cafile=str(workdir / "ca.crt"))
         ca.load_cert_chain(str(workdir / "admin.crt"), str(workdir / "admin.key"))
         _wait_http(f"{server}/readyz", ca, time.monotonic() + 90, api, "kube-apiserver", cluster)
-        cluster.start("kube-controller-manager", [
-            str(bin_dir / "kube-controller-manager"),
-            f"--kubeconfig={admin}", f"--authentication-kubeconfig={admin}",
-            f"--authorization-kubeconfig={admin}",
-            "--leader-elect=false", "--bind-address=127.0.0.1", f"--secure-port={free_port()}",
-            f"--service-account-private-key-file={workdir / 'sa.key'}",
-            f"--root-ca-file={workdir / 'ca.crt'}",
-            "--use-service-account-credentials=false",
-            "--controllers=*,-nodeipam,-nodelifecycle,-cloud-node-lifecycle",
-            "--concurrent-gc-syncs=5",
-        ])
+        cluster.start(
+            "kube-controller-manager",
+            [
+                str(bin_dir / "kube-controller-manager"),
+                f"--kubeconfig={admin}",
+                f"--authentication-kubeconfig={admin}",
+                f"--authorization-kubeconfig={admin}",
+                "--leader-elect=false",
+                "--bind-address=127.0.0.1",
+                f"--secure-port={free_port()}",
+                f"--service-account-private-key-file={workdir / 'sa.key'}",
+                f"--root-ca-file={workdir / 'ca.crt'}",
+                "--use-service-account-credentials=false",
+                "--controllers=*,-nodeipam,-nodelifecycle,-cloud-node-lifecycle",
+                "--concurrent-gc-syncs=5",
+            ],
+        )
         # The default ServiceAccount appears once the controller-manager is working.
         deadline = time.monotonic() + 60
         while cluster.kubectl("get", "serviceaccount", "default", check=False).returncode != 0:
             if time.monotonic() > deadline:
-                raise RuntimeError("controller-manager never created the default "
-                                   f"ServiceAccount:\n{cluster.log_tail('kube-controller-manager')}")
+                raise RuntimeError(
+                    "controller-manager never created the default "
+                    f"ServiceAccount:\n{cluster.log_tail('kube-controller-manager')}"
+                )
             time.sleep(0.3)
         if with_pods:
-            cluster.start("kube-scheduler", [
-                str(bin_dir / "kube-scheduler"), f"--kubeconfig={admin}",
-                f"--authentication-kubeconfig={admin}", f"--authorization-kubeconfig={admin}",
-                "--leader-elect=false", "--bind-address=127.0.0.1", f"--secure-port={free_port()}",
-            ])
-            cluster.start("kwok", [
-                str(bin_dir / "kwok"), f"--kubeconfig={admin}",
-                "--manage-all-nodes=false",
-                f"--manage-nodes-with-annotation-selector={FAKE_NODE_ANNOTATION}=fake",
-                f"--config={BIN.parent / 'kwok-stages.yaml'}",
-                "--cidr=10.0.0.1/24", "--node-ip=10.0.0.1",
-                f"--server-address=127.0.0.1:{free_port()}",
-            ])
+            cluster.start(
+                "kube-scheduler",
+                [
+                    str(bin_dir / "kube-scheduler"),
+                    f"--kubeconfig={admin}",
+                    f"--authentication-kubeconfig={admin}",
+                    f"--authorization-kubeconfig={admin}",
+                    "--leader-elect=false",
+                    "--bind-address=127.0.0.1",
+                    f"--secure-port={free_port()}",
+                ],
+            )
+            cluster.start(
+                "kwok",
+                [
+                    str(bin_dir / "kwok"),
+                    f"--kubeconfig={admin}",
+                    "--manage-all-nodes=false",
+                    f"--manage-nodes-with-annotation-selector={FAKE_NODE_ANNOTATION}=fake",
+                    f"--config={BIN.parent / 'kwok-stages.yaml'}",
+                    "--cidr=10.0.0.1/24",
+                    "--node-ip=10.0.0.1",
+                    f"--server-address=127.0.0.1:{free_port()}",
+                ],
+            )
             cluster.add_fake_node()
         yield cluster
     finally:
         cluster.stop()
+
+
+def service_account_kubeconfig(cluster: Cluster, namespace: str, name: str) -> Path:
+    """A kubeconfig that authenticates as a ServiceAccount through a bound token."""
+    token = cluster.kubectl("create", "token", name, "-n", namespace, "--duration=6h").stdout
+    path = cluster.workdir / f"{namespace}-{name}.kubeconfig"
+    path.write_text(
+        kubeconfig_text(cluster.server, cluster.workdir / "ca.crt", {"token": token.strip()})
+    )
+    return path

@@ -1,0 +1,48 @@
+# The two commands a user needs: `make serve` and `make test`. Both set up everything.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# Re-install when the dependency list changes.
+STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
+EXTRAS ?= test
+PYTEST_ARGS ?=
+
+.PHONY: serve test unit integration lint manifests venv system-deps k8s-binaries clean
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e ".[$(EXTRAS)]"
+	@rm -f $(VENV)/.installed-* && touch $@
+
+venv: $(STAMP)
+
+system-deps:
+	@bash hack/install-system-deps.sh
+
+k8s-binaries: system-deps
+	@bash hack/build-k8s.sh
+
+serve: venv
+	$(BIN)/omnipipe serve examples/tiny-text-to-image.yaml
+
+test: venv system-deps k8s-binaries lint
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+unit: venv
+	$(BIN)/pytest tests/unit $(PYTEST_ARGS)
+
+integration: venv system-deps k8s-binaries
+	$(BIN)/pytest tests/integration $(PYTEST_ARGS)
+
+lint: venv
+	$(BIN)/ruff check omnipipe tests
+	$(BIN)/mypy
+	$(BIN)/lint-imports
+
+manifests: venv
+	$(BIN)/omnipipe crd > crds/omnipipelines.omnipipe.io.yaml
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Debian packages the tests need: etcd (the API server's store) and openssl (test certs).
+# Installs only what is missing; uses sudo when not root.
+set -euo pipefail
+need=()
+command -v etcd >/dev/null || need+=(etcd-server)
+command -v openssl >/dev/null || need+=(openssl)
+command -v go >/dev/null || need+=(golang-go)
+if ((${#need[@]} == 0)); then exit 0; fi
+SUDO=""
+[[ $(id -u) == 0 ]] || SUDO="sudo"
+echo "installing Debian packages: ${need[*]}"
+$SUDO apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}"

@@ -1,0 +1,245 @@
+"""Invalid OmniPipelines, each with what the API server and `omnipipe` must say.
+
+The same table drives tests/unit (pydantic validation: omnipipe serve/render) and
+tests/integration (kubectl apply against the real API server and the generated CRD), so
+the two validators cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+Manifest = dict[str, Any]
+
+
+def base() -> Manifest:
+    return {
+        "apiVersion": "omnipipe.io/v1alpha1",
+        "kind": "OmniPipeline",
+        "metadata": {"name": "bad"},
+        "spec": {"model": "tiny://qwen-image", "pipeline": "qwen-image"},
+    }
+
+
+def custom(*stages: Manifest) -> Manifest:
+    m = base()
+    m["spec"]["pipeline"] = "custom"
+    m["spec"]["stages"] = list(stages)
+    return m
+
+
+def _stage(name: str, inputs: list[str] | None = None) -> Manifest:
+    s: Manifest = {"name": name, "role": "denoiser", "engine": "diffusers"}
+    if inputs is not None:
+        s["inputs"] = inputs
+    return s
+
+
+def with_spec(**fields: Any) -> Manifest:
+    m = base()
+    m["spec"].update(copy.deepcopy(fields))
+    return m
+
+
+def with_stage(**fields: Any) -> Manifest:
+    return with_spec(stages=[{"name": "denoise", **fields}])
+
+
+def without(key: str) -> Manifest:
+    m = base()
+    del m["spec"][key]
+    return m
+
+
+def renamed(name: str) -> Manifest:
+    m = base()
+    m["metadata"]["name"] = name
+    return m
+
+
+@dataclass(frozen=True)
+class Invalid:
+    id: str
+    make: Callable[[], Manifest]
+    kube: str  # substring of kubectl's error: it names the field
+    local: str  # substring of omnipipe's ManifestError
+
+
+CASES = [
+    Invalid(
+        "unknown-engine",
+        lambda: with_stage(engine="tensorrt"),
+        'spec.stages[0].engine: Unsupported value: "tensorrt"',
+        "stages.0.engine",
+    ),
+    Invalid(
+        "dangling-input",
+        lambda: custom(_stage("a"), _stage("b", ["zzz"])),
+        "spec.stages: Invalid value",
+        "'zzz' is not a stage",
+    ),
+    Invalid(
+        "two-stage-cycle",
+        lambda: custom(_stage("a", ["b"]), _stage("b", ["a"])),
+        "may not have cycles",
+        "may not have cycles",
+    ),
+    Invalid(
+        "self-loop",
+        lambda: custom(_stage("a", ["a"])),
+        "may not have cycles",
+        "may not have cycles",
+    ),
+    Invalid(
+        "default-consumes-added-stage",
+        lambda: with_spec(stages=[{"name": "encode", "inputs": ["extra"]}, _stage("extra")]),
+        "may not have cycles",
+        "may not have cycles",
+    ),
+    Invalid(
+        "duplicate-names",
+        lambda: with_spec(
+            stages=[{"name": "denoise", "replicas": 2}, {"name": "denoise", "replicas": 3}]
+        ),
+        "spec.stages[1]: Duplicate value",
+        "duplicate stage names: denoise",
+    ),
+    Invalid(
+        "negative-gpus",
+        lambda: with_stage(resources={"gpus": -1}),
+        "spec.stages[0].resources.gpus: Invalid value: -1",
+        "resources.gpus",
+    ),
+    Invalid(
+        "min-above-max",
+        lambda: with_stage(autoscaling={"minReplicas": 5, "maxReplicas": 2}),
+        "minReplicas must be <= maxReplicas",
+        "minReplicas must be <= autoscaling.maxReplicas",
+    ),
+    Invalid(
+        "missing-model",
+        lambda: without("model"),
+        "spec.model: Required value",
+        "spec.model: Field required",
+    ),
+    Invalid(
+        "missing-pipeline",
+        lambda: without("pipeline"),
+        "spec.pipeline: Required value",
+        "spec.pipeline: Field required",
+    ),
+    Invalid(
+        "unknown-pipeline",
+        lambda: with_spec(pipeline="sdxl"),
+        'spec.pipeline: Unsupported value: "sdxl"',
+        "unknown pipeline type 'sdxl'",
+    ),
+    Invalid(
+        "replicas-not-integer",
+        lambda: with_stage(replicas="two"),
+        "spec.stages[0].replicas: Invalid value",
+        "stages.0.replicas",
+    ),
+    Invalid(
+        "stages-not-a-list",
+        lambda: with_spec(stages="denoise"),
+        "spec.stages: Invalid value",
+        "spec.stages",
+    ),
+    Invalid(
+        "pipeline-name-too-long",
+        lambda: renamed("p" * 60),
+        "metadata.name must be a DNS label",
+        "metadata.name",
+    ),
+    Invalid(
+        "pipeline-name-not-dns-label",
+        lambda: renamed("a.b"),
+        "metadata.name must be a DNS label",
+        "metadata.name",
+    ),
+    Invalid(
+        "stage-name-not-dns-label",
+        lambda: with_spec(stages=[_stage("Upscale_2")]),
+        "spec.stages[0].name: Invalid value",
+        "stages.0.name",
+    ),
+    Invalid(
+        "child-name-too-long",
+        lambda: {
+            **renamed("p" * 50),
+            "spec": {"model": "m", "pipeline": "custom", "stages": [_stage("s" * 20)]},
+        },
+        "<pipeline>-<stage> must be at most 63 characters",
+        "longer than 63",
+    ),
+    Invalid(
+        "added-stage-without-role",
+        lambda: custom({"name": "a"}),
+        "role and engine are required",
+        "role and engine are required",
+    ),
+    Invalid(
+        "custom-without-stages",
+        lambda: custom(),
+        "a custom pipeline must define at least one stage",
+        "at least one stage",
+    ),
+    Invalid(
+        "unknown-field",
+        lambda: with_stage(gpu=1),
+        'unknown field "spec.stages[0].gpu"',
+        "stages.0.gpu: Extra inputs",
+    ),
+    Invalid(
+        "negative-replicas",
+        lambda: with_stage(replicas=-1),
+        "spec.stages[0].replicas: Invalid value: -1",
+        "stages.0.replicas",
+    ),
+    Invalid(
+        "unknown-service-type",
+        lambda: with_spec(router={"serviceType": "External"}),
+        'spec.router.serviceType: Unsupported value: "External"',
+        "router.serviceType",
+    ),
+    Invalid(
+        "unknown-transfer-backend",
+        lambda: with_spec(transfer={"backend": "rdma"}),
+        'spec.transfer.backend: Unsupported value: "rdma"',
+        "transfer.backend",
+    ),
+    Invalid(
+        "promql-without-query",
+        lambda: with_stage(autoscaling={"maxReplicas": 3, "metric": "promql"}),
+        "query is required when metric is promql",
+        "query is required",
+    ),
+    Invalid(
+        "zero-target",
+        lambda: with_stage(autoscaling={"maxReplicas": 3, "target": 0}),
+        "spec.stages[0].autoscaling.target: Invalid value: 0",
+        "autoscaling.target",
+    ),
+    Invalid(
+        "autoscaling-without-max",
+        lambda: with_stage(autoscaling={"minReplicas": 1}),
+        "spec.stages[0].autoscaling.maxReplicas: Required value",
+        "autoscaling.maxReplicas",
+    ),
+    Invalid(
+        "bad-memory-quantity",
+        lambda: with_stage(resources={"memory": "lots"}),
+        "spec.stages[0].resources.memory: Invalid value",
+        "resources.memory",
+    ),
+    Invalid(
+        "too-many-stages",
+        lambda: custom(*(_stage(f"s{i}") for i in range(17))),
+        "spec.stages: Too many: 17: must have at most 16 items",
+        "spec.stages",
+    ),
+]

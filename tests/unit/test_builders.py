@@ -1,0 +1,151 @@
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from omnipipe.api import load_file, parse_resource
+from omnipipe.api.yamlio import dump_all
+from omnipipe.operator.builders import build_children, build_context
+from omnipipe.operator.settings import OperatorSettings
+
+REPO = Path(__file__).resolve().parents[2]
+GOLDEN = Path(__file__).parent / "golden"
+EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
+SETTINGS = OperatorSettings(
+    worker_image="omnipipe/worker:test", router_image="omnipipe/router:test"
+)
+
+
+def children(
+    resource_body: dict[str, Any], uid: str | None = "uid-1"
+) -> dict[tuple[str, str], Any]:
+    body = {
+        "apiVersion": "omnipipe.io/v1alpha1",
+        "kind": "OmniPipeline",
+        "metadata": {"name": "p", "namespace": "ns", **({"uid": uid} if uid else {})},
+        "spec": resource_body,
+    }
+    ctx = build_context(parse_resource(body), SETTINGS)
+    return {(m["kind"], m["metadata"]["name"]): m for m in build_children(ctx)}
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.stem)
+def test_golden(example: Path, request: pytest.FixtureRequest) -> None:
+    resource = load_file(example)
+    resource = resource.model_copy(
+        update={
+            "metadata": resource.metadata.model_copy(
+                update={"uid": "00000000-0000-0000-0000-000000000001", "generation": 1}
+            )
+        }
+    )
+    rendered = dump_all(build_children(build_context(resource, SETTINGS)))
+    golden = GOLDEN / f"{example.stem}.yaml"
+    if request.config.getoption("--update-golden"):
+        golden.write_text(rendered)
+    assert golden.exists(), f"no golden file: run pytest --update-golden and review {golden}"
+    assert rendered == golden.read_text(), (
+        f"builders changed {golden.name}: review, then --update-golden"
+    )
+
+
+def test_every_child_is_labelled_and_owned() -> None:
+    for (kind, name), m in children({"model": "m", "pipeline": "qwen-image"}).items():
+        labels = m["metadata"]["labels"]
+        assert labels["app.kubernetes.io/managed-by"] == "omnipipe-operator", (kind, name)
+        assert labels["omnipipe.io/pipeline"] == "p"
+        [owner] = m["metadata"]["ownerReferences"]
+        assert owner["uid"] == "uid-1"
+        assert owner["controller"] is True
+    assert (
+        "ownerReferences"
+        not in children({"model": "m", "pipeline": "qwen-image"}, uid=None)[
+            ("ConfigMap", "p-config")
+        ]["metadata"]
+    )
+
+
+def test_pod_hardening_and_probes() -> None:
+    dep = children({"model": "m", "pipeline": "qwen2.5-omni"})[("Deployment", "p-thinker")]
+    pod = dep["spec"]["template"]["spec"]
+    [c] = pod["containers"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert c["securityContext"]["allowPrivilegeEscalation"] is False
+    # vLLM writes caches at run time; transformers stages get a read-only root.
+    assert c["securityContext"]["readOnlyRootFilesystem"] is False
+    talker = children({"model": "m", "pipeline": "qwen2.5-omni"})[("Deployment", "p-talker")]
+    assert (
+        talker["spec"]["template"]["spec"]["containers"][0]["securityContext"][
+            "readOnlyRootFilesystem"
+        ]
+        is True
+    )
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert c["readinessProbe"]["httpGet"] == {"path": "/ready", "port": "control"}
+    assert c["livenessProbe"]["httpGet"] == {"path": "/health", "port": "control"}
+    assert c["lifecycle"]["preStop"]["httpGet"]["path"] == "/drain"
+    assert pod["terminationGracePeriodSeconds"] == SETTINGS.termination_grace_seconds
+
+
+def test_args_are_lists_so_no_field_reaches_a_shell() -> None:
+    hostile = "x; rm -rf / #"
+    deps = children(
+        {
+            "model": hostile,
+            "pipeline": "qwen-image",
+            "stages": [{"name": "denoise", "engineArgs": {"a": "$(reboot)"}}],
+        }
+    )
+    for (kind, _), m in deps.items():
+        if kind != "Deployment":
+            continue
+        [c] = m["spec"]["template"]["spec"]["containers"]
+        assert c["command"] == ["omnipipe"]
+        assert all(isinstance(a, str) for a in c["args"])
+        assert hostile not in " ".join(c["args"])
+        assert "sh" not in c["command"]
+
+
+def test_autoscaled_stage_leaves_replicas_to_the_autoscaler() -> None:
+    deps = children(
+        {
+            "model": "m",
+            "pipeline": "qwen-image",
+            "stages": [
+                {"name": "denoise", "autoscaling": {"maxReplicas": 4}},
+                {"name": "encode", "replicas": 2},
+            ],
+        }
+    )
+    assert "replicas" not in deps[("Deployment", "p-denoise")]["spec"]
+    assert deps[("Deployment", "p-encode")]["spec"]["replicas"] == 2
+
+
+def test_editing_one_stage_changes_only_its_pod_template() -> None:
+    spec: dict[str, Any] = {"model": "m", "pipeline": "qwen-image"}
+    before = children(spec)
+    after = children({**spec, "stages": [{"name": "denoise", "engineArgs": {"steps": 8}}]})
+    changed = {k for k in before if k[0] == "Deployment" and before[k] != after[k]}
+    assert changed == {("Deployment", "p-denoise")}
+
+
+def test_router_api_key_comes_from_the_secret_and_service_type_applies() -> None:
+    deps = children(
+        {
+            "model": "m",
+            "pipeline": "qwen-image",
+            "router": {"serviceType": "LoadBalancer", "apiKeySecretRef": {"name": "keys"}},
+        }
+    )
+    [c] = deps[("Deployment", "p-router")]["spec"]["template"]["spec"]["containers"]
+    assert c["env"] == [
+        {
+            "name": "OMNIPIPE_ROUTER_API_KEY",
+            "valueFrom": {"secretKeyRef": {"name": "keys", "key": "api-key"}},
+        }
+    ]
+    assert deps[("Service", "p-router")]["spec"]["type"] == "LoadBalancer"
+    assert deps[("Service", "p-denoise")]["spec"]["clusterIP"] == "None"
