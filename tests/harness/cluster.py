@@ -19,6 +19,7 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 REPO = Path(__file__).resolve().parents[2]
 K8S_VERSION = os.environ.get("K8S_VERSION", "v1.34.4")
@@ -139,6 +140,7 @@ class Cluster:
     kubeconfig: Path
     bin_dir: Path
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    logs: dict[str, IO[bytes]] = field(default_factory=dict)
 
     def env(self, kubeconfig: Path | None = None) -> dict[str, str]:
         return {
@@ -171,7 +173,8 @@ class Cluster:
         return proc
 
     def start(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
-        log = open(self.workdir / f"{name}.log", "wb")  # noqa: SIM115 - lives with the process
+        log = open(self.workdir / f"{name}.log", "wb")  # noqa: SIM115 - closed in stop()
+        self.logs[name] = log
         proc = subprocess.Popen(
             argv, stdout=log, stderr=subprocess.STDOUT, env=self.env(), start_new_session=True
         )
@@ -195,8 +198,11 @@ class Cluster:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+        for log in self.logs.values():
+            log.close()
+        self.logs.clear()
 
-    def add_fake_node(self, name: str = "kwok-node-0", gpus: int = 8) -> None:
+    def add_fake_node(self, name: str = "kwok-node-0", gpus: int = 512) -> None:
         node = f"""apiVersion: v1
 kind: Node
 metadata:
@@ -204,8 +210,8 @@ metadata:
   annotations: {{{FAKE_NODE_ANNOTATION}: fake, node.alpha.kubernetes.io/ttl: "0"}}
   labels: {{type: kwok, kubernetes.io/hostname: {name}}}
 status:
-  allocatable: {{cpu: "64", memory: 512Gi, pods: "500", nvidia.com/gpu: "{gpus}"}}
-  capacity: {{cpu: "64", memory: 512Gi, pods: "500", nvidia.com/gpu: "{gpus}"}}
+  allocatable: {{cpu: "1024", memory: 8Ti, pods: "2000", nvidia.com/gpu: "{gpus}"}}
+  capacity: {{cpu: "1024", memory: 8Ti, pods: "2000", nvidia.com/gpu: "{gpus}"}}
 """
         self.kubectl("apply", "-f", "-", input=node)
 

@@ -1,0 +1,117 @@
+"""A real control plane for the whole integration session, and the operator running as
+a subprocess under its own least-privilege ServiceAccount (deploy/operator-rbac.yaml)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.harness.cluster import Cluster, control_plane, service_account_kubeconfig
+
+REPO = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    with control_plane(tmp_path_factory.mktemp("k8s"), with_pods=True) as c:
+        c.kubectl("apply", "--server-side", "-f", str(REPO / "crds/omnipipelines.omnipipe.io.yaml"))
+        c.kubectl("wait", "--for=condition=Established", "crd/omnipipelines.omnipipe.io")
+        c.kubectl("apply", "-f", str(REPO / "deploy/operator-rbac.yaml"))
+        yield c
+
+
+class Operator:
+    """`omnipipe operator` as a user would run it, with the operator's ServiceAccount."""
+
+    def __init__(self, cluster: Cluster, kubeconfig: Path, log: Path) -> None:
+        self.cluster, self.kubeconfig, self.log = cluster, kubeconfig, log
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        env = self.cluster.env(self.kubeconfig)
+        env["OMNIPIPE_OPERATOR_DRIFT_CHECK_SECONDS"] = "3"
+        with self.log.open("ab") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "omnipipe.cli", "operator"],
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                cwd=REPO,
+            )
+
+    def kill(self) -> None:
+        """SIGKILL: no cleanup, as when a node dies mid-reconcile."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait()
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def errors(self) -> list[str]:
+        text = self.log.read_text(errors="replace") if self.log.exists() else ""
+        return [line for line in text.splitlines() if " ERROR " in line or "Forbidden" in line]
+
+
+@pytest.fixture(scope="session")
+def operator(cluster: Cluster) -> Iterator[Operator]:
+    kubeconfig = service_account_kubeconfig(cluster, "omnipipe-system", "omnipipe-operator")
+    op = Operator(cluster, kubeconfig, cluster.workdir / "operator.log")
+    op.start()
+    yield op
+    op.stop()
+    assert op.errors() == [], "operator logged errors:\n" + "\n".join(op.errors())
+
+
+_namespaces = iter(range(1, 10_000))
+
+
+@pytest.fixture
+def namespace(cluster: Cluster) -> Iterator[str]:
+    name = f"t{next(_namespaces)}-{os.getpid()}"
+    cluster.kubectl("create", "namespace", name)
+    yield name
+    cluster.kubectl("delete", "namespace", name, "--wait=false")
+
+
+def wait_for(what: str, check: Callable[[], Any], timeout: float = 60) -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(0.3)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last: {last!r}")
+
+
+def get_json(cluster: Cluster, *args: str) -> Any:
+    return json.loads(cluster.kubectl("get", *args, "-o", "json").stdout)
+
+
+def children(cluster: Cluster, namespace: str, pipeline: str) -> dict[tuple[str, str], Any]:
+    items = get_json(
+        cluster,
+        "deployments,services,configmaps",
+        "-n",
+        namespace,
+        "-l",
+        f"omnipipe.io/pipeline={pipeline}",
+        "--show-managed-fields",
+    )["items"]
+    return {(i["kind"], i["metadata"]["name"]): i for i in items}

@@ -1,0 +1,289 @@
+"""The operator against a real kube-apiserver, controller-manager, scheduler and kwok,
+driven with kubectl as a user would."""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.harness.cluster import Cluster
+from tests.integration.conftest import REPO, Operator, children, get_json, wait_for
+from tests.invalid_manifests import CASES, Invalid
+
+pytestmark = pytest.mark.integration
+EXAMPLE = REPO / "examples/qwen-image.yaml"
+EXPECTED = {
+    ("ConfigMap", "qwen-image-config"),
+    *(
+        (kind, f"qwen-image-{name}")
+        for name in ("encode", "denoise", "decode", "router")
+        for kind in ("Deployment", "Service")
+    ),
+}
+
+
+def apply(cluster: Cluster, namespace: str, manifest: dict[str, Any] | Path) -> None:
+    if isinstance(manifest, Path):
+        cluster.kubectl("apply", "-n", namespace, "-f", str(manifest))
+    else:
+        cluster.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(manifest))
+
+
+def ready(cluster: Cluster, namespace: str, name: str, timeout: float = 90) -> None:
+    cluster.kubectl(
+        "wait",
+        "-n",
+        namespace,
+        f"omnip/{name}",
+        "--for=condition=Ready",
+        f"--timeout={int(timeout)}s",
+        timeout=timeout + 10,
+    )
+
+
+def example() -> dict[str, Any]:
+    return yaml.safe_load(EXAMPLE.read_text())
+
+
+def test_apply_creates_labelled_owned_children_matching_render(
+    cluster: Cluster, operator: Operator, namespace: str
+) -> None:
+    apply(cluster, namespace, EXAMPLE)
+    found = wait_for(
+        "all children",
+        lambda: (c := children(cluster, namespace, "qwen-image")) and set(c) == EXPECTED and c,
+    )
+    owner = get_json(cluster, "omnip", "qwen-image", "-n", namespace)
+    for (_kind, name), obj in found.items():
+        labels = obj["metadata"]["labels"]
+        assert labels["app.kubernetes.io/managed-by"] == "omnipipe-operator", name
+        assert labels["app.kubernetes.io/instance"] == "qwen-image"
+        [ref] = obj["metadata"]["ownerReferences"]
+        assert (ref["kind"], ref["uid"], ref["controller"]) == (
+            "OmniPipeline",
+            owner["metadata"]["uid"],
+            True,
+        )
+    # `omnipipe render` shows exactly what the operator applied.
+    rendered = subprocess.run(
+        [sys.executable, "-m", "omnipipe.cli", "render", str(EXAMPLE), "-n", namespace],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    for doc in yaml.safe_load_all(rendered):
+        live = found[(doc["kind"], doc["metadata"]["name"])]
+        managed = [
+            f for f in live["metadata"]["managedFields"] if f["manager"] == "omnipipe-operator"
+        ]
+        assert managed
+        assert managed[0]["operation"] == "Apply"
+        assert _subset(
+            doc["spec"] if "spec" in doc else doc["data"],
+            live["spec"] if "spec" in live else live["data"],
+        ), doc["metadata"]["name"]
+
+
+def _subset(want: Any, have: Any) -> bool:
+    if isinstance(want, dict):
+        # The API server omits false and empty values it stores as defaults.
+        return isinstance(have, dict) and all(
+            _subset(v, have[k]) if k in have else v in (False, None, {}, [])
+            for k, v in want.items()
+        )
+    if isinstance(want, list):
+        return (
+            isinstance(have, list)
+            and len(want) == len(have)
+            and all(_subset(w, h) for w, h in zip(want, have, strict=True))
+        )
+    return bool(want == have or str(want) == str(have))
+
+
+def test_status_becomes_ready_with_kwok_pods_and_printer_columns(
+    cluster: Cluster, operator: Operator, namespace: str
+) -> None:
+    apply(cluster, namespace, EXAMPLE)
+    ready(cluster, namespace, "qwen-image")
+    obj = get_json(cluster, "omnip", "qwen-image", "-n", namespace)
+    status = obj["status"]
+    conds = {c["type"]: c["status"] for c in status["conditions"]}
+    assert conds == {
+        t: "True"
+        for t in (
+            "Ready",
+            "StagesReady",
+            "RouterReady",
+            "StageEncodeReady",
+            "StageDenoiseReady",
+            "StageDecodeReady",
+        )
+    }
+    assert status["observedGeneration"] == obj["metadata"]["generation"]
+    assert {s["name"]: s["readyReplicas"] for s in status["stages"]} == {
+        "encode": 1,
+        "denoise": 1,
+        "decode": 1,
+    }
+    table = cluster.kubectl("get", "omnip", "-n", namespace).stdout.splitlines()
+    assert table[0].split() == ["NAME", "READY", "STAGES", "ENDPOINT", "AGE"]
+    row = table[1].split()
+    assert row[:4] == [
+        "qwen-image",
+        "True",
+        "3/3",
+        f"http://qwen-image-router.{namespace}.svc:8000/v1",
+    ]
+    events = cluster.kubectl(
+        "get", "events", "-n", namespace, "--field-selector", "involvedObject.kind=OmniPipeline"
+    ).stdout
+    assert "Created" in events
+
+
+def test_editing_one_stage_rolls_only_that_stage(
+    cluster: Cluster, operator: Operator, namespace: str
+) -> None:
+    manifest = example()
+    apply(cluster, namespace, manifest)
+    ready(cluster, namespace, "qwen-image")
+    before = {
+        k: v["metadata"]["generation"]
+        for k, v in children(cluster, namespace, "qwen-image").items()
+        if k[0] == "Deployment"
+    }
+    edited = copy.deepcopy(manifest)
+    edited["spec"]["stages"][0]["engineArgs"] = {"num_inference_steps": 8}
+    apply(cluster, namespace, edited)
+
+    def generations() -> dict[tuple[str, str], int] | None:
+        now = {
+            k: v["metadata"]["generation"]
+            for k, v in children(cluster, namespace, "qwen-image").items()
+            if k[0] == "Deployment"
+        }
+        return now if now != before else None
+
+    after = wait_for("the denoise Deployment to change", generations)
+    changed = {k for k in after if after[k] != before[k]}
+    assert changed == {("Deployment", "qwen-image-denoise")}
+    config = get_json(cluster, "configmap", "qwen-image-config", "-n", namespace)
+    assert "num_inference_steps: 8" in config["data"]["pipeline.yaml"]
+    ready(cluster, namespace, "qwen-image")
+
+
+def _custom(stages: list[str]) -> dict[str, Any]:
+    specs = [{"name": "a", "role": "text-encoder", "engine": "transformers"}]
+    for prev, name in itertools.pairwise(stages):
+        specs.append({"name": name, "role": "denoiser", "engine": "diffusers", "inputs": [prev]})
+    return {
+        "apiVersion": "omnipipe.io/v1alpha1",
+        "kind": "OmniPipeline",
+        "metadata": {"name": "chain"},
+        "spec": {
+            "model": "tiny://qwen-image",
+            "pipeline": "custom",
+            "stages": specs[: len(stages)],
+        },
+    }
+
+
+def test_removing_a_stage_deletes_its_children(
+    cluster: Cluster, operator: Operator, namespace: str
+) -> None:
+    apply(cluster, namespace, _custom(["a", "b", "c"]))
+    wait_for("chain-c", lambda: ("Deployment", "chain-c") in children(cluster, namespace, "chain"))
+    apply(cluster, namespace, _custom(["a", "b"]))
+    gone = wait_for(
+        "chain-c to be deleted",
+        lambda: (
+            not any(name == "chain-c" for _, name in children(cluster, namespace, "chain"))
+            or "gone"
+        ),
+    )
+    assert gone
+    left = children(cluster, namespace, "chain")
+    assert {("Deployment", "chain-a"), ("Deployment", "chain-b")} <= set(left)
+    assert ("Service", "chain-c") not in left
+
+
+def test_deleting_the_pipeline_garbage_collects_everything(
+    cluster: Cluster, operator: Operator, namespace: str
+) -> None:
+    apply(cluster, namespace, EXAMPLE)
+    wait_for("children", lambda: set(children(cluster, namespace, "qwen-image")) == EXPECTED)
+    cluster.kubectl("delete", "-n", namespace, "omnip/qwen-image", "--wait=true")
+    wait_for(
+        "garbage collection",
+        lambda: (
+            not children(cluster, namespace, "qwen-image")
+            and not get_json(cluster, "pods", "-n", namespace)["items"]
+        ),
+        timeout=90,
+    )
+
+
+def test_operator_killed_mid_reconcile_converges_without_duplicates(
+    cluster: Cluster, operator: Operator, namespace: str
+) -> None:
+    operator.kill()
+    try:
+        apply(cluster, namespace, EXAMPLE)
+        operator.start()
+        # Kill it as soon as it has written its first child: mid-reconcile.
+        wait_for("a first child", lambda: children(cluster, namespace, "qwen-image"), timeout=60)
+        operator.kill()
+        partial = set(children(cluster, namespace, "qwen-image"))
+        assert partial <= EXPECTED
+    finally:
+        operator.start()
+    ready(cluster, namespace, "qwen-image")
+    assert set(children(cluster, namespace, "qwen-image")) == EXPECTED
+    replicasets = get_json(cluster, "replicasets", "-n", namespace)["items"]
+    per_stage = [
+        rs["metadata"]["labels"]["omnipipe.io/stage"]
+        for rs in replicasets
+        if "omnipipe.io/stage" in rs["metadata"]["labels"]
+    ]
+    assert sorted(per_stage) == ["decode", "denoise", "encode"], "a pod template was re-rolled"
+    pods = get_json(cluster, "pods", "-n", namespace)["items"]
+    assert len(pods) == 4
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+def test_invalid_manifest_rejected_by_kubectl_apply(cluster: Cluster, case: Invalid) -> None:
+    proc = cluster.kubectl(
+        "apply", "-n", "default", "-f", "-", input=yaml.safe_dump(case.make()), check=False
+    )
+    assert proc.returncode != 0, f"{case.id} was accepted"
+    assert case.kube in proc.stderr, proc.stderr
+
+
+def test_kubectl_explain_shows_descriptions(cluster: Cluster) -> None:
+    out = cluster.kubectl("explain", "omnipipeline.spec.stages").stdout
+    assert "Stage overrides and additions, keyed by name." in out
+    for field in ("engineArgs", "autoscaling", "resources", "inputs"):
+        assert field in out
+    deep = cluster.kubectl("explain", "omnip.spec.stages.resources.gpus").stdout
+    assert "nvidia.com/gpu" in deep
+
+
+def test_operator_service_account_is_least_privilege(cluster: Cluster) -> None:
+    sa = "system:serviceaccount:omnipipe-system:omnipipe-operator"
+
+    def can(*args: str) -> bool:
+        proc = cluster.kubectl("auth", "can-i", *args, f"--as={sa}", check=False)
+        return proc.stdout.strip() == "yes"
+
+    assert can("patch", "deployments", "-A")
+    assert can("patch", "omnipipelines.omnipipe.io/status", "-A")
+    assert not can("get", "secrets", "-A")
+    assert not can("create", "pods", "-A")
+    assert not can("delete", "omnipipelines.omnipipe.io", "-A")
+    assert not can("create", "clusterrolebindings")
