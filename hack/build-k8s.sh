@@ -28,7 +28,8 @@ if have_all; then
   echo "k8s binaries: cached in $BIN"
   exit 0
 fi
-command -v go >/dev/null || { echo "build-k8s: Go is required (https://go.dev/dl)" >&2; exit 1; }
+[[ -x /usr/local/go/bin/go ]] && export PATH="/usr/local/go/bin:$PATH"
+command -v go >/dev/null || { echo "build-k8s: Go >= 1.24 is required to build Kubernetes" >&2; exit 1; }
 
 mkdir -p "$BIN" "$CACHE/src"
 cd "$CACHE/src"

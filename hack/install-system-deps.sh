@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Debian packages the tests need: etcd (the API server's store) and openssl (test certs).
+# Go itself (>= 1.24, for hack/build-k8s.sh) must already be installed.
 # Installs only what is missing; uses sudo when not root.
 set -euo pipefail
 need=()
 command -v etcd >/dev/null || need+=(etcd-server)
 command -v openssl >/dev/null || need+=(openssl)
-command -v go >/dev/null || need+=(golang-go)
 if ((${#need[@]} == 0)); then exit 0; fi
 SUDO=""
 [[ $(id -u) == 0 ]] || SUDO="sudo"
