@@ -43,6 +43,8 @@ lint: venv
 
 manifests: venv
 	$(BIN)/omnipipe crd > crds/omnipipelines.omnipipe.io.yaml
+	$(BIN)/python -c "from pathlib import Path; from omnipipe.api.reference import replace_in; \
+	  p = Path('README.md'); p.write_text(replace_in(p.read_text()))"
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -62,3 +62,11 @@ def test_crd_shape() -> None:
     messages = " ".join(r["message"] for r in spec["x-kubernetes-validations"])
     for rule in ("unique", "every input", "cycles", "role and engine"):
         assert rule in messages
+
+
+def test_readme_field_reference_matches_the_models() -> None:
+    from omnipipe.api.reference import field_reference_markdown
+
+    assert field_reference_markdown() in (REPO / "README.md").read_text(), (
+        "README's field reference drifted: run `make manifests`"
+    )
