@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 # Re-install when the dependency list changes.
 STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
-EXTRAS ?= test
+EXTRAS ?= models,test
 PYTEST_ARGS ?=
 
 .PHONY: serve test unit integration lint manifests venv system-deps k8s-binaries clean

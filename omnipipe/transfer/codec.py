@@ -1,0 +1,80 @@
+"""Tensors <-> (header, buffers). dtype, shape and device travel as metadata; bfloat16
+and every other torch dtype go as raw bytes reinterpreted on arrival."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgpack
+import torch
+
+DTYPES: dict[str, torch.dtype] = {
+    str(d).removeprefix("torch."): d
+    for d in (
+        torch.float16,
+        torch.bfloat16,
+        torch.float32,
+        torch.float64,
+        torch.int8,
+        torch.uint8,
+        torch.int16,
+        torch.int32,
+        torch.int64,
+        torch.bool,
+        torch.complex64,
+    )
+}
+MAX_HEADER = 1 << 20
+
+
+class CodecError(ValueError):
+    """A frame that does not describe tensors we can rebuild."""
+
+
+def tensor_spec(name: str, t: torch.Tensor) -> dict[str, Any]:
+    dtype = str(t.dtype).removeprefix("torch.")
+    if dtype not in DTYPES:
+        raise CodecError(f"tensor {name!r}: unsupported dtype {t.dtype}")
+    return {
+        "name": name,
+        "dtype": dtype,
+        "shape": list(t.shape),
+        "device": str(t.device),
+        "nbytes": t.numel() * t.element_size(),
+    }
+
+
+def tensor_bytes(t: torch.Tensor) -> memoryview:
+    """A zero-copy byte view of a contiguous CPU tensor (a GPU tensor is copied once)."""
+    flat = t.detach().to("cpu").contiguous().reshape(-1)
+    if flat.numel() == 0:
+        return memoryview(b"")
+    return memoryview(flat.view(torch.uint8).numpy()).cast("B")
+
+
+def encode_header(header: dict[str, Any]) -> bytes:
+    raw: bytes = msgpack.packb(header, use_bin_type=True)
+    if len(raw) > MAX_HEADER:
+        raise CodecError(f"header of {len(raw)} bytes exceeds {MAX_HEADER}")
+    return raw
+
+
+def decode_header(raw: bytes) -> dict[str, Any]:
+    header = msgpack.unpackb(raw, raw=False)
+    if not isinstance(header, dict) or not isinstance(header.get("tensors"), list):
+        raise CodecError("frame header is not a tensor message")
+    return header
+
+
+def rebuild(spec: dict[str, Any], buf: bytearray, device: str = "cpu") -> torch.Tensor:
+    try:
+        dtype = DTYPES[spec["dtype"]]
+        shape = [int(s) for s in spec["shape"]]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CodecError(f"bad tensor spec {spec!r}") from exc
+    if len(buf) != int(spec["nbytes"]):
+        raise CodecError(f"tensor {spec.get('name')!r}: got {len(buf)} bytes, want {spec['nbytes']}")
+    if len(buf) == 0:
+        return torch.empty(shape, dtype=dtype, device=device)
+    t = torch.frombuffer(buf, dtype=torch.uint8).view(dtype).reshape(shape)
+    return t if device == "cpu" else t.to(device)

@@ -1,0 +1,1 @@
+"""Model sources: Hugging Face ids, local paths, and the built-in tiny:// models."""

@@ -1,0 +1,122 @@
+"""tiny://NAME models: the real architectures with tiny random weights, written once to a
+cache directory and then loaded by the same from_pretrained path as real checkpoints.
+
+Weights are deterministic (fixed seeds), so every worker process that builds the model
+gets the same bytes; a file lock keeps concurrent workers from building it twice.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+TINY_SCHEME = "tiny://"
+# Bump when a builder changes, so stale caches are rebuilt.
+TINY_FORMAT = "1"
+
+
+def default_cache_dir() -> Path:
+    base = os.environ.get("OMNIPIPE_CACHE_DIR") or Path.home() / ".cache" / "omnipipe"
+    return Path(base) / "tiny"
+
+
+def _build_qwen_image(target: Path) -> None:
+    import torch
+    from diffusers import (
+        AutoencoderKLQwenImage,
+        FlowMatchEulerDiscreteScheduler,
+        QwenImagePipeline,
+        QwenImageTransformer2DModel,
+    )
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    from omnipipe.worker.models.tokenizer import save_byte_tokenizer
+
+    torch.manual_seed(0)
+    transformer = QwenImageTransformer2DModel(
+        patch_size=2,
+        in_channels=16,
+        out_channels=4,
+        num_layers=2,
+        attention_head_dim=16,
+        num_attention_heads=3,
+        joint_attention_dim=16,
+        guidance_embeds=False,
+        axes_dims_rope=(8, 4, 4),
+    )
+    torch.manual_seed(0)
+    vae = AutoencoderKLQwenImage(
+        base_dim=24,
+        z_dim=4,
+        dim_mult=[1, 2, 4],
+        num_res_blocks=1,
+        temperal_downsample=[False, True],
+        latents_mean=[0.0] * 4,
+        latents_std=[1.0] * 4,
+    )
+    torch.manual_seed(0)
+    text_encoder = Qwen2_5_VLForConditionalGeneration(
+        Qwen2_5_VLConfig(
+            text_config={
+                "hidden_size": 16,
+                "intermediate_size": 16,
+                "num_hidden_layers": 2,
+                "num_attention_heads": 2,
+                "num_key_value_heads": 2,
+                "rope_scaling": {"mrope_section": [1, 1, 2], "rope_type": "default"},
+                "rope_theta": 1000000.0,
+                "vocab_size": 512,
+            },
+            vision_config={
+                "depth": 2,
+                "hidden_size": 16,
+                "intermediate_size": 16,
+                "num_heads": 2,
+                "out_hidden_size": 16,
+            },
+            hidden_size=16,
+            vocab_size=512,
+        )
+    )
+    tokenizer = save_byte_tokenizer(target / "tokenizer")
+    pipe = QwenImagePipeline(
+        transformer=transformer,
+        vae=vae,
+        scheduler=FlowMatchEulerDiscreteScheduler(),
+        text_encoder=text_encoder,
+        tokenizer=tokenizer,
+    )
+    pipe.save_pretrained(str(target))
+
+
+BUILDERS: dict[str, Callable[[Path], None]] = {"qwen-image": _build_qwen_image}
+
+
+def resolve_model_path(model: str, cache_dir: Path | None = None) -> str:
+    """A path or hub id that from_pretrained accepts; builds tiny:// models on first use."""
+    if not model.startswith(TINY_SCHEME):
+        return model
+    name = model.removeprefix(TINY_SCHEME)
+    if name not in BUILDERS:
+        raise ValueError(f"unknown tiny model {model!r}; available: {', '.join(BUILDERS)}")
+    root = (cache_dir or default_cache_dir()) / f"{name}-v{TINY_FORMAT}"
+    done = root / ".complete"
+    if done.exists():
+        return str(root)
+    root.parent.mkdir(parents=True, exist_ok=True)
+    with (root.parent / f".{name}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            log.info("building %s with random weights in %s", model, root)
+            staging = root.with_name(root.name + ".partial")
+            shutil.rmtree(staging, ignore_errors=True)
+            BUILDERS[name](staging)
+            (staging / ".complete").touch()
+            shutil.rmtree(root, ignore_errors=True)
+            staging.rename(root)
+    return str(root)

@@ -1,0 +1,55 @@
+"""An offline Qwen2 byte-level tokenizer: the 256 byte characters plus Qwen's special
+tokens, with no merges. Real Qwen code paths run on it without a model hub."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from transformers import Qwen2Tokenizer
+
+SPECIAL_TOKENS = (
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+    "<|audio_start|>",
+    "<|audio_end|>",
+    "<|AUDIO|>",
+    "<|IMAGE|>",
+    "<|VIDEO|>",
+)
+
+
+def _byte_chars() -> list[str]:
+    """GPT-2's reversible byte -> printable character table."""
+    printable = (
+        list(range(ord("!"), ord("~") + 1))
+        + list(range(ord("¡"), ord("¬") + 1))
+        + list(range(ord("®"), ord("ÿ") + 1))
+    )
+    chars, extra = [], 0
+    for b in range(256):
+        if b in printable:
+            chars.append(chr(b))
+        else:
+            chars.append(chr(256 + extra))
+            extra += 1
+    return chars
+
+
+def save_byte_tokenizer(directory: Path) -> Qwen2Tokenizer:
+    directory.mkdir(parents=True, exist_ok=True)
+    tokenizer = Qwen2Tokenizer(
+        vocab={ch: i for i, ch in enumerate(_byte_chars())},
+        merges=[],
+        unk_token=None,
+        bos_token=None,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        additional_special_tokens=list(SPECIAL_TOKENS[1:]),
+    )
+    tokenizer.save_pretrained(str(directory))
+    return tokenizer
