@@ -42,6 +42,44 @@ def _cmd_operator(args: argparse.Namespace) -> int:
     return 0
 
 
+def _overrides(args: argparse.Namespace, names: Sequence[str]) -> dict[str, object]:
+    return {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}
+
+
+def _cmd_worker(args: argparse.Namespace) -> int:
+    import os
+
+    from omnipipe.worker.main import run_worker
+    from omnipipe.worker.settings import WorkerSettings
+
+    values = _overrides(args, ("stage", "host", "port", "transfer_port", "advertise_host"))
+    values["pipeline_file"] = args.pipeline
+    if "advertise_host" not in values and os.environ.get("OMNIPIPE_POD_IP"):
+        values["advertise_host"] = os.environ["OMNIPIPE_POD_IP"]
+    run_worker(WorkerSettings(**values))  # type: ignore[arg-type]
+    return 0
+
+
+def _cmd_router(args: argparse.Namespace) -> int:
+    from omnipipe.router.main import run_router
+    from omnipipe.router.settings import RouterSettings
+
+    values = _overrides(args, ("host", "port", "replicas_file"))
+    values["pipeline_file"] = args.pipeline
+    run_router(RouterSettings(**values))  # type: ignore[arg-type]
+    return 0
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from omnipipe.api.loading import load_pipeline
+    from omnipipe.local.supervisor import serve
+
+    path = Path(args.file).resolve()
+    return serve(load_pipeline(path), path, args.host, args.port, args.ready_timeout)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="omnipipe",
@@ -63,6 +101,30 @@ def build_parser() -> argparse.ArgumentParser:
         "operator", help="run the Kubernetes operator (settings: OMNIPIPE_OPERATOR_* env vars)"
     )
     operator.set_defaults(run=_cmd_operator)
+
+    serve = sub.add_parser("serve", help="run FILE on this machine: router + stage workers")
+    serve.add_argument("file", metavar="FILE", help="an OmniPipeline manifest")
+    serve.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, default=8000, help="router port (default 8000)")
+    serve.add_argument("--ready-timeout", type=float, default=600.0,
+                       help="seconds to wait for every process to be ready")
+    serve.set_defaults(run=_cmd_serve)
+
+    worker = sub.add_parser("worker", help="run one stage's worker")
+    worker.add_argument("--pipeline", required=True, help="pipeline file")
+    worker.add_argument("--stage", required=True, help="stage name")
+    worker.add_argument("--host")
+    worker.add_argument("--port", type=int, help="control API port (default 8100)")
+    worker.add_argument("--transfer-port", type=int, help="transfer port (default 8101)")
+    worker.add_argument("--advertise-host", help="host other stages reach this one at")
+    worker.set_defaults(run=_cmd_worker)
+
+    router = sub.add_parser("router", help="run the OpenAI-compatible router")
+    router.add_argument("--pipeline", required=True, help="pipeline file")
+    router.add_argument("--host")
+    router.add_argument("--port", type=int, help="HTTP port (default 8000)")
+    router.add_argument("--replicas-file", help="static discovery JSON {stage: [urls]}")
+    router.set_defaults(run=_cmd_router)
     return parser
 
 

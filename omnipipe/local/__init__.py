@@ -1,0 +1,1 @@
+"""`omnipipe serve`: the whole pipeline as local processes, no cluster."""

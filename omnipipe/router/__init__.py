@@ -1,0 +1,1 @@
+"""The OpenAI-compatible router: validates requests, picks replicas, streams results."""

@@ -1,0 +1,1 @@
+"""Feature slices of the router's HTTP API."""

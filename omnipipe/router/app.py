@@ -1,0 +1,81 @@
+"""build_app(pipeline, settings) -> FastAPI. The lifespan owns clients and watchers."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import AsyncIterator
+
+import httpx
+from fastapi import FastAPI, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+
+from omnipipe.api import ResolvedPipeline
+from omnipipe.router.api.images import images_router
+from omnipipe.router.api.models import model_ids, models_router
+from omnipipe.router.discovery import Discovery, DnsDiscovery, StaticDiscovery
+from omnipipe.router.errors import BadRequest, OpenAIError, openai_error_handler
+from omnipipe.router.middleware import GuardMiddleware
+from omnipipe.router.orchestrator import Orchestrator
+from omnipipe.router.replicas import ReplicaPool
+from omnipipe.router.settings import RouterSettings
+
+
+def _discovery(pipeline: ResolvedPipeline, settings: RouterSettings) -> Discovery:
+    if settings.replicas_file:
+        return StaticDiscovery.from_file(settings.replicas_file)
+    return DnsDiscovery(pipeline, settings.cluster_domain)
+
+
+def build_app(pipeline: ResolvedPipeline, settings: RouterSettings) -> FastAPI:
+    client = httpx.AsyncClient(limits=httpx.Limits(max_connections=2048,
+                                                   max_keepalive_connections=256))
+    pool = ReplicaPool(pipeline, _discovery(pipeline, settings), client,
+                       settings.poll_interval_seconds, settings.discovery_interval_seconds)
+    orchestrator = Orchestrator(pipeline, pool, client, settings.request_timeout_seconds,
+                                settings.max_queue_per_replica)
+    registry = CollectorRegistry()
+    requests_total = Counter("omnipipe_router_requests_total", "Requests by route and status.",
+                             ("pipeline", "route", "code"), registry=registry)
+    duration = Histogram("omnipipe_router_request_duration_seconds", "End-to-end latency.",
+                         ("pipeline", "route"), registry=registry,
+                         buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300))
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await pool.start()
+        try:
+            yield
+        finally:
+            await pool.close()
+            await client.aclose()
+
+    app = FastAPI(title=f"omnipipe router: {pipeline.name}", lifespan=lifespan)
+    app.add_exception_handler(OpenAIError, openai_error_handler)
+    app.add_middleware(GuardMiddleware, pipeline=pipeline.name, api_key=settings.api_key,  # type: ignore[arg-type]
+                       max_body_bytes=settings.max_body_bytes, requests_total=requests_total,
+                       duration=duration)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        return BadRequest(str(exc.errors()[0].get("msg", "invalid request"))).response()
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "alive"}
+
+    @app.get("/ready")
+    async def ready() -> JSONResponse:
+        stages = {s.name: pool.stage_ready(s.name) for s in pipeline.stages}
+        return JSONResponse({"ready": all(stages.values()), "stages": stages},
+                            status_code=200 if all(stages.values()) else 503)
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    app.include_router(models_router(pipeline, int(time.time())))
+    app.include_router(images_router(orchestrator, model_ids(pipeline)))
+    return app

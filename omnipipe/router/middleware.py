@@ -1,0 +1,67 @@
+"""Plain ASGI middleware (not BaseHTTPMiddleware, which hides client disconnects from
+endpoints): API-key auth, the body-size limit, and request metrics."""
+
+from __future__ import annotations
+
+import hmac
+import time
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from prometheus_client import Counter, Histogram
+
+from omnipipe.router.errors import OpenAIError, PayloadTooLarge, Unauthorized
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+OPEN_PATHS = frozenset({"/health", "/ready", "/metrics"})
+
+
+class GuardMiddleware:
+    def __init__(self, app: ASGIApp, *, pipeline: str, api_key: str | None, max_body_bytes: int,
+                 requests_total: Counter, duration: Histogram) -> None:
+        self.app = app
+        self.pipeline = pipeline
+        self.expected = f"Bearer {api_key}".encode() if api_key is not None else None
+        self.max_body = max_body_bytes
+        self.requests_total = requests_total
+        self.duration = duration
+
+    def _reject(self, scope: Scope) -> OpenAIError | None:
+        headers = dict(scope.get("headers") or [])
+        if self.expected is not None and not hmac.compare_digest(
+            headers.get(b"authorization", b""), self.expected
+        ):
+            return Unauthorized("invalid or missing API key", code="invalid_api_key")
+        length = headers.get(b"content-length", b"")
+        if length.isdigit() and int(length) > self.max_body:
+            return PayloadTooLarge(f"request body over {self.max_body} bytes")
+        return None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
+            await self.app(scope, receive, send)
+            return
+        started = time.monotonic()
+        status = {"code": 500}
+
+        async def send_recording(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status["code"] = message["status"]
+            await send(message)
+
+        error = self._reject(scope)
+        try:
+            if error is not None:
+                await error.response()(scope, receive, send_recording)
+            else:
+                await self.app(scope, receive, send_recording)
+        finally:
+            path = scope["path"]
+            if path.startswith("/v1/"):
+                self.requests_total.labels(self.pipeline, path, str(status["code"])).inc()
+                self.duration.labels(self.pipeline, path).observe(time.monotonic() - started)

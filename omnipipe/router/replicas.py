@@ -1,0 +1,112 @@
+"""Live view of every stage's replicas: readiness and load from polling /ready,
+plus what this router has dispatched and not yet seen finish."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+from dataclasses import dataclass
+
+import httpx
+
+from omnipipe.api import ResolvedPipeline
+from omnipipe.api.wire import WorkerStatus
+from omnipipe.router.discovery import Discovery
+from omnipipe.router.routing import ReplicaLoad, choose
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Replica:
+    url: str
+    ready: bool = False
+    reported_load: int = 0
+    dispatched: int = 0
+    transfer_address: str | None = None
+
+    def view(self) -> ReplicaLoad:
+        return ReplicaLoad(self.url, self.ready, self.reported_load + self.dispatched,
+                           self.transfer_address)
+
+
+class ReplicaPool:
+    def __init__(self, pipeline: ResolvedPipeline, discovery: Discovery, client: httpx.AsyncClient,
+                 poll_interval: float, discovery_interval: float) -> None:
+        self._pipeline = pipeline
+        self._discovery = discovery
+        self._client = client
+        self._poll_interval = poll_interval
+        self._discovery_interval = discovery_interval
+        self._replicas: dict[str, dict[str, Replica]] = {s.name: {} for s in pipeline.stages}
+        self._rotation = itertools.count()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def start(self) -> None:
+        await self._discover()
+        await self._poll()
+        self._tasks = [asyncio.create_task(self._every(self._discovery_interval, self._discover)),
+                       asyncio.create_task(self._every(self._poll_interval, self._poll))]
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    @staticmethod
+    async def _every(seconds: float, action: object) -> None:
+        while True:
+            await asyncio.sleep(seconds)
+            try:
+                await action()  # type: ignore[operator]
+            except Exception:
+                log.exception("replica refresh failed")
+
+    async def _discover(self) -> None:
+        for stage, known in self._replicas.items():
+            urls = set(await self._discovery.endpoints(stage))
+            for url in urls - known.keys():
+                known[url] = Replica(url)
+            for url in known.keys() - urls:
+                del known[url]
+
+    async def _poll_one(self, replica: Replica) -> None:
+        try:
+            resp = await self._client.get(f"{replica.url}/ready", timeout=2.0)
+            status = WorkerStatus.model_validate_json(resp.content)
+        except (httpx.HTTPError, ValueError):
+            replica.ready = False
+            return
+        replica.ready = status.ready
+        replica.reported_load = status.running + status.waiting
+        replica.transfer_address = status.transfer_address
+
+    async def _poll(self) -> None:
+        await asyncio.gather(*(self._poll_one(r) for known in self._replicas.values()
+                               for r in known.values()))
+
+    async def refresh(self, stage: str) -> None:
+        """Poll one stage's replicas now, rather than answer from a stale view."""
+        await asyncio.gather(*(self._poll_one(r) for r in self._replicas[stage].values()))
+
+    def stage_ready(self, stage: str) -> bool:
+        return any(r.ready for r in self._replicas[stage].values())
+
+    def ready(self) -> bool:
+        return all(self.stage_ready(s) for s in self._replicas)
+
+    def has_replicas(self, stage: str) -> bool:
+        return any(r.ready for r in self._replicas[stage].values())
+
+    def pick(self, stage: str, max_load: int) -> Replica | None:
+        known = self._replicas[stage]
+        chosen = choose([r.view() for r in known.values()], next(self._rotation), max_load)
+        return known[chosen.url] if chosen else None
+
+    def mark_down(self, replica: Replica) -> None:
+        """Stop sending to a replica at once; the next successful poll brings it back."""
+        replica.ready = False

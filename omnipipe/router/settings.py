@@ -1,0 +1,33 @@
+"""Router settings, loaded once from OMNIPIPE_ROUTER_* variables and CLI flags."""
+
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class RouterSettings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="OMNIPIPE_ROUTER_", frozen=True, use_attribute_docstrings=True
+    )
+
+    pipeline_file: str = "/etc/omnipipe/pipeline.yaml"
+    """The pipeline: an OmniPipeline manifest or the operator's resolved pipeline.yaml."""
+    host: str = "0.0.0.0"
+    """Bind address."""
+    port: int = 8000
+    """HTTP port of the OpenAI-compatible API."""
+    api_key: str | None = None
+    """When set, clients must send `Authorization: Bearer <key>` (a Secret in Kubernetes)."""
+    replicas_file: str | None = None
+    """Static discovery (local mode): JSON {stage: [control URLs]}. Unset: DNS of the
+    stages' headless Services."""
+    cluster_domain: str = "svc.cluster.local"
+    """DNS suffix for headless Service discovery."""
+    request_timeout_seconds: float = 300.0
+    """Longest a request may take end to end before the client gets 504."""
+    max_body_bytes: int = 25 * 1024 * 1024
+    """Largest request body accepted (413 above it)."""
+    max_queue_per_replica: int = 64
+    """A replica with this many requests in flight is full; all full means 429."""
+    poll_interval_seconds: float = 1.0
+    """How often replicas' /ready (readiness and load) is polled."""
+    discovery_interval_seconds: float = 5.0
+    """How often the stages' replica lists are re-resolved."""

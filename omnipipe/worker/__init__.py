@@ -1,0 +1,1 @@
+"""Stage workers: load one stage, take submissions, hand tensors to the next stage."""

@@ -1,0 +1,1 @@
+"""Engine adapters: how a stage gets its model objects (diffusers, transformers, vLLM)."""

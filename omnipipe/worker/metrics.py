@@ -1,0 +1,71 @@
+"""Worker metrics, in a registry owned by the worker (no process globals)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+
+
+@dataclass
+class WorkerMetrics:
+    registry: CollectorRegistry
+    running: Gauge
+    waiting: Gauge
+    duration: Histogram
+    transfer_bytes: Counter
+    transfer_seconds: Histogram
+
+    @classmethod
+    def create(cls, pipeline: str, stage: str) -> WorkerMetrics:
+        registry = CollectorRegistry()
+        labels = ("pipeline", "stage")
+
+        def gauge(name: str, doc: str) -> Gauge:
+            return Gauge(name, doc, labels, registry=registry)
+
+        m = cls(
+            registry=registry,
+            running=gauge("omnipipe_stage_requests_running", "Requests executing in the engine."),
+            waiting=gauge(
+                "omnipipe_stage_requests_waiting",
+                "Requests accepted but not executing: waiting for inputs or an engine slot.",
+            ),
+            duration=Histogram(
+                "omnipipe_stage_request_duration_seconds",
+                "Time from submission to the stage's output being handed on.",
+                labels,
+                registry=registry,
+                buckets=LATENCY_BUCKETS,
+            ),
+            transfer_bytes=Counter(
+                "omnipipe_transfer_bytes_total",
+                "Tensor bytes moved between stages.",
+                (*labels, "direction"),
+                registry=registry,
+            ),
+            transfer_seconds=Histogram(
+                "omnipipe_transfer_duration_seconds",
+                "Time to move one message between stages.",
+                (*labels, "direction"),
+                registry=registry,
+                buckets=LATENCY_BUCKETS,
+            ),
+        )
+        m._labels = (pipeline, stage)
+        return m
+
+    _labels: tuple[str, str] = ("", "")
+
+    def transfer(self, direction: str, nbytes: int, seconds: float) -> None:
+        self.transfer_bytes.labels(*self._labels, direction).inc(nbytes)
+        self.transfer_seconds.labels(*self._labels, direction).observe(seconds)
+
+    def set_load(self, running: int, waiting: int) -> None:
+        self.running.labels(*self._labels).set(running)
+        self.waiting.labels(*self._labels).set(waiting)
+
+    def observe_duration(self, seconds: float) -> None:
+        self.duration.labels(*self._labels).observe(seconds)

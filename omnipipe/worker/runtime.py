@@ -1,0 +1,212 @@
+"""Request lifecycle inside one worker: wait for inputs, batch, run, hand on, report.
+
+Everything here runs on the event loop except the engine call, which runs on one
+dedicated thread so the loop keeps serving transfers and health checks meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from omnipipe.api.wire import StageEvent, SubmitRequest
+from omnipipe.transfer import Mailbox, Message, Sender
+from omnipipe.worker.metrics import WorkerMetrics
+from omnipipe.worker.stages.base import Stage, StageInputError, StageJob, StageResult, Tensors
+
+log = logging.getLogger(__name__)
+
+
+class DuplicateRequest(Exception):
+    pass
+
+
+@dataclass
+class Job:
+    request: SubmitRequest
+    events: asyncio.Queue[StageEvent] = field(default_factory=asyncio.Queue)
+    result: asyncio.Future[StageResult] | None = None
+    stage_job: StageJob | None = None
+    task: asyncio.Task[None] | None = None
+    submitted: float = field(default_factory=time.monotonic)
+    running: bool = False
+
+
+class StageRuntime:
+    def __init__(
+        self,
+        stage_name: str,
+        stage: Stage | None,
+        mailbox: Mailbox,
+        sender: Sender,
+        metrics: WorkerMetrics,
+        max_batch: int,
+    ) -> None:
+        self.stage_name = stage_name
+        self.stage = stage
+        self.mailbox = mailbox
+        self.sender = sender
+        self.metrics = metrics
+        self.max_batch = max_batch
+        self.jobs: dict[str, Job] = {}
+        self._queue: deque[Job] = deque()
+        self._wakeup = asyncio.Event()
+        self._engine = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
+        self._loop_task: asyncio.Task[None] | None = None
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    # ---- load accounting -------------------------------------------------------------
+    @property
+    def running(self) -> int:
+        return sum(1 for j in self.jobs.values() if j.running)
+
+    @property
+    def waiting(self) -> int:
+        return len(self.jobs) - self.running
+
+    def _update_load(self) -> None:
+        self.metrics.set_load(self.running, self.waiting)
+        if self.jobs:
+            self._idle.clear()
+        else:
+            self._idle.set()
+
+    async def wait_idle(self, timeout: float) -> bool:
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+        except TimeoutError:
+            return False
+        return True
+
+    # ---- lifecycle ---------------------------------------------------------------------
+    def start(self) -> None:
+        self._loop_task = asyncio.create_task(self._engine_loop(), name="engine-loop")
+
+    async def close(self) -> None:
+        for job in list(self.jobs.values()):
+            if job.task:
+                job.task.cancel()
+        if self._loop_task:
+            self._loop_task.cancel()
+        self._engine.shutdown(wait=False, cancel_futures=True)
+
+    def submit(self, request: SubmitRequest) -> Job:
+        if request.request_id in self.jobs:
+            raise DuplicateRequest(request.request_id)
+        job = Job(request)
+        self.jobs[request.request_id] = job
+        job.task = asyncio.create_task(self._drive(job), name=f"job-{request.request_id}")
+        self._update_load()
+        return job
+
+    def cancel(self, request_id: str) -> bool:
+        job = self.jobs.get(request_id)
+        if job is None:
+            self.mailbox.discard(request_id)
+            return False
+        if job.task:
+            job.task.cancel()
+        return True
+
+    # ---- one request -------------------------------------------------------------------
+    async def _collect_inputs(self, request: SubmitRequest) -> dict[str, Tensors]:
+        pending = set(request.inputs)
+        inputs: dict[str, Tensors] = {name: {} for name in pending}
+        while pending:
+            message = await self.mailbox.get(request.request_id)
+            if message.source not in inputs:
+                log.warning("request %s: unexpected input from %s", request.request_id, message.source)
+                continue
+            inputs[message.source].update(message.tensors)
+            if message.final:
+                pending.discard(message.source)
+        return inputs
+
+    async def _drive(self, job: Job) -> None:
+        request = job.request
+        try:
+            async with asyncio.timeout(request.timeout_seconds):
+                inputs = await self._collect_inputs(request)
+                job.stage_job = StageJob(request.params, inputs)
+                job.result = asyncio.get_running_loop().create_future()
+                self._queue.append(job)
+                self._wakeup.set()
+                result = await job.result
+                for dest in request.outputs:
+                    await self.sender.send(
+                        dest.address,
+                        Message(request.request_id, self.stage_name, result.tensors),
+                    )
+            if request.emit:
+                for i, output in enumerate(result.outputs):
+                    await job.events.put(StageEvent(type="result", index=i, data=output))
+            await job.events.put(StageEvent(type="done"))
+            self.metrics.observe_duration(time.monotonic() - job.submitted)
+        except asyncio.CancelledError:
+            if job.stage_job is not None:
+                job.stage_job.cancelled.set()
+            await job.events.put(StageEvent(type="error", code="cancelled", message="cancelled"))
+        except TimeoutError:
+            await job.events.put(
+                StageEvent(type="error", code="timeout", message=f"{self.stage_name} timed out")
+            )
+        except StageInputError as exc:
+            await job.events.put(StageEvent(type="error", code="invalid_request", message=str(exc)))
+        except Exception as exc:
+            log.exception("request %s failed in %s", request.request_id, self.stage_name)
+            await job.events.put(
+                StageEvent(type="error", code="stage_error", message=f"{self.stage_name}: {exc}")
+            )
+        finally:
+            if job in self._queue:
+                self._queue.remove(job)
+            self.mailbox.discard(request.request_id)
+            self.jobs.pop(request.request_id, None)
+            self._update_load()
+
+    # ---- engine ------------------------------------------------------------------------
+    def _take_batch(self) -> list[Job]:
+        first = self._queue.popleft()
+        assert self.stage is not None and first.stage_job is not None
+        key = self.stage.batch_key(first.stage_job)
+        batch = [first]
+        if key is not None:
+            for job in list(self._queue):
+                if len(batch) >= self.max_batch:
+                    break
+                if job.stage_job is not None and self.stage.batch_key(job.stage_job) == key:
+                    self._queue.remove(job)
+                    batch.append(job)
+        return batch
+
+    async def _engine_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await self._wakeup.wait()
+            self._wakeup.clear()
+            while self._queue and self.stage is not None:
+                batch = self._take_batch()
+                for job in batch:
+                    job.running = True
+                self._update_load()
+                stage_jobs = [j.stage_job for j in batch if j.stage_job is not None]
+                try:
+                    results = await loop.run_in_executor(
+                        self._engine, self.stage.run_batch, stage_jobs
+                    )
+                except Exception as exc:
+                    for job in batch:
+                        if job.result and not job.result.done():
+                            job.result.set_exception(exc)
+                else:
+                    for job, result in zip(batch, results, strict=True):
+                        if job.result and not job.result.done():
+                            job.result.set_result(result)
+                for job in batch:
+                    job.running = False
+                self._update_load()

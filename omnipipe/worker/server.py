@@ -1,0 +1,163 @@
+"""The worker's control API: submit, cancel, events, health, readiness, metrics, drain."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import torch
+from fastapi import FastAPI, HTTPException
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from omnipipe.api import ResolvedPipeline
+from omnipipe.api.wire import StageEvent, SubmitRequest, WorkerStatus
+from omnipipe.transfer import Mailbox, Receiver, TransferStats, make_receiver, make_sender
+from omnipipe.worker.metrics import WorkerMetrics
+from omnipipe.worker.models.tiny import resolve_model_path
+from omnipipe.worker.runtime import DuplicateRequest, StageRuntime
+from omnipipe.worker.settings import WorkerSettings
+from omnipipe.worker.stages import stage_class
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class WorkerState:
+    """Everything the routes share, created by the lifespan (no module globals)."""
+
+    pipeline: ResolvedPipeline
+    settings: WorkerSettings
+    metrics: WorkerMetrics
+    runtime: StageRuntime | None = None
+    receiver: Receiver | None = None
+    loaded: bool = False
+    draining: bool = False
+    load_error: str = ""
+    background: set[asyncio.Task[None]] = field(default_factory=set)
+
+    def status(self) -> WorkerStatus:
+        rt = self.runtime
+        return WorkerStatus(
+            pipeline=self.pipeline.name,
+            stage=self.settings.stage,
+            ready=self.loaded and not self.draining,
+            draining=self.draining,
+            running=rt.running if rt else 0,
+            waiting=rt.waiting if rt else 0,
+            transfer_address=self.receiver.address if self.receiver else None,
+            message=self.load_error or ("draining" if self.draining else
+                                        "ready" if self.loaded else "loading model"),
+        )
+
+
+def _device(settings: WorkerSettings, gpus: int) -> str:
+    if settings.device != "auto":
+        return settings.device
+    return "cuda" if gpus > 0 and torch.cuda.is_available() else "cpu"
+
+
+async def _load_stage(state: WorkerState) -> None:
+    spec = state.pipeline.stage(state.settings.stage)
+    started = time.monotonic()
+    try:
+        path = await asyncio.to_thread(resolve_model_path, spec.model)
+        stage = stage_class(spec)(spec, path, _device(state.settings, spec.gpus))
+        await asyncio.to_thread(stage.load)
+    except Exception as exc:
+        log.exception("loading stage %s failed", spec.name)
+        state.load_error = f"load failed: {exc}"
+        return
+    assert state.runtime is not None
+    state.runtime.stage = stage
+    state.runtime.start()
+    state.loaded = True
+    log.info("stage %s ready in %.1fs (model %s)", spec.name, time.monotonic() - started, spec.model)
+
+
+def build_app(pipeline: ResolvedPipeline, settings: WorkerSettings) -> FastAPI:
+    spec = pipeline.stage(settings.stage)  # fails fast on an unknown stage
+    state = WorkerState(pipeline, settings, WorkerMetrics.create(pipeline.name, spec.name))
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        backend = pipeline.transfer.backend.value
+        mailbox = Mailbox()
+        state.receiver = make_receiver(
+            backend, mailbox, settings.host, settings.transfer_port, settings.advertise_host,
+            TransferStats(lambda n, s: state.metrics.transfer("in", n, s)),
+        )
+        await state.receiver.start()
+        sender = make_sender(backend, TransferStats(lambda n, s: state.metrics.transfer("out", n, s)))
+        state.runtime = StageRuntime(spec.name, None, mailbox, sender, state.metrics,
+                                     settings.max_batch)
+        log.info("stage %s: transfer %s listening at %s", spec.name, backend, state.receiver.address)
+        loader = asyncio.create_task(_load_stage(state))
+        state.background.add(loader)
+        try:
+            yield
+        finally:
+            state.draining = True
+            await state.runtime.wait_idle(settings.drain_timeout_seconds)
+            loader.cancel()
+            await state.runtime.close()
+            await sender.close()
+            await state.receiver.close()
+
+    app = FastAPI(title=f"omnipipe worker: {pipeline.name}/{spec.name}", lifespan=lifespan)
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "alive"}
+
+    @app.get("/ready")
+    async def ready() -> JSONResponse:
+        status = state.status()
+        return JSONResponse(status.model_dump(), status_code=200 if status.ready else 503)
+
+    @app.get("/drain")
+    async def drain() -> dict[str, object]:
+        """preStop hook: stop taking work, return once in-flight requests are done."""
+        state.draining = True
+        idle = await state.runtime.wait_idle(settings.drain_timeout_seconds) if state.runtime else True
+        return {"drained": idle, "in_flight": len(state.runtime.jobs) if state.runtime else 0}
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.post("/v1/requests")
+    async def submit(request: SubmitRequest) -> StreamingResponse:
+        """Accept a request and stream its events (NDJSON) until done or error. If the
+        caller goes away, the request is cancelled: nothing runs for nobody."""
+        if not state.loaded or state.draining or state.runtime is None:
+            raise HTTPException(503, detail=state.status().message)
+        try:
+            job = state.runtime.submit(request)
+        except DuplicateRequest:
+            raise HTTPException(409, detail=f"request {request.request_id} exists") from None
+
+        async def stream() -> AsyncIterator[bytes]:
+            finished = False
+            try:
+                while True:
+                    event: StageEvent = await job.events.get()
+                    yield event.model_dump_json().encode() + b"\n"
+                    if event.type in ("done", "error"):
+                        finished = True
+                        return
+            finally:
+                if not finished and job.task is not None:
+                    job.task.cancel()
+
+        return StreamingResponse(stream(), media_type="application/x-ndjson")
+
+    @app.post("/v1/requests/{request_id}/cancel")
+    async def cancel(request_id: str) -> dict[str, bool]:
+        return {"cancelled": state.runtime.cancel(request_id) if state.runtime else False}
+
+    return app

@@ -1,0 +1,28 @@
+"""Worker settings, loaded once from OMNIPIPE_WORKER_* variables and CLI flags."""
+
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class WorkerSettings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="OMNIPIPE_WORKER_", frozen=True, use_attribute_docstrings=True
+    )
+
+    pipeline_file: str = "/etc/omnipipe/pipeline.yaml"
+    """The pipeline: an OmniPipeline manifest or the operator's resolved pipeline.yaml."""
+    stage: str = ""
+    """Which stage of the pipeline this worker runs."""
+    host: str = "0.0.0.0"
+    """Bind address of the control API and the transfer listener."""
+    port: int = 8100
+    """Control API port: submit, cancel, events, /health, /ready, /metrics, /drain."""
+    transfer_port: int = 8101
+    """Port of the tensor transfer listener."""
+    advertise_host: str = "127.0.0.1"
+    """Host other stages use to reach this worker's transfer listener (the pod IP)."""
+    max_batch: int = 8
+    """Most requests run together in one engine call, where the stage can batch."""
+    device: str = "auto"
+    """Torch device: auto picks cuda when the stage has GPUs and CUDA is present."""
+    drain_timeout_seconds: float = 110.0
+    """How long a drain waits for in-flight requests before giving up."""

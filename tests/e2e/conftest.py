@@ -1,0 +1,123 @@
+"""`omnipipe serve` as a user runs it, with its workers as real processes and the tiny
+real Qwen-Image weights; clients are the official openai package and curl."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+READY_LINE = re.compile(r"\[\d+/\d+\] (\S+) ready at (\S+) \(pid (\d+)\)")
+RESTART_LINE = re.compile(r"omnipipe: (\S+) exited with code \S+; restarting as pid (\d+)")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@dataclass
+class Served:
+    proc: subprocess.Popen[str]
+    base_url: str
+    workers: dict[str, tuple[str, int]] = field(default_factory=dict)  # name -> (url, pid)
+    output: list[str] = field(default_factory=list)
+
+    def metrics(self, worker: str) -> str:
+        with urllib.request.urlopen(f"{self.workers[worker][0]}/metrics", timeout=5) as r:
+            return str(r.read().decode())
+
+    def metric(self, worker: str, name: str) -> float:
+        total = 0.0
+        for line in self.metrics(worker).splitlines():
+            if line.startswith(name + "{") or line.startswith(name + " "):
+                total += float(line.rsplit(" ", 1)[1])
+        return total
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+
+
+def start_serve(manifest: Path, env: dict[str, str] | None = None, timeout: float = 180) -> Served:
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "omnipipe.cli", "serve", str(manifest), "--port", str(port)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO,
+        env={**os.environ, "UCX_NET_DEVICES": "lo", **(env or {})},
+    )
+    served = Served(proc, f"http://127.0.0.1:{port}/v1")
+    ready = threading.Event()
+
+    def pump() -> None:
+        assert proc.stdout is not None
+        with contextlib.suppress(ValueError):  # the pipe is closed by stop()
+            for line in proc.stdout:
+                _record(line)
+
+    def _record(line: str) -> None:
+        served.output.append(line)
+        if m := READY_LINE.search(line):
+            served.workers[m[1]] = (m[2], int(m[3]))
+        if m := RESTART_LINE.search(line):
+            served.workers[m[1]] = (served.workers[m[1]][0], int(m[2]))
+        if "omnipipe: ready." in line:
+            ready.set()
+
+    threading.Thread(target=pump, daemon=True).start()
+    deadline = time.monotonic() + timeout
+    while not ready.wait(0.2):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            served.stop()
+            raise AssertionError("omnipipe serve did not become ready:\n" + "".join(served.output[-60:]))
+    return served
+
+
+def pids_alive(pids: list[int]) -> list[int]:
+    alive = []
+    for pid in pids:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            continue
+        alive.append(pid)
+    return alive
+
+
+@pytest.fixture(scope="module")
+def tmp_module(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("e2e")
+
+
+def write_pipeline(directory: Path, name: str, stages: str = "", transfer: str = "ucx") -> Path:
+    path = directory / f"{name}.yaml"
+    path.write_text(
+        "apiVersion: omnipipe.io/v1alpha1\nkind: OmniPipeline\n"
+        f"metadata: {{name: {name}}}\n"
+        f"spec:\n  model: tiny://qwen-image\n  pipeline: qwen-image\n"
+        f"  transfer: {{backend: {transfer}}}\n{stages}"
+    )
+    return path
+
+
