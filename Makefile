@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
 EXTRAS ?= models,test
 PYTEST_ARGS ?=
 
-.PHONY: serve test unit integration lint manifests venv system-deps k8s-binaries clean
+.PHONY: serve test unit e2e integration lint manifests venv system-deps k8s-binaries clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -32,6 +32,9 @@ test: venv system-deps k8s-binaries lint
 
 unit: venv
 	$(BIN)/pytest tests/unit $(PYTEST_ARGS)
+
+e2e: venv
+	$(BIN)/pytest tests/e2e $(PYTEST_ARGS)
 
 integration: venv system-deps k8s-binaries
 	$(BIN)/pytest tests/integration $(PYTEST_ARGS)

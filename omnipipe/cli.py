@@ -106,8 +106,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("file", metavar="FILE", help="an OmniPipeline manifest")
     serve.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     serve.add_argument("--port", type=int, default=8000, help="router port (default 8000)")
-    serve.add_argument("--ready-timeout", type=float, default=600.0,
-                       help="seconds to wait for every process to be ready")
+    serve.add_argument(
+        "--ready-timeout",
+        type=float,
+        default=600.0,
+        help="seconds to wait for every process to be ready",
+    )
     serve.set_defaults(run=_cmd_serve)
 
     worker = sub.add_parser("worker", help="run one stage's worker")

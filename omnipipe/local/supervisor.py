@@ -69,17 +69,44 @@ class Supervisor:
                 control, transfer = free_port(self.host), free_port(self.host)
                 url = f"http://{self.host}:{control}"
                 replicas.setdefault(stage.name, []).append(url)
-                self._spawn(f"{stage.name}-{i}", [
-                    "worker", "--pipeline", str(self.pipeline_file), "--stage", stage.name,
-                    "--host", self.host, "--port", str(control),
-                    "--transfer-port", str(transfer), "--advertise-host", self.host,
-                ], f"{url}/ready", restartable=True)
+                self._spawn(
+                    f"{stage.name}-{i}",
+                    [
+                        "worker",
+                        "--pipeline",
+                        str(self.pipeline_file),
+                        "--stage",
+                        stage.name,
+                        "--host",
+                        self.host,
+                        "--port",
+                        str(control),
+                        "--transfer-port",
+                        str(transfer),
+                        "--advertise-host",
+                        self.host,
+                    ],
+                    f"{url}/ready",
+                    restartable=True,
+                )
         discovery = Path(tempfile.mkdtemp(prefix="omnipipe-")) / "replicas.json"
         discovery.write_text(json.dumps(replicas))
-        self._spawn("router", [
-            "router", "--pipeline", str(self.pipeline_file), "--host", self.host,
-            "--port", str(self.port), "--replicas-file", str(discovery),
-        ], f"http://{self.host}:{self.port}/ready", restartable=False)
+        self._spawn(
+            "router",
+            [
+                "router",
+                "--pipeline",
+                str(self.pipeline_file),
+                "--host",
+                self.host,
+                "--port",
+                str(self.port),
+                "--replicas-file",
+                str(discovery),
+            ],
+            f"http://{self.host}:{self.port}/ready",
+            restartable=False,
+        )
 
     @staticmethod
     def _is_ready(url: str) -> bool:
@@ -105,9 +132,12 @@ class Supervisor:
                 at = child.argv.index("--transfer-port") + 1
                 child.argv[at] = str(free_port(self.host))
             child.proc = self._popen(child.argv)
-            print(f"omnipipe: {child.name} exited with code {code}; restarting as pid "
-                  f"{child.proc.pid} ({len(child.restarts)}/{MAX_RESTARTS_IN_WINDOW} in "
-                  f"{RESTART_WINDOW_SECONDS:.0f}s)", flush=True)
+            print(
+                f"omnipipe: {child.name} exited with code {code}; restarting as pid "
+                f"{child.proc.pid} ({len(child.restarts)}/{MAX_RESTARTS_IN_WINDOW} in "
+                f"{RESTART_WINDOW_SECONDS:.0f}s)",
+                flush=True,
+            )
 
     def wait_ready(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -119,8 +149,11 @@ class Supervisor:
                 if child.name not in shown and self._is_ready(child.ready_url):
                     shown.add(child.name)
                     base = child.ready_url.removesuffix("/ready")
-                    print(f"  [{len(shown)}/{total}] {child.name} ready at {base} "
-                          f"(pid {child.proc.pid})", flush=True)
+                    print(
+                        f"  [{len(shown)}/{total}] {child.name} ready at {base} "
+                        f"(pid {child.proc.pid})",
+                        flush=True,
+                    )
             if len(shown) == total:
                 return
             time.sleep(0.25)
@@ -148,8 +181,9 @@ class Supervisor:
             time.sleep(0.5)
 
 
-def serve(pipeline: ResolvedPipeline, pipeline_file: Path, host: str, port: int,
-          ready_timeout: float) -> int:
+def serve(
+    pipeline: ResolvedPipeline, pipeline_file: Path, host: str, port: int, ready_timeout: float
+) -> int:
     sup = Supervisor(pipeline, pipeline_file, host, port)
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
@@ -157,13 +191,19 @@ def serve(pipeline: ResolvedPipeline, pipeline_file: Path, host: str, port: int,
 
     signal.signal(signal.SIGTERM, on_signal)
     workers = sum(max(s.replicas, 1) for s in pipeline.stages)
-    print(f"omnipipe: serving {pipeline.name} ({pipeline.pipeline}, model {pipeline.model}): "
-          f"{workers} worker(s) for {len(pipeline.stages)} stage(s) + router", flush=True)
+    print(
+        f"omnipipe: serving {pipeline.name} ({pipeline.pipeline}, model {pipeline.model}): "
+        f"{workers} worker(s) for {len(pipeline.stages)} stage(s) + router",
+        flush=True,
+    )
     try:
         sup.start()
         sup.wait_ready(ready_timeout)
-        print(f"omnipipe: ready. OpenAI base URL: http://{host}:{port}/v1  "
-              f"(model: {pipeline.name}; Ctrl-C to stop)", flush=True)
+        print(
+            f"omnipipe: ready. OpenAI base URL: http://{host}:{port}/v1  "
+            f"(model: {pipeline.name}; Ctrl-C to stop)",
+            flush=True,
+        )
         sup.run_forever()
     except KeyboardInterrupt:
         print("omnipipe: stopping", flush=True)

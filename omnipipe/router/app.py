@@ -10,7 +10,13 @@ import httpx
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    generate_latest,
+)
 
 from omnipipe.api import ResolvedPipeline
 from omnipipe.router.api.images import images_router
@@ -30,18 +36,33 @@ def _discovery(pipeline: ResolvedPipeline, settings: RouterSettings) -> Discover
 
 
 def build_app(pipeline: ResolvedPipeline, settings: RouterSettings) -> FastAPI:
-    client = httpx.AsyncClient(limits=httpx.Limits(max_connections=2048,
-                                                   max_keepalive_connections=256))
-    pool = ReplicaPool(pipeline, _discovery(pipeline, settings), client,
-                       settings.poll_interval_seconds, settings.discovery_interval_seconds)
-    orchestrator = Orchestrator(pipeline, pool, client, settings.request_timeout_seconds,
-                                settings.max_queue_per_replica)
+    client = httpx.AsyncClient(
+        limits=httpx.Limits(max_connections=2048, max_keepalive_connections=256)
+    )
+    pool = ReplicaPool(
+        pipeline,
+        _discovery(pipeline, settings),
+        client,
+        settings.poll_interval_seconds,
+        settings.discovery_interval_seconds,
+    )
+    orchestrator = Orchestrator(
+        pipeline, pool, client, settings.request_timeout_seconds, settings.max_queue_per_replica
+    )
     registry = CollectorRegistry()
-    requests_total = Counter("omnipipe_router_requests_total", "Requests by route and status.",
-                             ("pipeline", "route", "code"), registry=registry)
-    duration = Histogram("omnipipe_router_request_duration_seconds", "End-to-end latency.",
-                         ("pipeline", "route"), registry=registry,
-                         buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300))
+    requests_total = Counter(
+        "omnipipe_router_requests_total",
+        "Requests by route and status.",
+        ("pipeline", "route", "code"),
+        registry=registry,
+    )
+    duration = Histogram(
+        "omnipipe_router_request_duration_seconds",
+        "End-to-end latency.",
+        ("pipeline", "route"),
+        registry=registry,
+        buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
+    )
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -54,9 +75,14 @@ def build_app(pipeline: ResolvedPipeline, settings: RouterSettings) -> FastAPI:
 
     app = FastAPI(title=f"omnipipe router: {pipeline.name}", lifespan=lifespan)
     app.add_exception_handler(OpenAIError, openai_error_handler)
-    app.add_middleware(GuardMiddleware, pipeline=pipeline.name, api_key=settings.api_key,  # type: ignore[arg-type]
-                       max_body_bytes=settings.max_body_bytes, requests_total=requests_total,
-                       duration=duration)
+    app.add_middleware(
+        GuardMiddleware,
+        pipeline=pipeline.name,
+        api_key=settings.api_key,
+        max_body_bytes=settings.max_body_bytes,
+        requests_total=requests_total,
+        duration=duration,
+    )
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -69,8 +95,10 @@ def build_app(pipeline: ResolvedPipeline, settings: RouterSettings) -> FastAPI:
     @app.get("/ready")
     async def ready() -> JSONResponse:
         stages = {s.name: pool.stage_ready(s.name) for s in pipeline.stages}
-        return JSONResponse({"ready": all(stages.values()), "stages": stages},
-                            status_code=200 if all(stages.values()) else 503)
+        return JSONResponse(
+            {"ready": all(stages.values()), "stages": stages},
+            status_code=200 if all(stages.values()) else 503,
+        )
 
     @app.get("/metrics")
     async def metrics() -> Response:

@@ -39,12 +39,18 @@ class DnsDiscovery(Discovery):
         self._domain = cluster_domain
 
     async def endpoints(self, stage: str) -> list[str]:
-        host = f"{stage_object_name(self._pipeline.name, stage)}.{self._pipeline.namespace}.{self._domain}"
+        service = stage_object_name(self._pipeline.name, stage)
+        host = f"{service}.{self._pipeline.namespace}.{self._domain}"
         try:
-            infos = await asyncio.to_thread(socket.getaddrinfo, host, c.WORKER_CONTROL_PORT,
-                                            type=socket.SOCK_STREAM)
+            infos = await asyncio.to_thread(
+                socket.getaddrinfo, host, c.WORKER_CONTROL_PORT, type=socket.SOCK_STREAM
+            )
         except socket.gaierror:
             return []
         ips = sorted({str(info[4][0]) for info in infos})
-        return [f"http://[{ip}]:{c.WORKER_CONTROL_PORT}" if ":" in ip
-                else f"http://{ip}:{c.WORKER_CONTROL_PORT}" for ip in ips]
+        return [
+            f"http://[{ip}]:{c.WORKER_CONTROL_PORT}"
+            if ":" in ip
+            else f"http://{ip}:{c.WORKER_CONTROL_PORT}"
+            for ip in ips
+        ]

@@ -10,15 +10,26 @@ class OpenAIError(Exception):
     status = 500
     type = "server_error"
 
-    def __init__(self, message: str, param: str | None = None, code: str | None = None,
-                 retry_after: int | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        param: str | None = None,
+        code: str | None = None,
+        retry_after: int | None = None,
+    ) -> None:
         super().__init__(message)
         self.message, self.param, self.code, self.retry_after = message, param, code, retry_after
 
     def response(self) -> JSONResponse:
         headers = {"Retry-After": str(self.retry_after)} if self.retry_after else None
-        body = {"error": {"message": self.message, "type": self.type,
-                          "param": self.param, "code": self.code}}
+        body = {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
         return JSONResponse(body, status_code=self.status, headers=headers)
 
 

@@ -12,8 +12,9 @@ from omnipipe.router.settings import RouterSettings
 
 
 def run_router(settings: RouterSettings) -> None:
-    logging.basicConfig(level=logging.INFO,
-                        format="%(asctime)s %(levelname)s [router] %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s [router] %(name)s: %(message)s"
+    )
     # One line per replica poll would drown everything else.
     logging.getLogger("httpx").setLevel(logging.WARNING)
     app = build_app(load_pipeline(settings.pipeline_file), settings)

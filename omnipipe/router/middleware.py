@@ -22,8 +22,16 @@ OPEN_PATHS = frozenset({"/health", "/ready", "/metrics"})
 
 
 class GuardMiddleware:
-    def __init__(self, app: ASGIApp, *, pipeline: str, api_key: str | None, max_body_bytes: int,
-                 requests_total: Counter, duration: Histogram) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        pipeline: str,
+        api_key: str | None,
+        max_body_bytes: int,
+        requests_total: Counter,
+        duration: Histogram,
+    ) -> None:
         self.app = app
         self.pipeline = pipeline
         self.expected = f"Bearer {api_key}".encode() if api_key is not None else None

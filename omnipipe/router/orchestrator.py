@@ -39,8 +39,14 @@ def _error_for(stage: str, event: StageEvent) -> OpenAIError:
 
 
 class Orchestrator:
-    def __init__(self, pipeline: ResolvedPipeline, pool: ReplicaPool, client: httpx.AsyncClient,
-                 timeout: float, max_load: int) -> None:
+    def __init__(
+        self,
+        pipeline: ResolvedPipeline,
+        pool: ReplicaPool,
+        client: httpx.AsyncClient,
+        timeout: float,
+        max_load: int,
+    ) -> None:
         self.pipeline = pipeline
         self.pool = pool
         self.client = client
@@ -60,19 +66,25 @@ class Orchestrator:
                 replica = self.pool.pick(stage.name, self.max_load)
             if replica is None:
                 if self.pool.has_replicas(stage.name):
-                    raise Overloaded(f"every {stage.name} replica is at capacity; retry later",
-                                     retry_after=1)
+                    raise Overloaded(
+                        f"every {stage.name} replica is at capacity; retry later", retry_after=1
+                    )
                 raise StageUnavailable(f"stage {stage.name} has no ready replica", retry_after=5)
             chosen[stage.name] = replica
         return chosen
 
-    async def _stream(self, stage: str, replica: Replica, submit: SubmitRequest) -> list[dict[str, Any]]:
+    async def _stream(
+        self, stage: str, replica: Replica, submit: SubmitRequest
+    ) -> list[dict[str, Any]]:
         results: list[dict[str, Any]] = []
         try:
-            async with self.client.stream("POST", f"{replica.url}/v1/requests",
-                                          content=submit.model_dump_json(),
-                                          headers={"content-type": "application/json"},
-                                          timeout=httpx.Timeout(self.timeout, connect=5.0)) as resp:
+            async with self.client.stream(
+                "POST",
+                f"{replica.url}/v1/requests",
+                content=submit.model_dump_json(),
+                headers={"content-type": "application/json"},
+                timeout=httpx.Timeout(self.timeout, connect=5.0),
+            ) as resp:
                 if resp.status_code != 200:
                     body = (await resp.aread()).decode(errors="replace")[:500]
                     raise StageUnavailable(f"stage {stage} refused the request: {body}")
@@ -95,7 +107,9 @@ class Orchestrator:
     async def _cancel(self, request_id: str, chosen: dict[str, Replica]) -> None:
         async def one(replica: Replica) -> None:
             with contextlib.suppress(httpx.HTTPError):
-                await self.client.post(f"{replica.url}/v1/requests/{request_id}/cancel", timeout=2.0)
+                await self.client.post(
+                    f"{replica.url}/v1/requests/{request_id}/cancel", timeout=2.0
+                )
 
         await asyncio.gather(*(one(r) for r in chosen.values()))
 
@@ -109,17 +123,26 @@ class Orchestrator:
             replica.dispatched += 1
         try:
             for stage in self.pipeline.stages:
-                outputs = [Destination(stage=d, address=str(chosen[d].transfer_address))
-                           for d in self._consumers[stage.name]]
-                submit = SubmitRequest(request_id=request_id, params=params,
-                                       inputs=list(stage.inputs), outputs=outputs,
-                                       emit=stage.name in emitters, timeout_seconds=self.timeout)
+                outputs = [
+                    Destination(stage=d, address=str(chosen[d].transfer_address))
+                    for d in self._consumers[stage.name]
+                ]
+                submit = SubmitRequest(
+                    request_id=request_id,
+                    params=params,
+                    inputs=list(stage.inputs),
+                    outputs=outputs,
+                    emit=stage.name in emitters,
+                    timeout_seconds=self.timeout,
+                )
                 tasks[stage.name] = asyncio.create_task(
-                    self._stream(stage.name, chosen[stage.name], submit))
+                    self._stream(stage.name, chosen[stage.name], submit)
+                )
             try:
                 async with asyncio.timeout(self.timeout):
-                    done, _ = await asyncio.wait(tasks.values(),
-                                                 return_when=asyncio.FIRST_EXCEPTION)
+                    done, _ = await asyncio.wait(
+                        tasks.values(), return_when=asyncio.FIRST_EXCEPTION
+                    )
             except TimeoutError:
                 raise GatewayTimeout(f"request took longer than {self.timeout:g}s") from None
             for task in done:

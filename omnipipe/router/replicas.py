@@ -28,13 +28,20 @@ class Replica:
     transfer_address: str | None = None
 
     def view(self) -> ReplicaLoad:
-        return ReplicaLoad(self.url, self.ready, self.reported_load + self.dispatched,
-                           self.transfer_address)
+        return ReplicaLoad(
+            self.url, self.ready, self.reported_load + self.dispatched, self.transfer_address
+        )
 
 
 class ReplicaPool:
-    def __init__(self, pipeline: ResolvedPipeline, discovery: Discovery, client: httpx.AsyncClient,
-                 poll_interval: float, discovery_interval: float) -> None:
+    def __init__(
+        self,
+        pipeline: ResolvedPipeline,
+        discovery: Discovery,
+        client: httpx.AsyncClient,
+        poll_interval: float,
+        discovery_interval: float,
+    ) -> None:
         self._pipeline = pipeline
         self._discovery = discovery
         self._client = client
@@ -47,8 +54,10 @@ class ReplicaPool:
     async def start(self) -> None:
         await self._discover()
         await self._poll()
-        self._tasks = [asyncio.create_task(self._every(self._discovery_interval, self._discover)),
-                       asyncio.create_task(self._every(self._poll_interval, self._poll))]
+        self._tasks = [
+            asyncio.create_task(self._every(self._discovery_interval, self._discover)),
+            asyncio.create_task(self._every(self._poll_interval, self._poll)),
+        ]
 
     async def close(self) -> None:
         for task in self._tasks:
@@ -86,8 +95,9 @@ class ReplicaPool:
         replica.transfer_address = status.transfer_address
 
     async def _poll(self) -> None:
-        await asyncio.gather(*(self._poll_one(r) for known in self._replicas.values()
-                               for r in known.values()))
+        await asyncio.gather(
+            *(self._poll_one(r) for known in self._replicas.values() for r in known.values())
+        )
 
     async def refresh(self, stage: str) -> None:
         """Poll one stage's replicas now, rather than answer from a stale view."""

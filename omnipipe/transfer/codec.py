@@ -49,7 +49,8 @@ def tensor_bytes(t: torch.Tensor) -> memoryview:
     flat = t.detach().to("cpu").contiguous().reshape(-1)
     if flat.numel() == 0:
         return memoryview(b"")
-    return memoryview(flat.view(torch.uint8).numpy()).cast("B")
+    array: Any = flat.view(torch.uint8).numpy()
+    return memoryview(array).cast("B")
 
 
 def encode_header(header: dict[str, Any]) -> bytes:
@@ -73,7 +74,9 @@ def rebuild(spec: dict[str, Any], buf: bytearray, device: str = "cpu") -> torch.
     except (KeyError, TypeError, ValueError) as exc:
         raise CodecError(f"bad tensor spec {spec!r}") from exc
     if len(buf) != int(spec["nbytes"]):
-        raise CodecError(f"tensor {spec.get('name')!r}: got {len(buf)} bytes, want {spec['nbytes']}")
+        raise CodecError(
+            f"tensor {spec.get('name')!r}: got {len(buf)} bytes, want {spec['nbytes']}"
+        )
     if len(buf) == 0:
         return torch.empty(shape, dtype=dtype, device=device)
     t = torch.frombuffer(buf, dtype=torch.uint8).view(dtype).reshape(shape)

@@ -90,8 +90,7 @@ class TcpReceiver(Receiver):
                 started = time.perf_counter()
                 header = decode_header(await reader.readexactly(size))
                 buffers = [
-                    bytearray(await reader.readexactly(int(s["nbytes"])))
-                    for s in header["tensors"]
+                    bytearray(await reader.readexactly(int(s["nbytes"]))) for s in header["tensors"]
                 ]
                 message = message_from(header, buffers)
                 await self.mailbox.put(message)

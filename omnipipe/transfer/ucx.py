@@ -75,7 +75,10 @@ class UcxReceiver(Receiver):
                 await self.mailbox.put(message)
                 self.stats.on_transfer(message.nbytes, time.perf_counter() - started)
                 await ep.send(np.ones(1, dtype=np.uint8))
-        except (*_closed_errors(), CodecError):
+        except Exception as exc:
+            # A peer that went away or sent garbage ends only its own connection.
+            if not isinstance(exc, (*_closed_errors(), CodecError)):
+                raise
             return
         finally:
             if task is not None:

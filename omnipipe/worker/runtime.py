@@ -76,9 +76,9 @@ class StageRuntime:
         else:
             self._idle.set()
 
-    async def wait_idle(self, timeout: float) -> bool:
+    async def wait_idle(self, limit_seconds: float) -> bool:
         try:
-            await asyncio.wait_for(self._idle.wait(), timeout)
+            await asyncio.wait_for(self._idle.wait(), limit_seconds)
         except TimeoutError:
             return False
         return True
@@ -120,7 +120,9 @@ class StageRuntime:
         while pending:
             message = await self.mailbox.get(request.request_id)
             if message.source not in inputs:
-                log.warning("request %s: unexpected input from %s", request.request_id, message.source)
+                log.warning(
+                    "request %s: unexpected input from %s", request.request_id, message.source
+                )
                 continue
             inputs[message.source].update(message.tensors)
             if message.final:
@@ -172,7 +174,8 @@ class StageRuntime:
     # ---- engine ------------------------------------------------------------------------
     def _take_batch(self) -> list[Job]:
         first = self._queue.popleft()
-        assert self.stage is not None and first.stage_job is not None
+        assert self.stage is not None
+        assert first.stage_job is not None
         key = self.stage.batch_key(first.stage_job)
         batch = [first]
         if key is not None:

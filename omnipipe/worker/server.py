@@ -50,8 +50,8 @@ class WorkerState:
             running=rt.running if rt else 0,
             waiting=rt.waiting if rt else 0,
             transfer_address=self.receiver.address if self.receiver else None,
-            message=self.load_error or ("draining" if self.draining else
-                                        "ready" if self.loaded else "loading model"),
+            message=self.load_error
+            or ("draining" if self.draining else "ready" if self.loaded else "loading model"),
         )
 
 
@@ -76,7 +76,9 @@ async def _load_stage(state: WorkerState) -> None:
     state.runtime.stage = stage
     state.runtime.start()
     state.loaded = True
-    log.info("stage %s ready in %.1fs (model %s)", spec.name, time.monotonic() - started, spec.model)
+    log.info(
+        "stage %s ready in %.1fs (model %s)", spec.name, time.monotonic() - started, spec.model
+    )
 
 
 def build_app(pipeline: ResolvedPipeline, settings: WorkerSettings) -> FastAPI:
@@ -88,14 +90,23 @@ def build_app(pipeline: ResolvedPipeline, settings: WorkerSettings) -> FastAPI:
         backend = pipeline.transfer.backend.value
         mailbox = Mailbox()
         state.receiver = make_receiver(
-            backend, mailbox, settings.host, settings.transfer_port, settings.advertise_host,
+            backend,
+            mailbox,
+            settings.host,
+            settings.transfer_port,
+            settings.advertise_host,
             TransferStats(lambda n, s: state.metrics.transfer("in", n, s)),
         )
         await state.receiver.start()
-        sender = make_sender(backend, TransferStats(lambda n, s: state.metrics.transfer("out", n, s)))
-        state.runtime = StageRuntime(spec.name, None, mailbox, sender, state.metrics,
-                                     settings.max_batch)
-        log.info("stage %s: transfer %s listening at %s", spec.name, backend, state.receiver.address)
+        sender = make_sender(
+            backend, TransferStats(lambda n, s: state.metrics.transfer("out", n, s))
+        )
+        state.runtime = StageRuntime(
+            spec.name, None, mailbox, sender, state.metrics, settings.max_batch
+        )
+        log.info(
+            "stage %s: transfer %s listening at %s", spec.name, backend, state.receiver.address
+        )
         loader = asyncio.create_task(_load_stage(state))
         state.background.add(loader)
         try:
@@ -123,7 +134,9 @@ def build_app(pipeline: ResolvedPipeline, settings: WorkerSettings) -> FastAPI:
     async def drain() -> dict[str, object]:
         """preStop hook: stop taking work, return once in-flight requests are done."""
         state.draining = True
-        idle = await state.runtime.wait_idle(settings.drain_timeout_seconds) if state.runtime else True
+        idle = (
+            await state.runtime.wait_idle(settings.drain_timeout_seconds) if state.runtime else True
+        )
         return {"drained": idle, "in_flight": len(state.runtime.jobs) if state.runtime else 0}
 
     @app.get("/metrics")

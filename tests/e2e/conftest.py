@@ -64,7 +64,10 @@ def start_serve(manifest: Path, env: dict[str, str] | None = None, timeout: floa
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "omnipipe.cli", "serve", str(manifest), "--port", str(port)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=REPO,
         env={**os.environ, "UCX_NET_DEVICES": "lo", **(env or {})},
     )
     served = Served(proc, f"http://127.0.0.1:{port}/v1")
@@ -90,7 +93,9 @@ def start_serve(manifest: Path, env: dict[str, str] | None = None, timeout: floa
     while not ready.wait(0.2):
         if proc.poll() is not None or time.monotonic() > deadline:
             served.stop()
-            raise AssertionError("omnipipe serve did not become ready:\n" + "".join(served.output[-60:]))
+            raise AssertionError(
+                "omnipipe serve did not become ready:\n" + "".join(served.output[-60:])
+            )
     return served
 
 
@@ -119,5 +124,3 @@ def write_pipeline(directory: Path, name: str, stages: str = "", transfer: str =
         f"  transfer: {{backend: {transfer}}}\n{stages}"
     )
     return path
-
-

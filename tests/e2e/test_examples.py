@@ -18,8 +18,12 @@ def test_make_serve_example_serves_an_image() -> None:
     served = start_serve(REPO / "examples/tiny-text-to-image.yaml")
     try:
         with openai.OpenAI(base_url=served.base_url, api_key="any", max_retries=0) as c:
-            r = c.images.generate(model="tiny-image", prompt="a lighthouse", size="64x64",
-                                  extra_body={"num_inference_steps": 4})
+            r = c.images.generate(
+                model="tiny-image",
+                prompt="a lighthouse",
+                size="64x64",
+                extra_body={"num_inference_steps": 4},
+            )
         img = Image.open(io.BytesIO(base64.b64decode(r.data[0].b64_json or "")))
         assert img.size == (64, 64)
     finally:

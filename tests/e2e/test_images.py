@@ -25,7 +25,9 @@ FAST = {"num_inference_steps": 2}
 
 @pytest.fixture(scope="module")
 def served(tmp_module: Path) -> Iterator[Served]:
-    manifest = write_pipeline(tmp_module, "tiny-image", "  stages:\n    - {name: denoise, replicas: 2}\n")
+    manifest = write_pipeline(
+        tmp_module, "tiny-image", "  stages:\n    - {name: denoise, replicas: 2}\n"
+    )
     s = start_serve(manifest)
     yield s
     pids = [pid for _, pid in s.workers.values()]
@@ -62,8 +64,9 @@ def test_models_lists_the_pipeline(served: Served) -> None:
 
 
 def test_image_at_requested_size(served: Served) -> None:
-    r = client(served).images.generate(model="tiny-image", prompt="a red fox", size="64x48",
-                                       extra_body=FAST)
+    r = client(served).images.generate(
+        model="tiny-image", prompt="a red fox", size="64x48", extra_body=FAST
+    )
     [item] = r.data
     img = decode(item.b64_json)
     assert img.format == "PNG"
@@ -71,8 +74,13 @@ def test_image_at_requested_size(served: Served) -> None:
 
 
 def test_n_two_and_negative_prompt(served: Served) -> None:
-    r = client(served).images.generate(model="tiny-image", prompt="a fox", size="32x32", n=2,
-                                       extra_body={**FAST, "negative_prompt": "blurry", "seed": 1})
+    r = client(served).images.generate(
+        model="tiny-image",
+        prompt="a fox",
+        size="32x32",
+        n=2,
+        extra_body={**FAST, "negative_prompt": "blurry", "seed": 1},
+    )
     assert [decode(d.b64_json).size for d in r.data] == [(32, 32), (32, 32)]
     assert r.data[0].b64_json != r.data[1].b64_json
 
@@ -81,8 +89,13 @@ def test_same_seed_same_image_other_seed_other_image(served: Served) -> None:
     c = client(served)
 
     def gen(seed: int) -> str | None:
-        return c.images.generate(model="tiny-image", prompt="a boat", size="32x32",
-                                 extra_body={**FAST, "seed": seed}).data[0].b64_json
+        return (
+            c.images.generate(
+                model="tiny-image", prompt="a boat", size="32x32", extra_body={**FAST, "seed": seed}
+            )
+            .data[0]
+            .b64_json
+        )
 
     assert gen(42) == gen(42)
     assert gen(42) != gen(43)
@@ -100,33 +113,54 @@ def test_bad_size_is_400_unknown_model_is_404(served: Served) -> None:
 
 def test_curl_sees_openai_shaped_errors(served: Served) -> None:
     out = subprocess.run(
-        ["curl", "-s", "-w", "\n%{http_code}", "-H", "content-type: application/json",
-         "-d", '{"model": "tiny-image", "prompt": "x", "size": "big"}',
-         f"{served.base_url}/images/generations"],
-        capture_output=True, text=True, check=True).stdout
+        [
+            "curl",
+            "-s",
+            "-w",
+            "\n%{http_code}",
+            "-H",
+            "content-type: application/json",
+            "-d",
+            '{"model": "tiny-image", "prompt": "x", "size": "big"}',
+            f"{served.base_url}/images/generations",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     body, code = out.rsplit("\n", 1)
     assert code == "400"
-    assert '"type":"invalid_request_error"' in body and '"param":"size"' in body
+    assert '"type":"invalid_request_error"' in body
+    assert '"param":"size"' in body
 
 
 def test_both_denoise_replicas_get_work(served: Served) -> None:
     c = client(served)
-    before = {w: served.metric(w, "omnipipe_stage_request_duration_seconds_count")
-              for w in ("denoise-0", "denoise-1")}
+    before = {
+        w: served.metric(w, "omnipipe_stage_request_duration_seconds_count")
+        for w in ("denoise-0", "denoise-1")
+    }
     for i in range(8):
         c.images.generate(model="tiny-image", prompt=f"p{i}", size="32x32", extra_body=FAST)
-    after = {w: served.metric(w, "omnipipe_stage_request_duration_seconds_count")
-             for w in ("denoise-0", "denoise-1")}
+    after = {
+        w: served.metric(w, "omnipipe_stage_request_duration_seconds_count")
+        for w in ("denoise-0", "denoise-1")
+    }
     assert all(after[w] > before[w] for w in after), (before, after)
 
 
 def test_worker_metrics_are_labelled(served: Served) -> None:
     text = served.metrics("encode-0")
-    for name in ("omnipipe_stage_requests_running", "omnipipe_stage_requests_waiting",
-                 "omnipipe_stage_request_duration_seconds_bucket",
-                 "omnipipe_transfer_bytes_total", "omnipipe_transfer_duration_seconds_bucket"):
-        assert f'{name}{{' in text, name
-    assert 'pipeline="tiny-image"' in text and 'stage="encode"' in text
+    for name in (
+        "omnipipe_stage_requests_running",
+        "omnipipe_stage_requests_waiting",
+        "omnipipe_stage_request_duration_seconds_bucket",
+        "omnipipe_transfer_bytes_total",
+        "omnipipe_transfer_duration_seconds_bucket",
+    ):
+        assert f"{name}{{" in text, name
+    assert 'pipeline="tiny-image"' in text
+    assert 'stage="encode"' in text
     assert served.metric("denoise-0", "omnipipe_transfer_bytes_total") > 0
 
 
@@ -145,8 +179,9 @@ def test_client_disconnect_cancels_downstream(served: Served) -> None:
     # The denoise loop is interrupted between steps too, so its replicas free up.
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
-        running = sum(served.metric(w, "omnipipe_stage_requests_running")
-                      for w in ("denoise-0", "denoise-1"))
+        running = sum(
+            served.metric(w, "omnipipe_stage_requests_running") for w in ("denoise-0", "denoise-1")
+        )
         if running == 0:
             break
         time.sleep(0.1)
@@ -156,9 +191,16 @@ def test_client_disconnect_cancels_downstream(served: Served) -> None:
 def test_sigterm_drains_in_flight_work(served: Served) -> None:
     c = client(served, timeout=httpx.Timeout(60.0))
     results: list[object] = []
-    t = threading.Thread(target=lambda: results.append(c.images.generate(
-        model="tiny-image", prompt="drain me", size="256x256",
-        extra_body={"num_inference_steps": 60})))
+    t = threading.Thread(
+        target=lambda: results.append(
+            c.images.generate(
+                model="tiny-image",
+                prompt="drain me",
+                size="256x256",
+                extra_body={"num_inference_steps": 60},
+            )
+        )
+    )
     t.start()
     victim = None
     deadline = time.monotonic() + 20
@@ -198,8 +240,12 @@ def test_killed_worker_gives_an_error_then_the_survivor_serves(served: Served) -
 
     def slow_request() -> None:
         try:
-            c.images.generate(model="tiny-image", prompt="doomed", size="512x512",
-                              extra_body={"num_inference_steps": 200})
+            c.images.generate(
+                model="tiny-image",
+                prompt="doomed",
+                size="512x512",
+                extra_body={"num_inference_steps": 200},
+            )
         except BaseException as exc:
             errors.append(exc)
 
@@ -216,7 +262,8 @@ def test_killed_worker_gives_an_error_then_the_survivor_serves(served: Served) -
     os.kill(served.workers[victim][1], signal.SIGKILL)
     t.join(timeout=30)
     assert not t.is_alive(), "the client hung after its worker died"
-    assert errors and isinstance(errors[0], openai.APIStatusError), errors
+    assert errors, "the client got no error"
+    assert isinstance(errors[0], openai.APIStatusError), errors
     assert errors[0].status_code == 503
     assert time.monotonic() - started < 30
     # The router dropped the dead replica: the next request succeeds on the survivor.

@@ -42,8 +42,9 @@ async def roundtrip(backend: str, messages: list[Message]) -> list[Message]:
 @pytest.mark.parametrize("backend", BACKENDS)
 async def test_dtypes_and_shapes_round_trip(backend: str) -> None:
     tensors = {f"{d}-{s}": sample(d, s) for d in DTYPES for s in SHAPES}
-    [got] = await roundtrip(backend, [Message("r1", "encode", tensors, chunk=3, final=False,
-                                              meta={"mask_len": 5})])
+    [got] = await roundtrip(
+        backend, [Message("r1", "encode", tensors, chunk=3, final=False, meta={"mask_len": 5})]
+    )
     assert (got.request_id, got.source, got.chunk, got.final) == ("r1", "encode", 3, False)
     assert got.meta == {"mask_len": 5}
     assert got.tensors.keys() == tensors.keys()
@@ -71,6 +72,7 @@ async def test_slow_consumer_applies_back_pressure(backend: str) -> None:
     sender = make_sender(backend)
     chunk = {"x": torch.zeros(1024)}
     try:
+
         async def produce() -> int:
             for i in range(6):
                 await sender.send(receiver.address, Message("r", "s", chunk, chunk=i))

@@ -44,13 +44,17 @@ def parse_size(size: str) -> tuple[int, int]:
     width, height = int(m[1]), int(m[2])
     for side in (width, height):
         if not SIZE_MULTIPLE <= side <= MAX_SIDE or side % SIZE_MULTIPLE:
-            raise BadRequest(f"size sides must be multiples of {SIZE_MULTIPLE} between "
-                             f"{SIZE_MULTIPLE} and {MAX_SIDE}, got {size!r}", param="size")
+            raise BadRequest(
+                f"size sides must be multiples of {SIZE_MULTIPLE} between "
+                f"{SIZE_MULTIPLE} and {MAX_SIDE}, got {size!r}",
+                param="size",
+            )
     return width, height
 
 
 async def _until_disconnected(request: Request) -> None:
-    while not await request.is_disconnected():
+    # Starlette offers no disconnect event for a plain endpoint; polling is the way.
+    while not await request.is_disconnected():  # noqa: ASYNC110
         await asyncio.sleep(0.2)
 
 
@@ -64,18 +68,24 @@ def images_router(orchestrator: Orchestrator, model_ids: set[str]) -> APIRouter:
         except ValidationError as exc:
             err = exc.errors()[0]
             param = ".".join(str(p) for p in err["loc"]) or None
-            raise BadRequest(f"{param}: {err['msg']}" if param else err["msg"], param=param) from None
+            raise BadRequest(
+                f"{param}: {err['msg']}" if param else err["msg"], param=param
+            ) from None
         if body.model_extra:
             log.info("ignoring unknown image request fields: %s", sorted(body.model_extra))
         if body.model not in model_ids:
-            raise ModelNotFound(f"model {body.model!r} does not exist", param="model",
-                                code="model_not_found")
+            raise ModelNotFound(
+                f"model {body.model!r} does not exist", param="model", code="model_not_found"
+            )
         if body.response_format != "b64_json":
             raise BadRequest("only response_format=b64_json is supported", param="response_format")
         width, height = parse_size(body.size)
         params = {
-            "prompt": body.prompt, "negative_prompt": body.negative_prompt, "n": body.n,
-            "width": width, "height": height,
+            "prompt": body.prompt,
+            "negative_prompt": body.negative_prompt,
+            "n": body.n,
+            "width": width,
+            "height": height,
             "seed": body.seed if body.seed is not None else random.randrange(2**31),
             "num_inference_steps": body.num_inference_steps,
             "guidance_scale": body.guidance_scale,

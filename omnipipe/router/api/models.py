@@ -19,9 +19,18 @@ def models_router(pipeline: ResolvedPipeline, created: int) -> APIRouter:
 
     @router.get("/v1/models")
     async def list_models() -> dict[str, Any]:
-        return {"object": "list", "data": [{
-            "id": pipeline.name, "object": "model", "created": created, "owned_by": "omnipipe",
-            "root": pipeline.model, "pipeline": pipeline.pipeline,
-        }]}
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": pipeline.name,
+                    "object": "model",
+                    "created": created,
+                    "owned_by": "omnipipe",
+                    "root": pipeline.model,
+                    "pipeline": pipeline.pipeline,
+                }
+            ],
+        }
 
     return router

@@ -45,7 +45,7 @@ def save_byte_tokenizer(directory: Path) -> Qwen2Tokenizer:
     tokenizer = Qwen2Tokenizer(
         vocab={ch: i for i, ch in enumerate(_byte_chars())},
         merges=[],
-        unk_token=None,
+        unk_token="<|endoftext|>",
         bos_token=None,
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",

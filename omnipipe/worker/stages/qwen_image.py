@@ -88,12 +88,17 @@ class DenoiseStage(Stage):
         def stack(key: str) -> torch.Tensor | None:
             if key not in encs[0]:
                 return None
-            rows = [e[key].to(self.device).repeat_interleave(n, dim=0) for e, n in zip(encs, counts, strict=True)]
+            rows = [
+                e[key].to(self.device).repeat_interleave(n, dim=0)
+                for e, n in zip(encs, counts, strict=True)
+            ]
             return torch.cat(rows)
 
         pipe = self.pipe
 
-        def stop_when_all_cancelled(_pipe: Any, _step: int, _t: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
+        def stop_when_all_cancelled(
+            _pipe: Any, _step: int, _t: Any, kwargs: dict[str, Any]
+        ) -> dict[str, Any]:
             # The pipeline checks `interrupt` before each step: nobody waits for this batch.
             if all(job.cancelled.is_set() for job in jobs):
                 pipe._interrupt = True
