@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
+import time
 from typing import Any
 
 import kopf
+from prometheus_client import start_http_server
 
 from omnipipe.api import ManifestError
 from omnipipe.api import constants as c
-from omnipipe.operator.k8s import Kube
+from omnipipe.operator.k8s import Kube, NamespaceTerminating
+from omnipipe.operator.metrics import OperatorMetrics
 from omnipipe.operator.reconcile import reconcile, refresh_status
 from omnipipe.operator.settings import OperatorSettings
 
@@ -21,7 +25,9 @@ def _lock(memo: kopf.Memo) -> asyncio.Lock:
     return lock
 
 
-def build_registry(settings: OperatorSettings, kube: Kube) -> kopf.OperatorRegistry:
+def build_registry(
+    settings: OperatorSettings, kube: Kube, metrics: OperatorMetrics
+) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
     resource = (c.GROUP, c.VERSION, c.PLURAL)
 
@@ -39,26 +45,43 @@ def build_registry(settings: OperatorSettings, kube: Kube) -> kopf.OperatorRegis
         settings.posting.level = logging.WARNING
         settings.watching.server_timeout = 300
 
-    async def _reconcile(body: kopf.Body, memo: kopf.Memo) -> dict[str, Any]:
+    async def _reconcile(body: kopf.Body, memo: kopf.Memo, trigger: str) -> dict[str, Any]:
+        if body.get("metadata", {}).get("deletionTimestamp"):
+            # Being deleted: the garbage collector removes the children; applying them
+            # again would race it (and fails in a terminating namespace).
+            return {}
         async with _lock(memo):
+            started = time.monotonic()
             try:
-                result = await reconcile(kube, settings, body)
+                result = await reconcile(kube, settings, body, metrics)
+            except NamespaceTerminating:
+                # The namespace's deletion takes the pipeline and its children with it.
+                return {}
             except ManifestError as exc:
+                metrics.reconciles.labels(trigger, "error").inc()
+                metrics.reconcile_errors.labels(type(exc).__name__).inc()
                 # Only reachable when the CRD's validation was bypassed; retrying won't help.
                 raise kopf.PermanentError(str(exc)) from exc
+            except Exception as exc:
+                metrics.reconciles.labels(trigger, "error").inc()
+                metrics.reconcile_errors.labels(type(exc).__name__).inc()
+                raise
+            finally:
+                metrics.reconcile_seconds.labels(trigger).observe(time.monotonic() - started)
+        metrics.reconciles.labels(trigger, "success").inc()
         return {"ready": result.ready}
 
     @kopf.on.create(*resource, registry=registry, id="create")
     async def on_create(body: kopf.Body, memo: kopf.Memo, **_: Any) -> dict[str, Any]:
-        return await _reconcile(body, memo)
+        return await _reconcile(body, memo, "create")
 
     @kopf.on.update(*resource, registry=registry, id="update")
     async def on_update(body: kopf.Body, memo: kopf.Memo, **_: Any) -> dict[str, Any]:
-        return await _reconcile(body, memo)
+        return await _reconcile(body, memo, "update")
 
     @kopf.on.resume(*resource, registry=registry, id="resume")
     async def on_resume(body: kopf.Body, memo: kopf.Memo, **_: Any) -> dict[str, Any]:
-        return await _reconcile(body, memo)
+        return await _reconcile(body, memo, "resume")
 
     @kopf.timer(
         *resource,
@@ -68,7 +91,7 @@ def build_registry(settings: OperatorSettings, kube: Kube) -> kopf.OperatorRegis
         initial_delay=settings.drift_check_seconds,
     )
     async def drift(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-        await _reconcile(body, memo)
+        await _reconcile(body, memo, "drift")
 
     @kopf.on.event(
         "apps", "v1", "deployments", registry=registry, labels={c.LABEL_MANAGED_BY: c.MANAGER}
@@ -77,7 +100,7 @@ def build_registry(settings: OperatorSettings, kube: Kube) -> kopf.OperatorRegis
         labels = body.get("metadata", {}).get("labels", {})
         pipeline = labels.get(c.LABEL_PIPELINE)
         if pipeline:
-            await refresh_status(kube, settings, body["metadata"]["namespace"], pipeline)
+            await refresh_status(kube, settings, body["metadata"]["namespace"], pipeline, metrics)
 
     return registry
 
@@ -86,14 +109,21 @@ def run_operator(settings: OperatorSettings) -> None:
     """Run until interrupted: `omnipipe operator`."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
 
+    metrics = OperatorMetrics.create()
+    start_http_server(settings.metrics_port, registry=metrics.registry)
+
     async def main() -> None:
         kube = Kube.from_environment()
         try:
             await kopf.operator(
-                registry=build_registry(settings, kube),
+                registry=build_registry(settings, kube, metrics),
                 clusterwide=settings.namespace is None,
                 namespaces=[settings.namespace] if settings.namespace else (),
-                standalone=True,
+                standalone=settings.peering is None,
+                peering_name=settings.peering,
+                # Distinct priorities: the highest-priority replica is the active one.
+                priority=random.randint(1, 1_000_000),
+                liveness_endpoint=f"http://0.0.0.0:{settings.health_port}/healthz",
             )
         finally:
             await kube.close()

@@ -27,6 +27,10 @@ CHILD_KINDS: dict[str, Any] = {
 }
 
 
+class NamespaceTerminating(Exception):
+    """The namespace is being deleted: nothing may be created in it any more."""
+
+
 def _as_dict(obj: Any) -> Manifest:
     return cast(Manifest, obj.to_dict())
 
@@ -55,7 +59,12 @@ class Kube:
     async def apply(self, desired: Manifest) -> Manifest:
         """The one write path for children: server-side apply as omnipipe-operator."""
         obj = codecs.from_dict(desired)
-        applied = await self._client.apply(obj, field_manager=c.MANAGER, force=True)
+        try:
+            applied = await self._client.apply(obj, field_manager=c.MANAGER, force=True)
+        except ApiError as exc:
+            if exc.status.code == 403 and "being terminated" in (exc.status.message or ""):
+                raise NamespaceTerminating(desired["metadata"]["namespace"]) from exc
+            raise
         return _as_dict(applied)
 
     async def list_children(self, namespace: str, pipeline: str) -> list[Manifest]:
@@ -94,13 +103,18 @@ class Kube:
         return _as_dict(obj)
 
     async def patch_status(self, namespace: str, name: str, status: Manifest) -> None:
-        await self._client.patch(
-            OmniPipelineResource.Status,
-            name,
-            {"status": status},
-            namespace=namespace,
-            patch_type=PatchType.MERGE,
-        )
+        try:
+            await self._client.patch(
+                OmniPipelineResource.Status,
+                name,
+                {"status": status},
+                namespace=namespace,
+                patch_type=PatchType.MERGE,
+            )
+        except ApiError as exc:
+            # Deleted meanwhile: there is no status left to keep.
+            if exc.status.code != 404:
+                raise
 
     async def post_event(
         self, owner: Mapping[str, Any], reason: str, message: str, type_: str = "Normal"

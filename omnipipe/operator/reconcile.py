@@ -12,6 +12,7 @@ from omnipipe.api import parse_resource
 from omnipipe.api.status import Condition, OmniPipelineStatus
 from omnipipe.operator.builders import build_children, build_context, router_endpoint
 from omnipipe.operator.k8s import Kube, utc_now
+from omnipipe.operator.metrics import OperatorMetrics
 from omnipipe.operator.planner import (
     ObservedDeployment,
     child_key,
@@ -41,7 +42,7 @@ def _previous_conditions(body: Mapping[str, Any]) -> list[Condition]:
 
 
 async def reconcile(
-    kube: Kube, settings: OperatorSettings, body: Mapping[str, Any]
+    kube: Kube, settings: OperatorSettings, body: Mapping[str, Any], metrics: OperatorMetrics
 ) -> ReconcileResult:
     resource = parse_resource(dict(body))
     ctx = build_context(resource, settings)
@@ -81,6 +82,7 @@ async def reconcile(
         utc_now(),
     )
     await _write_status(kube, body, status)
+    metrics.observe_status(ctx.namespace, ctx.name, status)
     ready = status.conditions[0].status == "True"
     log.info(
         "reconciled %s/%s: +%d ~%d -%d ready=%s",
@@ -94,10 +96,12 @@ async def reconcile(
     return ReconcileResult(tuple(created), tuple(updated), tuple(_label(k) for k in deleted), ready)
 
 
-async def refresh_status(kube: Kube, settings: OperatorSettings, namespace: str, name: str) -> None:
+async def refresh_status(
+    kube: Kube, settings: OperatorSettings, namespace: str, name: str, metrics: OperatorMetrics
+) -> None:
     """Recompute status from the children as they are now, without re-applying them."""
     body = await kube.get_pipeline(namespace, name)
-    if body is None:
+    if body is None or body.get("metadata", {}).get("deletionTimestamp"):
         return
     resource = parse_resource(body)
     ctx = build_context(resource, settings)
@@ -114,6 +118,7 @@ async def refresh_status(kube: Kube, settings: OperatorSettings, namespace: str,
         utc_now(),
     )
     await _write_status(kube, body, status)
+    metrics.observe_status(namespace, name, status)
 
 
 async def _write_status(kube: Kube, body: Mapping[str, Any], computed: OmniPipelineStatus) -> None:

@@ -24,3 +24,10 @@ class OperatorSettings(BaseSettings):
     """terminationGracePeriodSeconds of worker pods: the bound on draining in-flight work."""
     namespace: str | None = None
     """Watch only this namespace; all namespaces when unset."""
+    peering: str | None = None
+    """kopf peering name (a ClusterKopfPeering): replicas of the operator elect one active
+    instance. Unset runs standalone, for a single replica."""
+    metrics_port: int = 8080
+    """Port of the operator's Prometheus /metrics."""
+    health_port: int = 8081
+    """Port of kopf's liveness endpoint, /healthz."""

@@ -10,19 +10,14 @@ import httpx
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from prometheus_client import (
-    CONTENT_TYPE_LATEST,
-    CollectorRegistry,
-    Counter,
-    Histogram,
-    generate_latest,
-)
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from omnipipe.api import ResolvedPipeline
 from omnipipe.router.api.images import images_router
 from omnipipe.router.api.models import model_ids, models_router
 from omnipipe.router.discovery import Discovery, DnsDiscovery, StaticDiscovery
 from omnipipe.router.errors import BadRequest, OpenAIError, openai_error_handler
+from omnipipe.router.metrics import RouterMetrics
 from omnipipe.router.middleware import GuardMiddleware
 from omnipipe.router.orchestrator import Orchestrator
 from omnipipe.router.replicas import ReplicaPool
@@ -49,20 +44,7 @@ def build_app(pipeline: ResolvedPipeline, settings: RouterSettings) -> FastAPI:
     orchestrator = Orchestrator(
         pipeline, pool, client, settings.request_timeout_seconds, settings.max_queue_per_replica
     )
-    registry = CollectorRegistry()
-    requests_total = Counter(
-        "omnipipe_router_requests_total",
-        "Requests by route and status.",
-        ("pipeline", "route", "code"),
-        registry=registry,
-    )
-    duration = Histogram(
-        "omnipipe_router_request_duration_seconds",
-        "End-to-end latency.",
-        ("pipeline", "route"),
-        registry=registry,
-        buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
-    )
+    router_metrics = RouterMetrics.create()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -80,8 +62,7 @@ def build_app(pipeline: ResolvedPipeline, settings: RouterSettings) -> FastAPI:
         pipeline=pipeline.name,
         api_key=settings.api_key,
         max_body_bytes=settings.max_body_bytes,
-        requests_total=requests_total,
-        duration=duration,
+        metrics=router_metrics,
     )
 
     @app.exception_handler(RequestValidationError)
@@ -102,7 +83,7 @@ def build_app(pipeline: ResolvedPipeline, settings: RouterSettings) -> FastAPI:
 
     @app.get("/metrics")
     async def metrics() -> Response:
-        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+        return Response(generate_latest(router_metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     app.include_router(models_router(pipeline, int(time.time())))
     app.include_router(images_router(orchestrator, model_ids(pipeline)))

@@ -8,9 +8,8 @@ import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
-from prometheus_client import Counter, Histogram
-
 from omnipipe.router.errors import OpenAIError, PayloadTooLarge, Unauthorized
+from omnipipe.router.metrics import RouterMetrics
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -29,15 +28,13 @@ class GuardMiddleware:
         pipeline: str,
         api_key: str | None,
         max_body_bytes: int,
-        requests_total: Counter,
-        duration: Histogram,
+        metrics: RouterMetrics,
     ) -> None:
         self.app = app
         self.pipeline = pipeline
         self.expected = f"Bearer {api_key}".encode() if api_key is not None else None
         self.max_body = max_body_bytes
-        self.requests_total = requests_total
-        self.duration = duration
+        self.metrics = metrics
 
     def _reject(self, scope: Scope) -> OpenAIError | None:
         headers = dict(scope.get("headers") or [])
@@ -71,5 +68,7 @@ class GuardMiddleware:
         finally:
             path = scope["path"]
             if path.startswith("/v1/"):
-                self.requests_total.labels(self.pipeline, path, str(status["code"])).inc()
-                self.duration.labels(self.pipeline, path).observe(time.monotonic() - started)
+                self.metrics.requests.labels(self.pipeline, path, str(status["code"])).inc()
+                self.metrics.duration.labels(self.pipeline, path).observe(
+                    time.monotonic() - started
+                )

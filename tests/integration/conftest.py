@@ -15,7 +15,12 @@ from typing import Any
 
 import pytest
 
-from tests.harness.cluster import Cluster, control_plane, service_account_kubeconfig
+from tests.harness.cluster import (
+    Cluster,
+    control_plane,
+    free_port,
+    service_account_kubeconfig,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.integration
@@ -33,13 +38,20 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 class Operator:
     """`omnipipe operator` as a user would run it, with the operator's ServiceAccount."""
 
-    def __init__(self, cluster: Cluster, kubeconfig: Path, log: Path) -> None:
+    def __init__(
+        self, cluster: Cluster, kubeconfig: Path, log: Path, env: dict[str, str] | None = None
+    ) -> None:
         self.cluster, self.kubeconfig, self.log = cluster, kubeconfig, log
+        self.extra_env = env or {}
+        self.metrics_port = free_port()
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
         env = self.cluster.env(self.kubeconfig)
         env["OMNIPIPE_OPERATOR_DRIFT_CHECK_SECONDS"] = "3"
+        env["OMNIPIPE_OPERATOR_METRICS_PORT"] = str(self.metrics_port)
+        env["OMNIPIPE_OPERATOR_HEALTH_PORT"] = str(free_port())
+        env.update(self.extra_env)
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "omnipipe.cli", "operator"],

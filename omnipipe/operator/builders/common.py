@@ -11,7 +11,7 @@ from omnipipe.api.names import config_object_name
 from omnipipe.operator.builders.context import BuildContext
 
 Manifest = dict[str, Any]
-RUN_AS = 1000
+RUN_AS = 10001
 
 
 def object_meta(ctx: BuildContext, name: str, labels: dict[str, str]) -> Manifest:

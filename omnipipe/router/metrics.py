@@ -1,0 +1,34 @@
+"""Router metrics, in a registry owned by the app."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+
+@dataclass(frozen=True)
+class RouterMetrics:
+    registry: CollectorRegistry
+    requests: Counter
+    duration: Histogram
+
+    @classmethod
+    def create(cls) -> RouterMetrics:
+        registry = CollectorRegistry()
+        return cls(
+            registry=registry,
+            requests=Counter(
+                "omnipipe_router_requests_total",
+                "Requests by route and status.",
+                ("pipeline", "route", "code"),
+                registry=registry,
+            ),
+            duration=Histogram(
+                "omnipipe_router_request_duration_seconds",
+                "End-to-end latency.",
+                ("pipeline", "route"),
+                registry=registry,
+                buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
+            ),
+        )

@@ -1,0 +1,82 @@
+"""The Grafana dashboards: valid, templated, and built only on metrics we export."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+
+from omnipipe.operator.metrics import OperatorMetrics
+from omnipipe.router.metrics import RouterMetrics
+from omnipipe.worker.metrics import WorkerMetrics
+
+DASHBOARDS = sorted(
+    (Path(__file__).resolve().parents[2] / "charts/omnipipe/files/dashboards").glob("*.json")
+)
+METRIC = re.compile(r"\bomnipipe_[a-z0-9_]+")
+HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
+
+
+def _exported(registry: CollectorRegistry) -> set[str]:
+    names = set()
+    for line in generate_latest(registry).decode().splitlines():
+        if line.startswith("# TYPE "):
+            _, _, name, kind = line.split(" ", 3)
+            names.add(name)
+            if kind == "histogram":
+                names.update(name + s for s in HISTOGRAM_SUFFIXES)
+    return names
+
+
+def exported_metric_names() -> set[str]:
+    return (
+        _exported(WorkerMetrics.create("p", "s").registry)
+        | _exported(RouterMetrics.create().registry)
+        | _exported(OperatorMetrics.create().registry)
+    )
+
+
+def test_there_are_two_dashboards() -> None:
+    assert [p.stem for p in DASHBOARDS] == ["operator", "pipeline-overview"]
+
+
+@pytest.mark.parametrize("path", DASHBOARDS, ids=lambda p: p.stem)
+def test_dashboard_is_valid_and_uses_only_exported_metrics(path: Path) -> None:
+    board = json.loads(path.read_text())
+    assert board["uid"]
+    assert board["title"]
+    assert board["schemaVersion"] >= 30
+    variables = {v["name"] for v in board["templating"]["list"]}
+    assert {"datasource", "namespace"} <= variables
+    if path.stem == "pipeline-overview":
+        assert "pipeline" in variables
+    ids = [p["id"] for p in board["panels"]]
+    assert len(ids) == len(set(ids))
+    exported = exported_metric_names()
+    used: set[str] = set()
+    for panel in board["panels"]:
+        assert panel["targets"], panel["title"]
+        for target in panel["targets"]:
+            used.update(METRIC.findall(target["expr"]))
+            assert "$namespace" in target["expr"], (panel["title"], target["expr"])
+    assert used, "no omnipipe metric in the dashboard"
+    assert used - exported == set(), f"dashboard uses metrics nobody exports: {used - exported}"
+
+
+def test_overview_covers_what_operators_need() -> None:
+    board = json.loads((DASHBOARDS[1]).read_text())
+    text = json.dumps(board)
+    for metric in (
+        "omnipipe_router_requests_total",
+        "omnipipe_router_request_duration_seconds_bucket",
+        "omnipipe_stage_request_duration_seconds_bucket",
+        "omnipipe_stage_requests_waiting",
+        "omnipipe_stage_replicas_desired",
+        "omnipipe_stage_replicas_ready",
+        "omnipipe_transfer_bytes_total",
+        "omnipipe_transfer_duration_seconds_bucket",
+    ):
+        assert metric in text, metric

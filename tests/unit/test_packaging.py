@@ -1,0 +1,29 @@
+"""Files that ship beside the package: the chart's copy of the CRD, the Dockerfile."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_chart_carries_the_same_crd() -> None:
+    top = (REPO / "crds/omnipipelines.omnipipe.io.yaml").read_text()
+    chart = (REPO / "charts/omnipipe/crds/omnipipelines.omnipipe.io.yaml").read_text()
+    assert chart == top, "charts/omnipipe/crds drifted: run `make manifests`"
+
+
+def test_dockerfile_is_clean_under_hadolint() -> None:
+    hadolint = Path(sys.executable).with_name("hadolint")
+    proc = subprocess.run([str(hadolint), str(REPO / "Dockerfile")], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_dockerfile_has_the_three_targets_and_runs_non_root() -> None:
+    text = (REPO / "Dockerfile").read_text()
+    for target in ("operator", "router", "worker"):
+        assert f" AS {target}\n" in text, target
+    assert text.count("USER 10001:10001") == 2  # slim base (operator, router) and worker
+    assert "latest" not in text
