@@ -56,6 +56,12 @@ class Metric(StrEnum):
     PROMQL = "promql"
 
 
+class ScalingMode(StrEnum):
+    NATIVE = "native"
+    KEDA = "keda"
+    HPA = "hpa"
+
+
 class ServiceType(StrEnum):
     CLUSTER_IP = "ClusterIP"
     NODE_PORT = "NodePort"
@@ -126,6 +132,13 @@ class Autoscaling(SpecModel):
     """Window over which the lowest recommendation is taken before scaling up."""
     scale_down_stabilization_seconds: Annotated[int, Field(ge=0, le=3600)] = 300
     """Window over which the highest recommendation is taken before scaling down."""
+    max_step: Annotated[int, Field(ge=1, le=100)] = 4
+    """Most replicas added or removed by one decision."""
+    tolerance: Annotated[float, Field(ge=0, le=1)] = 0.1
+    """Relative distance from the target within which nothing changes."""
+    mode: ScalingMode = ScalingMode.NATIVE
+    """native: the operator scales from Prometheus; keda: emit a KEDA ScaledObject;
+    hpa: emit a HorizontalPodAutoscaler on an external metric."""
 
     @model_validator(mode="after")
     def _bounds(self) -> Autoscaling:

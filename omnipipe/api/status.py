@@ -44,6 +44,16 @@ class StageStatus(SpecModel):
     """Pods that pass their readiness probe."""
     desired_replicas: int = 0
     """Replicas wanted now: the fixed count or the autoscaler's latest decision."""
+    metric: str | None = None
+    """The autoscaling signal's name."""
+    metric_value: float | None = None
+    """The signal's latest value, as the autoscaler last read it."""
+    last_decision: str | None = None
+    """The autoscaler's latest decision and why."""
+    last_decision_reason: str | None = None
+    """CamelCase reason of that decision: ScaleUp, ScaleDown, WithinTolerance, ..."""
+    last_scale_time: str | None = None
+    """When the autoscaler last changed the replica count (RFC 3339)."""
 
 
 class OmniPipelineStatus(SpecModel):

@@ -8,14 +8,17 @@ import random
 import time
 from typing import Any
 
+import httpx
 import kopf
 from prometheus_client import start_http_server
 
 from omnipipe.api import ManifestError
 from omnipipe.api import constants as c
+from omnipipe.operator.autoscaler.source import PrometheusSource
 from omnipipe.operator.k8s import Kube, NamespaceTerminating
 from omnipipe.operator.metrics import OperatorMetrics
 from omnipipe.operator.reconcile import reconcile, refresh_status
+from omnipipe.operator.scaling import autoscale
 from omnipipe.operator.settings import OperatorSettings
 
 
@@ -26,7 +29,7 @@ def _lock(memo: kopf.Memo) -> asyncio.Lock:
 
 
 def build_registry(
-    settings: OperatorSettings, kube: Kube, metrics: OperatorMetrics
+    settings: OperatorSettings, kube: Kube, metrics: OperatorMetrics, prom: PrometheusSource
 ) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
     resource = (c.GROUP, c.VERSION, c.PLURAL)
@@ -93,6 +96,20 @@ def build_registry(
     async def drift(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
         await _reconcile(body, memo, "drift")
 
+    @kopf.timer(
+        *resource,
+        registry=registry,
+        id="autoscale",
+        interval=settings.autoscale_interval_seconds,
+        initial_delay=1.0,
+    )
+    async def autoscale_stages(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+        if body.get("metadata", {}).get("deletionTimestamp"):
+            return
+        history = memo.setdefault("scaling_history", {})
+        async with _lock(memo):
+            await autoscale(kube, prom, settings, body, history, metrics)
+
     @kopf.on.event(
         "apps", "v1", "deployments", registry=registry, labels={c.LABEL_MANAGED_BY: c.MANAGER}
     )
@@ -114,9 +131,11 @@ def run_operator(settings: OperatorSettings) -> None:
 
     async def main() -> None:
         kube = Kube.from_environment()
+        http = httpx.AsyncClient()
+        prom = PrometheusSource(http)
         try:
             await kopf.operator(
-                registry=build_registry(settings, kube, metrics),
+                registry=build_registry(settings, kube, metrics, prom),
                 clusterwide=settings.namespace is None,
                 namespaces=[settings.namespace] if settings.namespace else (),
                 standalone=settings.peering is None,
@@ -126,6 +145,7 @@ def run_operator(settings: OperatorSettings) -> None:
                 liveness_endpoint=f"http://0.0.0.0:{settings.health_port}/healthz",
             )
         finally:
+            await http.aclose()
             await kube.close()
 
     asyncio.run(main())

@@ -86,6 +86,16 @@ class Kube:
             )
         ]
 
+    async def set_replicas(self, namespace: str, deployment: str, replicas: int) -> None:
+        """The autoscaler's only write: the Deployment's scale subresource."""
+        await self._client.patch(
+            Deployment.Scale,
+            deployment,
+            {"spec": {"replicas": replicas}},
+            namespace=namespace,
+            patch_type=PatchType.MERGE,
+        )
+
     async def delete(self, kind: str, namespace: str, name: str) -> None:
         try:
             await self._client.delete(CHILD_KINDS[kind], name, namespace=namespace)

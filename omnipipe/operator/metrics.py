@@ -17,6 +17,7 @@ class OperatorMetrics:
     reconcile_seconds: Histogram
     replicas_desired: Gauge
     replicas_ready: Gauge
+    scaling_decisions: Counter
 
     @classmethod
     def create(cls) -> OperatorMetrics:
@@ -53,6 +54,12 @@ class OperatorMetrics:
                 "omnipipe_stage_replicas_ready",
                 "Ready replicas of a stage's Deployment.",
                 stage_labels,
+                registry=registry,
+            ),
+            scaling_decisions=Counter(
+                "omnipipe_operator_scaling_decisions_total",
+                "Autoscaler decisions by stage and reason.",
+                (*stage_labels, "reason"),
                 registry=registry,
             ),
         )

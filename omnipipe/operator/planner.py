@@ -72,6 +72,16 @@ def _condition(
     )
 
 
+SCALING_FIELDS = (
+    "metric",
+    "metric_value",
+    "last_decision",
+    "last_decision_reason",
+    "last_scale_time",
+)
+OWN_CONDITIONS = ("Ready", "StagesReady", "RouterReady")
+
+
 def compute_status(
     pipeline: ResolvedPipeline,
     generation: int | None,
@@ -79,10 +89,12 @@ def compute_status(
     previous: Sequence[Condition],
     endpoint: str,
     now: str,
+    previous_stages: Sequence[StageStatus] = (),
 ) -> OmniPipelineStatus:
     """Roll the children's real status up into conditions: Ready = StagesReady and
     RouterReady; StagesReady = every Stage<Name>Ready."""
     before = {c.type: c for c in previous}
+    before_stages = {s.name: s for s in previous_stages}
     conditions: list[Condition] = []
     stages: list[StageStatus] = []
     not_ready: list[str] = []
@@ -96,12 +108,19 @@ def compute_status(
         )
         if status is not ConditionStatus.TRUE:
             not_ready.append(stage.name)
+        # The autoscaler owns the scaling fields; status refreshes carry them over.
+        carried = {
+            f: getattr(before_stages[stage.name], f)
+            for f in SCALING_FIELDS
+            if stage.name in before_stages and stage.autoscaled
+        }
         stages.append(
             StageStatus(
                 name=stage.name,
                 replicas=observed.replicas if observed else 0,
                 ready_replicas=observed.ready if observed else 0,
                 desired_replicas=observed.desired if observed else stage.replicas,
+                **carried,
             )
         )
     stages_ok = ConditionStatus.FALSE if not_ready else ConditionStatus.TRUE
@@ -136,8 +155,11 @@ def compute_status(
         ),
     ]
     ready_count = len(pipeline.stages) - len(not_ready)
+    # Conditions owned by others (the autoscaler's ScalingActive) pass through.
+    mine = set(OWN_CONDITIONS) | {c.type for c in conditions}
+    foreign = [c for c in previous if c.type not in mine]
     return OmniPipelineStatus(
-        conditions=roll_up + conditions,
+        conditions=roll_up + conditions + foreign,
         observed_generation=generation,
         stages=stages,
         stages_ready=f"{ready_count}/{len(pipeline.stages)}",

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from omnipipe.api import parse_resource
-from omnipipe.api.status import Condition, OmniPipelineStatus
+from omnipipe.api.status import Condition, OmniPipelineStatus, StageStatus
 from omnipipe.operator.builders import build_children, build_context, router_endpoint
 from omnipipe.operator.k8s import Kube, utc_now
 from omnipipe.operator.metrics import OperatorMetrics
@@ -39,6 +39,11 @@ def _label(key: tuple[str, str]) -> str:
 def _previous_conditions(body: Mapping[str, Any]) -> list[Condition]:
     raw = (body.get("status") or {}).get("conditions") or []
     return [Condition.model_validate(c) for c in raw]
+
+
+def previous_stages(body: Mapping[str, Any]) -> list[StageStatus]:
+    raw = (body.get("status") or {}).get("stages") or []
+    return [StageStatus.model_validate(s) for s in raw]
 
 
 async def reconcile(
@@ -80,6 +85,7 @@ async def reconcile(
         _previous_conditions(body),
         router_endpoint(ctx),
         utc_now(),
+        previous_stages(body),
     )
     await _write_status(kube, body, status)
     metrics.observe_status(ctx.namespace, ctx.name, status)
@@ -116,6 +122,7 @@ async def refresh_status(
         _previous_conditions(body),
         router_endpoint(ctx),
         utc_now(),
+        previous_stages(body),
     )
     await _write_status(kube, body, status)
     metrics.observe_status(namespace, name, status)

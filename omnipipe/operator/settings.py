@@ -27,6 +27,10 @@ class OperatorSettings(BaseSettings):
     peering: str | None = None
     """kopf peering name (a ClusterKopfPeering): replicas of the operator elect one active
     instance. Unset runs standalone, for a single replica."""
+    autoscale_interval_seconds: float = 15.0
+    """How often autoscaled stages are evaluated (Kubernetes' HPA syncs every 15 s)."""
+    metric_max_age_seconds: float = 60.0
+    """A signal whose newest sample is older than this is stale: replicas are held."""
     metrics_port: int = 8080
     """Port of the operator's Prometheus /metrics."""
     health_port: int = 8081

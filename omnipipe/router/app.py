@@ -41,10 +41,16 @@ def build_app(pipeline: ResolvedPipeline, settings: RouterSettings) -> FastAPI:
         settings.poll_interval_seconds,
         settings.discovery_interval_seconds,
     )
-    orchestrator = Orchestrator(
-        pipeline, pool, client, settings.request_timeout_seconds, settings.max_queue_per_replica
-    )
     router_metrics = RouterMetrics.create()
+    orchestrator = Orchestrator(
+        pipeline,
+        pool,
+        client,
+        settings.request_timeout_seconds,
+        settings.max_queue_per_replica,
+        router_metrics,
+        settings.wake_wait_seconds,
+    )
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

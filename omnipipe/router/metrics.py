@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 
 @dataclass(frozen=True)
@@ -12,6 +12,7 @@ class RouterMetrics:
     registry: CollectorRegistry
     requests: Counter
     duration: Histogram
+    pending: Gauge
 
     @classmethod
     def create(cls) -> RouterMetrics:
@@ -30,5 +31,12 @@ class RouterMetrics:
                 ("pipeline", "route"),
                 registry=registry,
                 buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300),
+            ),
+            pending=Gauge(
+                "omnipipe_router_pending_requests",
+                "Requests held because a stage has no ready replica: the wake-up signal "
+                "for a stage scaled to zero.",
+                ("pipeline", "stage"),
+                registry=registry,
             ),
         )

@@ -21,6 +21,7 @@ from omnipipe.router.errors import (
     Overloaded,
     StageUnavailable,
 )
+from omnipipe.router.metrics import RouterMetrics
 from omnipipe.router.replicas import Replica, ReplicaPool
 
 log = logging.getLogger(__name__)
@@ -46,30 +47,57 @@ class Orchestrator:
         client: httpx.AsyncClient,
         timeout: float,
         max_load: int,
+        metrics: RouterMetrics,
+        wake_wait: float,
     ) -> None:
         self.pipeline = pipeline
         self.pool = pool
         self.client = client
         self.timeout = timeout
         self.max_load = max_load
+        self.metrics = metrics
+        self.wake_wait = wake_wait
         self._consumers = {
             s.name: [d.name for d in pipeline.stages if s.name in d.inputs] for s in pipeline.stages
         }
+
+    async def _wait_for_replica(self, stage: str) -> Replica | None:
+        """Hold the request while the stage wakes (its demand is exported as
+        omnipipe_router_pending_requests, which the autoscaler reads), bounded."""
+        # Polls lag by up to a second: look again before anything else.
+        await self.pool.refresh(stage)
+        replica = self.pool.pick(stage, self.max_load)
+        if replica is not None or self.pool.has_replicas(stage) or self.wake_wait <= 0:
+            return replica
+        gauge = self.metrics.pending.labels(self.pipeline.name, stage)
+        gauge.inc()
+        try:
+            deadline = asyncio.get_running_loop().time() + self.wake_wait
+            while asyncio.get_running_loop().time() < deadline:
+                await asyncio.sleep(0.5)
+                await self.pool.refresh(stage)
+                replica = self.pool.pick(stage, self.max_load)
+                if replica is not None:
+                    return replica
+            return None
+        finally:
+            gauge.dec()
 
     async def _choose(self) -> dict[str, Replica]:
         chosen: dict[str, Replica] = {}
         for stage in self.pipeline.stages:
             replica = self.pool.pick(stage.name, self.max_load)
             if replica is None:
-                # Polls lag by up to a second: look again before turning the client away.
-                await self.pool.refresh(stage.name)
-                replica = self.pool.pick(stage.name, self.max_load)
+                replica = await self._wait_for_replica(stage.name)
             if replica is None:
                 if self.pool.has_replicas(stage.name):
                     raise Overloaded(
                         f"every {stage.name} replica is at capacity; retry later", retry_after=1
                     )
-                raise StageUnavailable(f"stage {stage.name} has no ready replica", retry_after=5)
+                raise StageUnavailable(
+                    f"stage {stage.name} has no ready replica (waited {self.wake_wait:g}s)",
+                    retry_after=5,
+                )
             chosen[stage.name] = replica
         return chosen
 

@@ -27,6 +27,9 @@ class RouterSettings(BaseSettings):
     """Largest request body accepted (413 above it)."""
     max_queue_per_replica: int = 64
     """A replica with this many requests in flight is full; all full means 429."""
+    wake_wait_seconds: float = 60.0
+    """How long a request waits for a stage with no ready replica (scaled to zero, or
+    starting) before the client gets 503 with Retry-After."""
     poll_interval_seconds: float = 1.0
     """How often replicas' /ready (readiness and load) is polled."""
     discovery_interval_seconds: float = 5.0

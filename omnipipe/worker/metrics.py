@@ -17,6 +17,7 @@ class WorkerMetrics:
     duration: Histogram
     transfer_bytes: Counter
     transfer_seconds: Histogram
+    queue_wait: Histogram
 
     @classmethod
     def create(cls, pipeline: str, stage: str) -> WorkerMetrics:
@@ -53,6 +54,13 @@ class WorkerMetrics:
                 registry=registry,
                 buckets=LATENCY_BUCKETS,
             ),
+            queue_wait=Histogram(
+                "omnipipe_stage_queue_wait_seconds",
+                "Time a request with all its inputs waited for the engine.",
+                labels,
+                registry=registry,
+                buckets=LATENCY_BUCKETS,
+            ),
         )
         m._labels = (pipeline, stage)
         return m
@@ -66,6 +74,9 @@ class WorkerMetrics:
     def set_load(self, running: int, waiting: int) -> None:
         self.running.labels(*self._labels).set(running)
         self.waiting.labels(*self._labels).set(waiting)
+
+    def observe_queue_wait(self, seconds: float) -> None:
+        self.queue_wait.labels(*self._labels).observe(seconds)
 
     def observe_duration(self, seconds: float) -> None:
         self.duration.labels(*self._labels).observe(seconds)

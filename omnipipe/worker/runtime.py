@@ -33,6 +33,7 @@ class Job:
     stage_job: StageJob | None = None
     task: asyncio.Task[None] | None = None
     submitted: float = field(default_factory=time.monotonic)
+    queued: float = 0.0
     running: bool = False
 
 
@@ -136,6 +137,7 @@ class StageRuntime:
                 inputs = await self._collect_inputs(request)
                 job.stage_job = StageJob(request.params, inputs)
                 job.result = asyncio.get_running_loop().create_future()
+                job.queued = time.monotonic()
                 self._queue.append(job)
                 self._wakeup.set()
                 result = await job.result
@@ -196,6 +198,7 @@ class StageRuntime:
                 batch = self._take_batch()
                 for job in batch:
                     job.running = True
+                    self.metrics.observe_queue_wait(time.monotonic() - job.queued)
                 self._update_load()
                 stage_jobs = [j.stage_job for j in batch if j.stage_job is not None]
                 try:

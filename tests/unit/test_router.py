@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -67,14 +68,22 @@ def test_no_ready_replica_is_503_and_models_still_listed(tmp_path: Path) -> None
     )
     replicas = tmp_path / "replicas.json"
     replicas.write_text(json.dumps({"encode": [], "denoise": [], "decode": []}))
-    app = build_app(pipeline, RouterSettings(replicas_file=str(replicas), api_key=None))
+    app = build_app(
+        pipeline,
+        RouterSettings(replicas_file=str(replicas), api_key=None, wake_wait_seconds=1.0),
+    )
     with TestClient(app) as client:
         assert client.get("/ready").status_code == 503
         assert client.get("/v1/models").json()["data"][0]["id"] == "p"
+        started = time.monotonic()
         resp = client.post(
             "/v1/images/generations", json={"model": "p", "prompt": "x", "size": "64x64"}
         )
         assert resp.status_code == 503
         assert resp.headers["retry-after"] == "5"
         assert resp.json()["error"]["type"] == "service_unavailable"
-        assert "no ready replica" in resp.json()["error"]["message"]
+        assert "no ready replica (waited 1s)" in resp.json()["error"]["message"]
+        # It held the request for the wake-up window before giving up.
+        assert time.monotonic() - started >= 1.0
+        pending = 'omnipipe_router_pending_requests{pipeline="p",stage="encode"} 0.0'
+        assert pending in client.get("/metrics").text

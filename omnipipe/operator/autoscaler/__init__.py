@@ -1,0 +1,1 @@
+"""Per-stage autoscaling: Prometheus queries (queries.py, source.py) and a pure policy."""

@@ -1,0 +1,62 @@
+"""PromQL for each scaling signal. Pure: strings in, strings out."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from omnipipe.api.names import stage_object_name
+from omnipipe.api.spec import Autoscaling, Metric
+
+
+class SignalKind(StrEnum):
+    # Total demand over the stage; desired = ceil(total / target).
+    TOTAL = "total"
+    # A per-replica level; desired = ceil(current * value / target).
+    LEVEL = "level"
+
+
+@dataclass(frozen=True)
+class SignalQueries:
+    kind: SignalKind
+    value: str
+    # Seconds since the newest sample behind `value`; None where the signal is computed
+    # over a range and carries its own freshness.
+    age: str | None
+    # Demand the router sees for a stage with no replica (scale from zero).
+    demand: str
+
+
+def _selector(namespace: str, pipeline: str, stage: str) -> str:
+    return f'namespace="{namespace}",pipeline="{pipeline}",stage="{stage}"'
+
+
+def signal_queries(namespace: str, pipeline: str, stage: str, policy: Autoscaling) -> SignalQueries:
+    sel = _selector(namespace, pipeline, stage)
+    demand = f"sum(omnipipe_router_pending_requests{{{sel}}})"
+    if policy.metric is Metric.INFLIGHT:
+        return SignalQueries(
+            SignalKind.TOTAL,
+            f"sum(omnipipe_stage_requests_running{{{sel}}}) "
+            f"+ sum(omnipipe_stage_requests_waiting{{{sel}}})",
+            f"time() - max(timestamp(omnipipe_stage_requests_running{{{sel}}}))",
+            demand,
+        )
+    if policy.metric is Metric.QUEUE_WAIT_P90:
+        return SignalQueries(
+            SignalKind.LEVEL,
+            "histogram_quantile(0.9, sum by (le) "
+            f"(rate(omnipipe_stage_queue_wait_seconds_bucket{{{sel}}}[1m])))",
+            f"time() - max(timestamp(omnipipe_stage_requests_running{{{sel}}}))",
+            demand,
+        )
+    if policy.metric is Metric.KV_CACHE_USAGE:
+        pods = f'namespace="{namespace}",pod=~"{stage_object_name(pipeline, stage)}-.*"'
+        return SignalQueries(
+            SignalKind.LEVEL,
+            f"avg(vllm:kv_cache_usage_perc{{{pods}}})",
+            f"time() - max(timestamp(vllm:kv_cache_usage_perc{{{pods}}}))",
+            demand,
+        )
+    assert policy.query is not None  # the spec requires it for promql
+    return SignalQueries(SignalKind.LEVEL, policy.query, None, demand)
