@@ -4,6 +4,7 @@ shared memory, CMA, TCP or RDMA as the hardware allows. Imported only when selec
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
 from typing import Any
@@ -52,37 +53,42 @@ class UcxReceiver(Receiver):
         self._port = self._listener.port
 
     async def _serve(self, ep: Any) -> None:
+        # One message per endpoint: a receive left pending on an idle endpoint makes ucxx
+        # spin a core (its request wait polls), so nothing waits between messages.
         task = asyncio.current_task()
         if task is not None:
             self._handlers.add(task)
         try:
-            while True:
-                size = np.empty(1, dtype=np.uint64)
-                await ep.recv(size)
-                if int(size[0]) > MAX_HEADER:
-                    raise CodecError(f"header of {int(size[0])} bytes exceeds {MAX_HEADER}")
-                started = time.perf_counter()
-                raw = np.empty(int(size[0]), dtype=np.uint8)
-                await ep.recv(raw)
-                header = decode_header(raw.tobytes())
-                buffers = []
-                for spec in header["tensors"]:
-                    buf = np.empty(int(spec["nbytes"]), dtype=np.uint8)
-                    if buf.nbytes:
-                        await ep.recv(buf)
-                    buffers.append(buf)
-                message = message_from(header, buffers)  # type: ignore[arg-type]
-                await self.mailbox.put(message)
-                self.stats.on_transfer(message.nbytes, time.perf_counter() - started)
-                await ep.send(np.ones(1, dtype=np.uint8))
+            await self._receive_one(ep)
         except Exception as exc:
             # A peer that went away or sent garbage ends only its own connection.
             if not isinstance(exc, (*_closed_errors(), CodecError)):
                 raise
-            return
         finally:
             if task is not None:
                 self._handlers.discard(task)
+            with contextlib.suppress(Exception):
+                await ep.close()
+
+    async def _receive_one(self, ep: Any) -> None:
+        size = np.empty(1, dtype=np.uint64)
+        await ep.recv(size)
+        if int(size[0]) > MAX_HEADER:
+            raise CodecError(f"header of {int(size[0])} bytes exceeds {MAX_HEADER}")
+        started = time.perf_counter()
+        raw = np.empty(int(size[0]), dtype=np.uint8)
+        await ep.recv(raw)
+        header = decode_header(raw.tobytes())
+        buffers = []
+        for spec in header["tensors"]:
+            buf = np.empty(int(spec["nbytes"]), dtype=np.uint8)
+            if buf.nbytes:
+                await ep.recv(buf)
+            buffers.append(buf)
+        message = message_from(header, buffers)  # type: ignore[arg-type]
+        await self.mailbox.put(message)
+        self.stats.on_transfer(message.nbytes, time.perf_counter() - started)
+        await ep.send(np.ones(1, dtype=np.uint8))
 
     async def close(self) -> None:
         for task in list(self._handlers):
@@ -93,14 +99,9 @@ class UcxReceiver(Receiver):
 
 
 class UcxSender(Sender):
-    def __init__(self, stats: TransferStats | None = None) -> None:
-        super().__init__(stats)
-        self._idle: dict[str, list[Any]] = {}
+    """A fresh endpoint per message (see UcxReceiver._serve for why none is kept)."""
 
     async def _endpoint(self, address: str) -> Any:
-        idle = self._idle.get(address)
-        if idle:
-            return idle.pop()
         host, port = split_address(address, "ucx")
         return await _ucxx().create_endpoint(host, port)
 
@@ -117,14 +118,10 @@ class UcxSender(Sender):
                     await ep.send(np.frombuffer(buf, dtype=np.uint8))
             ack = np.empty(1, dtype=np.uint8)
             await ep.recv(ack)
-        except BaseException:
-            await ep.close()
-            raise
-        self._idle.setdefault(address, []).append(ep)
+        finally:
+            with contextlib.suppress(Exception):
+                await ep.close()
         self.stats.on_transfer(message.nbytes, time.perf_counter() - started)
 
     async def close(self) -> None:
-        for eps in self._idle.values():
-            for ep in eps:
-                await ep.close()
-        self._idle.clear()
+        return None

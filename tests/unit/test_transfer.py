@@ -95,3 +95,27 @@ def test_corrupt_specs_are_rejected() -> None:
         rebuild({"name": "x", "dtype": "float32", "shape": [4], "nbytes": 16}, bytearray(8))
     with pytest.raises(CodecError):
         rebuild({"name": "x", "dtype": "object", "shape": [1], "nbytes": 8}, bytearray(8))
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("backend", BACKENDS)
+async def test_idle_transfer_does_not_spin(backend: str) -> None:
+    """After a hand-off, an idle receiver and sender must not burn CPU (ucxx busy-polls
+    any receive left pending, which once starved the whole machine)."""
+    import resource
+
+    mailbox = Mailbox()
+    receiver = make_receiver(backend, mailbox)
+    await receiver.start()
+    sender = make_sender(backend)
+    try:
+        await sender.send(receiver.address, Message("r", "s", {"x": torch.zeros(8)}))
+        await mailbox.get("r")
+        before = resource.getrusage(resource.RUSAGE_SELF)
+        await asyncio.sleep(2.0)
+        after = resource.getrusage(resource.RUSAGE_SELF)
+        cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+        assert cpu < 0.5, f"{cpu:.2f}s of CPU in 2s idle"
+    finally:
+        await sender.close()
+        await receiver.close()
