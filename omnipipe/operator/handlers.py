@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import time
@@ -22,17 +23,21 @@ from omnipipe.operator.scaling import autoscale
 from omnipipe.operator.settings import OperatorSettings
 
 
-def _lock(memo: kopf.Memo) -> asyncio.Lock:
-    # Change handlers and the drift timer of one pipeline must not interleave.
-    lock: asyncio.Lock = memo.setdefault("reconcile_lock", asyncio.Lock())
-    return lock
-
-
 def build_registry(
     settings: OperatorSettings, kube: Kube, metrics: OperatorMetrics, prom: PrometheusSource
 ) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
     resource = (c.GROUP, c.VERSION, c.PLURAL)
+    # Everything that writes one pipeline's children or status (change handlers, the
+    # drift and autoscale timers, child-event status refreshes) takes its lock, so no
+    # writer works from a view another is about to replace.
+    locks: dict[tuple[str, str], asyncio.Lock] = {}
+
+    def pipeline_lock(namespace: str, name: str) -> asyncio.Lock:
+        return locks.setdefault((namespace, name), asyncio.Lock())
+
+    def body_lock(body: kopf.Body) -> asyncio.Lock:
+        return pipeline_lock(body["metadata"]["namespace"], body["metadata"]["name"])
 
     @kopf.on.login(registry=registry)
     def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
@@ -53,7 +58,7 @@ def build_registry(
             # Being deleted: the garbage collector removes the children; applying them
             # again would race it (and fails in a terminating namespace).
             return {}
-        async with _lock(memo):
+        async with body_lock(body):
             started = time.monotonic()
             try:
                 result = await reconcile(kube, settings, body, metrics)
@@ -107,8 +112,13 @@ def build_registry(
         if body.get("metadata", {}).get("deletionTimestamp"):
             return
         history = memo.setdefault("scaling_history", {})
-        async with _lock(memo):
-            await autoscale(kube, prom, settings, body, history, metrics)
+        async with body_lock(body):
+            # A namespace being deleted takes the pipeline with it: nothing to scale.
+            with contextlib.suppress(NamespaceTerminating):
+                meta = body["metadata"]
+                await autoscale(
+                    kube, prom, settings, meta["namespace"], meta["name"], history, metrics
+                )
 
     @kopf.on.event(
         "apps", "v1", "deployments", registry=registry, labels={c.LABEL_MANAGED_BY: c.MANAGER}
@@ -117,7 +127,9 @@ def build_registry(
         labels = body.get("metadata", {}).get("labels", {})
         pipeline = labels.get(c.LABEL_PIPELINE)
         if pipeline:
-            await refresh_status(kube, settings, body["metadata"]["namespace"], pipeline, metrics)
+            namespace = body["metadata"]["namespace"]
+            async with pipeline_lock(namespace, pipeline):
+                await refresh_status(kube, settings, namespace, pipeline, metrics)
 
     return registry
 
@@ -125,6 +137,9 @@ def build_registry(
 def run_operator(settings: OperatorSettings) -> None:
     """Run until interrupted: `omnipipe operator`."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    # A line per API request would drown the decisions worth reading.
+    for noisy in ("httpx", "httpx2"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
 
     metrics = OperatorMetrics.create()
     start_http_server(settings.metrics_port, registry=metrics.registry)

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime
 from typing import Any, cast
 
@@ -29,6 +30,16 @@ CHILD_KINDS: dict[str, Any] = {
 
 class NamespaceTerminating(Exception):
     """The namespace is being deleted: nothing may be created in it any more."""
+
+
+@contextlib.contextmanager
+def _terminating_namespace_is_final() -> Iterator[None]:
+    try:
+        yield
+    except ApiError as exc:
+        if exc.status.code == 403 and "being terminated" in (exc.status.message or ""):
+            raise NamespaceTerminating(exc.status.message) from exc
+        raise
 
 
 def _as_dict(obj: Any) -> Manifest:
@@ -59,12 +70,8 @@ class Kube:
     async def apply(self, desired: Manifest) -> Manifest:
         """The one write path for children: server-side apply as omnipipe-operator."""
         obj = codecs.from_dict(desired)
-        try:
+        with _terminating_namespace_is_final():
             applied = await self._client.apply(obj, field_manager=c.MANAGER, force=True)
-        except ApiError as exc:
-            if exc.status.code == 403 and "being terminated" in (exc.status.message or ""):
-                raise NamespaceTerminating(desired["metadata"]["namespace"]) from exc
-            raise
         return _as_dict(applied)
 
     async def list_children(self, namespace: str, pipeline: str) -> list[Manifest]:
@@ -88,13 +95,14 @@ class Kube:
 
     async def set_replicas(self, namespace: str, deployment: str, replicas: int) -> None:
         """The autoscaler's only write: the Deployment's scale subresource."""
-        await self._client.patch(
-            Deployment.Scale,
-            deployment,
-            {"spec": {"replicas": replicas}},
-            namespace=namespace,
-            patch_type=PatchType.MERGE,
-        )
+        with _terminating_namespace_is_final():
+            await self._client.patch(
+                Deployment.Scale,
+                deployment,
+                {"spec": {"replicas": replicas}},
+                namespace=namespace,
+                patch_type=PatchType.MERGE,
+            )
 
     async def delete(self, kind: str, namespace: str, name: str) -> None:
         try:
@@ -153,4 +161,5 @@ class Kube:
             "lastTimestamp": now,
             "count": 1,
         }
-        await self._client.create(cast(Any, codecs.from_dict(event)))
+        with _terminating_namespace_is_final():
+            await self._client.create(cast(Any, codecs.from_dict(event)))

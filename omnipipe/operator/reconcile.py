@@ -55,7 +55,6 @@ async def reconcile(
     desired = build_children(ctx)
     created: list[str] = []
     updated: list[str] = []
-    deployments: dict[str, ObservedDeployment] = {}
     for manifest in desired:
         key = child_key(manifest)
         applied = await kube.apply(manifest)
@@ -66,8 +65,6 @@ async def reconcile(
             "resourceVersion"
         ):
             updated.append(_label(key))
-        if key[0] == "Deployment":
-            deployments[key[1]] = ObservedDeployment.from_manifest(applied)
     deleted = orphans(existing, [child_key(m) for m in desired])
     for kind, name in deleted:
         await kube.delete(kind, ctx.namespace, name)
@@ -78,18 +75,12 @@ async def reconcile(
     ):
         if items:
             await kube.post_event(body, reason, f"{reason.lower()} {', '.join(items)}")
-    status = compute_status(
-        ctx.pipeline,
-        resource.metadata.generation,
-        deployments,
-        _previous_conditions(body),
-        router_endpoint(ctx),
-        utc_now(),
-        previous_stages(body),
+    # Status from a fresh read of the pipeline: the autoscaler may have written since
+    # the snapshot this reconcile started from.
+    status = await refresh_status(
+        kube, settings, ctx.namespace, ctx.name, metrics, generation=resource.metadata.generation
     )
-    await _write_status(kube, body, status)
-    metrics.observe_status(ctx.namespace, ctx.name, status)
-    ready = status.conditions[0].status == "True"
+    ready = status is not None and status.conditions[0].status == "True"
     log.info(
         "reconciled %s/%s: +%d ~%d -%d ready=%s",
         ctx.namespace,
@@ -103,12 +94,18 @@ async def reconcile(
 
 
 async def refresh_status(
-    kube: Kube, settings: OperatorSettings, namespace: str, name: str, metrics: OperatorMetrics
-) -> None:
-    """Recompute status from the children as they are now, without re-applying them."""
+    kube: Kube,
+    settings: OperatorSettings,
+    namespace: str,
+    name: str,
+    metrics: OperatorMetrics,
+    generation: int | None = None,
+) -> OmniPipelineStatus | None:
+    """Recompute status from the children and the pipeline as they are now (both read
+    fresh), without re-applying anything. `generation`: what a reconcile just handled."""
     body = await kube.get_pipeline(namespace, name)
     if body is None or body.get("metadata", {}).get("deletionTimestamp"):
-        return
+        return None
     resource = parse_resource(body)
     ctx = build_context(resource, settings)
     deployments = {
@@ -117,7 +114,9 @@ async def refresh_status(
     }
     status = compute_status(
         ctx.pipeline,
-        (body.get("status") or {}).get("observedGeneration"),
+        generation
+        if generation is not None
+        else (body.get("status") or {}).get("observedGeneration"),
         deployments,
         _previous_conditions(body),
         router_endpoint(ctx),
@@ -126,6 +125,7 @@ async def refresh_status(
     )
     await _write_status(kube, body, status)
     metrics.observe_status(namespace, name, status)
+    return status
 
 
 async def _write_status(kube: Kube, body: Mapping[str, Any], computed: OmniPipelineStatus) -> None:

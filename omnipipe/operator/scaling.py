@@ -37,7 +37,7 @@ History = MutableMapping[str, tuple[Recommendation, ...]]
 async def _observe(prom: PrometheusSource, url: str, queries: Any) -> Observation:
     value = await prom.query(url, queries.value)
     if value.error:
-        return Observation(None, None, None, value.error)
+        return Observation(None, None, None, value.error, value.error_reason)
     age = await prom.query(url, queries.age) if queries.age else None
     demand = await prom.query(url, queries.demand)
     return Observation(
@@ -52,11 +52,16 @@ async def autoscale(
     kube: Kube,
     prom: PrometheusSource,
     settings: OperatorSettings,
-    body: Mapping[str, Any],
+    namespace: str,
+    name: str,
     history: History,
     metrics: OperatorMetrics,
 ) -> None:
-    resource = parse_resource(dict(body))
+    # Read it fresh: a status write since the caller's snapshot must not be undone.
+    body = await kube.get_pipeline(namespace, name)
+    if body is None or body.get("metadata", {}).get("deletionTimestamp"):
+        return
+    resource = parse_resource(body)
     pipeline = resolve(resource)
     url = resource.spec.prometheus_url or settings.prometheus_url
     stages = [

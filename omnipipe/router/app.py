@@ -42,6 +42,9 @@ def build_app(pipeline: ResolvedPipeline, settings: RouterSettings) -> FastAPI:
         settings.discovery_interval_seconds,
     )
     router_metrics = RouterMetrics.create()
+    for stage in pipeline.stages:
+        # Zero demand must read as 0, not as an absent series.
+        router_metrics.pending.labels(pipeline.name, stage.name).set(0)
     orchestrator = Orchestrator(
         pipeline,
         pool,

@@ -63,6 +63,10 @@ class WorkerMetrics:
             ),
         )
         m._labels = (pipeline, stage)
+        # Export every series from the start: an idle worker must read as 0, not absent.
+        m.set_load(0, 0)
+        m.duration.labels(pipeline, stage)
+        m.queue_wait.labels(pipeline, stage)
         return m
 
     _labels: tuple[str, str] = ("", "")

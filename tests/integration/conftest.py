@@ -49,6 +49,8 @@ class Operator:
     def start(self) -> None:
         env = self.cluster.env(self.kubeconfig)
         env["OMNIPIPE_OPERATOR_DRIFT_CHECK_SECONDS"] = "3"
+        env["OMNIPIPE_OPERATOR_AUTOSCALE_INTERVAL_SECONDS"] = "1"
+        env["OMNIPIPE_OPERATOR_METRIC_MAX_AGE_SECONDS"] = "5"
         env["OMNIPIPE_OPERATOR_METRICS_PORT"] = str(self.metrics_port)
         env["OMNIPIPE_OPERATOR_HEALTH_PORT"] = str(free_port())
         env.update(self.extra_env)
@@ -77,7 +79,10 @@ class Operator:
 
     def errors(self) -> list[str]:
         text = self.log.read_text(errors="replace") if self.log.exists() else ""
-        return [line for line in text.splitlines() if " ERROR " in line or "Forbidden" in line]
+        # ERROR lines, and RBAC denials however they are logged.
+        return [
+            line for line in text.splitlines() if " ERROR " in line or "is forbidden: User" in line
+        ]
 
 
 @pytest.fixture(scope="session")

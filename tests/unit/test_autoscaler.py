@@ -131,3 +131,9 @@ def test_queries_select_the_stage_and_pick_the_signal_kind() -> None:
     )
     assert (raw.value, raw.age) == ("vector(1)", None)
     assert "omnipipe_router_pending_requests" in raw.demand
+
+
+def test_a_rejected_query_is_reported_as_such() -> None:
+    obs = Observation(None, None, None, "Prometheus rejected 'x'", "QueryRejected")
+    d = decide(LEVEL, current=2, ready=2, seen=obs, history=(), now=0, max_age=30)
+    assert (d.desired, d.active, d.reason) == (2, False, "QueryRejected")

@@ -30,7 +30,8 @@ class Observation:
     value: float | None  # None: the series is absent
     age: float | None  # seconds since its newest sample, when known
     demand: float | None  # requests the router holds for this stage
-    error: str | None = None  # Prometheus could not be asked
+    error: str | None = None  # the query failed
+    error_reason: str = "PrometheusUnavailable"
 
 
 @dataclass(frozen=True)
@@ -97,7 +98,7 @@ def decide(
             (),
         )
     if seen.error is not None:
-        return Decision(current, False, "PrometheusUnavailable", seen.error, history)
+        return Decision(current, False, seen.error_reason, seen.error, history)
     if seen.value is None or math.isnan(seen.value):
         return Decision(current, False, "MetricMissing", "the signal's series is absent", history)
     if seen.age is not None and seen.age > max_age:

@@ -12,6 +12,8 @@ import httpx
 class QueryResult:
     value: float | None
     error: str | None = None
+    # PrometheusUnavailable (could not ask) or QueryRejected (asked; it refused).
+    error_reason: str = "PrometheusUnavailable"
 
 
 class PrometheusSource:
@@ -30,7 +32,9 @@ class PrometheusSource:
         except (httpx.HTTPError, ValueError) as exc:
             return QueryResult(None, f"Prometheus at {base_url} unreachable: {exc!r}")
         if body.get("status") != "success":
-            return QueryResult(None, f"Prometheus rejected {expr!r}: {body.get('error')}")
+            return QueryResult(
+                None, f"Prometheus rejected {expr!r}: {body.get('error')}", "QueryRejected"
+            )
         data = body["data"]
         if data["resultType"] == "scalar":
             return QueryResult(float(data["result"][1]))

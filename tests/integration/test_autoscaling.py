@@ -1,0 +1,280 @@
+"""Autoscaling end to end: real workers (omnipipe serve) under load, a real Prometheus
+scraping them, and the operator scaling the matching Deployment in the real API server."""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import openai
+import pytest
+import yaml
+
+from tests.e2e.conftest import Served, start_serve, write_pipeline
+from tests.harness.cluster import Cluster
+from tests.harness.prometheus import Prometheus, prometheus
+from tests.integration.conftest import Operator, get_json, wait_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+
+@pytest.fixture(scope="module")
+def prom(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]:
+    with prometheus(tmp_path_factory.mktemp("prometheus")) as p:
+        yield p
+
+
+@pytest.fixture(scope="module")
+def workers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    s = start_serve(write_pipeline(tmp_path_factory.mktemp("scaled"), "scaled", transfer="tcp"))
+    yield s
+    s.stop()
+
+
+def pipeline(name: str, prom: Prometheus, autoscaling: dict[str, Any]) -> str:
+    return yaml.safe_dump(
+        {
+            "apiVersion": "omnipipe.io/v1alpha1",
+            "kind": "OmniPipeline",
+            "metadata": {"name": name},
+            "spec": {
+                "model": "tiny://qwen-image",
+                "pipeline": "qwen-image",
+                "prometheusUrl": prom.url,
+                "stages": [{"name": "denoise", "autoscaling": autoscaling}],
+            },
+        }
+    )
+
+
+def replicas(cluster: Cluster, namespace: str, name: str) -> int:
+    return int(
+        get_json(cluster, "deployment", f"{name}-denoise", "-n", namespace)["spec"]["replicas"]
+    )
+
+
+def stage_status(cluster: Cluster, namespace: str, name: str) -> dict[str, Any]:
+    status = get_json(cluster, "omnip", name, "-n", namespace).get("status", {})
+    return next((s for s in status.get("stages", []) if s["name"] == "denoise"), {})
+
+
+def condition(cluster: Cluster, namespace: str, name: str, kind: str) -> dict[str, Any]:
+    status = get_json(cluster, "omnip", name, "-n", namespace).get("status", {})
+    return next((c for c in status.get("conditions", []) if c["type"] == kind), {})
+
+
+class Load:
+    """Concurrent image requests against the local workers until stopped."""
+
+    def __init__(self, served: Served, concurrency: int) -> None:
+        self.stop = threading.Event()
+        self.threads = [
+            threading.Thread(target=self._run, args=(served,)) for _ in range(concurrency)
+        ]
+
+    def _run(self, served: Served) -> None:
+        with openai.OpenAI(base_url=served.base_url, api_key="x", max_retries=0, timeout=120) as c:
+            while not self.stop.is_set():
+                c.images.generate(
+                    model="scaled",
+                    prompt="load",
+                    size="256x256",
+                    extra_body={"num_inference_steps": 30},
+                )
+
+    def __enter__(self) -> Load:
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        # Demand stays high until here: the scale-down window counts from no earlier.
+        self.stopped_at = time.monotonic()
+        self.stop.set()
+        for t in self.threads:
+            t.join(timeout=120)
+
+
+def test_scales_up_under_load_and_down_after_the_window(
+    cluster: Cluster, operator: Operator, namespace: str, prom: Prometheus, workers: Served
+) -> None:
+    denoise_url = workers.workers["denoise-0"][0].removeprefix("http://")
+    prom.set_targets([{"targets": [denoise_url], "labels": {"namespace": namespace}}])
+    cluster.kubectl(
+        "apply",
+        "-n",
+        namespace,
+        "-f",
+        "-",
+        input=pipeline(
+            "scaled",
+            prom,
+            {
+                "minReplicas": 1,
+                "maxReplicas": 4,
+                "target": 1,
+                "maxStep": 2,
+                "scaleUpStabilizationSeconds": 0,
+                "scaleDownStabilizationSeconds": 5,
+            },
+        ),
+    )
+    wait_for(
+        "the denoise Deployment",
+        lambda: (
+            cluster.kubectl(
+                "get", "deployment", "scaled-denoise", "-n", namespace, check=False
+            ).returncode
+            == 0
+        ),
+    )
+    wait_for(
+        "fresh idle data",
+        lambda: (
+            stage_status(cluster, namespace, "scaled").get("lastDecisionReason")
+            == "WithinTolerance"
+        ),
+        timeout=60,
+    )
+    assert replicas(cluster, namespace, "scaled") == 1
+
+    with Load(workers, concurrency=4) as load:
+        wait_for("scale-up", lambda: replicas(cluster, namespace, "scaled") >= 3, timeout=60)
+    st = stage_status(cluster, namespace, "scaled")
+    assert st["metric"] == "inflight"
+    assert "metricValue" in st
+    assert st["lastScaleTime"]
+    events = cluster.kubectl(
+        "get",
+        "events",
+        "-n",
+        namespace,
+        "--field-selector",
+        "reason=Scaled",
+        "-o",
+        "jsonpath={.items[*].message}",
+    ).stdout
+    # e.g. "stage denoise: 1 -> 3 replicas (ScaleUp): signal 4 total, target 1: ..."
+    ups = re.findall(r"\(ScaleUp\): signal ([0-9.]+) total", events)
+    assert ups, events
+    assert float(ups[0]) > 1
+    wait_for(
+        "scale-down to the minimum", lambda: replicas(cluster, namespace, "scaled") == 1, timeout=90
+    )
+    # Not before the 5 s scale-down window allowed it.
+    assert time.monotonic() - load.stopped_at >= 5
+    assert (
+        "ScaleDown"
+        in cluster.kubectl(
+            "get", "events", "-n", namespace, "--field-selector", "reason=Scaled"
+        ).stdout
+    )
+    assert condition(cluster, namespace, "scaled", "ScalingActive")["status"] == "True"
+    described = cluster.kubectl("describe", "omnip", "scaled", "-n", namespace).stdout
+    assert "Scaled" in described
+
+
+def test_wobble_inside_tolerance_changes_nothing(
+    cluster: Cluster, operator: Operator, namespace: str, prom: Prometheus
+) -> None:
+    # A signal that keeps moving, always within 5% of the target (tolerance 10%).
+    cluster.kubectl(
+        "apply",
+        "-n",
+        namespace,
+        "-f",
+        "-",
+        input=pipeline(
+            "wobble",
+            prom,
+            {
+                "minReplicas": 2,
+                "maxReplicas": 6,
+                "metric": "promql",
+                "query": "1 + 0.05 * sin(vector(time() * 2))",
+                "target": 1,
+                "tolerance": 0.1,
+                "scaleDownStabilizationSeconds": 0,
+            },
+        ),
+    )
+    wait_for(
+        "the minimum of 2",
+        lambda: (
+            cluster.kubectl(
+                "get", "deployment", "wobble-denoise", "-n", namespace, check=False
+            ).returncode
+            == 0
+            and replicas(cluster, namespace, "wobble") == 2
+        ),
+        timeout=60,
+    )
+    wait_for(
+        "an in-band decision at 2 replicas",
+        lambda: (
+            stage_status(cluster, namespace, "wobble").get("lastDecisionReason")
+            == "WithinTolerance"
+        ),
+    )
+    values = set()
+    deadline = time.monotonic() + 8
+    while time.monotonic() < deadline:
+        st = stage_status(cluster, namespace, "wobble")
+        if "metricValue" in st:
+            values.add(round(st["metricValue"], 4))
+            assert st["lastDecisionReason"] == "WithinTolerance", st
+        assert replicas(cluster, namespace, "wobble") == 2
+        time.sleep(0.5)
+    assert len(values) >= 3, f"the signal did not move: {values}"
+
+
+def test_prometheus_down_holds_replicas_and_sets_the_condition(
+    cluster: Cluster, operator: Operator, namespace: str, prom: Prometheus
+) -> None:
+    cluster.kubectl(
+        "apply",
+        "-n",
+        namespace,
+        "-f",
+        "-",
+        input=pipeline(
+            "held",
+            prom,
+            {
+                "minReplicas": 1,
+                "maxReplicas": 6,
+                "metric": "promql",
+                "query": "vector(5)",
+                "target": 1,
+            },
+        ),
+    )
+    wait_for(
+        "scaling to 5",
+        lambda: (
+            cluster.kubectl(
+                "get", "deployment", "held-denoise", "-n", namespace, check=False
+            ).returncode
+            == 0
+            and replicas(cluster, namespace, "held") == 5
+        ),
+        timeout=60,
+    )
+    prom.stop()
+    wait_for(
+        "ScalingActive=False",
+        lambda: condition(cluster, namespace, "held", "ScalingActive").get("status") == "False",
+        timeout=30,
+    )
+    cond = condition(cluster, namespace, "held", "ScalingActive")
+    assert cond["reason"] == "PrometheusUnavailable"
+    assert "unreachable" in cond["message"]
+    time.sleep(3)
+    assert replicas(cluster, namespace, "held") == 5
+    warnings = cluster.kubectl(
+        "get", "events", "-n", namespace, "--field-selector", "reason=ScalingHeld"
+    ).stdout
+    assert "PrometheusUnavailable" in warnings
