@@ -3,6 +3,8 @@ show readiness progress, and take them all down together."""
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import json
 import os
 import signal
@@ -27,6 +29,17 @@ def free_port(host: str) -> int:
         s.bind((host, 0))
         port: int = s.getsockname()[1]
         return port
+
+
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: get SIGTERM if `omnipipe serve` dies, even by SIGKILL,
+    so no worker outlives it."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 RESTART_WINDOW_SECONDS = 60.0
@@ -55,7 +68,14 @@ class Supervisor:
 
     @staticmethod
     def _popen(argv: list[str]) -> subprocess.Popen[bytes]:
-        return subprocess.Popen(argv, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        return subprocess.Popen(
+            argv,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            preexec_fn=_die_with_parent,
+            # Children take signals from us, not from a terminal's Ctrl-C to the group,
+            # so they stop in order: drain first, then exit.
+            start_new_session=True,
+        )
 
     def _spawn(self, name: str, args: list[str], ready_url: str, restartable: bool) -> None:
         argv = [sys.executable, "-m", "omnipipe.cli", *args]
@@ -189,7 +209,10 @@ def serve(
     def on_signal(signum: int, _frame: FrameType | None) -> None:
         raise KeyboardInterrupt
 
+    # Installed explicitly: a shell without job control starts background jobs with
+    # SIGINT ignored, and Python keeps an inherited "ignore".
     signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
     workers = sum(max(s.replicas, 1) for s in pipeline.stages)
     print(
         f"omnipipe: serving {pipeline.name} ({pipeline.pipeline}, model {pipeline.model}): "

@@ -36,6 +36,7 @@ class Served:
     base_url: str
     workers: dict[str, tuple[str, int]] = field(default_factory=dict)  # name -> (url, pid)
     output: list[str] = field(default_factory=list)
+    pump: threading.Thread | None = None
 
     def metrics(self, worker: str) -> str:
         with urllib.request.urlopen(f"{self.workers[worker][0]}/metrics", timeout=5) as r:
@@ -50,13 +51,17 @@ class Served:
 
     def stop(self) -> None:
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
+            self.proc.send_signal(signal.SIGINT)  # Ctrl-C, as a user stops it
             try:
                 self.proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
-                self.proc.kill()
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
-        if self.proc.stdout is not None:
+        if self.pump is not None:
+            # EOF arrives once every process holding the pipe is gone.
+            self.pump.join(timeout=30)
+        if self.proc.stdout is not None and (self.pump is None or not self.pump.is_alive()):
             self.proc.stdout.close()
 
 
@@ -68,6 +73,7 @@ def start_serve(manifest: Path, env: dict[str, str] | None = None, timeout: floa
         stderr=subprocess.STDOUT,
         text=True,
         cwd=REPO,
+        start_new_session=True,
         env={**os.environ, "UCX_NET_DEVICES": "lo", **(env or {})},
     )
     served = Served(proc, f"http://127.0.0.1:{port}/v1")
@@ -88,7 +94,8 @@ def start_serve(manifest: Path, env: dict[str, str] | None = None, timeout: floa
         if "omnipipe: ready." in line:
             ready.set()
 
-    threading.Thread(target=pump, daemon=True).start()
+    served.pump = threading.Thread(target=pump, daemon=True)
+    served.pump.start()
     deadline = time.monotonic() + timeout
     while not ready.wait(0.2):
         if proc.poll() is not None or time.monotonic() > deadline:

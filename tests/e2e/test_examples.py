@@ -29,3 +29,21 @@ def test_make_serve_example_serves_an_image() -> None:
     finally:
         served.stop()
     assert served.proc.returncode == 0
+
+
+def test_workers_never_outlive_a_killed_serve() -> None:
+    import os
+    import signal
+    import time
+
+    from tests.e2e.conftest import pids_alive
+
+    served = start_serve(REPO / "examples/tiny-text-to-image.yaml")
+    pids = [pid for _, pid in served.workers.values()]
+    assert len(pids) == 4
+    os.kill(served.proc.pid, signal.SIGKILL)  # no chance to clean up
+    deadline = time.monotonic() + 20
+    while pids_alive(pids) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    served.stop()
+    assert pids_alive(pids) == []
