@@ -12,6 +12,7 @@ from lightkube import AsyncClient, codecs
 from lightkube.core.exceptions import ApiError
 from lightkube.generic_resource import create_namespaced_resource
 from lightkube.resources.apps_v1 import Deployment
+from lightkube.resources.autoscaling_v2 import HorizontalPodAutoscaler
 from lightkube.resources.core_v1 import ConfigMap, Service
 from lightkube.types import PatchType
 
@@ -21,10 +22,14 @@ Manifest = dict[str, Any]
 
 OmniPipelineResource = create_namespaced_resource(c.GROUP, c.VERSION, c.KIND, c.PLURAL, verbs=None)
 # lightkube's overloads are precise per resource class; a table of them is typed loosely.
+ScaledObject = create_namespaced_resource("keda.sh", "v1alpha1", "ScaledObject", "scaledobjects")
 CHILD_KINDS: dict[str, Any] = {
     "Deployment": Deployment,
     "Service": Service,
     "ConfigMap": ConfigMap,
+    "HorizontalPodAutoscaler": HorizontalPodAutoscaler,
+    # Only where KEDA is installed; listing it elsewhere answers 404.
+    "ScaledObject": ScaledObject,
 }
 
 
@@ -40,6 +45,16 @@ def _terminating_namespace_is_final() -> Iterator[None]:
         if exc.status.code == 403 and "being terminated" in (exc.status.message or ""):
             raise NamespaceTerminating(exc.status.message) from exc
         raise
+
+
+def _status_code(exc: Exception) -> int | None:
+    """The HTTP status behind a client error: lightkube raises ApiError for most calls
+    but a plain HTTP status error from list pagination."""
+    if isinstance(exc, ApiError):
+        return int(exc.status.code) if exc.status.code is not None else None
+    response = getattr(exc, "response", None)
+    code = getattr(response, "status_code", None)
+    return int(code) if isinstance(code, int) else None
 
 
 def _as_dict(obj: Any) -> Manifest:
@@ -77,12 +92,16 @@ class Kube:
     async def list_children(self, namespace: str, pipeline: str) -> list[Manifest]:
         found: list[Manifest] = []
         for kind, res in CHILD_KINDS.items():
-            async for obj in self._client.list(
-                res, namespace=namespace, labels=_child_labels(pipeline)
-            ):
-                manifest = _as_dict(obj)
-                manifest.setdefault("kind", kind)
-                found.append(manifest)
+            try:
+                async for obj in self._client.list(
+                    res, namespace=namespace, labels=_child_labels(pipeline)
+                ):
+                    manifest = _as_dict(obj)
+                    manifest.setdefault("kind", kind)
+                    found.append(manifest)
+            except Exception as exc:
+                if _status_code(exc) != 404:  # 404: a kind this cluster does not serve
+                    raise
         return found
 
     async def list_deployments(self, namespace: str, pipeline: str) -> list[Manifest]:

@@ -124,7 +124,7 @@ def get_json(cluster: Cluster, *args: str) -> Any:
 def children(cluster: Cluster, namespace: str, pipeline: str) -> dict[tuple[str, str], Any]:
     items = get_json(
         cluster,
-        "deployments,services,configmaps",
+        "deployments,services,configmaps,horizontalpodautoscalers",
         "-n",
         namespace,
         "-l",

@@ -115,18 +115,20 @@ def test_status_becomes_ready_with_kwok_pods_and_printer_columns(
     ready(cluster, namespace, "qwen-image")
     obj = get_json(cluster, "omnip", "qwen-image", "-n", namespace)
     status = obj["status"]
-    conds = {c["type"]: c["status"] for c in status["conditions"]}
-    assert conds == {
-        t: "True"
-        for t in (
-            "Ready",
-            "StagesReady",
-            "RouterReady",
-            "StageEncodeReady",
-            "StageDenoiseReady",
-            "StageDecodeReady",
-        )
-    }
+    conds = {c["type"]: c for c in status["conditions"]}
+    for ready_type in (
+        "Ready",
+        "StagesReady",
+        "RouterReady",
+        "StageEncodeReady",
+        "StageDenoiseReady",
+        "StageDecodeReady",
+    ):
+        assert conds.pop(ready_type)["status"] == "True", ready_type
+    # The example autoscales denoise; this cluster has no Prometheus, and status says so.
+    scaling = conds.pop("ScalingActive")
+    assert (scaling["status"], scaling["reason"]) == ("False", "PrometheusUnavailable")
+    assert conds == {}
     assert status["observedGeneration"] == obj["metadata"]["generation"]
     assert {s["name"]: s["readyReplicas"] for s in status["stages"]} == {
         "encode": 1,
@@ -208,6 +210,31 @@ def test_removing_a_stage_deletes_its_children(
     left = children(cluster, namespace, "chain")
     assert {("Deployment", "chain-a"), ("Deployment", "chain-b")} <= set(left)
     assert ("Service", "chain-c") not in left
+
+
+def test_hpa_mode_creates_an_hpa_and_native_mode_prunes_it(
+    cluster: Cluster, operator: Operator, namespace: str
+) -> None:
+    manifest = example()
+    manifest["spec"]["stages"][0]["autoscaling"]["mode"] = "hpa"
+    apply(cluster, namespace, manifest)
+    hpa = wait_for(
+        "the HPA",
+        lambda: (
+            ("HorizontalPodAutoscaler", "qwen-image-denoise")
+            in (kids := children(cluster, namespace, "qwen-image"))
+            and kids
+        ),
+    )
+    assert hpa[("HorizontalPodAutoscaler", "qwen-image-denoise")]["spec"]["maxReplicas"] == 6
+    apply(cluster, namespace, example())  # back to the operator's own autoscaler
+    wait_for(
+        "the HPA to be pruned",
+        lambda: (
+            ("HorizontalPodAutoscaler", "qwen-image-denoise")
+            not in children(cluster, namespace, "qwen-image")
+        ),
+    )
 
 
 def test_deleting_the_pipeline_garbage_collects_everything(

@@ -149,3 +149,72 @@ def test_router_api_key_comes_from_the_secret_and_service_type_applies() -> None
     ]
     assert deps[("Service", "p-router")]["spec"]["type"] == "LoadBalancer"
     assert deps[("Service", "p-denoise")]["spec"]["clusterIP"] == "None"
+
+
+def test_keda_mode_emits_a_scaled_object_with_the_same_policy() -> None:
+    deps = children(
+        {
+            "model": "m",
+            "pipeline": "qwen-image",
+            "prometheusUrl": "http://prom:9090",
+            "stages": [
+                {
+                    "name": "denoise",
+                    "autoscaling": {
+                        "mode": "keda",
+                        "minReplicas": 0,
+                        "maxReplicas": 6,
+                        "target": 2,
+                        "maxStep": 3,
+                        "scaleDownStabilizationSeconds": 120,
+                    },
+                }
+            ],
+        }
+    )
+    so = deps[("ScaledObject", "p-denoise")]
+    spec = so["spec"]
+    assert spec["scaleTargetRef"]["name"] == "p-denoise"
+    assert (spec["minReplicaCount"], spec["maxReplicaCount"]) == (0, 6)
+    [trigger] = spec["triggers"]
+    assert trigger["type"] == "prometheus"
+    assert trigger["metricType"] == "AverageValue"
+    assert trigger["metadata"]["serverAddress"] == "http://prom:9090"
+    assert trigger["metadata"]["threshold"] == "2"
+    assert 'stage="denoise"' in trigger["metadata"]["query"]
+    behavior = spec["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]
+    assert behavior["scaleDown"]["stabilizationWindowSeconds"] == 120
+    assert behavior["scaleUp"]["policies"][0]["value"] == 3
+    assert "replicas" not in deps[("Deployment", "p-denoise")]["spec"]
+
+
+def test_hpa_mode_emits_an_external_metric_hpa() -> None:
+    deps = children(
+        {
+            "model": "m",
+            "pipeline": "qwen-image",
+            "stages": [
+                {
+                    "name": "denoise",
+                    "autoscaling": {
+                        "mode": "hpa",
+                        "minReplicas": 0,
+                        "maxReplicas": 4,
+                        "metric": "queue-wait-p90",
+                        "target": 0.5,
+                    },
+                }
+            ],
+        }
+    )
+    hpa = deps[("HorizontalPodAutoscaler", "p-denoise")]["spec"]
+    assert hpa["minReplicas"] == 1  # HPA cannot reach zero without a feature gate
+    [metric] = hpa["metrics"]
+    assert metric["external"]["metric"]["selector"]["matchLabels"] == {
+        "namespace": "ns",
+        "pipeline": "p",
+        "stage": "denoise",
+        "signal": "queue-wait-p90",
+    }
+    assert metric["external"]["target"] == {"type": "Value", "value": "0.5"}
+    assert ("ScaledObject", "p-denoise") not in deps

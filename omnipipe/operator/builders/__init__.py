@@ -8,6 +8,7 @@ from omnipipe.operator.builders.router import (
     build_router_service,
     router_endpoint,
 )
+from omnipipe.operator.builders.scaling import build_scaler
 from omnipipe.operator.builders.stage import build_stage_deployment, build_stage_service
 
 
@@ -17,6 +18,9 @@ def build_children(ctx: BuildContext) -> list[Manifest]:
     for stage in ctx.pipeline.stages:
         children.append(build_stage_service(ctx, stage))
         children.append(build_stage_deployment(ctx, stage))
+        scaler = build_scaler(ctx, stage)
+        if scaler is not None:
+            children.append(scaler)
     children.append(build_router_service(ctx))
     children.append(build_router_deployment(ctx))
     return children

@@ -32,6 +32,7 @@ class BuildContext:
     router_image: str
     image_pull_policy: str
     termination_grace_seconds: int
+    prometheus_url: str
     # None when rendering without a cluster: there is no uid to point at yet.
     owner: OwnerRef | None
 
@@ -53,5 +54,6 @@ def build_context(resource: OmniPipeline, settings: OperatorSettings) -> BuildCo
         router_image=images.router or settings.router_image,
         image_pull_policy=settings.image_pull_policy,
         termination_grace_seconds=settings.termination_grace_seconds,
+        prometheus_url=resource.spec.prometheus_url or settings.prometheus_url,
         owner=OwnerRef(meta.name, meta.uid) if meta.uid else None,
     )
