@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
 EXTRAS ?= models,test
 PYTEST_ARGS ?=
 
-.PHONY: serve test unit e2e integration lint manifests venv system-deps k8s-binaries clean
+.PHONY: serve test unit e2e integration lint manifests bench venv system-deps k8s-binaries clean
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -40,7 +40,7 @@ integration: venv system-deps k8s-binaries
 	$(BIN)/pytest tests/integration $(PYTEST_ARGS)
 
 lint: venv
-	$(BIN)/ruff check omnipipe tests
+	$(BIN)/ruff check omnipipe tests bench
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
@@ -49,6 +49,9 @@ manifests: venv
 	cp crds/omnipipelines.omnipipe.io.yaml charts/omnipipe/crds/
 	$(BIN)/python -c "from pathlib import Path; from omnipipe.api.reference import replace_in; \
 	  p = Path('README.md'); p.write_text(replace_in(p.read_text()))"
+
+bench: venv system-deps k8s-binaries
+	$(BIN)/python bench/autoscale_reaction.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

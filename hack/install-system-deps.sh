@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# Debian packages the tests need: etcd (the API server's store) and openssl (test certs).
+# Debian packages the tests need: etcd (the API server's store), openssl (test certs),
+# prometheus (autoscaling tests) and curl (a test client).
 # Go itself (>= 1.24, for hack/build-k8s.sh) must already be installed.
 # Installs only what is missing; uses sudo when not root.
 set -euo pipefail
 need=()
 command -v etcd >/dev/null || need+=(etcd-server)
 command -v openssl >/dev/null || need+=(openssl)
+command -v prometheus >/dev/null || need+=(prometheus)
+command -v curl >/dev/null || need+=(curl)
 if ((${#need[@]} == 0)); then exit 0; fi
 SUDO=""
 [[ $(id -u) == 0 ]] || SUDO="sudo"

@@ -1,0 +1,62 @@
+"""Shared by the benchmark scripts: machine description, medians, result lines."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).resolve().parent / "results"
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+
+def machine() -> dict[str, Any]:
+    mem_kb = 0
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                mem_kb = int(line.split()[1])
+    except OSError:
+        pass
+    return {
+        "cpus": os.cpu_count(),
+        "memory_gib": round(mem_kb / 1024 / 1024, 1),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+    }
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def record(name: str, rows: dict[str, Any], quick: bool) -> None:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    line = {
+        "name": name,
+        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "quick": quick,
+        "machine": machine(),
+        "results": rows,
+    }
+    with (RESULTS / f"{name}.jsonl").open("a") as f:
+        f.write(json.dumps(line) + "\n")
+
+
+def table(headers: list[str], rows: list[list[str]]) -> str:
+    widths = [max(len(str(r[i])) for r in [headers, *rows]) for i in range(len(headers))]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    return "\n".join(
+        [
+            fmt.format(*headers),
+            fmt.format(*("-" * w for w in widths)),
+            *(fmt.format(*r) for r in rows),
+        ]
+    )
