@@ -135,7 +135,9 @@ def main() -> int:
         subprocess.run(
             [*kubectl, "create", "namespace", NAMESPACE], check=True, capture_output=True
         )
-        served = start_serve(write_pipeline(work, "react", transfer="tcp"))
+        # One request at a time, so demand is a clean step, not a batch-shaped sawtooth.
+        served = start_serve(write_pipeline(work, "react", transfer="tcp"),
+                             env={"OMNIPIPE_WORKER_MAX_BATCH": "1"})
         prom.set_targets(
             [
                 {
@@ -162,7 +164,8 @@ def main() -> int:
             stderr=subprocess.STDOUT,
             cwd=REPO,
         )
-        target, max_replicas = 1.0, 4
+        # 4 clients keep >= 3 requests in flight: always above max_replicas x target.
+        target, max_replicas = 0.5, 4
         manifest = {
             "apiVersion": "omnipipe.io/v1alpha1",
             "kind": "OmniPipeline",

@@ -29,7 +29,11 @@ def prom(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]:
 
 @pytest.fixture(scope="module")
 def workers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    s = start_serve(write_pipeline(tmp_path_factory.mktemp("scaled"), "scaled", transfer="tcp"))
+    # One request at a time: demand then stays steady instead of dipping between batches.
+    s = start_serve(
+        write_pipeline(tmp_path_factory.mktemp("scaled"), "scaled", transfer="tcp"),
+        env={"OMNIPIPE_WORKER_MAX_BATCH": "1"},
+    )
     yield s
     s.stop()
 
@@ -115,7 +119,7 @@ def test_scales_up_under_load_and_down_after_the_window(
             {
                 "minReplicas": 1,
                 "maxReplicas": 4,
-                "target": 1,
+                "target": 0.5,  # 4 clients keep >= 3 requests in flight: above 4 x 0.5
                 "maxStep": 2,
                 "scaleUpStabilizationSeconds": 0,
                 "scaleDownStabilizationSeconds": 5,
