@@ -66,6 +66,16 @@ def test_dashboard_is_valid_and_uses_only_exported_metrics(path: Path) -> None:
     assert used - exported == set(), f"dashboard uses metrics nobody exports: {used - exported}"
 
 
+def test_operator_dashboard_shows_reconciles_errors_and_scaling() -> None:
+    text = DASHBOARDS[0].read_text()
+    for metric in (
+        "omnipipe_operator_reconcile_total",
+        "omnipipe_operator_reconcile_errors_total",
+        "omnipipe_operator_scaling_decisions_total",
+    ):
+        assert metric in text, metric
+
+
 def test_overview_covers_what_operators_need() -> None:
     board = json.loads((DASHBOARDS[1]).read_text())
     text = json.dumps(board)
