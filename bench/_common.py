@@ -11,7 +11,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-RESULTS = Path(__file__).resolve().parent / "results"
+# Tests point this elsewhere, so a smoke run never edits the committed results.
+RESULTS = Path(
+    os.environ.get("OMNIPIPE_BENCH_RESULTS", Path(__file__).resolve().parent / "results")
+)
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))

@@ -136,8 +136,9 @@ def main() -> int:
             [*kubectl, "create", "namespace", NAMESPACE], check=True, capture_output=True
         )
         # One request at a time, so demand is a clean step, not a batch-shaped sawtooth.
-        served = start_serve(write_pipeline(work, "react", transfer="tcp"),
-                             env={"OMNIPIPE_WORKER_MAX_BATCH": "1"})
+        served = start_serve(
+            write_pipeline(work, "react", transfer="tcp"), env={"OMNIPIPE_WORKER_MAX_BATCH": "1"}
+        )
         prom.set_targets(
             [
                 {

@@ -75,9 +75,16 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
     from omnipipe.api.loading import load_pipeline
     from omnipipe.local.supervisor import serve
+    from omnipipe.worker.stages import unimplemented_stages
 
     path = Path(args.file).resolve()
-    return serve(load_pipeline(path), path, args.host, args.port, args.ready_timeout)
+    pipeline = load_pipeline(path)
+    missing = unimplemented_stages(list(pipeline.stages))
+    if missing:
+        raise ManifestError(
+            f"{path}: this omnipipe cannot run these stages yet: {', '.join(missing)}"
+        )
+    return serve(pipeline, path, args.host, args.port, args.ready_timeout)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -77,14 +77,25 @@ class Mailbox:
 class Receiver(ABC):
     """Accepts messages from upstream stages into a Mailbox."""
 
-    def __init__(self, mailbox: Mailbox, stats: TransferStats | None = None) -> None:
+    scheme: str = ""
+
+    def __init__(
+        self,
+        mailbox: Mailbox,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        advertise_host: str | None = None,
+        stats: TransferStats | None = None,
+    ) -> None:
         self.mailbox = mailbox
         self.stats = stats or TransferStats()
+        self._host, self._port = host, port
+        self._advertise = advertise_host or host
 
     @property
-    @abstractmethod
     def address(self) -> str:
         """Where senders reach this receiver, e.g. tcp://10.0.0.5:8101."""
+        return f"{self.scheme}://{self._advertise}:{self._port}"
 
     @abstractmethod
     async def start(self) -> None: ...

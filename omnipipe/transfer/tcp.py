@@ -8,7 +8,7 @@ import struct
 import time
 from contextlib import suppress
 
-from omnipipe.transfer.base import Mailbox, Message, Receiver, Sender, TransferStats, split_address
+from omnipipe.transfer.base import Message, Receiver, Sender, TransferStats, split_address
 from omnipipe.transfer.codec import (
     MAX_HEADER,
     CodecError,
@@ -55,22 +55,8 @@ def message_from(header: dict[str, object], buffers: list[bytearray]) -> Message
 
 
 class TcpReceiver(Receiver):
-    def __init__(
-        self,
-        mailbox: Mailbox,
-        host: str = "127.0.0.1",
-        port: int = 0,
-        advertise_host: str | None = None,
-        stats: TransferStats | None = None,
-    ) -> None:
-        super().__init__(mailbox, stats)
-        self._host, self._port = host, port
-        self._advertise = advertise_host or host
-        self._server: asyncio.Server | None = None
-
-    @property
-    def address(self) -> str:
-        return f"tcp://{self._advertise}:{self._port}"
+    scheme = "tcp"
+    _server: asyncio.Server | None = None
 
     async def start(self) -> None:
         self._server = await asyncio.start_server(

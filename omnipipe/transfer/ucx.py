@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from omnipipe.transfer.base import Mailbox, Message, Receiver, Sender, TransferStats, split_address
+from omnipipe.transfer.base import Message, Receiver, Sender, split_address
 from omnipipe.transfer.codec import MAX_HEADER, CodecError, decode_header, encode_header
 from omnipipe.transfer.tcp import frame_header, message_from
 
@@ -30,23 +30,12 @@ def _closed_errors() -> tuple[type[BaseException], ...]:
 
 
 class UcxReceiver(Receiver):
-    def __init__(
-        self,
-        mailbox: Mailbox,
-        host: str = "127.0.0.1",
-        port: int = 0,
-        advertise_host: str | None = None,
-        stats: TransferStats | None = None,
-    ) -> None:
-        super().__init__(mailbox, stats)
-        self._port = port
-        self._advertise = advertise_host or host
-        self._listener: Any = None
-        self._handlers: set[asyncio.Task[None]] = set()
+    scheme = "ucx"
+    _listener: Any = None
 
-    @property
-    def address(self) -> str:
-        return f"ucx://{self._advertise}:{self._port}"
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._handlers: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
         self._listener = _ucxx().create_listener(self._serve, self._port)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import signal
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -69,8 +71,11 @@ async def _load_stage(state: WorkerState) -> None:
         stage = stage_class(spec)(spec, path, _device(state.settings, spec.gpus))
         await asyncio.to_thread(stage.load)
     except Exception as exc:
-        log.exception("loading stage %s failed", spec.name)
+        log.exception("loading stage %s failed; exiting", spec.name)
         state.load_error = f"load failed: {exc}"
+        # A worker that cannot load must not sit unready forever: exit, so Kubernetes
+        # (CrashLoopBackOff) or `omnipipe serve` (restart, then give up) shows it.
+        os.kill(os.getpid(), signal.SIGTERM)
         return
     assert state.runtime is not None
     state.runtime.stage = stage

@@ -49,6 +49,16 @@ class Served:
                 total += float(line.rsplit(" ", 1)[1])
         return total
 
+    def busy_replica(self, names: tuple[str, ...], timeout: float = 20) -> str:
+        """The first of `names` seen running a request."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for name in names:
+                if self.metric(name, "omnipipe_stage_requests_running") > 0:
+                    return name
+            time.sleep(0.02)
+        raise AssertionError(f"none of {names} started a request within {timeout}s")
+
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGINT)  # Ctrl-C, as a user stops it

@@ -202,14 +202,7 @@ def test_sigterm_drains_in_flight_work(served: Served) -> None:
         )
     )
     t.start()
-    victim = None
-    deadline = time.monotonic() + 20
-    while victim is None and time.monotonic() < deadline:
-        for name in ("denoise-0", "denoise-1"):
-            if served.metric(name, "omnipipe_stage_requests_running") > 0:
-                victim = name
-        time.sleep(0.02)
-    assert victim
+    victim = served.busy_replica(("denoise-0", "denoise-1"))
     os.kill(served.workers[victim][1], signal.SIGTERM)
     t.join(timeout=60)
     assert results, "the in-flight request did not finish while its worker drained"
@@ -251,14 +244,7 @@ def test_killed_worker_gives_an_error_then_the_survivor_serves(served: Served) -
 
     t = threading.Thread(target=slow_request)
     t.start()
-    victim = None
-    deadline = time.monotonic() + 20
-    while victim is None and time.monotonic() < deadline:
-        for name in ("denoise-0", "denoise-1"):
-            if served.metric(name, "omnipipe_stage_requests_running") > 0:
-                victim = name
-        time.sleep(0.05)
-    assert victim, "the slow request never reached a denoise replica"
+    victim = served.busy_replica(("denoise-0", "denoise-1"))
     os.kill(served.workers[victim][1], signal.SIGKILL)
     t.join(timeout=30)
     assert not t.is_alive(), "the client hung after its worker died"

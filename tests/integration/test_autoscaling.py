@@ -7,6 +7,7 @@ import re
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import openai
@@ -60,9 +61,11 @@ def replicas(cluster: Cluster, namespace: str, name: str) -> int:
     )
 
 
-def stage_status(cluster: Cluster, namespace: str, name: str) -> dict[str, Any]:
+def stage_status(
+    cluster: Cluster, namespace: str, name: str, stage: str = "denoise"
+) -> dict[str, Any]:
     status = get_json(cluster, "omnip", name, "-n", namespace).get("status", {})
-    return next((s for s in status.get("stages", []) if s["name"] == "denoise"), {})
+    return next((s for s in status.get("stages", []) if s["name"] == stage), {})
 
 
 def condition(cluster: Cluster, namespace: str, name: str, kind: str) -> dict[str, Any]:
@@ -282,3 +285,150 @@ def test_prometheus_down_holds_replicas_and_sets_the_condition(
         "get", "events", "-n", namespace, "--field-selector", "reason=ScalingHeld"
     ).stdout
     assert "PrometheusUnavailable" in warnings
+
+
+def test_scale_to_zero_and_wake_on_router_demand(
+    cluster: Cluster,
+    operator: Operator,
+    namespace: str,
+    prom: Prometheus,
+    tmp_path: Path,
+) -> None:
+    """A router whose stage has no ready replica holds the request and exports the
+    demand; the operator reads it from Prometheus and wakes the scaled-to-zero stage."""
+    import json as jsonlib
+    import subprocess
+    import sys
+    import urllib.request
+
+    from tests.harness.cluster import free_port
+
+    manifest = write_pipeline(tmp_path, "sleepy", transfer="tcp")
+    replicas_file = tmp_path / "replicas.json"
+    replicas_file.write_text(jsonlib.dumps({"encode": [], "denoise": [], "decode": []}))
+    port = free_port()
+    router = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "omnipipe.cli",
+            "router",
+            "--pipeline",
+            str(manifest),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--replicas-file",
+            str(replicas_file),
+        ],
+        env={**cluster.env(), "OMNIPIPE_ROUTER_WAKE_WAIT_SECONDS": "20"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        base = f"http://127.0.0.1:{port}"
+        wait_for(
+            "the router",
+            lambda: (
+                urllib.request.urlopen(f"{base}/health", timeout=1).status == 200
+                if router.poll() is None
+                else False
+            ),
+        )
+        prom.set_targets([{"targets": [f"127.0.0.1:{port}"], "labels": {"namespace": namespace}}])
+        # The stage's own signal says "idle" (promql 0): it goes to zero and stays there
+        # until the router reports demand.
+        cluster.kubectl(
+            "apply",
+            "-n",
+            namespace,
+            "-f",
+            "-",
+            input=yaml.safe_dump(
+                {
+                    "apiVersion": "omnipipe.io/v1alpha1",
+                    "kind": "OmniPipeline",
+                    "metadata": {"name": "sleepy"},
+                    "spec": {
+                        "model": "tiny://qwen-image",
+                        "pipeline": "qwen-image",
+                        "prometheusUrl": prom.url,
+                        "stages": [
+                            {
+                                "name": "encode",
+                                "autoscaling": {
+                                    "minReplicas": 0,
+                                    "maxReplicas": 2,
+                                    "metric": "promql",
+                                    "query": "vector(0)",
+                                    "target": 1,
+                                    "scaleDownStabilizationSeconds": 0,
+                                },
+                            }
+                        ],
+                    },
+                }
+            ),
+        )
+
+        def encode_replicas() -> int:
+            out = cluster.kubectl(
+                "get",
+                "deployment",
+                "sleepy-encode",
+                "-n",
+                namespace,
+                "-o",
+                "jsonpath={.spec.replicas}",
+                check=False,
+            ).stdout
+            return int(out or -1)
+
+        wait_for("scale to zero", lambda: encode_replicas() == 0, timeout=60)
+        wait_for(
+            "ScaledToZero",
+            lambda: (
+                stage_status(cluster, namespace, "sleepy", "encode").get("lastDecisionReason")
+                == "ScaledToZero"
+            ),
+        )
+        # Asleep, the model is still listed.
+        with openai.OpenAI(base_url=f"{base}/v1", api_key="x", max_retries=0, timeout=60) as c:
+            assert [m.id for m in c.models.list()] == ["sleepy"]
+            outcome: list[BaseException] = []
+
+            def request() -> None:
+                try:
+                    c.images.generate(model="sleepy", prompt="wake up", size="32x32")
+                except BaseException as exc:
+                    outcome.append(exc)
+
+            t = threading.Thread(target=request)
+            t.start()
+            wait_for(
+                "a wake-up",
+                lambda: (
+                    "(WakeOnDemand)"
+                    in cluster.kubectl(
+                        "get",
+                        "events",
+                        "-n",
+                        namespace,
+                        "--field-selector",
+                        "reason=Scaled",
+                        "-o",
+                        "jsonpath={.items[*].message}",
+                    ).stdout
+                ),
+                timeout=30,
+            )
+            t.join(timeout=60)
+        # No worker exists in this test, so after the bounded wait: 503 with Retry-After.
+        assert outcome, "the held request never ended"
+        assert isinstance(outcome[0], openai.APIStatusError)
+        assert outcome[0].status_code == 503
+        assert outcome[0].response.headers["retry-after"] == "5"
+    finally:
+        router.terminate()
+        router.wait(timeout=20)

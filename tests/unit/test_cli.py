@@ -42,3 +42,12 @@ def test_render_bad_file_exits_2_with_message(
 def test_crd_command_prints_the_crd(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["crd"]) == 0
     assert yaml.safe_load(capsys.readouterr().out)["kind"] == "CustomResourceDefinition"
+
+
+def test_serve_refuses_stages_it_cannot_run(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["serve", str(REPO / "examples/qwen2.5-omni.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert (
+        "cannot run these stages yet: thinker (thinker), talker (talker), code2wav (code2wav)"
+        in err
+    )

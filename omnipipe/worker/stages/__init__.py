@@ -6,6 +6,13 @@ from omnipipe.api import ResolvedStage
 from omnipipe.api.spec import Role
 from omnipipe.worker.stages.base import Stage
 
+IMPLEMENTED_ROLES = frozenset({Role.TEXT_ENCODER, Role.DENOISER, Role.VAE_DECODER})
+
+
+def unimplemented_stages(stages: list[ResolvedStage]) -> list[str]:
+    """Stages this worker build cannot run yet, as "name (role)"."""
+    return [f"{s.name} ({s.role.value})" for s in stages if s.role not in IMPLEMENTED_ROLES]
+
 
 def stage_class(spec: ResolvedStage) -> type[Stage]:
     from omnipipe.worker.stages import qwen_image
