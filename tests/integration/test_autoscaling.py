@@ -328,14 +328,16 @@ def test_scale_to_zero_and_wake_on_router_demand(
     )
     try:
         base = f"http://127.0.0.1:{port}"
-        wait_for(
-            "the router",
-            lambda: (
-                urllib.request.urlopen(f"{base}/health", timeout=1).status == 200
-                if router.poll() is None
-                else False
-            ),
-        )
+
+        def healthy() -> bool:
+            assert router.poll() is None, "the router exited"
+            try:
+                with urllib.request.urlopen(f"{base}/health", timeout=1) as resp:
+                    return bool(resp.status == 200)
+            except OSError:
+                return False
+
+        wait_for("the router", healthy)
         prom.set_targets([{"targets": [f"127.0.0.1:{port}"], "labels": {"namespace": namespace}}])
         # The stage's own signal says "idle" (promql 0): it goes to zero and stays there
         # until the router reports demand.
