@@ -67,7 +67,7 @@ class Orchestrator:
         # Polls lag by up to a second: look again before anything else.
         await self.pool.refresh(stage)
         replica = self.pool.pick(stage, self.max_load)
-        if replica is not None or self.pool.has_replicas(stage) or self.wake_wait <= 0:
+        if replica is not None or self.pool.stage_ready(stage) or self.wake_wait <= 0:
             return replica
         gauge = self.metrics.pending.labels(self.pipeline.name, stage)
         gauge.inc()
@@ -90,7 +90,7 @@ class Orchestrator:
             if replica is None:
                 replica = await self._wait_for_replica(stage.name)
             if replica is None:
-                if self.pool.has_replicas(stage.name):
+                if self.pool.stage_ready(stage.name):
                     raise Overloaded(
                         f"every {stage.name} replica is at capacity; retry later", retry_after=1
                     )

@@ -104,12 +104,7 @@ class ReplicaPool:
         await asyncio.gather(*(self._poll_one(r) for r in self._replicas[stage].values()))
 
     def stage_ready(self, stage: str) -> bool:
-        return any(r.ready for r in self._replicas[stage].values())
-
-    def ready(self) -> bool:
-        return all(self.stage_ready(s) for s in self._replicas)
-
-    def has_replicas(self, stage: str) -> bool:
+        """At least one replica of the stage is ready (it may still be full)."""
         return any(r.ready for r in self._replicas[stage].values())
 
     def pick(self, stage: str, max_load: int) -> Replica | None:
