@@ -135,18 +135,31 @@ def test_curl_sees_openai_shaped_errors(served: Served) -> None:
 
 
 def test_both_denoise_replicas_get_work(served: Served) -> None:
-    c = client(served)
-    before = {
-        w: served.metric(w, "omnipipe_stage_request_duration_seconds_count")
-        for w in ("denoise-0", "denoise-1")
+    """Concurrent requests spread over both replicas: the router counts what it has
+    dispatched, so the least-loaded choice is not left to chance."""
+    replicas = ("denoise-0", "denoise-1")
+    count = "omnipipe_stage_request_duration_seconds_count"
+    before = {w: served.metric(w, count) for w in replicas}
+
+    def one(i: int) -> None:
+        client(served).images.generate(
+            model="tiny-image", prompt=f"p{i}", size="32x32", extra_body=FAST
+        )
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    after = {w: served.metric(w, count) for w in replicas}
+    load = {
+        w: (
+            served.metric(w, "omnipipe_stage_requests_running"),
+            served.metric(w, "omnipipe_stage_requests_waiting"),
+        )
+        for w in replicas
     }
-    for i in range(8):
-        c.images.generate(model="tiny-image", prompt=f"p{i}", size="32x32", extra_body=FAST)
-    after = {
-        w: served.metric(w, "omnipipe_stage_request_duration_seconds_count")
-        for w in ("denoise-0", "denoise-1")
-    }
-    assert all(after[w] > before[w] for w in after), (before, after)
+    assert all(after[w] > before[w] for w in replicas), (before, after, load)
 
 
 def test_worker_metrics_are_labelled(served: Served) -> None:

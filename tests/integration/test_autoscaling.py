@@ -167,7 +167,8 @@ def test_scales_up_under_load_and_down_after_the_window(
     # e.g. "stage denoise: 1 -> 3 replicas (ScaleUp): signal 4 total, target 1: ..."
     ups = re.findall(r"\(ScaleUp\): signal ([0-9.]+) total", events)
     assert ups, events
-    assert float(ups[0]) > 1
+    # Above target x (1 + tolerance) for the one ready replica: 0.5 x 1.1.
+    assert float(ups[0]) > 0.55
     wait_for(
         "scale-down to the minimum", lambda: replicas(cluster, namespace, "scaled") == 1, timeout=90
     )
@@ -239,52 +240,54 @@ def test_wobble_inside_tolerance_changes_nothing(
 
 
 def test_prometheus_down_holds_replicas_and_sets_the_condition(
-    cluster: Cluster, operator: Operator, namespace: str, prom: Prometheus
+    cluster: Cluster, operator: Operator, namespace: str, tmp_path: Path
 ) -> None:
-    cluster.kubectl(
-        "apply",
-        "-n",
-        namespace,
-        "-f",
-        "-",
-        input=pipeline(
-            "held",
-            prom,
-            {
-                "minReplicas": 1,
-                "maxReplicas": 6,
-                "metric": "promql",
-                "query": "vector(5)",
-                "target": 1,
-            },
-        ),
-    )
-    wait_for(
-        "scaling to 5",
-        lambda: (
-            cluster.kubectl(
-                "get", "deployment", "held-denoise", "-n", namespace, check=False
-            ).returncode
-            == 0
-            and replicas(cluster, namespace, "held") == 5
-        ),
-        timeout=60,
-    )
-    prom.stop()
-    wait_for(
-        "ScalingActive=False",
-        lambda: condition(cluster, namespace, "held", "ScalingActive").get("status") == "False",
-        timeout=30,
-    )
-    cond = condition(cluster, namespace, "held", "ScalingActive")
-    assert cond["reason"] == "PrometheusUnavailable"
-    assert "unreachable" in cond["message"]
-    time.sleep(3)
-    assert replicas(cluster, namespace, "held") == 5
-    warnings = cluster.kubectl(
-        "get", "events", "-n", namespace, "--field-selector", "reason=ScalingHeld"
-    ).stdout
-    assert "PrometheusUnavailable" in warnings
+    # Its own Prometheus: stopping the module's would break the tests after this one.
+    with prometheus(tmp_path / "prom") as prom:
+        cluster.kubectl(
+            "apply",
+            "-n",
+            namespace,
+            "-f",
+            "-",
+            input=pipeline(
+                "held",
+                prom,
+                {
+                    "minReplicas": 1,
+                    "maxReplicas": 6,
+                    "metric": "promql",
+                    "query": "vector(5)",
+                    "target": 1,
+                },
+            ),
+        )
+        wait_for(
+            "scaling to 5",
+            lambda: (
+                cluster.kubectl(
+                    "get", "deployment", "held-denoise", "-n", namespace, check=False
+                ).returncode
+                == 0
+                and replicas(cluster, namespace, "held") == 5
+            ),
+            timeout=60,
+        )
+        prom.stop()
+        wait_for(
+            "ScalingActive=False",
+            lambda: condition(cluster, namespace, "held", "ScalingActive").get("status") == "False",
+            timeout=30,
+        )
+        cond = condition(cluster, namespace, "held", "ScalingActive")
+        assert cond["reason"] == "PrometheusUnavailable"
+        assert "unreachable" in cond["message"]
+        time.sleep(3)
+        assert replicas(cluster, namespace, "held") == 5
+        warnings = cluster.kubectl(
+            "get", "events", "-n", namespace, "--field-selector", "reason=ScalingHeld"
+        ).stdout
+        assert "PrometheusUnavailable" in warnings
 
 
 def test_scale_to_zero_and_wake_on_router_demand(
