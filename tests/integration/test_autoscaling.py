@@ -73,6 +73,20 @@ def condition(cluster: Cluster, namespace: str, name: str, kind: str) -> dict[st
     return next((c for c in status.get("conditions", []) if c["type"] == kind), {})
 
 
+def scaled_events(cluster: Cluster, namespace: str) -> str:
+    """The messages of the autoscaler's Scaled events in a namespace."""
+    return cluster.kubectl(
+        "get",
+        "events",
+        "-n",
+        namespace,
+        "--field-selector",
+        "reason=Scaled",
+        "-o",
+        "jsonpath={.items[*].message}",
+    ).stdout
+
+
 class Load:
     """Concurrent image requests against the local workers until stopped."""
 
@@ -154,16 +168,7 @@ def test_scales_up_under_load_and_down_after_the_window(
     assert st["metric"] == "inflight"
     assert "metricValue" in st
     assert st["lastScaleTime"]
-    events = cluster.kubectl(
-        "get",
-        "events",
-        "-n",
-        namespace,
-        "--field-selector",
-        "reason=Scaled",
-        "-o",
-        "jsonpath={.items[*].message}",
-    ).stdout
+    events = scaled_events(cluster, namespace)
     # e.g. "stage denoise: 1 -> 3 replicas (ScaleUp): signal 4 total, target 1: ..."
     ups = re.findall(r"\(ScaleUp\): signal ([0-9.]+) total", events)
     assert ups, events
@@ -413,19 +418,7 @@ def test_scale_to_zero_and_wake_on_router_demand(
             t.start()
             wait_for(
                 "a wake-up",
-                lambda: (
-                    "(WakeOnDemand)"
-                    in cluster.kubectl(
-                        "get",
-                        "events",
-                        "-n",
-                        namespace,
-                        "--field-selector",
-                        "reason=Scaled",
-                        "-o",
-                        "jsonpath={.items[*].message}",
-                    ).stdout
-                ),
+                lambda: "(WakeOnDemand)" in scaled_events(cluster, namespace),
                 timeout=30,
             )
             t.join(timeout=60)
