@@ -237,6 +237,19 @@ def _wait_http(
     raise RuntimeError(f"{what} not ready at {url}:\n{cluster.log_tail(what)}")
 
 
+def _component_flags(kubeconfig: Path) -> list[str]:
+    """What kube-controller-manager and kube-scheduler share: admin credentials, no
+    leader election, and their secure port on loopback."""
+    return [
+        f"--kubeconfig={kubeconfig}",
+        f"--authentication-kubeconfig={kubeconfig}",
+        f"--authorization-kubeconfig={kubeconfig}",
+        "--leader-elect=false",
+        "--bind-address=127.0.0.1",
+        f"--secure-port={free_port()}",
+    ]
+
+
 @contextlib.contextmanager
 def control_plane(workdir: Path, *, with_pods: bool = False) -> Iterator[Cluster]:
     """etcd + kube-apiserver + kube-controller-manager; with_pods adds kube-scheduler and
@@ -321,12 +334,7 @@ def control_plane(workdir: Path, *, with_pods: bool = False) -> Iterator[Cluster
             "kube-controller-manager",
             [
                 str(bin_dir / "kube-controller-manager"),
-                f"--kubeconfig={admin}",
-                f"--authentication-kubeconfig={admin}",
-                f"--authorization-kubeconfig={admin}",
-                "--leader-elect=false",
-                "--bind-address=127.0.0.1",
-                f"--secure-port={free_port()}",
+                *_component_flags(admin),
                 f"--service-account-private-key-file={workdir / 'sa.key'}",
                 f"--root-ca-file={workdir / 'ca.crt'}",
                 "--use-service-account-credentials=false",
@@ -348,12 +356,7 @@ def control_plane(workdir: Path, *, with_pods: bool = False) -> Iterator[Cluster
                 "kube-scheduler",
                 [
                     str(bin_dir / "kube-scheduler"),
-                    f"--kubeconfig={admin}",
-                    f"--authentication-kubeconfig={admin}",
-                    f"--authorization-kubeconfig={admin}",
-                    "--leader-elect=false",
-                    "--bind-address=127.0.0.1",
-                    f"--secure-port={free_port()}",
+                    *_component_flags(admin),
                 ],
             )
             cluster.start(

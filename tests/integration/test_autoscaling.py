@@ -55,10 +55,19 @@ def pipeline(name: str, prom: Prometheus, autoscaling: dict[str, Any]) -> str:
     )
 
 
-def replicas(cluster: Cluster, namespace: str, name: str) -> int:
-    return int(
-        get_json(cluster, "deployment", f"{name}-denoise", "-n", namespace)["spec"]["replicas"]
+def replicas(cluster: Cluster, namespace: str, name: str, stage: str = "denoise") -> int | None:
+    """The stage Deployment's spec.replicas; None while the operator has not created it."""
+    proc = cluster.kubectl(
+        "get",
+        "deployment",
+        f"{name}-{stage}",
+        "-n",
+        namespace,
+        "-o",
+        "jsonpath={.spec.replicas}",
+        check=False,
     )
+    return int(proc.stdout) if proc.returncode == 0 and proc.stdout else None
 
 
 def stage_status(
@@ -145,12 +154,7 @@ def test_scales_up_under_load_and_down_after_the_window(
     )
     wait_for(
         "the denoise Deployment",
-        lambda: (
-            cluster.kubectl(
-                "get", "deployment", "scaled-denoise", "-n", namespace, check=False
-            ).returncode
-            == 0
-        ),
+        lambda: replicas(cluster, namespace, "scaled") is not None,
     )
     wait_for(
         "fresh idle data",
@@ -163,7 +167,7 @@ def test_scales_up_under_load_and_down_after_the_window(
     assert replicas(cluster, namespace, "scaled") == 1
 
     with Load(workers, concurrency=4) as load:
-        wait_for("scale-up", lambda: replicas(cluster, namespace, "scaled") >= 3, timeout=60)
+        wait_for("scale-up", lambda: (replicas(cluster, namespace, "scaled") or 0) >= 3, timeout=60)
     st = stage_status(cluster, namespace, "scaled")
     assert st["metric"] == "inflight"
     assert "metricValue" in st
@@ -216,13 +220,7 @@ def test_wobble_inside_tolerance_changes_nothing(
     )
     wait_for(
         "the minimum of 2",
-        lambda: (
-            cluster.kubectl(
-                "get", "deployment", "wobble-denoise", "-n", namespace, check=False
-            ).returncode
-            == 0
-            and replicas(cluster, namespace, "wobble") == 2
-        ),
+        lambda: replicas(cluster, namespace, "wobble") == 2,
         timeout=60,
     )
     wait_for(
@@ -269,13 +267,7 @@ def test_prometheus_down_holds_replicas_and_sets_the_condition(
         )
         wait_for(
             "scaling to 5",
-            lambda: (
-                cluster.kubectl(
-                    "get", "deployment", "held-denoise", "-n", namespace, check=False
-                ).returncode
-                == 0
-                and replicas(cluster, namespace, "held") == 5
-            ),
+            lambda: replicas(cluster, namespace, "held") == 5,
             timeout=60,
         )
         prom.stop()
@@ -382,20 +374,11 @@ def test_scale_to_zero_and_wake_on_router_demand(
             ),
         )
 
-        def encode_replicas() -> int:
-            out = cluster.kubectl(
-                "get",
-                "deployment",
-                "sleepy-encode",
-                "-n",
-                namespace,
-                "-o",
-                "jsonpath={.spec.replicas}",
-                check=False,
-            ).stdout
-            return int(out or -1)
-
-        wait_for("scale to zero", lambda: encode_replicas() == 0, timeout=60)
+        wait_for(
+            "scale to zero",
+            lambda: replicas(cluster, namespace, "sleepy", "encode") == 0,
+            timeout=60,
+        )
         wait_for(
             "ScaledToZero",
             lambda: (
