@@ -22,7 +22,7 @@ from omnipipe.operator.autoscaler.policy import (
     Recommendation,
     decide,
 )
-from omnipipe.operator.autoscaler.queries import signal_queries
+from omnipipe.operator.autoscaler.queries import SignalQueries, signal_queries
 from omnipipe.operator.autoscaler.source import PrometheusSource
 from omnipipe.operator.k8s import Kube, utc_now
 from omnipipe.operator.metrics import OperatorMetrics
@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 History = MutableMapping[str, tuple[Recommendation, ...]]
 
 
-async def _observe(prom: PrometheusSource, url: str, queries: Any) -> Observation:
+async def _observe(prom: PrometheusSource, url: str, queries: SignalQueries) -> Observation:
     value = await prom.query(url, queries.value)
     if value.error:
         return Observation(None, None, None, value.error, value.error_reason)
@@ -86,8 +86,9 @@ async def autoscale(
             continue
         observed = ObservedDeployment.from_manifest(deployments[name])
         scaling = stage.autoscaling
+        queries = signal_queries(pipeline.namespace, pipeline.name, stage.name, scaling)
         policy = Policy(
-            kind=signal_queries(pipeline.namespace, pipeline.name, stage.name, scaling).kind,
+            kind=queries.kind,
             target=stage.target,
             min_replicas=scaling.min_replicas,
             max_replicas=scaling.max_replicas,
@@ -96,7 +97,6 @@ async def autoscale(
             up_window=scaling.scale_up_stabilization_seconds,
             down_window=scaling.scale_down_stabilization_seconds,
         )
-        queries = signal_queries(pipeline.namespace, pipeline.name, stage.name, scaling)
         seen = await _observe(prom, url, queries)
         decision: Decision = decide(
             policy,

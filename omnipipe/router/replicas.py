@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import httpx
@@ -67,11 +68,11 @@ class ReplicaPool:
                 await task
 
     @staticmethod
-    async def _every(seconds: float, action: object) -> None:
+    async def _every(seconds: float, action: Callable[[], Awaitable[None]]) -> None:
         while True:
             await asyncio.sleep(seconds)
             try:
-                await action()  # type: ignore[operator]
+                await action()
             except Exception:
                 log.exception("replica refresh failed")
 
