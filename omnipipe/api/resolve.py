@@ -48,6 +48,7 @@ class ResolvedStage(ResolvedModel):
     memory: str | None
     gpus: int
     engine_args: dict[str, Any]
+    sampling: dict[str, Any]
     env: tuple[EnvVar, ...]
     node_selector: dict[str, str]
     tolerations: tuple[Toleration, ...]
@@ -130,6 +131,7 @@ def _resolve_stage(model: str, default: StageDefaults | None, user: Stage) -> Re
         replicas=replicas,
         cpu=_quantity(res.cpu if res else None),
         memory=_quantity(res.memory if res else None),
+        sampling=user.sampling.model_dump(exclude_none=True) if user.sampling else {},
         env=tuple(user.env or ()),
         node_selector=dict(user.node_selector or {}),
         tolerations=tuple(user.tolerations or ()),

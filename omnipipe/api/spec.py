@@ -149,6 +149,24 @@ class Autoscaling(SpecModel):
         return self
 
 
+class Sampling(SpecModel):
+    """Default sampling parameters of an autoregressive stage (thinker, talker). A request
+    may override them per stage with sampling_params_list."""
+
+    temperature: Annotated[float, Field(ge=0, le=2)] | None = None
+    """Softmax temperature; 0 means greedy decoding."""
+    top_p: Annotated[float, Field(gt=0, le=1)] | None = None
+    """Nucleus sampling: keep the smallest token set whose probability reaches top_p."""
+    top_k: Annotated[int, Field(ge=0, le=100000)] | None = None
+    """Keep only the top_k most likely tokens; 0 disables the cut."""
+    max_tokens: Annotated[int, Field(ge=1, le=65536)] | None = None
+    """Most tokens the stage generates for one request."""
+    repetition_penalty: Annotated[float, Field(gt=0, le=10)] | None = None
+    """Penalty applied to tokens already generated; 1 disables it."""
+    seed: Annotated[int, Field(ge=0, lt=2**63)] | None = None
+    """Seed of the stage's sampler, for reproducible output."""
+
+
 class Stage(SpecModel):
     """One stage of the pipeline. For a known pipeline type, an entry whose name matches a
     default stage overrides only the fields it sets; other entries add stages."""
@@ -169,6 +187,8 @@ class Stage(SpecModel):
     """CPU, memory and GPUs per replica."""
     engine_args: dict[str, Any] | None = None
     """Free-form arguments passed to the engine (e.g. vLLM's max_model_len)."""
+    sampling: Sampling | None = None
+    """Default sampling parameters of this stage; requests may override them."""
     env: Annotated[list[EnvVar], Field(max_length=64)] | None = None
     """Extra environment variables of the stage's container."""
     node_selector: dict[str, str] | None = None

@@ -8,6 +8,8 @@ import contextlib
 import json
 import logging
 import uuid
+from collections.abc import AsyncIterator, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -37,6 +39,19 @@ def _error_for(stage: str, event: StageEvent) -> OpenAIError:
     if event.code == "timeout":
         return GatewayTimeout(event.message, code=event.code)
     return StageFailed(f"stage {stage} failed: {event.message}", code=event.code or None)
+
+
+@dataclass(frozen=True)
+class Output:
+    """One user-visible result event of a request: which stage made it, and what."""
+
+    stage: str
+    data: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class _StageDone:
+    stage: str
 
 
 class Orchestrator:
@@ -83,9 +98,17 @@ class Orchestrator:
         finally:
             gauge.dec()
 
-    async def _choose(self) -> dict[str, Replica]:
+    def needed(self, emitters: Iterable[str]) -> list[str]:
+        """The emitting stages and everything upstream of them, in pipeline order."""
+        wanted = set(emitters)
+        for stage in reversed(self.pipeline.stages):
+            if stage.name in wanted:
+                wanted.update(stage.inputs)
+        return [s.name for s in self.pipeline.stages if s.name in wanted]
+
+    async def _choose(self, stages: list[str]) -> dict[str, Replica]:
         chosen: dict[str, Replica] = {}
-        for stage in self.pipeline.stages:
+        for stage in (self.pipeline.stage(name) for name in stages):
             replica = self.pool.pick(stage.name, self.max_load)
             if replica is None:
                 replica = await self._wait_for_replica(stage.name)
@@ -101,10 +124,13 @@ class Orchestrator:
             chosen[stage.name] = replica
         return chosen
 
-    async def _stream(
-        self, stage: str, replica: Replica, submit: SubmitRequest
-    ) -> list[dict[str, Any]]:
-        results: list[dict[str, Any]] = []
+    async def _events(
+        self,
+        stage: str,
+        replica: Replica,
+        submit: SubmitRequest,
+        sink: asyncio.Queue[Output | _StageDone],
+    ) -> None:
         try:
             async with self.client.stream(
                 "POST",
@@ -121,11 +147,12 @@ class Orchestrator:
                         continue
                     event = StageEvent.model_validate(json.loads(line))
                     if event.type == "result":
-                        results.append(event.data)
+                        await sink.put(Output(stage, event.data))
                     elif event.type == "error":
                         raise _error_for(stage, event)
                     else:
-                        return results
+                        await sink.put(_StageDone(stage))
+                        return
         except httpx.HTTPError as exc:
             self.pool.mark_down(replica)
             raise StageUnavailable(f"stage {stage} replica {replica.url} failed: {exc!r}") from exc
@@ -141,47 +168,71 @@ class Orchestrator:
 
         await asyncio.gather(*(one(r) for r in chosen.values()))
 
-    async def run(self, params: dict[str, Any]) -> list[dict[str, Any]]:
-        """The user-visible outputs of the pipeline's output stages, in order."""
+    async def stream(
+        self, params: dict[str, dict[str, Any]], emitters: set[str]
+    ) -> AsyncIterator[Output]:
+        """Run the emitters and their upstream stages; yield the emitters' results as
+        they arrive. Closing the iterator early (a client gone) cancels every stage."""
+        stages = self.needed(emitters)
         request_id = uuid.uuid4().hex
-        chosen = await self._choose()
-        emitters = set(self.pipeline.outputs)
-        tasks: dict[str, asyncio.Task[list[dict[str, Any]]]] = {}
+        chosen = await self._choose(stages)
+        sink: asyncio.Queue[Output | _StageDone] = asyncio.Queue()
+        tasks: list[asyncio.Task[None]] = []
+        getter: asyncio.Future[Output | _StageDone] | None = None
+        finished = False
         for replica in chosen.values():
             replica.dispatched += 1
         try:
-            for stage in self.pipeline.stages:
+            for name in stages:
+                stage = self.pipeline.stage(name)
                 outputs = [
                     Destination(stage=d, address=str(chosen[d].transfer_address))
-                    for d in self._consumers[stage.name]
+                    for d in self._consumers[name]
+                    if d in chosen
                 ]
                 submit = SubmitRequest(
                     request_id=request_id,
-                    params=params,
+                    params=params.get(name, {}),
                     inputs=list(stage.inputs),
                     outputs=outputs,
-                    emit=stage.name in emitters,
+                    emit=name in emitters,
                     timeout_seconds=self.timeout,
                 )
-                tasks[stage.name] = asyncio.create_task(
-                    self._stream(stage.name, chosen[stage.name], submit)
-                )
-            try:
-                async with asyncio.timeout(self.timeout):
-                    done, _ = await asyncio.wait(
-                        tasks.values(), return_when=asyncio.FIRST_EXCEPTION
-                    )
-            except TimeoutError:
-                raise GatewayTimeout(f"request took longer than {self.timeout:g}s") from None
-            for task in done:
-                if task.exception() is not None:
-                    raise task.exception()  # type: ignore[misc]
-            return [r for name in self.pipeline.outputs for r in tasks[name].result()]
-        except BaseException:
-            for task in tasks.values():
-                task.cancel()
-            await asyncio.shield(self._cancel(request_id, chosen))
-            raise
+                tasks.append(asyncio.create_task(self._events(name, chosen[name], submit, sink)))
+            remaining = len(tasks)
+            async with asyncio.timeout(self.timeout):
+                while remaining:
+                    getter = getter or asyncio.ensure_future(sink.get())
+                    running = {t for t in tasks if not t.done()}
+                    await asyncio.wait({getter, *running}, return_when=asyncio.FIRST_COMPLETED)
+                    for task in tasks:
+                        if task.done() and task.exception() is not None:
+                            raise task.exception()  # type: ignore[misc]
+                    if getter.done():
+                        item, getter = getter.result(), None
+                        if isinstance(item, _StageDone):
+                            remaining -= 1
+                        else:
+                            yield item
+            finished = True
+        except TimeoutError:
+            raise GatewayTimeout(f"request took longer than {self.timeout:g}s") from None
         finally:
+            for task in tasks:
+                task.cancel()
+            if getter is not None:
+                getter.cancel()
+            if not finished:
+                await asyncio.shield(self._cancel(request_id, chosen))
             for replica in chosen.values():
                 replica.dispatched -= 1
+
+    async def run(self, params: dict[str, Any]) -> list[dict[str, Any]]:
+        """Every stage with the same parameters; the output stages' results, in order."""
+        emitters = set(self.pipeline.outputs)
+        results: dict[str, list[dict[str, Any]]] = {name: [] for name in emitters}
+        per_stage = {s.name: params for s in self.pipeline.stages}
+        async with contextlib.aclosing(self.stream(per_stage, emitters)) as outputs:
+            async for output in outputs:
+                results[output.stage].append(output.data)
+        return [r for name in self.pipeline.outputs for r in results[name]]

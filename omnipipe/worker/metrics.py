@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+RTF_BUCKETS = (0.05, 0.1, 0.25, 0.5, 0.75, 1, 1.5, 2, 5, 10)
 
 
 @dataclass
@@ -18,6 +19,8 @@ class WorkerMetrics:
     transfer_bytes: Counter
     transfer_seconds: Histogram
     queue_wait: Histogram
+    first_audio: Histogram
+    real_time_factor: Histogram
 
     @classmethod
     def create(cls, pipeline: str, stage: str) -> WorkerMetrics:
@@ -61,12 +64,29 @@ class WorkerMetrics:
                 registry=registry,
                 buckets=LATENCY_BUCKETS,
             ),
+            first_audio=Histogram(
+                "omnipipe_stage_time_to_first_audio_seconds",
+                "Time from submission to the stage's first chunk of audio (codes or samples).",
+                labels,
+                registry=registry,
+                buckets=LATENCY_BUCKETS,
+            ),
+            real_time_factor=Histogram(
+                "omnipipe_stage_real_time_factor",
+                "Engine seconds spent per second of audio produced, per request (<1 is "
+                "faster than real time).",
+                labels,
+                registry=registry,
+                buckets=RTF_BUCKETS,
+            ),
         )
         m._labels = (pipeline, stage)
         # Export every series from the start: an idle worker must read as 0, not absent.
         m.set_load(0, 0)
         m.duration.labels(pipeline, stage)
         m.queue_wait.labels(pipeline, stage)
+        m.first_audio.labels(pipeline, stage)
+        m.real_time_factor.labels(pipeline, stage)
         return m
 
     _labels: tuple[str, str] = ("", "")
@@ -84,3 +104,9 @@ class WorkerMetrics:
 
     def observe_duration(self, seconds: float) -> None:
         self.duration.labels(*self._labels).observe(seconds)
+
+    def observe_first_audio(self, seconds: float) -> None:
+        self.first_audio.labels(*self._labels).observe(seconds)
+
+    def observe_real_time_factor(self, ratio: float) -> None:
+        self.real_time_factor.labels(*self._labels).observe(ratio)

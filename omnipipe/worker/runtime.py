@@ -16,13 +16,45 @@ from dataclasses import dataclass, field
 from omnipipe.api.wire import StageEvent, SubmitRequest
 from omnipipe.transfer import Mailbox, Message, Sender
 from omnipipe.worker.metrics import WorkerMetrics
-from omnipipe.worker.stages.base import Stage, StageInputError, StageJob, StageResult, Tensors
+from omnipipe.worker.stages.base import (
+    Chunk,
+    Session,
+    Stage,
+    StageInputError,
+    StageJob,
+    StageResult,
+    StepResult,
+    StreamingStage,
+    Tensors,
+)
 
 log = logging.getLogger(__name__)
 
 
 class DuplicateRequest(Exception):
     pass
+
+
+@dataclass
+class Inbox:
+    """Chunks that arrived for a streaming request and were not yet handed to it."""
+
+    chunks: list[Chunk] = field(default_factory=list)
+    arrived: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def take(self) -> list[Chunk]:
+        chunks, self.chunks = self.chunks, []
+        self.arrived.clear()
+        return chunks
+
+
+@dataclass
+class AudioClock:
+    """Per request: when audio first appeared, how much, and the engine time it took."""
+
+    first: float | None = None
+    audio_seconds: float = 0.0
+    engine_seconds: float = 0.0
 
 
 @dataclass
@@ -130,10 +162,97 @@ class StageRuntime:
                 pending.discard(message.source)
         return inputs
 
+    async def _feed(self, request: SubmitRequest, inbox: Inbox) -> None:
+        pending = set(request.inputs)
+        while pending:
+            message = await self.mailbox.get(request.request_id)
+            if message.source not in pending:
+                log.warning(
+                    "request %s: unexpected input from %s", request.request_id, message.source
+                )
+                continue
+            inbox.chunks.append(Chunk(message.source, message.tensors, message.final))
+            inbox.arrived.set()
+            if message.final:
+                pending.discard(message.source)
+
+    def _account(self, job: Job, clock: AudioClock, step: StepResult, seconds: float) -> None:
+        clock.engine_seconds += seconds
+        if step.audio_seconds > 0:
+            if clock.first is None:
+                clock.first = time.monotonic()
+                self.metrics.observe_first_audio(clock.first - job.submitted)
+            clock.audio_seconds += step.audio_seconds
+        if step.done and clock.audio_seconds > 0:
+            self.metrics.observe_real_time_factor(clock.engine_seconds / clock.audio_seconds)
+
+    async def _stream(self, job: Job, stage: StreamingStage) -> None:
+        """Open a session, then alternate: step it on the engine thread (the executor's
+        FIFO interleaves all open sessions), hand its chunk on, wait for input if starved."""
+        request = job.request
+        loop = asyncio.get_running_loop()
+        job.stage_job = StageJob(request.params, {})
+        job.queued = time.monotonic()
+        session: Session = await loop.run_in_executor(self._engine, stage.open, job.stage_job)
+        job.running = True
+        self.metrics.observe_queue_wait(time.monotonic() - job.queued)
+        self._update_load()
+        inbox = Inbox()
+        feeder = asyncio.create_task(self._feed(request, inbox))
+        clock = AudioClock()
+        chunk_index = event_index = 0
+        try:
+            while True:
+                started = time.monotonic()
+                step = await loop.run_in_executor(self._engine, session.step, inbox.take())
+                if step is None:
+                    if inbox.chunks:
+                        continue
+                    if feeder.done():
+                        feeder.result()  # re-raises a failed feed
+                        raise RuntimeError(f"{self.stage_name} wants input after its inputs ended")
+                    arrived = asyncio.ensure_future(inbox.arrived.wait())
+                    try:
+                        await asyncio.wait({feeder, arrived}, return_when=asyncio.FIRST_COMPLETED)
+                    finally:
+                        arrived.cancel()
+                    continue
+                self._account(job, clock, step, time.monotonic() - started)
+                if step.tensors or step.done:
+                    for dest in request.outputs:
+                        await self.sender.send(
+                            dest.address,
+                            Message(
+                                request.request_id,
+                                self.stage_name,
+                                step.tensors,
+                                chunk=chunk_index,
+                                final=step.done,
+                            ),
+                        )
+                    chunk_index += 1
+                if request.emit:
+                    for output in step.outputs:
+                        await job.events.put(
+                            StageEvent(type="result", index=event_index, data=output)
+                        )
+                        event_index += 1
+                if step.done:
+                    return
+        finally:
+            feeder.cancel()
+            # Runs after any step still on the engine thread, never beside it.
+            self._engine.submit(session.close)
+
     async def _drive(self, job: Job) -> None:
         request = job.request
         try:
             async with asyncio.timeout(request.timeout_seconds):
+                if isinstance(self.stage, StreamingStage):
+                    await self._stream(job, self.stage)
+                    await job.events.put(StageEvent(type="done"))
+                    self.metrics.observe_duration(time.monotonic() - job.submitted)
+                    return
                 inputs = await self._collect_inputs(request)
                 job.stage_job = StageJob(request.params, inputs)
                 job.result = asyncio.get_running_loop().create_future()

@@ -93,7 +93,16 @@ def _build_qwen_image(target: Path) -> None:
     cast(Any, pipe).save_pretrained(str(target))
 
 
-BUILDERS: dict[str, Callable[[Path], None]] = {"qwen-image": _build_qwen_image}
+def _build_qwen25_omni(target: Path) -> None:
+    from omnipipe.worker.models.tiny_omni import build_qwen25_omni
+
+    build_qwen25_omni(target)
+
+
+BUILDERS: dict[str, Callable[[Path], None]] = {
+    "qwen-image": _build_qwen_image,
+    "qwen2.5-omni": _build_qwen25_omni,
+}
 
 
 def resolve_model_path(model: str, cache_dir: Path | None = None) -> str:

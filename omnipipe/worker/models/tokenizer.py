@@ -40,16 +40,23 @@ def _byte_chars() -> list[str]:
     return chars
 
 
-def save_byte_tokenizer(directory: Path) -> Qwen2Tokenizer:
+def save_byte_tokenizer(
+    directory: Path,
+    special_tokens: tuple[str, ...] = SPECIAL_TOKENS,
+    named_tokens: dict[str, str] | None = None,
+) -> Qwen2Tokenizer:
+    """special_tokens[0] is the pad/unk token; named_tokens become attributes such as
+    tokenizer.image_token, which multimodal processors read."""
     directory.mkdir(parents=True, exist_ok=True)
     tokenizer = Qwen2Tokenizer(
         vocab={ch: i for i, ch in enumerate(_byte_chars())},
         merges=[],
-        unk_token="<|endoftext|>",
+        unk_token=special_tokens[0],
         bos_token=None,
         eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        additional_special_tokens=list(SPECIAL_TOKENS[1:]),
+        pad_token=special_tokens[0],
+        additional_special_tokens=list(special_tokens[1:]),
+        extra_special_tokens=named_tokens or {},
     )
     tokenizer.save_pretrained(str(directory))
     return tokenizer

@@ -6,7 +6,16 @@ from omnipipe.api import ResolvedStage
 from omnipipe.api.spec import Role
 from omnipipe.worker.stages.base import Stage
 
-IMPLEMENTED_ROLES = frozenset({Role.TEXT_ENCODER, Role.DENOISER, Role.VAE_DECODER})
+IMPLEMENTED_ROLES = frozenset(
+    {
+        Role.TEXT_ENCODER,
+        Role.DENOISER,
+        Role.VAE_DECODER,
+        Role.THINKER,
+        Role.TALKER,
+        Role.CODE2WAV,
+    }
+)
 
 
 def unimplemented_stages(stages: list[ResolvedStage]) -> list[str]:
@@ -15,12 +24,15 @@ def unimplemented_stages(stages: list[ResolvedStage]) -> list[str]:
 
 
 def stage_class(spec: ResolvedStage) -> type[Stage]:
-    from omnipipe.worker.stages import qwen_image
+    from omnipipe.worker.stages import qwen_image, qwen_omni
 
     classes: dict[Role, type[Stage]] = {
         Role.TEXT_ENCODER: qwen_image.TextEncodeStage,
         Role.DENOISER: qwen_image.DenoiseStage,
         Role.VAE_DECODER: qwen_image.DecodeStage,
+        Role.THINKER: qwen_omni.ThinkerStage,
+        Role.TALKER: qwen_omni.TalkerStage,
+        Role.CODE2WAV: qwen_omni.Code2WavStage,
     }
     if spec.role not in classes:
         raise NotImplementedError(f"stage role {spec.role} is not implemented by this worker yet")

@@ -53,3 +53,44 @@ class Stage(ABC):
 
     def run_batch(self, jobs: Sequence[StageJob]) -> list[StageResult]:
         return [self.run(job) for job in jobs]
+
+
+@dataclass
+class Chunk:
+    """Part of one upstream stage's output, in the order it was sent."""
+
+    source: str
+    tensors: Tensors
+    final: bool
+
+
+@dataclass
+class StepResult:
+    tensors: Tensors = field(default_factory=dict)  # sent downstream as the next chunk
+    outputs: list[dict[str, Any]] = field(default_factory=list)  # streamed to the router
+    done: bool = False
+    audio_seconds: float = 0.0  # audio this step produced, for TTFA and real-time factor
+
+
+class Session(ABC):
+    """One request inside a streaming stage. Only the engine thread touches it."""
+
+    @abstractmethod
+    def step(self, chunks: Sequence[Chunk]) -> StepResult | None:
+        """Advance by one unit of work, given the chunks that arrived since the last call.
+        None means nothing can be done until more input arrives."""
+
+    def close(self) -> None:
+        """Free what the request holds (KV cache); called once, also on cancel."""
+
+
+class StreamingStage(Stage):
+    """A stage that starts on its inputs' first chunks and emits chunks as it goes. The
+    worker interleaves the steps of all open sessions on its engine thread, so one slow
+    or starved request does not hold the others."""
+
+    @abstractmethod
+    def open(self, job: StageJob) -> Session: ...
+
+    def run(self, job: StageJob) -> StageResult:
+        raise TypeError(f"{type(self).__name__} streams: use open()")

@@ -1,0 +1,73 @@
+"""Decode the images and audio clips of a chat request; bad bytes are the client's error."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+import wave
+
+import numpy as np
+from PIL import Image, UnidentifiedImageError
+
+from omnipipe.worker.stages.base import StageInputError
+
+MAX_AUDIO_SECONDS = 300
+MAX_IMAGE_PIXELS = 64_000_000
+
+
+def _bytes(data: object, where: str) -> bytes:
+    if not isinstance(data, str) or not data:
+        raise StageInputError(f"{where}: expected base64 data")
+    try:
+        return base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError):
+        raise StageInputError(f"{where}: not valid base64") from None
+
+
+def decode_image(data: object, where: str) -> Image.Image:
+    raw = _bytes(data, where)
+    try:
+        with Image.open(io.BytesIO(raw)) as image:
+            if image.width * image.height > MAX_IMAGE_PIXELS:
+                raise StageInputError(f"{where}: image larger than {MAX_IMAGE_PIXELS} pixels")
+            return image.convert("RGB")
+    except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError):
+        raise StageInputError(f"{where}: not a decodable image (PNG, JPEG, WebP, GIF)") from None
+
+
+def decode_wav(data: object, where: str, sample_rate: int) -> np.ndarray:
+    """A mono float32 waveform at sample_rate from WAV (PCM 8/16/24/32-bit) bytes."""
+    raw = _bytes(data, where)
+    try:
+        with wave.open(io.BytesIO(raw)) as wav:
+            width, channels, rate = wav.getsampwidth(), wav.getnchannels(), wav.getframerate()
+            if wav.getnframes() > MAX_AUDIO_SECONDS * rate:
+                raise StageInputError(f"{where}: audio longer than {MAX_AUDIO_SECONDS}s")
+            frames = wav.readframes(wav.getnframes())
+    except (wave.Error, EOFError, ValueError):
+        raise StageInputError(f"{where}: not a decodable WAV file") from None
+    if width == 1:
+        samples = (np.frombuffer(frames, np.uint8).astype(np.float32) - 128) / 128
+    elif width == 3:
+        padded = np.frombuffer(frames, np.uint8).reshape(-1, 3)
+        as_int = np.zeros((len(padded), 4), np.uint8)
+        as_int[:, 1:] = padded
+        samples = as_int.view("<i4").reshape(-1).astype(np.float32) / 2**31
+    elif width in (2, 4):
+        dtype = "<i2" if width == 2 else "<i4"
+        samples = np.frombuffer(frames, dtype).astype(np.float32) / 2 ** (8 * width - 1)
+    else:
+        raise StageInputError(f"{where}: unsupported WAV sample width {width}")
+    if len(samples) == 0 or rate <= 0:
+        raise StageInputError(f"{where}: the WAV file holds no audio")
+    samples = samples.reshape(-1, channels).mean(axis=1)
+    if rate != sample_rate:
+        duration = len(samples) / rate
+        grid = np.linspace(0, duration, int(duration * sample_rate), endpoint=False)
+        samples = np.interp(grid, np.arange(len(samples)) / rate, samples).astype(np.float32)
+    return samples
+
+
+def pcm16(waveform: np.ndarray) -> bytes:
+    return (np.clip(waveform, -1.0, 1.0) * 32767).astype("<i2").tobytes()

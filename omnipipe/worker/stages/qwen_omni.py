@@ -1,0 +1,493 @@
+"""Qwen2.5-Omni as three streaming stages, reproducing
+Qwen2_5OmniForConditionalGeneration.generate: thinker -> talker -> code2wav.
+
+The thinker streams text to the router and, per generated token, the hidden state the
+talker consumes; the talker starts on the first of them and sends codec codes in chunks;
+code2wav turns each chunk into audio (re-decoding a little left context for continuity).
+"""
+
+from __future__ import annotations
+
+import base64
+from collections import deque
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from omnipipe.worker.engines.omni import load_qwen25_omni
+from omnipipe.worker.stages.base import (
+    Chunk,
+    Session,
+    StageInputError,
+    StageJob,
+    StepResult,
+    StreamingStage,
+    Tensors,
+)
+from omnipipe.worker.stages.media import decode_image, decode_wav, pcm16
+from omnipipe.worker.stages.sampling import Sampling, next_token
+
+DEFAULT_VOICE = "Chelsie"
+# transformers' defaults for the two AR parts (Qwen2_5OmniForConditionalGeneration.generate).
+THINKER_SAMPLING = Sampling(temperature=1.0, top_p=1.0, top_k=0, max_tokens=2048)
+TALKER_SAMPLING = Sampling(
+    temperature=0.9, top_p=0.8, top_k=40, max_tokens=4096, repetition_penalty=1.05
+)
+SAMPLE_RATE = 24_000
+CHUNK_CODES = 25  # talker -> code2wav chunk: half a second of audio at 50 codes/s
+CONTEXT_CODES = 25  # left context code2wav decodes again so chunks join smoothly
+
+
+def stage_sampling(spec_sampling: dict[str, Any], defaults: Sampling, params: Any) -> Sampling:
+    """Built-in defaults < the stage's spec.sampling < the request's values."""
+    return Sampling.from_params(Sampling.from_params(defaults, spec_sampling), params)
+
+
+def _voice(params: dict[str, Any], speakers: dict[str, Any]) -> str:
+    voice = params.get("voice") or DEFAULT_VOICE
+    if voice not in speakers:
+        raise StageInputError(f"voice {voice!r} is not available; voices: {', '.join(speakers)}")
+    return str(voice)
+
+
+# ---- thinker --------------------------------------------------------------------------
+
+
+class ThinkerStage(StreamingStage):
+    def load(self) -> None:
+        from transformers import Qwen2_5OmniProcessor
+
+        self.model = load_qwen25_omni(self.model_path, self.device, "thinker")
+        self.thinker = self.model.thinker
+        self.processor = Qwen2_5OmniProcessor.from_pretrained(self.model_path)
+        self.tokenizer = self.processor.tokenizer
+        config = self.model.config
+        self.talker_text = (
+            config.talker_config.tts_text_start_token_id,
+            config.talker_config.tts_text_end_token_id,
+            config.talker_config.tts_text_pad_token_id,
+        )
+        thinker_config = config.thinker_config
+        self.media_tokens = (
+            thinker_config.audio_token_index,
+            thinker_config.image_token_index,
+            thinker_config.video_token_index,
+        )
+        eos = self.thinker.generation_config.eos_token_id
+        if eos is None:
+            eos = thinker_config.text_config.eos_token_id
+        self.eos = frozenset([eos] if isinstance(eos, int) else eos)
+
+    def open(self, job: StageJob) -> Session:
+        return ThinkerSession(self, job.params)
+
+    def conversation(
+        self, messages: Any
+    ) -> tuple[list[dict[str, Any]], list[Any], list[Any]]:
+        """Router messages -> the processor's conversation, images and audio clips."""
+        if not isinstance(messages, list) or not messages:
+            raise StageInputError("messages must be a non-empty list")
+        rate = self.processor.feature_extractor.sampling_rate
+        conversation: list[dict[str, Any]] = []
+        images: list[Any] = []
+        audios: list[Any] = []
+        for i, message in enumerate(messages):
+            content = message.get("content") if isinstance(message, dict) else None
+            role = message.get("role") if isinstance(message, dict) else None
+            if not isinstance(role, str) or not isinstance(content, (str, list)):
+                raise StageInputError(f"messages[{i}]: needs a role and a content")
+            if isinstance(content, str):
+                conversation.append({"role": role, "content": content})
+                continue
+            parts: list[dict[str, Any]] = []
+            for j, part in enumerate(content):
+                where = f"messages[{i}].content[{j}]"
+                kind = part.get("type") if isinstance(part, dict) else None
+                if kind == "text":
+                    parts.append({"type": "text", "text": str(part.get("text", ""))})
+                elif kind == "image":
+                    images.append(decode_image(part.get("data"), where))
+                    parts.append({"type": "image"})
+                elif kind == "audio":
+                    audios.append(decode_wav(part.get("data"), where, rate))
+                    parts.append({"type": "audio"})
+                else:
+                    raise StageInputError(f"{where}: unsupported content type {kind!r}")
+            conversation.append({"role": role, "content": parts})
+        return conversation, images, audios
+
+
+class ThinkerSession(Session):
+    def __init__(self, stage: ThinkerStage, params: dict[str, Any]) -> None:
+        self.stage = stage
+        self.want_audio = bool(params.get("audio"))
+        if self.want_audio:
+            self.speaker = stage.model.speaker_map[_voice(params, stage.model.speaker_map)]
+        self.sampling = stage_sampling(
+            stage.spec.sampling, THINKER_SAMPLING, params.get("sampling")
+        )
+        self.generator = self.sampling.generator(stage.device)
+        conversation, images, audios = stage.conversation(params.get("messages"))
+        text = stage.processor.apply_chat_template(
+            conversation, add_generation_prompt=True, tokenize=False
+        )
+        try:
+            inputs = stage.processor(
+                text=[text],
+                images=images or None,
+                audio=audios or None,
+                return_tensors="pt",
+                padding=True,
+            )
+        except (ValueError, TypeError) as exc:
+            raise StageInputError(f"the processor rejected the input: {exc}") from None
+        self.inputs = {k: v.to(stage.device) for k, v in inputs.items()}
+        forced = params.get("forced_reply")
+        self.forced: list[int] | None = None
+        if forced is not None:
+            if not isinstance(forced, str) or not forced:
+                raise StageInputError("input must be a non-empty string")
+            self.forced = stage.tokenizer(forced, add_special_tokens=False).input_ids
+        self.cache: Any = None
+        self.rope_deltas: torch.Tensor | None = None
+        self.generated: list[int] = []
+        self.fed = 0
+        self.text = ""
+        self.prompt: Tensors = {}
+
+    @property
+    def prompt_length(self) -> int:
+        return int(self.inputs["input_ids"].shape[1])
+
+    def _choose(self, logits: torch.Tensor) -> int:
+        if self.forced is not None:
+            step = len(self.generated)
+            return self.forced[step] if step < len(self.forced) else min(self.stage.eos)
+        seen = torch.tensor(self.generated, dtype=torch.long, device=logits.device)
+        seen = torch.cat([self.inputs["input_ids"][0], seen])
+        return next_token(logits, self.sampling, seen, generator=self.generator)
+
+    def _delta(self, final: bool) -> list[dict[str, Any]]:
+        ids = [t for t in self.generated if t not in self.stage.eos]
+        decoded = self.stage.tokenizer.decode(ids, skip_special_tokens=True)
+        if decoded.endswith("\ufffd") and not final:
+            return []  # a multi-byte character is still incomplete
+        delta, self.text = decoded[len(self.text) :], decoded
+        return [{"text": delta}] if delta else []
+
+    def step(self, chunks: Sequence[Chunk]) -> StepResult | None:
+        with torch.inference_mode():
+            return self._decode() if self.generated else self._prefill()
+
+    def _prefill(self) -> StepResult:
+        from transformers import DynamicCache
+
+        thinker = self.stage.thinker
+        feature_mask = self.inputs.get("feature_attention_mask")
+        positions, self.rope_deltas = thinker.model.get_rope_index(
+            self.inputs["input_ids"],
+            self.inputs.get("image_grid_thw"),
+            None,
+            self.inputs["attention_mask"],
+            False,
+            feature_mask.sum(-1) if feature_mask is not None else None,
+        )
+        self.cache = DynamicCache()
+        out = thinker(
+            **self.inputs,
+            position_ids=positions,
+            past_key_values=self.cache,
+            use_cache=True,
+            output_hidden_states=self.want_audio,
+        )
+        if self.want_audio:
+            self.prompt = self._talker_prompt(out.hidden_states)
+        self.generated.append(self._choose(out.logits[0, -1]))
+        return StepResult(outputs=self._delta(final=False))
+
+    def _talker_prompt(self, hidden: tuple[torch.Tensor, ...]) -> Tensors:
+        """What the talker's prefill needs from the thinker, which owns the embeddings."""
+        input_ids = self.inputs["input_ids"]
+        embeds = hidden[0].clone()
+        media = torch.isin(input_ids, torch.tensor(self.stage.media_tokens, device=input_ids.device))
+        embeds[media] = 0  # as transformers does: the talker sees no media embeddings
+        table = self.stage.thinker.get_input_embeddings()
+        _, text_eos, text_pad = self.stage.talker_text
+        specials = torch.tensor(
+            [[int(self.speaker["bos_token"]), text_eos, text_pad]], device=input_ids.device
+        )
+        special_embeds = table(specials)[0]
+        prompt: Tensors = {
+            "prompt_embeds": (hidden[-1] + embeds)[0],
+            "input_ids": input_ids[0],
+            "text_bos_id": specials[0, :1],
+            "text_bos_embed": special_embeds[0],
+            "text_eos_embed": special_embeds[1],
+            "text_pad_embed": special_embeds[2],
+        }
+        if "image_grid_thw" in self.inputs:
+            prompt["image_grid_thw"] = self.inputs["image_grid_thw"]
+        if "feature_attention_mask" in self.inputs:
+            prompt["audio_feature_lengths"] = self.inputs["feature_attention_mask"].sum(-1)
+        return prompt
+
+    def _finish(self, tensors: Tensors) -> StepResult:
+        last = self.generated[-1]
+        stopped = last in self.stage.eos or (
+            self.forced is not None and len(self.generated) > len(self.forced)
+        )
+        outputs = self._delta(final=True)
+        outputs.append(
+            {
+                "finish_reason": "stop" if stopped else "length",
+                "prompt_tokens": self.prompt_length,
+                "completion_tokens": len(self.generated),
+            }
+        )
+        return StepResult(tensors=tensors, outputs=outputs, done=True)
+
+    def _decode(self) -> StepResult:
+        last = self.generated[-1]
+        stop = last in self.stage.eos or len(self.generated) >= self.sampling.max_tokens
+        # The talker cannot start without the first reply token's hidden state, so that
+        # token is fed even when it ends the answer.
+        if stop and not (self.want_audio and self.fed == 0):
+            return self._finish({})
+        thinker = self.stage.thinker
+        assert self.rope_deltas is not None
+        past = self.cache.get_seq_length()
+        position = (past + self.rope_deltas).view(1, 1, 1).expand(3, 1, 1)
+        out = thinker(
+            input_ids=torch.tensor([[last]], device=self.stage.device),
+            position_ids=position,
+            past_key_values=self.cache,
+            use_cache=True,
+            output_hidden_states=self.want_audio,
+        )
+        tensors: Tensors = {}
+        if self.want_audio:
+            tensors["reply"] = out.hidden_states[-1][0, -1:] + out.hidden_states[0][0, -1:]
+            if self.fed == 0:
+                tensors.update(self.prompt, first_token_id=torch.tensor([last]))
+        self.fed += 1
+        if stop:
+            return self._finish(tensors)
+        self.generated.append(self._choose(out.logits[0, -1]))
+        return StepResult(tensors=tensors, outputs=self._delta(final=False))
+
+    def close(self) -> None:
+        self.cache = None
+
+
+# ---- talker ---------------------------------------------------------------------------
+
+
+class TalkerStage(StreamingStage):
+    def load(self) -> None:
+        self.model = load_qwen25_omni(self.model_path, self.device, "talker")
+        self.talker = self.model.talker
+        t2w = self.model.config.token2wav_config
+        samples_per_code = t2w.dit_config.repeats
+        for rate in t2w.bigvgan_config.upsample_rates:
+            samples_per_code *= rate
+        self.codes_per_second = SAMPLE_RATE / samples_per_code
+        self.chunk_codes = int(self.spec.engine_args.get("chunk_codes", CHUNK_CODES))
+        # transformers stops the talker on the codec pad or end token.
+        self.stop_codes = frozenset({self.talker.codec_pad_token, self.talker.codec_eos_token})
+
+    def open(self, job: StageJob) -> Session:
+        return TalkerSession(self, job.params)
+
+
+class TalkerSession(Session):
+    def __init__(self, stage: TalkerStage, params: dict[str, Any]) -> None:
+        self.stage = stage
+        self.sampling = stage_sampling(
+            stage.spec.sampling, TALKER_SAMPLING, params.get("sampling")
+        )
+        self.generator = self.sampling.generator(stage.device)
+        self.prompt: Tensors | None = None
+        self.replies: deque[torch.Tensor] = deque()
+        self.upstream_done = False
+        self.tail: torch.Tensor | None = None  # the text-eos then text-pad rows, once drained
+        self.cache: Any = None
+        self.rope_deltas: torch.Tensor | None = None
+        self.seen: list[int] = []
+        self.codes: list[int] = []
+        self.sent = 0
+
+    def _take(self, chunks: Sequence[Chunk]) -> None:
+        for chunk in chunks:
+            if "prompt_embeds" in chunk.tensors:
+                self.prompt = chunk.tensors
+            if "reply" in chunk.tensors:
+                self.replies.extend(chunk.tensors["reply"].split(1))
+            self.upstream_done = self.upstream_done or chunk.final
+
+    def _next_reply(self) -> torch.Tensor | None:
+        """The thinker's next reply row; after its end, text-eos once, then text-pad."""
+        if self.replies:
+            return self.replies.popleft()
+        if not self.upstream_done:
+            return None
+        assert self.prompt is not None
+        if self.tail is None:
+            self.tail = self.prompt["text_pad_embed"][None]
+            return self.prompt["text_eos_embed"][None]
+        return self.tail
+
+    def step(self, chunks: Sequence[Chunk]) -> StepResult | None:
+        self._take(chunks)
+        with torch.inference_mode():
+            if self.cache is None:
+                if self.prompt is None or not self.replies:
+                    if self.upstream_done:
+                        raise StageInputError("the thinker ended without a reply for the talker")
+                    return None
+                logits = self._prefill()
+            else:
+                row = self._next_reply()
+                if row is None:
+                    return None
+                logits = self._forward(row)
+        talker = self.stage.talker
+        seen = torch.tensor(self.seen + self.codes, dtype=torch.long, device=logits.device)
+        code = next_token(
+            logits, self.sampling, seen, (talker.codec_bos_token,), self.generator
+        )
+        done = code in self.stage.stop_codes
+        if not done:
+            self.codes.append(code)
+            done = len(self.codes) >= self.sampling.max_tokens
+        return self._emit(done)
+
+    def _emit(self, done: bool) -> StepResult:
+        pending = len(self.codes) - self.sent
+        if pending < self.stage.chunk_codes and not done:
+            return StepResult()
+        chunk = self.codes[self.sent :]
+        self.sent = len(self.codes)
+        return StepResult(
+            tensors={"codes": torch.tensor(chunk, dtype=torch.long)} if chunk else {},
+            done=done,
+            audio_seconds=len(chunk) / self.stage.codes_per_second,
+        )
+
+    def _prefill(self) -> torch.Tensor:
+        from transformers import DynamicCache
+
+        assert self.prompt is not None
+        talker, p = self.stage.talker, self.prompt
+        device = self.stage.device
+        input_ids = p["input_ids"][None].to(device)
+        first_token_row = self.replies.popleft()
+        length = input_ids.shape[1]
+        text_ids = torch.cat(
+            [input_ids, p["text_bos_id"][None].to(device), p["first_token_id"][None].to(device)],
+            dim=1,
+        )
+        codec_ids = torch.tensor(
+            [[talker.codec_mask_token] * length + [talker.codec_pad_token, talker.codec_bos_token]],
+            device=device,
+        )
+        self.seen = codec_ids[0].tolist()
+        dtype = talker.thinker_to_talker_proj.weight.dtype
+        embeds = torch.cat(
+            [p["prompt_embeds"], p["text_bos_embed"][None], first_token_row], dim=0
+        )[None].to(device, dtype)
+        self.cache = DynamicCache()
+        talker.rope_deltas = None
+        out = talker(
+            input_ids=codec_ids,
+            input_text_ids=text_ids,
+            inputs_embeds=embeds,
+            attention_mask=torch.ones_like(codec_ids),
+            image_grid_thw=p.get("image_grid_thw"),
+            audio_feature_lengths=p.get("audio_feature_lengths"),
+            past_key_values=self.cache,
+            use_cache=True,
+        )
+        self.rope_deltas = talker.rope_deltas
+        return out.logits[0, -1]
+
+    def _forward(self, row: torch.Tensor) -> torch.Tensor:
+        talker = self.stage.talker
+        device = self.stage.device
+        talker.rope_deltas = self.rope_deltas
+        past = self.cache.get_seq_length()
+        out = talker(
+            input_ids=torch.tensor([[self.codes[-1] if self.codes else self.seen[-1]]], device=device),
+            thinker_reply_part=row[None].to(device, talker.thinker_to_talker_proj.weight.dtype),
+            attention_mask=torch.ones((1, past + 1), dtype=torch.long, device=device),
+            past_key_values=self.cache,
+            use_cache=True,
+        )
+        return out.logits[0, -1]
+
+    def close(self) -> None:
+        self.cache = None
+
+
+# ---- code2wav -------------------------------------------------------------------------
+
+
+class Code2WavStage(StreamingStage):
+    def load(self) -> None:
+        self.model = load_qwen25_omni(self.model_path, self.device, "token2wav")
+        self.token2wav = self.model.token2wav
+        t2w = self.model.config.token2wav_config
+        self.samples_per_code = t2w.dit_config.repeats
+        for rate in t2w.bigvgan_config.upsample_rates:
+            self.samples_per_code *= rate
+        args = self.spec.engine_args
+        self.num_steps = int(args.get("num_steps", 10))
+        self.context_codes = int(args.get("context_codes", CONTEXT_CODES))
+
+    def open(self, job: StageJob) -> Session:
+        return Code2WavSession(self, job.params)
+
+
+class Code2WavSession(Session):
+    def __init__(self, stage: Code2WavStage, params: dict[str, Any]) -> None:
+        self.stage = stage
+        speaker = stage.model.speaker_map[_voice(params, stage.model.speaker_map)]
+        self.conditioning = speaker["cond"].to(stage.device).float()
+        self.reference_mel = speaker["ref_mel"].to(stage.device).float()
+        seed = params.get("seed")
+        self.seed = seed if isinstance(seed, int) else None
+        self.codes: list[int] = []
+        self.decoded = 0
+        self.upstream_done = False
+
+    def step(self, chunks: Sequence[Chunk]) -> StepResult | None:
+        for chunk in chunks:
+            if "codes" in chunk.tensors:
+                self.codes.extend(chunk.tensors["codes"].tolist())
+            self.upstream_done = self.upstream_done or chunk.final
+        if self.decoded == len(self.codes):
+            return StepResult(done=True) if self.upstream_done else None
+        start = max(0, self.decoded - self.stage.context_codes)
+        window = torch.tensor([self.codes[start:]], dtype=torch.long, device=self.stage.device)
+        if self.seed is not None:
+            torch.manual_seed(self.seed + self.decoded)  # token2wav starts from noise
+        with torch.inference_mode():
+            waveform = self.stage.token2wav(
+                window,
+                conditioning=self.conditioning,
+                reference_mel=self.reference_mel,
+                num_steps=self.stage.num_steps,
+            ).reshape(-1)
+        new = (len(self.codes) - self.decoded) * self.stage.samples_per_code
+        audio = waveform[-new:].float().cpu().numpy()
+        self.decoded = len(self.codes)
+        return StepResult(
+            outputs=[
+                {
+                    "audio": base64.b64encode(pcm16(audio)).decode(),
+                    "sample_rate": SAMPLE_RATE,
+                }
+            ],
+            done=False,
+            audio_seconds=len(audio) / SAMPLE_RATE,
+        )
