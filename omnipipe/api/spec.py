@@ -161,6 +161,8 @@ class Sampling(SpecModel):
     """Keep only the top_k most likely tokens; 0 disables the cut."""
     max_tokens: Annotated[int, Field(ge=1, le=65536)] | None = None
     """Most tokens the stage generates for one request."""
+    min_tokens: Annotated[int, Field(ge=0, le=65536)] | None = None
+    """Fewest tokens before the stage may stop: its stop tokens are suppressed until then."""
     repetition_penalty: Annotated[float, Field(gt=0, le=10)] | None = None
     """Penalty applied to tokens already generated; 1 disables it."""
     seed: Annotated[int, Field(ge=0, lt=2**63)] | None = None

@@ -13,8 +13,10 @@ from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from omnipipe.api import ResolvedPipeline
+from omnipipe.router.api.chat import chat_router
 from omnipipe.router.api.images import images_router
 from omnipipe.router.api.models import model_ids, models_router
+from omnipipe.router.api.speech import speech_router
 from omnipipe.router.discovery import Discovery, DnsDiscovery, StaticDiscovery
 from omnipipe.router.errors import BadRequest, OpenAIError, openai_error_handler
 from omnipipe.router.metrics import RouterMetrics
@@ -96,4 +98,6 @@ def build_app(pipeline: ResolvedPipeline, settings: RouterSettings) -> FastAPI:
 
     app.include_router(models_router(pipeline, int(time.time())))
     app.include_router(images_router(orchestrator, model_ids(pipeline)))
+    app.include_router(chat_router(pipeline, orchestrator, model_ids(pipeline)))
+    app.include_router(speech_router(pipeline, orchestrator, model_ids(pipeline)))
     return app

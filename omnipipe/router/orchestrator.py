@@ -8,7 +8,7 @@ import contextlib
 import json
 import logging
 import uuid
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncGenerator, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -170,7 +170,7 @@ class Orchestrator:
 
     async def stream(
         self, params: dict[str, dict[str, Any]], emitters: set[str]
-    ) -> AsyncIterator[Output]:
+    ) -> AsyncGenerator[Output]:
         """Run the emitters and their upstream stages; yield the emitters' results as
         they arrive. Closing the iterator early (a client gone) cancels every stage."""
         stages = self.needed(emitters)
@@ -203,8 +203,8 @@ class Orchestrator:
             async with asyncio.timeout(self.timeout):
                 while remaining:
                     getter = getter or asyncio.ensure_future(sink.get())
-                    running = {t for t in tasks if not t.done()}
-                    await asyncio.wait({getter, *running}, return_when=asyncio.FIRST_COMPLETED)
+                    waits: set[asyncio.Future[Any]] = {getter, *(t for t in tasks if not t.done())}
+                    await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
                     for task in tasks:
                         if task.done() and task.exception() is not None:
                             raise task.exception()  # type: ignore[misc]

@@ -10,9 +10,10 @@ import time
 from typing import Any
 
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
-from omnipipe.router.errors import BadRequest, ModelNotFound
+from omnipipe.router.api.common import check_model, parse_body, until_disconnected
+from omnipipe.router.errors import BadRequest
 from omnipipe.router.orchestrator import Orchestrator
 
 log = logging.getLogger(__name__)
@@ -52,31 +53,13 @@ def parse_size(size: str) -> tuple[int, int]:
     return width, height
 
 
-async def _until_disconnected(request: Request) -> None:
-    # Starlette offers no disconnect event for a plain endpoint; polling is the way.
-    while not await request.is_disconnected():  # noqa: ASYNC110
-        await asyncio.sleep(0.2)
-
-
 def images_router(orchestrator: Orchestrator, model_ids: set[str]) -> APIRouter:
     router = APIRouter()
 
     @router.post("/v1/images/generations")
     async def generate(request: Request) -> dict[str, Any]:
-        try:
-            body = ImageGenerationRequest.model_validate_json(await request.body())
-        except ValidationError as exc:
-            err = exc.errors()[0]
-            param = ".".join(str(p) for p in err["loc"]) or None
-            raise BadRequest(
-                f"{param}: {err['msg']}" if param else err["msg"], param=param
-            ) from None
-        if body.model_extra:
-            log.info("ignoring unknown image request fields: %s", sorted(body.model_extra))
-        if body.model not in model_ids:
-            raise ModelNotFound(
-                f"model {body.model!r} does not exist", param="model", code="model_not_found"
-            )
+        body = await parse_body(ImageGenerationRequest, request)
+        check_model(body.model, model_ids)
         if body.response_format != "b64_json":
             raise BadRequest("only response_format=b64_json is supported", param="response_format")
         width, height = parse_size(body.size)
@@ -91,7 +74,7 @@ def images_router(orchestrator: Orchestrator, model_ids: set[str]) -> APIRouter:
             "guidance_scale": body.guidance_scale,
         }
         work = asyncio.create_task(orchestrator.run(params))
-        watch = asyncio.create_task(_until_disconnected(request))
+        watch = asyncio.create_task(until_disconnected(request))
         try:
             await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
         finally:

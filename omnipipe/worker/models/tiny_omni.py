@@ -159,7 +159,7 @@ def build_qwen25_omni(target: Path) -> None:
     )
 
     tokenizer = save_byte_tokenizer(target / "tokenizer", SPECIAL_TOKENS, NAMED_TOKENS)
-    ids = {token: int(tokenizer.convert_tokens_to_ids(token)) for token in SPECIAL_TOKENS}
+    ids = {token: int(str(tokenizer.convert_tokens_to_ids(token))) for token in SPECIAL_TOKENS}
     torch.manual_seed(0)
     model = Qwen2_5OmniForConditionalGeneration(_config(ids))
     model.save_pretrained(str(target))

@@ -80,6 +80,7 @@ class Session(ABC):
         """Advance by one unit of work, given the chunks that arrived since the last call.
         None means nothing can be done until more input arrives."""
 
+    @abstractmethod
     def close(self) -> None:
         """Free what the request holds (KV cache); called once, also on cancel."""
 

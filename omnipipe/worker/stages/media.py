@@ -66,8 +66,8 @@ def decode_wav(data: object, where: str, sample_rate: int) -> np.ndarray:
         duration = len(samples) / rate
         grid = np.linspace(0, duration, int(duration * sample_rate), endpoint=False)
         samples = np.interp(grid, np.arange(len(samples)) / rate, samples).astype(np.float32)
-    return samples
+    return np.asarray(samples, dtype=np.float32)
 
 
 def pcm16(waveform: np.ndarray) -> bytes:
-    return (np.clip(waveform, -1.0, 1.0) * 32767).astype("<i2").tobytes()
+    return bytes((np.clip(waveform, -1.0, 1.0) * 32767).astype("<i2").tobytes())

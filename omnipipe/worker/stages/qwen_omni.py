@@ -9,6 +9,7 @@ code2wav turns each chunk into audio (re-decoding a little left context for cont
 from __future__ import annotations
 
 import base64
+import dataclasses
 from collections import deque
 from collections.abc import Sequence
 from typing import Any
@@ -82,9 +83,7 @@ class ThinkerStage(StreamingStage):
     def open(self, job: StageJob) -> Session:
         return ThinkerSession(self, job.params)
 
-    def conversation(
-        self, messages: Any
-    ) -> tuple[list[dict[str, Any]], list[Any], list[Any]]:
+    def conversation(self, messages: Any) -> tuple[list[dict[str, Any]], list[Any], list[Any]]:
         """Router messages -> the processor's conversation, images and audio clips."""
         if not isinstance(messages, list) or not messages:
             raise StageInputError("messages must be a non-empty list")
@@ -166,7 +165,9 @@ class ThinkerSession(Session):
             return self.forced[step] if step < len(self.forced) else min(self.stage.eos)
         seen = torch.tensor(self.generated, dtype=torch.long, device=logits.device)
         seen = torch.cat([self.inputs["input_ids"][0], seen])
-        return next_token(logits, self.sampling, seen, generator=self.generator)
+        early = len(self.generated) < self.sampling.min_tokens
+        suppress = tuple(self.stage.eos) if early else ()
+        return next_token(logits, self.sampling, seen, suppress, self.generator)
 
     def _delta(self, final: bool) -> list[dict[str, Any]]:
         ids = [t for t in self.generated if t not in self.stage.eos]
@@ -210,7 +211,9 @@ class ThinkerSession(Session):
         """What the talker's prefill needs from the thinker, which owns the embeddings."""
         input_ids = self.inputs["input_ids"]
         embeds = hidden[0].clone()
-        media = torch.isin(input_ids, torch.tensor(self.stage.media_tokens, device=input_ids.device))
+        media = torch.isin(
+            input_ids, torch.tensor(self.stage.media_tokens, device=input_ids.device)
+        )
         embeds[media] = 0  # as transformers does: the talker sees no media embeddings
         table = self.stage.thinker.get_input_embeddings()
         _, text_eos, text_pad = self.stage.talker_text
@@ -303,9 +306,11 @@ class TalkerStage(StreamingStage):
 class TalkerSession(Session):
     def __init__(self, stage: TalkerStage, params: dict[str, Any]) -> None:
         self.stage = stage
-        self.sampling = stage_sampling(
-            stage.spec.sampling, TALKER_SAMPLING, params.get("sampling")
-        )
+        self.sampling = stage_sampling(stage.spec.sampling, TALKER_SAMPLING, params.get("sampling"))
+        seed = params.get("seed")
+        if self.sampling.seed is None and isinstance(seed, int):
+            # The request's seed makes the whole chain reproducible, not just the text.
+            self.sampling = dataclasses.replace(self.sampling, seed=seed)
         self.generator = self.sampling.generator(stage.device)
         self.prompt: Tensors | None = None
         self.replies: deque[torch.Tensor] = deque()
@@ -322,7 +327,7 @@ class TalkerSession(Session):
             if "prompt_embeds" in chunk.tensors:
                 self.prompt = chunk.tensors
             if "reply" in chunk.tensors:
-                self.replies.extend(chunk.tensors["reply"].split(1))
+                self.replies.extend(torch.split(chunk.tensors["reply"], 1))
             self.upstream_done = self.upstream_done or chunk.final
 
     def _next_reply(self) -> torch.Tensor | None:
@@ -353,9 +358,10 @@ class TalkerSession(Session):
                 logits = self._forward(row)
         talker = self.stage.talker
         seen = torch.tensor(self.seen + self.codes, dtype=torch.long, device=logits.device)
-        code = next_token(
-            logits, self.sampling, seen, (talker.codec_bos_token,), self.generator
-        )
+        suppress: tuple[int, ...] = (talker.codec_bos_token,)
+        if len(self.codes) < self.sampling.min_tokens:
+            suppress += tuple(self.stage.stop_codes)
+        code = next_token(logits, self.sampling, seen, suppress, self.generator)
         done = code in self.stage.stop_codes
         if not done:
             self.codes.append(code)
@@ -393,9 +399,9 @@ class TalkerSession(Session):
         )
         self.seen = codec_ids[0].tolist()
         dtype = talker.thinker_to_talker_proj.weight.dtype
-        embeds = torch.cat(
-            [p["prompt_embeds"], p["text_bos_embed"][None], first_token_row], dim=0
-        )[None].to(device, dtype)
+        embeds = torch.cat([p["prompt_embeds"], p["text_bos_embed"][None], first_token_row], dim=0)[
+            None
+        ].to(device, dtype)
         self.cache = DynamicCache()
         talker.rope_deltas = None
         out = talker(
@@ -409,7 +415,8 @@ class TalkerSession(Session):
             use_cache=True,
         )
         self.rope_deltas = talker.rope_deltas
-        return out.logits[0, -1]
+        logits: torch.Tensor = out.logits[0, -1]
+        return logits
 
     def _forward(self, row: torch.Tensor) -> torch.Tensor:
         talker = self.stage.talker
@@ -417,13 +424,16 @@ class TalkerSession(Session):
         talker.rope_deltas = self.rope_deltas
         past = self.cache.get_seq_length()
         out = talker(
-            input_ids=torch.tensor([[self.codes[-1] if self.codes else self.seen[-1]]], device=device),
+            input_ids=torch.tensor(
+                [[self.codes[-1] if self.codes else self.seen[-1]]], device=device
+            ),
             thinker_reply_part=row[None].to(device, talker.thinker_to_talker_proj.weight.dtype),
             attention_mask=torch.ones((1, past + 1), dtype=torch.long, device=device),
             past_key_values=self.cache,
             use_cache=True,
         )
-        return out.logits[0, -1]
+        logits: torch.Tensor = out.logits[0, -1]
+        return logits
 
     def close(self) -> None:
         self.cache = None
@@ -459,6 +469,9 @@ class Code2WavSession(Session):
         self.codes: list[int] = []
         self.decoded = 0
         self.upstream_done = False
+
+    def close(self) -> None:
+        self.codes = []
 
     def step(self, chunks: Sequence[Chunk]) -> StepResult | None:
         for chunk in chunks:

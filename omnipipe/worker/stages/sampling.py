@@ -10,7 +10,15 @@ import torch
 
 from omnipipe.worker.stages.base import StageInputError
 
-KEYS = ("temperature", "top_p", "top_k", "max_tokens", "repetition_penalty", "seed")
+KEYS = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "max_tokens",
+    "min_tokens",
+    "repetition_penalty",
+    "seed",
+)
 
 
 @dataclass(frozen=True)
@@ -19,6 +27,7 @@ class Sampling:
     top_p: float = 1.0
     top_k: int = 0
     max_tokens: int = 512
+    min_tokens: int = 0
     repetition_penalty: float = 1.0
     seed: int | None = None
 
@@ -41,6 +50,7 @@ class Sampling:
                 top_p=float(merged["top_p"]),
                 top_k=int(merged["top_k"]),
                 max_tokens=int(merged["max_tokens"]),
+                min_tokens=int(merged["min_tokens"]),
                 repetition_penalty=float(merged["repetition_penalty"]),
                 seed=None if merged["seed"] is None else int(merged["seed"]),
             )
@@ -50,6 +60,8 @@ class Sampling:
             raise StageInputError("sampling: need temperature >= 0, 0 < top_p <= 1, top_k >= 0")
         if sampling.max_tokens < 1 or sampling.repetition_penalty <= 0:
             raise StageInputError("sampling: need max_tokens >= 1 and repetition_penalty > 0")
+        if not 0 <= sampling.min_tokens <= sampling.max_tokens:
+            raise StageInputError("sampling: need 0 <= min_tokens <= max_tokens")
         return sampling
 
     def generator(self, device: torch.device) -> torch.Generator | None:

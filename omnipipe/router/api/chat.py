@@ -1,0 +1,351 @@
+"""/v1/chat/completions on a thinker (-> talker -> code2wav) stage graph: text, and
+audio when asked for, as one response or as OpenAI chat.completion.chunk SSE."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import contextlib
+import json
+import random
+import time
+import uuid
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import Any, Literal
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from omnipipe.api import ResolvedPipeline
+from omnipipe.api.spec import Role
+from omnipipe.router.api.audio import pcm_of, wav_bytes
+from omnipipe.router.api.common import (
+    check_model,
+    parse_body,
+    sampling_overrides,
+    stage_with_role,
+    until_disconnected,
+)
+from omnipipe.router.errors import BadRequest, OpenAIError
+from omnipipe.router.orchestrator import Orchestrator, Output
+
+AUDIO_EXPIRES_SECONDS = 3600
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+
+
+class AudioOptions(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    voice: str | None = None
+    format: Literal["wav", "pcm16"] = "wav"
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    include_usage: bool = False
+
+
+class ChatRequest(BaseModel):
+    """Lenient: unknown fields from newer clients are accepted and logged."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str
+    messages: list[dict[str, Any]] = Field(min_length=1, max_length=256)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    modalities: list[Literal["text", "audio"]] = ["text"]
+    audio: AudioOptions | None = None
+    max_tokens: int | None = Field(default=None, ge=1, le=65536)
+    max_completion_tokens: int | None = Field(default=None, ge=1, le=65536)
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    seed: int | None = Field(default=None, ge=0, lt=2**63)
+    n: int = Field(default=1, ge=1, le=1)
+    sampling_params_list: list[dict[str, Any] | None] | dict[str, Any] | None = None
+
+
+def _base64(data: object, param: str) -> str:
+    if not isinstance(data, str) or not data:
+        raise BadRequest(f"{param}: expected base64 data", param=param)
+    try:
+        base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError):
+        raise BadRequest(f"{param}: not valid base64", param=param) from None
+    return data
+
+
+def _image_part(part: dict[str, Any], param: str) -> dict[str, Any]:
+    image = part.get("image_url")
+    url = image.get("url") if isinstance(image, dict) else image
+    if not isinstance(url, str) or not url.startswith("data:"):
+        raise BadRequest(
+            f"{param}.image_url: send the image inline as a data: URL "
+            "(data:image/png;base64,...); the router fetches no URLs",
+            param=param,
+        )
+    header, _, data = url.partition(",")
+    if not header.endswith(";base64"):
+        raise BadRequest(f"{param}.image_url: the data: URL must be base64", param=param)
+    return {"type": "image", "data": _base64(data, f"{param}.image_url")}
+
+
+def _audio_part(part: dict[str, Any], param: str) -> dict[str, Any]:
+    clip = part.get("input_audio")
+    if not isinstance(clip, dict):
+        raise BadRequest(f"{param}.input_audio: expected {{data, format}}", param=param)
+    if clip.get("format") != "wav":
+        raise BadRequest(
+            f"{param}.input_audio.format: only wav is supported, got {clip.get('format')!r}",
+            param=param,
+        )
+    return {"type": "audio", "data": _base64(clip.get("data"), f"{param}.input_audio.data")}
+
+
+def thinker_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """OpenAI messages -> the thinker's: text, inline images and WAV clips, nothing else."""
+    converted: list[dict[str, Any]] = []
+    for i, message in enumerate(messages):
+        param = f"messages[{i}]"
+        role = ROLES.get(str(message.get("role")))
+        if role is None:
+            raise BadRequest(
+                f"{param}.role: expected one of {', '.join(ROLES)}, got {message.get('role')!r}",
+                param=param,
+            )
+        content = message.get("content")
+        if isinstance(content, str):
+            converted.append({"role": role, "content": content})
+            continue
+        if not isinstance(content, list):
+            raise BadRequest(f"{param}.content: expected a string or a list", param=param)
+        parts: list[dict[str, Any]] = []
+        for j, part in enumerate(content):
+            where = f"{param}.content[{j}]"
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind == "text":
+                parts.append({"type": "text", "text": str(part.get("text", ""))})
+            elif kind == "image_url":
+                parts.append(_image_part(part, where))
+            elif kind == "input_audio":
+                parts.append(_audio_part(part, where))
+            else:
+                raise BadRequest(f"{where}.type: unsupported content part {kind!r}", param=where)
+        converted.append({"role": role, "content": parts})
+    return converted
+
+
+class ChatPlan:
+    """Which stages run and with what: the thinker alone for text, the whole chain for
+    audio."""
+
+    def __init__(self, pipeline: ResolvedPipeline, body: ChatRequest) -> None:
+        thinker = stage_with_role(pipeline, Role.THINKER)
+        if thinker is None:
+            raise BadRequest(
+                f"model {body.model!r} ({pipeline.pipeline}) does not serve chat completions",
+                param="model",
+            )
+        self.thinker = thinker
+        self.want_audio = "audio" in body.modalities
+        self.audio = body.audio or AudioOptions()
+        code2wav = stage_with_role(pipeline, Role.CODE2WAV)
+        if self.want_audio and code2wav is None:
+            raise BadRequest(f"model {body.model!r} has no audio output stage", param="modalities")
+        if body.stream and self.want_audio and self.audio.format != "pcm16":
+            raise BadRequest(
+                "streamed audio is sent as pcm16 chunks: set audio.format to pcm16",
+                param="audio.format",
+            )
+        self.emitters = {thinker}
+        if self.want_audio and code2wav is not None:
+            self.emitters.add(code2wav)
+        overrides = sampling_overrides(pipeline, body.sampling_params_list)
+        text_sampling = {
+            "temperature": body.temperature,
+            "top_p": body.top_p,
+            "max_tokens": body.max_completion_tokens or body.max_tokens,
+            "seed": body.seed,
+        }
+        seed = body.seed if body.seed is not None else random.randrange(2**31)
+        common = {"voice": self.audio.voice, "seed": seed}
+        self.params: dict[str, dict[str, Any]] = {
+            s.name: {**common, "sampling": overrides.get(s.name)} for s in pipeline.stages
+        }
+        self.params[thinker] = {
+            **common,
+            "messages": thinker_messages(body.messages),
+            "audio": self.want_audio,
+            "sampling": {
+                **{k: v for k, v in text_sampling.items() if v is not None},
+                **overrides.get(thinker, {}),
+            },
+        }
+
+
+class ChatResult:
+    def __init__(self) -> None:
+        self.text = ""
+        self.pcm = bytearray()
+        self.sample_rate = 0
+        self.finish_reason = "stop"
+        self.usage: dict[str, int] = {}
+
+    def add(self, output: Output) -> None:
+        data = output.data
+        if "text" in data:
+            self.text += str(data["text"])
+        if "audio" in data:
+            self.pcm += pcm_of(data)
+            self.sample_rate = int(data["sample_rate"])
+        if "finish_reason" in data:
+            self.finish_reason = str(data["finish_reason"])
+            prompt, completion = int(data["prompt_tokens"]), int(data["completion_tokens"])
+            self.usage = {
+                "prompt_tokens": prompt,
+                "completion_tokens": completion,
+                "total_tokens": prompt + completion,
+            }
+
+
+def _sse(payload: dict[str, Any]) -> bytes:
+    return f"data: {json.dumps(payload)}\n\n".encode()
+
+
+def chat_router(
+    pipeline: ResolvedPipeline, orchestrator: Orchestrator, model_ids: set[str]
+) -> APIRouter:
+    router = APIRouter()
+
+    async def complete(
+        request: Request, body: ChatRequest, plan: ChatPlan, outputs: AsyncGenerator[Output]
+    ) -> JSONResponse:
+        result = ChatResult()
+
+        async def collect() -> None:
+            async for output in outputs:
+                result.add(output)
+
+        work = asyncio.create_task(collect())
+        watch = asyncio.create_task(until_disconnected(request))
+        try:
+            await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watch.cancel()
+        if not work.done():
+            work.cancel()
+            await asyncio.gather(work, return_exceptions=True)
+            raise BadRequest("client disconnected")
+        work.result()
+        created = int(time.time())
+        message: dict[str, Any] = {"role": "assistant", "content": result.text}
+        if plan.want_audio:
+            audio = (
+                wav_bytes(bytes(result.pcm), result.sample_rate or 24_000)
+                if plan.audio.format == "wav"
+                else bytes(result.pcm)
+            )
+            message["audio"] = {
+                "id": f"audio_{uuid.uuid4().hex}",
+                "data": base64.b64encode(audio).decode(),
+                "expires_at": created + AUDIO_EXPIRES_SECONDS,
+                "transcript": result.text,
+            }
+        return JSONResponse(
+            {
+                "id": f"chatcmpl-{uuid.uuid4().hex}",
+                "object": "chat.completion",
+                "created": created,
+                "model": body.model,
+                "choices": [
+                    {"index": 0, "message": message, "finish_reason": result.finish_reason}
+                ],
+                "usage": result.usage,
+            }
+        )
+
+    async def stream(
+        body: ChatRequest, plan: ChatPlan, first: Output | None, outputs: AsyncGenerator[Output]
+    ) -> AsyncIterator[bytes]:
+        chunk_id, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+        audio_id = f"audio_{uuid.uuid4().hex}"
+        result = ChatResult()
+
+        def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
+            return _sse(
+                {
+                    "id": chunk_id,
+                    "object": "chat.completion.chunk",
+                    "created": created,
+                    "model": body.model,
+                    "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+                }
+            )
+
+        async def rest() -> AsyncIterator[Output]:
+            if first is not None:
+                yield first
+            async for output in outputs:
+                yield output
+
+        yield chunk({"role": "assistant", "content": ""})
+        try:
+            async for output in rest():
+                result.add(output)
+                data = output.data
+                if data.get("text"):
+                    yield chunk({"content": data["text"]})
+                if "audio" in data:
+                    yield chunk({"audio": {"id": audio_id, "data": data["audio"]}})
+        except OpenAIError as exc:
+            # The status line is gone; the error goes in the stream, as OpenAI does.
+            yield _sse({"error": {"message": exc.message, "type": exc.type, "code": exc.code}})
+            yield b"data: [DONE]\n\n"
+            return
+        finish: dict[str, Any] = {}
+        if plan.want_audio:
+            finish["audio"] = {"id": audio_id, "transcript": result.text}
+        yield chunk(finish, result.finish_reason)
+        if body.stream_options and body.stream_options.include_usage:
+            yield _sse(
+                {
+                    "id": chunk_id,
+                    "object": "chat.completion.chunk",
+                    "created": created,
+                    "model": body.model,
+                    "choices": [],
+                    "usage": result.usage,
+                }
+            )
+        yield b"data: [DONE]\n\n"
+
+    @router.post("/v1/chat/completions", response_model=None)
+    async def chat(request: Request) -> JSONResponse | StreamingResponse:
+        body = await parse_body(ChatRequest, request)
+        check_model(body.model, model_ids)
+        plan = ChatPlan(pipeline, body)
+        outputs = orchestrator.stream(plan.params, plan.emitters)
+        if not body.stream:
+            async with contextlib.aclosing(outputs):
+                return await complete(request, body, plan, outputs)
+        # Wait for the first result before answering, so that a request the stages
+        # reject (a malformed image, an unknown voice) still gets its 4xx status.
+        try:
+            first: Output | None = await anext(outputs)
+        except StopAsyncIteration:
+            first = None
+        except BaseException:
+            await outputs.aclose()
+            raise
+
+        async def body_stream() -> AsyncIterator[bytes]:
+            async with contextlib.aclosing(outputs):
+                async for part in stream(body, plan, first, outputs):
+                    yield part
+
+        return StreamingResponse(body_stream(), media_type="text/event-stream")
+
+    return router

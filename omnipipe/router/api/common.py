@@ -1,0 +1,87 @@
+"""What the OpenAI endpoints share: body parsing, model and role checks, per-stage
+sampling overrides, and watching for a client that went away."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, TypeVar
+
+from fastapi import Request
+from pydantic import BaseModel, ValidationError
+
+from omnipipe.api import ResolvedPipeline
+from omnipipe.api.spec import Role, Sampling
+from omnipipe.router.errors import BadRequest, ModelNotFound
+
+log = logging.getLogger(__name__)
+Body = TypeVar("Body", bound=BaseModel)
+
+
+def _param(loc: tuple[int | str, ...]) -> str | None:
+    text = ""
+    for part in loc:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text or None
+
+
+async def parse_body(model: type[Body], request: Request) -> Body:
+    try:
+        body = model.model_validate_json(await request.body())
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        param = _param(tuple(err["loc"]))
+        raise BadRequest(f"{param}: {err['msg']}" if param else err["msg"], param=param) from None
+    if body.model_extra:
+        log.info("ignoring unknown %s fields: %s", model.__name__, sorted(body.model_extra))
+    return body
+
+
+def check_model(model: str, model_ids: set[str]) -> None:
+    if model not in model_ids:
+        raise ModelNotFound(
+            f"model {model!r} does not exist", param="model", code="model_not_found"
+        )
+
+
+def stage_with_role(pipeline: ResolvedPipeline, role: Role) -> str | None:
+    return next((s.name for s in pipeline.stages if s.role == role), None)
+
+
+def sampling_overrides(
+    pipeline: ResolvedPipeline, value: list[dict[str, Any] | None] | dict[str, Any] | None
+) -> dict[str, dict[str, Any]]:
+    """sampling_params_list: one entry per stage in pipeline order (vLLM-Omni's form), or
+    an object keyed by stage name. Each entry is checked against the spec's Sampling."""
+    if value is None:
+        return {}
+    names = [s.name for s in pipeline.stages]
+    if isinstance(value, list):
+        if len(value) > len(names):
+            raise BadRequest(
+                f"sampling_params_list has {len(value)} entries; the pipeline has "
+                f"{len(names)} stages ({', '.join(names)})",
+                param="sampling_params_list",
+            )
+        keyed = {names[i]: entry for i, entry in enumerate(value) if entry is not None}
+    else:
+        keyed = value
+    overrides: dict[str, dict[str, Any]] = {}
+    for stage, entry in keyed.items():
+        param = f"sampling_params_list.{stage}"
+        if stage not in names:
+            raise BadRequest(f"{param}: the pipeline has no stage {stage!r}", param=param)
+        try:
+            parsed = Sampling.model_validate(entry)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            where = ".".join(str(p) for p in err["loc"])
+            raise BadRequest(f"{param}.{where}: {err['msg']}", param=param) from None
+        overrides[stage] = parsed.model_dump(exclude_none=True)
+    return overrides
+
+
+async def until_disconnected(request: Request) -> None:
+    # Starlette offers no disconnect event for a plain endpoint; polling is the way.
+    while not await request.is_disconnected():  # noqa: ASYNC110
+        await asyncio.sleep(0.2)

@@ -1,0 +1,108 @@
+"""/v1/audio/speech: text to speech through the omni chain. The thinker is teacher-forced
+on the input text, so the talker speaks exactly that text in the chosen voice."""
+
+from __future__ import annotations
+
+import contextlib
+import random
+from collections.abc import AsyncIterator
+from typing import Any, Literal
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from omnipipe.api import ResolvedPipeline
+from omnipipe.api.spec import Role
+from omnipipe.router.api.audio import pcm_of, wav_bytes
+from omnipipe.router.api.common import (
+    check_model,
+    parse_body,
+    sampling_overrides,
+    stage_with_role,
+)
+from omnipipe.router.errors import BadRequest
+from omnipipe.router.orchestrator import Orchestrator, Output
+
+DEFAULT_SAMPLE_RATE = 24_000
+
+
+class SpeechRequest(BaseModel):
+    """Lenient: unknown fields from newer clients are accepted and logged."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str
+    input: str = Field(min_length=1, max_length=4096)
+    voice: str | None = None
+    response_format: Literal["wav", "pcm"] = "wav"
+    speed: float = Field(default=1.0, ge=0.25, le=4.0)
+    seed: int | None = Field(default=None, ge=0, lt=2**63)
+    sampling_params_list: list[dict[str, Any] | None] | dict[str, Any] | None = None
+
+
+def speech_router(
+    pipeline: ResolvedPipeline, orchestrator: Orchestrator, model_ids: set[str]
+) -> APIRouter:
+    router = APIRouter()
+
+    def plan(body: SpeechRequest) -> tuple[dict[str, dict[str, Any]], set[str]]:
+        thinker = stage_with_role(pipeline, Role.THINKER)
+        code2wav = stage_with_role(pipeline, Role.CODE2WAV)
+        if thinker is None or code2wav is None:
+            raise BadRequest(f"model {body.model!r} does not produce speech", param="model")
+        if body.speed != 1.0:
+            raise BadRequest("only speed=1.0 is supported", param="speed")
+        overrides = sampling_overrides(pipeline, body.sampling_params_list)
+        common = {
+            "voice": body.voice,
+            "seed": body.seed if body.seed is not None else random.randrange(2**31),
+        }
+        params: dict[str, dict[str, Any]] = {
+            s.name: {**common, "sampling": overrides.get(s.name)} for s in pipeline.stages
+        }
+        params[thinker] = {
+            **params[thinker],
+            "messages": [{"role": "user", "content": body.input}],
+            "forced_reply": body.input,
+            "audio": True,
+        }
+        return params, {code2wav}
+
+    @router.post("/v1/audio/speech", response_model=None)
+    async def speech(request: Request) -> Response:
+        body = await parse_body(SpeechRequest, request)
+        check_model(body.model, model_ids)
+        params, emitters = plan(body)
+        outputs = orchestrator.stream(params, emitters)
+        if body.response_format == "wav":
+            pcm, rate = bytearray(), DEFAULT_SAMPLE_RATE
+            async with contextlib.aclosing(outputs):
+                async for output in outputs:
+                    pcm += pcm_of(output.data)
+                    rate = int(output.data["sample_rate"])
+            return Response(wav_bytes(bytes(pcm), rate), media_type="audio/wav")
+        # Streamed PCM: the first chunk is awaited first so that errors keep their status.
+        try:
+            first: Output | None = await anext(outputs)
+        except StopAsyncIteration:
+            first = None
+        except BaseException:
+            await outputs.aclose()
+            raise
+        rate = int(first.data["sample_rate"]) if first else DEFAULT_SAMPLE_RATE
+
+        async def pcm_stream() -> AsyncIterator[bytes]:
+            async with contextlib.aclosing(outputs):
+                if first is not None:
+                    yield pcm_of(first.data)
+                async for output in outputs:
+                    yield pcm_of(output.data)
+
+        return StreamingResponse(
+            pcm_stream(),
+            media_type="audio/pcm",
+            headers={"X-Sample-Rate": str(rate), "X-Sample-Format": "s16le"},
+        )
+
+    return router
