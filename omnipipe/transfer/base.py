@@ -44,6 +44,9 @@ class Mailbox:
         self._ttl = ttl_seconds
         self._queues: dict[str, asyncio.Queue[Message]] = {}
         self._created: dict[str, float] = {}
+        # Requests already finished here: late chunks for them (an upstream stage still
+        # streaming after this one stopped) are dropped, not queued until full.
+        self._closed: dict[str, float] = {}
 
     def _queue(self, request_id: str) -> asyncio.Queue[Message]:
         q = self._queues.get(request_id)
@@ -53,14 +56,20 @@ class Mailbox:
         return q
 
     async def put(self, message: Message) -> None:
+        if message.request_id in self._closed:
+            return
         await self._queue(message.request_id).put(message)
 
     async def get(self, request_id: str) -> Message:
         return await self._queue(request_id).get()
 
     def discard(self, request_id: str) -> None:
-        self._queues.pop(request_id, None)
+        """The request is over here: drop what it holds and whatever still arrives."""
+        queue = self._queues.pop(request_id, None)
         self._created.pop(request_id, None)
+        self._closed[request_id] = time.monotonic()
+        while queue is not None and not queue.empty():
+            queue.get_nowait()  # frees a receiver blocked on the full queue
 
     def sweep(self) -> int:
         """Drop queues nobody claimed in time (a cancelled or failed request)."""
@@ -68,6 +77,8 @@ class Mailbox:
         stale = [r for r, t in self._created.items() if t < cutoff]
         for request_id in stale:
             self.discard(request_id)
+        for request_id in [r for r, t in self._closed.items() if t < cutoff]:
+            del self._closed[request_id]
         return len(stale)
 
     def __len__(self) -> int:

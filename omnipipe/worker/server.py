@@ -86,6 +86,14 @@ async def _load_stage(state: WorkerState) -> None:
     )
 
 
+async def _sweep(mailbox: Mailbox, every_seconds: float = 30.0) -> None:
+    """Chunks for requests that never started here (cancelled first) expire."""
+    while True:
+        await asyncio.sleep(every_seconds)
+        if dropped := mailbox.sweep():
+            log.info("dropped the inputs of %d requests nobody claimed", dropped)
+
+
 def build_app(pipeline: ResolvedPipeline, settings: WorkerSettings) -> FastAPI:
     spec = pipeline.stage(settings.stage)  # fails fast on an unknown stage
     state = WorkerState(pipeline, settings, WorkerMetrics.create(pipeline.name, spec.name))
@@ -114,12 +122,14 @@ def build_app(pipeline: ResolvedPipeline, settings: WorkerSettings) -> FastAPI:
         )
         loader = asyncio.create_task(_load_stage(state))
         state.background.add(loader)
+        sweeper = asyncio.create_task(_sweep(mailbox))
         try:
             yield
         finally:
             state.draining = True
             await state.runtime.wait_idle(settings.drain_timeout_seconds)
             loader.cancel()
+            sweeper.cancel()
             await state.runtime.close()
             await sender.close()
             await state.receiver.close()

@@ -162,6 +162,11 @@ def build_qwen25_omni(target: Path) -> None:
     ids = {token: int(str(tokenizer.convert_tokens_to_ids(token))) for token in SPECIAL_TOKENS}
     torch.manual_seed(0)
     model = Qwen2_5OmniForConditionalGeneration(_config(ids))
+    # With transformers' default init the tiny vocoder's output is ~1e-8: silence in 16-bit
+    # PCM. Wider weights make it audible noise, so chunks and joins can be checked.
+    for weight in model.token2wav.code2wav_bigvgan_model.parameters():
+        if weight.dim() > 1:
+            torch.nn.init.normal_(weight, std=0.1)
     model.save_pretrained(str(target))
     generator = torch.Generator().manual_seed(1)
     speakers = {

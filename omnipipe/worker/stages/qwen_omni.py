@@ -452,6 +452,7 @@ class Code2WavStage(StreamingStage):
             self.samples_per_code *= rate
         args = self.spec.engine_args
         self.num_steps = int(args.get("num_steps", 10))
+        self.chunk_codes = int(args.get("chunk_codes", CHUNK_CODES))
         self.context_codes = int(args.get("context_codes", CONTEXT_CODES))
 
     def open(self, job: StageJob) -> Session:
@@ -480,8 +481,13 @@ class Code2WavSession(Session):
             self.upstream_done = self.upstream_done or chunk.final
         if self.decoded == len(self.codes):
             return StepResult(done=True) if self.upstream_done else None
+        # Fixed chunk boundaries, whatever way the codes arrived: the same codes and seed
+        # give the same audio.
+        end = min(self.decoded + self.stage.chunk_codes, len(self.codes))
+        if end - self.decoded < self.stage.chunk_codes and not self.upstream_done:
+            return None
         start = max(0, self.decoded - self.stage.context_codes)
-        window = torch.tensor([self.codes[start:]], dtype=torch.long, device=self.stage.device)
+        window = torch.tensor([self.codes[start:end]], dtype=torch.long, device=self.stage.device)
         if self.seed is not None:
             torch.manual_seed(self.seed + self.decoded)  # token2wav starts from noise
         with torch.inference_mode():
@@ -491,9 +497,9 @@ class Code2WavSession(Session):
                 reference_mel=self.reference_mel,
                 num_steps=self.stage.num_steps,
             ).reshape(-1)
-        new = (len(self.codes) - self.decoded) * self.stage.samples_per_code
+        new = (end - self.decoded) * self.stage.samples_per_code
         audio = waveform[-new:].float().cpu().numpy()
-        self.decoded = len(self.codes)
+        self.decoded = end
         return StepResult(
             outputs=[
                 {

@@ -1,0 +1,380 @@
+"""Qwen2.5-Omni (tiny://qwen2.5-omni) through `omnipipe serve`, driven by the official
+openai client: chat completions with text and audio, streamed and not, speech, media
+inputs, per-stage sampling, cancellation and the audio metrics."""
+
+from __future__ import annotations
+
+import base64
+import io
+import time
+import wave
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import openai
+import pytest
+from PIL import Image
+
+from tests.e2e.conftest import Served, pids_alive, start_serve
+
+pytestmark = pytest.mark.timeout(300)
+THINKER_TOKENS = 12
+TALKER_CODES = 60  # 25 + 25 + 10: three chunks from talker to code2wav
+SAMPLES_PER_CODE = 480  # 2 mel frames per code x 240 samples per frame, at 24 kHz
+MODEL = "tiny-omni"
+MANIFEST = f"""apiVersion: omnipipe.io/v1alpha1
+kind: OmniPipeline
+metadata: {{name: {MODEL}}}
+spec:
+  model: tiny://qwen2.5-omni
+  pipeline: qwen2.5-omni
+  stages:
+    - name: thinker
+      sampling: {{maxTokens: {THINKER_TOKENS}, minTokens: {THINKER_TOKENS}}}
+    - name: talker
+      sampling: {{maxTokens: {TALKER_CODES}, minTokens: {TALKER_CODES}}}
+"""
+AUDIO = {"voice": "Chelsie", "format": "wav"}
+HELLO = [{"role": "user", "content": "hello"}]
+
+
+@pytest.fixture(scope="module")
+def served(tmp_module: Path) -> Iterator[Served]:
+    manifest = tmp_module / "tiny-omni.yaml"
+    manifest.write_text(MANIFEST)
+    s = start_serve(manifest)
+    yield s
+    pids = [pid for _, pid in s.workers.values()]
+    s.stop()
+    assert s.proc.returncode == 0, "".join(s.output[-30:])
+    time.sleep(0.5)
+    assert pids_alive(pids) == [], "omnipipe serve left orphan processes"
+
+
+@pytest.fixture
+def client(served: Served) -> Iterator[openai.OpenAI]:
+    c = openai.OpenAI(base_url=served.base_url, api_key="unused", max_retries=0)
+    yield c
+    c.close()
+
+
+def read_wav(data: bytes) -> tuple[int, int, int]:
+    with wave.open(io.BytesIO(data)) as w:
+        return w.getnchannels(), w.getframerate(), w.getnframes()
+
+
+def png_data_url() -> str:
+    buffer = io.BytesIO()
+    Image.fromarray(np.arange(48 * 48 * 3, dtype=np.uint8).reshape(48, 48, 3)).save(buffer, "PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
+def wav_b64(seconds: float = 0.5, rate: int = 16000) -> str:
+    t = np.arange(int(seconds * rate)) / rate
+    pcm = (np.sin(2 * np.pi * 440 * t) * 12000).astype("<i2").tobytes()
+    buffer = io.BytesIO()
+    with wave.open(buffer, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes(pcm)
+    return base64.b64encode(buffer.getvalue()).decode()
+
+
+def metric(served: Served, stage: str, name: str) -> float:
+    return served.metric(f"{stage}-0", name)
+
+
+def completions(served: Served, stage: str) -> float:
+    return metric(served, stage, "omnipipe_stage_request_duration_seconds_count")
+
+
+def test_chat_returns_text_and_a_wav(client: openai.OpenAI) -> None:
+    r = client.chat.completions.create(
+        model=MODEL, modalities=["text", "audio"], audio=AUDIO, messages=HELLO
+    )
+    message = r.choices[0].message
+    assert r.usage is not None and r.usage.completion_tokens == THINKER_TOKENS
+    assert r.choices[0].finish_reason == "length"
+    assert message.audio is not None and message.audio.transcript == message.content
+    assert read_wav(base64.b64decode(message.audio.data)) == (
+        1,
+        24000,
+        TALKER_CODES * SAMPLES_PER_CODE,
+    )
+
+
+def stream_events(client: openai.OpenAI, **kw: Any) -> list[tuple[float, str, Any]]:
+    """(seconds since the call, kind, payload) for each text delta, audio chunk, finish."""
+    started = time.monotonic()
+    events: list[tuple[float, str, Any]] = []
+    stream = client.chat.completions.create(
+        model=MODEL,
+        modalities=["text", "audio"],
+        audio={"voice": "Ethan", "format": "pcm16"},
+        messages=HELLO,
+        stream=True,
+        **kw,
+    )
+    with stream:
+        for chunk in stream:
+            now = time.monotonic() - started
+            choice = chunk.choices[0]
+            if choice.delta.content:
+                events.append((now, "text", choice.delta.content))
+            audio = getattr(choice.delta, "audio", None)
+            if audio is not None and audio.data:
+                events.append((now, "audio", base64.b64decode(audio.data)))
+            if choice.finish_reason:
+                events.append((now, "finish", choice.finish_reason))
+    return events
+
+
+def test_stream_sends_text_first_and_audio_last(client: openai.OpenAI) -> None:
+    events = stream_events(client)
+    kinds = [kind for _, kind, _ in events]
+    audio = [payload for _, kind, payload in events if kind == "audio"]
+    assert "text" in kinds and len(audio) == 3, kinds  # 25 + 25 + 10 codes
+    assert all(np.frombuffer(a, "<i2").any() for a in audio), "silent audio chunk"
+    assert kinds.index("text") < kinds.index("audio")
+    last_text = len(kinds) - 1 - kinds[::-1].index("text")
+    assert last_text < len(kinds) - 1 - kinds[::-1].index("audio")
+    assert kinds[-1] == "finish" and events[-1][2] == "length"
+    assert sum(len(a) for a in audio) == TALKER_CODES * SAMPLES_PER_CODE * 2  # s16le
+    first_audio = next(t for t, kind, _ in events if kind == "audio")
+    assert first_audio < events[-1][0]
+
+
+def test_talker_and_code2wav_start_before_the_thinker_ends(client: openai.OpenAI) -> None:
+    # 300 text tokens, but the first 25 codes need only the first ~26 of them: when the
+    # stages stream to each other, audio arrives while the text is still coming.
+    events = stream_events(
+        client, extra_body={"sampling_params_list": [{"max_tokens": 300, "min_tokens": 300}]}
+    )
+    kinds = [kind for _, kind, _ in events]
+    last_text = len(kinds) - 1 - kinds[::-1].index("text")
+    assert kinds.index("audio") < last_text, kinds
+
+
+def test_speech_returns_wav(client: openai.OpenAI) -> None:
+    r = client.audio.speech.create(model=MODEL, input="hello world", voice="Ethan")
+    assert read_wav(r.content) == (1, 24000, TALKER_CODES * SAMPLES_PER_CODE)
+
+
+def test_speech_streams_pcm(served: Served) -> None:
+    body = {"model": MODEL, "input": "hello", "voice": "Chelsie", "response_format": "pcm"}
+    arrivals: list[int] = []
+    with httpx.stream("POST", f"{served.base_url}/audio/speech", json=body, timeout=60) as r:
+        assert r.status_code == 200 and r.headers["x-sample-rate"] == "24000"
+        for part in r.iter_raw():
+            arrivals.append(len(part))
+    assert sum(arrivals) == TALKER_CODES * SAMPLES_PER_CODE * 2
+    assert len(arrivals) >= 2  # sent chunk by chunk, not as one body
+
+
+def test_speech_rejects_unknown_voice_and_format(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError, match="voices: Chelsie, Ethan"):
+        client.audio.speech.create(model=MODEL, input="hi", voice="alloy")
+    with pytest.raises(openai.BadRequestError, match="response_format"):
+        client.audio.speech.create(model=MODEL, input="hi", voice="Ethan", response_format="mp3")
+
+
+def test_image_and_audio_inputs_reach_the_processor(client: openai.OpenAI) -> None:
+    plain = client.chat.completions.create(model=MODEL, messages=HELLO)
+    media = client.chat.completions.create(
+        model=MODEL,
+        messages=[
+            {
+                "role": "user",
+                "content": [
+                    {"type": "text", "text": "hello"},
+                    {"type": "image_url", "image_url": {"url": png_data_url()}},
+                    {"type": "input_audio", "input_audio": {"data": wav_b64(), "format": "wav"}},
+                ],
+            }
+        ],
+    )
+    assert plain.usage is not None and media.usage is not None
+    # The processor expands each image and clip into its placeholder tokens.
+    assert media.usage.prompt_tokens > plain.usage.prompt_tokens + 4
+    assert media.usage.completion_tokens == THINKER_TOKENS
+
+
+def bad_part(part: dict[str, Any]) -> list[dict[str, Any]]:
+    return [{"role": "user", "content": [{"type": "text", "text": "look"}, part]}]
+
+
+GARBAGE = base64.b64encode(b"this is not media at all").decode()
+
+
+@pytest.mark.parametrize(
+    ("part", "message"),
+    [
+        (
+            {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{GARBAGE}"}},
+            "not a decodable image",
+        ),
+        (
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64,%%%"}},
+            "not valid base64",
+        ),
+        (
+            {"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}},
+            "data: URL",
+        ),
+        (
+            {"type": "input_audio", "input_audio": {"data": GARBAGE, "format": "wav"}},
+            "not a decodable WAV",
+        ),
+        (
+            {"type": "input_audio", "input_audio": {"data": wav_b64(), "format": "mp3"}},
+            "only wav",
+        ),
+    ],
+)
+@pytest.mark.parametrize("stream", [False, True])
+def test_malformed_media_is_a_400(
+    client: openai.OpenAI, part: dict[str, Any], message: str, stream: bool
+) -> None:
+    with pytest.raises(openai.BadRequestError, match=message):
+        client.chat.completions.create(model=MODEL, messages=bad_part(part), stream=stream)
+
+
+def test_sampling_params_per_stage(client: openai.OpenAI) -> None:
+    short = {"max_tokens": 3, "min_tokens": 3}
+    for form in ([short], {"thinker": short}):
+        r = client.chat.completions.create(
+            model=MODEL, messages=HELLO, extra_body={"sampling_params_list": form}
+        )
+        assert r.usage is not None and r.usage.completion_tokens == 3
+    r = client.chat.completions.create(
+        model=MODEL,
+        modalities=["text", "audio"],
+        audio=AUDIO,
+        messages=HELLO,
+        extra_body={"sampling_params_list": {"talker": {"max_tokens": 10, "min_tokens": 10}}},
+    )
+    assert r.choices[0].message.audio is not None
+    assert read_wav(base64.b64decode(r.choices[0].message.audio.data))[2] == 10 * SAMPLES_PER_CODE
+    for bad, match in (
+        ({"thinker": {"bogus": 1}}, "bogus"),
+        ({"nope": {"max_tokens": 1}}, "no stage 'nope'"),
+        ([{}, {}, {}, {}], "4 entries"),
+    ):
+        with pytest.raises(openai.BadRequestError, match=match):
+            client.chat.completions.create(
+                model=MODEL, messages=HELLO, extra_body={"sampling_params_list": bad}
+            )
+
+
+def test_seed_makes_text_and_audio_reproducible(client: openai.OpenAI) -> None:
+    def run(seed: int) -> tuple[str | None, str]:
+        r = client.chat.completions.create(
+            model=MODEL, modalities=["text", "audio"], audio=AUDIO, messages=HELLO, seed=seed
+        )
+        assert r.choices[0].message.audio is not None
+        return r.choices[0].message.content, r.choices[0].message.audio.data
+
+    first = run(7)
+    assert run(7) == first
+    assert run(8) != first
+
+
+def test_text_only_runs_only_the_thinker(served: Served, client: openai.OpenAI) -> None:
+    before = {s: completions(served, s) for s in ("thinker", "talker", "code2wav")}
+    r = client.chat.completions.create(model=MODEL, messages=HELLO)
+    assert r.choices[0].message.audio is None
+    after = {s: completions(served, s) for s in ("thinker", "talker", "code2wav")}
+    assert after["thinker"] == before["thinker"] + 1
+    assert (after["talker"], after["code2wav"]) == (before["talker"], before["code2wav"])
+
+
+def test_audio_metrics(served: Served, client: openai.OpenAI) -> None:
+    ttfa, rtf = (
+        "omnipipe_stage_time_to_first_audio_seconds_count",
+        "omnipipe_stage_real_time_factor_count",
+    )
+    before = {s: (metric(served, s, ttfa), metric(served, s, rtf)) for s in ("talker", "code2wav")}
+    client.chat.completions.create(
+        model=MODEL, modalities=["text", "audio"], audio=AUDIO, messages=HELLO
+    )
+    for stage in ("talker", "code2wav"):
+        assert metric(served, stage, ttfa) == before[stage][0] + 1
+        assert metric(served, stage, rtf) == before[stage][1] + 1
+    assert metric(served, "thinker", ttfa) == 0  # the thinker makes no audio
+
+
+def test_cancelling_mid_stream_frees_every_stage(served: Served, client: openai.OpenAI) -> None:
+    stages = ("thinker", "talker", "code2wav")
+    done_before = {s: completions(served, s) for s in stages}
+    long = [{"max_tokens": 4000, "min_tokens": 4000}, {"max_tokens": 4000, "min_tokens": 4000}]
+    stream = client.chat.completions.create(
+        model=MODEL,
+        modalities=["text", "audio"],
+        audio={"voice": "Ethan", "format": "pcm16"},
+        messages=HELLO,
+        stream=True,
+        extra_body={"sampling_params_list": long},
+    )
+    for chunk in stream:
+        audio = getattr(chunk.choices[0].delta, "audio", None)
+        if audio is not None and audio.data:
+            break  # every stage is busy now
+    assert all(metric(served, s, "omnipipe_stage_requests_running") == 1 for s in stages), (
+        "expected all three stages to hold the request"
+    )
+    stream.close()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        load = [
+            metric(served, s, "omnipipe_stage_requests_running")
+            + metric(served, s, "omnipipe_stage_requests_waiting")
+            for s in stages
+        ]
+        if load == [0, 0, 0]:
+            break
+        time.sleep(0.1)
+    assert load == [0, 0, 0], f"stages still hold the cancelled request: {load}"
+    # Aborted, not finished: no stage recorded a completed request.
+    assert {s: completions(served, s) for s in stages} == done_before
+
+
+TEXT_ONLY = """apiVersion: omnipipe.io/v1alpha1
+kind: OmniPipeline
+metadata: {name: tiny-chat}
+spec:
+  model: tiny://qwen2.5-omni
+  pipeline: custom
+  transfer: {backend: tcp}
+  stages:
+    - {name: llm, role: thinker, engine: transformers, sampling: {maxTokens: 5, minTokens: 5}}
+"""
+
+
+def test_a_text_only_pipeline_serves_chat(tmp_module: Path) -> None:
+    manifest = tmp_module / "tiny-chat.yaml"
+    manifest.write_text(TEXT_ONLY)
+    s = start_serve(manifest)
+    c = openai.OpenAI(base_url=s.base_url, api_key="unused", max_retries=0)
+    try:
+        deltas = [
+            chunk.choices[0].delta.content
+            for chunk in c.chat.completions.create(model="tiny-chat", messages=HELLO, stream=True)
+            if chunk.choices and chunk.choices[0].delta.content
+        ]
+        whole = c.chat.completions.create(model="tiny-chat", messages=HELLO, seed=3)
+        assert whole.usage is not None and whole.usage.completion_tokens == 5
+        assert deltas
+        with pytest.raises(openai.BadRequestError, match="no audio output stage"):
+            c.chat.completions.create(
+                model="tiny-chat", modalities=["text", "audio"], audio=AUDIO, messages=HELLO
+            )
+        with pytest.raises(openai.BadRequestError, match="does not produce speech"):
+            c.audio.speech.create(model="tiny-chat", input="hi", voice="Ethan")
+    finally:
+        c.close()
+        s.stop()
+    assert s.proc.returncode == 0
