@@ -97,9 +97,11 @@ def test_chat_returns_text_and_a_wav(client: openai.OpenAI) -> None:
         model=MODEL, modalities=["text", "audio"], audio=AUDIO, messages=HELLO
     )
     message = r.choices[0].message
-    assert r.usage is not None and r.usage.completion_tokens == THINKER_TOKENS
+    assert r.usage is not None
+    assert r.usage.completion_tokens == THINKER_TOKENS
     assert r.choices[0].finish_reason == "length"
-    assert message.audio is not None and message.audio.transcript == message.content
+    assert message.audio is not None
+    assert message.audio.transcript == message.content
     assert read_wav(base64.b64decode(message.audio.data)) == (
         1,
         24000,
@@ -142,7 +144,8 @@ def test_stream_sends_text_first_and_audio_last(client: openai.OpenAI) -> None:
     assert kinds.index("text") < kinds.index("audio")
     last_text = len(kinds) - 1 - kinds[::-1].index("text")
     assert last_text < len(kinds) - 1 - kinds[::-1].index("audio")
-    assert kinds[-1] == "finish" and events[-1][2] == "length"
+    assert kinds[-1] == "finish"
+    assert events[-1][2] == "length"
     assert sum(len(a) for a in audio) == TALKER_CODES * SAMPLES_PER_CODE * 2  # s16le
     first_audio = next(t for t, kind, _ in events if kind == "audio")
     assert first_audio < events[-1][0]
@@ -168,7 +171,8 @@ def test_speech_streams_pcm(served: Served) -> None:
     body = {"model": MODEL, "input": "hello", "voice": "Chelsie", "response_format": "pcm"}
     arrivals: list[int] = []
     with httpx.stream("POST", f"{served.base_url}/audio/speech", json=body, timeout=60) as r:
-        assert r.status_code == 200 and r.headers["x-sample-rate"] == "24000"
+        assert r.status_code == 200
+        assert r.headers["x-sample-rate"] == "24000"
         for part in r.iter_raw():
             arrivals.append(len(part))
     assert sum(arrivals) == TALKER_CODES * SAMPLES_PER_CODE * 2
@@ -197,7 +201,8 @@ def test_image_and_audio_inputs_reach_the_processor(client: openai.OpenAI) -> No
             }
         ],
     )
-    assert plain.usage is not None and media.usage is not None
+    assert plain.usage is not None
+    assert media.usage is not None
     # The processor expands each image and clip into its placeholder tokens.
     assert media.usage.prompt_tokens > plain.usage.prompt_tokens + 4
     assert media.usage.completion_tokens == THINKER_TOKENS
@@ -249,7 +254,8 @@ def test_sampling_params_per_stage(client: openai.OpenAI) -> None:
         r = client.chat.completions.create(
             model=MODEL, messages=HELLO, extra_body={"sampling_params_list": form}
         )
-        assert r.usage is not None and r.usage.completion_tokens == 3
+        assert r.usage is not None
+        assert r.usage.completion_tokens == 3
     r = client.chat.completions.create(
         model=MODEL,
         modalities=["text", "audio"],
@@ -366,7 +372,8 @@ def test_a_text_only_pipeline_serves_chat(tmp_module: Path) -> None:
             if chunk.choices and chunk.choices[0].delta.content
         ]
         whole = c.chat.completions.create(model="tiny-chat", messages=HELLO, seed=3)
-        assert whole.usage is not None and whole.usage.completion_tokens == 5
+        assert whole.usage is not None
+        assert whole.usage.completion_tokens == 5
         assert deltas
         with pytest.raises(openai.BadRequestError, match="no audio output stage"):
             c.chat.completions.create(
