@@ -139,7 +139,8 @@ def test_stream_sends_text_first_and_audio_last(client: openai.OpenAI) -> None:
     events = stream_events(client)
     kinds = [kind for _, kind, _ in events]
     audio = [payload for _, kind, payload in events if kind == "audio"]
-    assert "text" in kinds and len(audio) == 3, kinds  # 25 + 25 + 10 codes
+    assert "text" in kinds, kinds
+    assert len(audio) == 3, kinds  # 25 + 25 + 10 codes
     assert all(np.frombuffer(a, "<i2").any() for a in audio), "silent audio chunk"
     assert kinds.index("text") < kinds.index("audio")
     last_text = len(kinds) - 1 - kinds[::-1].index("text")
