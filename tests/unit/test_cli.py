@@ -47,7 +47,5 @@ def test_crd_command_prints_the_crd(capsys: pytest.CaptureFixture[str]) -> None:
 def test_serve_refuses_stages_it_cannot_run(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["serve", str(REPO / "examples/qwen2.5-omni.yaml")]) == 2
     err = capsys.readouterr().err
-    assert (
-        "cannot run these stages yet: thinker (thinker), talker (talker), code2wav (code2wav)"
-        in err
-    )
+    # The real model's thinker runs on vLLM, which this build does not drive yet.
+    assert "cannot run these stages yet: thinker (thinker on vllm)" in err

@@ -1,26 +1,30 @@
-"""Stage implementations by role."""
+"""Stage implementations by role and engine."""
 
 from __future__ import annotations
 
 from omnipipe.api import ResolvedStage
-from omnipipe.api.spec import Role
+from omnipipe.api.spec import Engine, Role
 from omnipipe.worker.stages.base import Stage
 
-IMPLEMENTED_ROLES = frozenset(
+IMPLEMENTED = frozenset(
     {
-        Role.TEXT_ENCODER,
-        Role.DENOISER,
-        Role.VAE_DECODER,
-        Role.THINKER,
-        Role.TALKER,
-        Role.CODE2WAV,
+        (Role.TEXT_ENCODER, Engine.TRANSFORMERS),
+        (Role.DENOISER, Engine.DIFFUSERS),
+        (Role.VAE_DECODER, Engine.DIFFUSERS),
+        (Role.THINKER, Engine.TRANSFORMERS),
+        (Role.TALKER, Engine.TRANSFORMERS),
+        (Role.CODE2WAV, Engine.TRANSFORMERS),
     }
 )
 
 
 def unimplemented_stages(stages: list[ResolvedStage]) -> list[str]:
-    """Stages this worker build cannot run yet, as "name (role)"."""
-    return [f"{s.name} ({s.role.value})" for s in stages if s.role not in IMPLEMENTED_ROLES]
+    """Stages this worker build cannot run yet, as "name (role on engine)"."""
+    return [
+        f"{s.name} ({s.role.value} on {s.engine.value})"
+        for s in stages
+        if (s.role, s.engine) not in IMPLEMENTED
+    ]
 
 
 def stage_class(spec: ResolvedStage) -> type[Stage]:
@@ -34,6 +38,9 @@ def stage_class(spec: ResolvedStage) -> type[Stage]:
         Role.TALKER: qwen_omni.TalkerStage,
         Role.CODE2WAV: qwen_omni.Code2WavStage,
     }
-    if spec.role not in classes:
-        raise NotImplementedError(f"stage role {spec.role} is not implemented by this worker yet")
+    if (spec.role, spec.engine) not in IMPLEMENTED:
+        raise NotImplementedError(
+            f"stage {spec.name}: role {spec.role.value} on engine {spec.engine.value} is not "
+            "implemented by this worker"
+        )
     return classes[spec.role]

@@ -1,0 +1,204 @@
+"""The Qwen2.5-Omni stages on tiny://qwen2.5-omni, driven by hand (no processes):
+hand-offs equal transformers' own, streaming equals all-at-once, chunks are stable."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pytest
+import torch
+
+from omnipipe.api import ResolvedStage
+from omnipipe.api.spec import Engine, Role
+from omnipipe.worker.models.tiny import resolve_model_path
+from omnipipe.worker.stages.base import Chunk, Session, StageInputError, StageJob, StepResult
+from omnipipe.worker.stages.qwen_omni import Code2WavStage, TalkerStage, ThinkerStage
+
+pytestmark = pytest.mark.timeout(300)
+HELLO = [{"role": "user", "content": "hello there"}]
+GREEDY_6 = {"temperature": 0, "max_tokens": 6}
+
+
+def spec(name: str, role: Role, **fields: Any) -> ResolvedStage:
+    return ResolvedStage(
+        name=name,
+        role=role,
+        engine=Engine.TRANSFORMERS,
+        model="tiny://qwen2.5-omni",
+        inputs=(),
+        replicas=1,
+        cpu=None,
+        memory=None,
+        gpus=0,
+        engine_args=fields.get("engine_args", {}),
+        sampling=fields.get("sampling", {}),
+        env=(),
+        node_selector={},
+        tolerations=(),
+        autoscaling=None,
+        target=None,
+    )
+
+
+@pytest.fixture(scope="module")
+def path() -> str:
+    return resolve_model_path("tiny://qwen2.5-omni")
+
+
+@pytest.fixture(scope="module")
+def thinker(path: str) -> ThinkerStage:
+    stage = ThinkerStage(spec("thinker", Role.THINKER), path, "cpu")
+    stage.load()
+    return stage
+
+
+@pytest.fixture(scope="module")
+def talker(path: str) -> TalkerStage:
+    stage = TalkerStage(spec("talker", Role.TALKER), path, "cpu")
+    stage.load()
+    return stage
+
+
+@pytest.fixture(scope="module")
+def code2wav(path: str) -> Code2WavStage:
+    stage = Code2WavStage(spec("code2wav", Role.CODE2WAV), path, "cpu")
+    stage.load()
+    return stage
+
+
+def drain(session: Session, chunks: Sequence[Chunk] = ()) -> Iterator[StepResult]:
+    """Step until the session wants input or is done."""
+    step = session.step(chunks)
+    while step is not None:
+        yield step
+        if step.done:
+            return
+        step = session.step([])
+
+
+def thinker_chunks(thinker: ThinkerStage, sampling: dict[str, Any]) -> list[Chunk]:
+    session = thinker.open(StageJob({"messages": HELLO, "audio": True, "sampling": sampling}, {}))
+    return [
+        Chunk("thinker", step.tensors, step.done)
+        for step in drain(session)
+        if step.tensors or step.done
+    ]
+
+
+def test_thinker_text_equals_transformers_generate(thinker: ThinkerStage) -> None:
+    session = thinker.open(StageJob({"messages": HELLO, "sampling": GREEDY_6}, {}))
+    text = "".join(o.get("text", "") for step in drain(session) for o in step.outputs)
+    inputs = thinker.processor(
+        text=[
+            thinker.processor.apply_chat_template(HELLO, add_generation_prompt=True, tokenize=False)
+        ],
+        return_tensors="pt",
+    )
+    ids = thinker.thinker.generate(**inputs, max_new_tokens=6, do_sample=False)
+    expected = thinker.tokenizer.decode(
+        ids[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True
+    )
+    assert text == expected
+
+
+def test_thinker_hands_the_talker_what_transformers_does(path: str, thinker: ThinkerStage) -> None:
+    """The talker's prefill embeddings and reply rows, against what
+    Qwen2_5OmniForConditionalGeneration.generate passes to talker.generate."""
+    from transformers import Qwen2_5OmniForConditionalGeneration
+
+    model = Qwen2_5OmniForConditionalGeneration.from_pretrained(path)
+    seen: dict[str, Any] = {}
+
+    class Captured(Exception):
+        pass
+
+    def capture(**kwargs: Any) -> None:
+        seen.update(kwargs)
+        raise Captured
+
+    model.talker.generate = capture
+    inputs = thinker.processor(
+        text=[
+            thinker.processor.apply_chat_template(HELLO, add_generation_prompt=True, tokenize=False)
+        ],
+        return_tensors="pt",
+    )
+    with pytest.raises(Captured):
+        model.generate(**inputs, thinker_max_new_tokens=6, thinker_do_sample=False)
+    chunks = thinker_chunks(thinker, GREEDY_6)
+    prompt = chunks[0].tensors
+    rows = torch.cat([c.tensors["reply"] for c in chunks if "reply" in c.tensors])
+    prefill = torch.cat([prompt["prompt_embeds"], prompt["text_bos_embed"][None], rows[:1]])
+    torch.testing.assert_close(prefill, seen["inputs_embeds"][0], rtol=0, atol=1e-6)
+    stream = torch.cat([rows[1:], prompt["text_eos_embed"][None], prompt["text_pad_embed"][None]])
+    torch.testing.assert_close(stream, seen["thinker_reply_part"][0], rtol=0, atol=1e-6)
+    assert torch.equal(
+        torch.cat([prompt["input_ids"], prompt["text_bos_id"], prompt["first_token_id"]]),
+        seen["input_text_ids"][0],
+    )
+
+
+def talker_codes(talker: TalkerStage, chunks: list[Chunk], together: bool) -> list[int]:
+    session = talker.open(StageJob({"sampling": {"temperature": 0, "max_tokens": 40}}, {}))
+    codes: list[int] = []
+    feeds = [chunks] if together else [[c] for c in chunks]
+    for feed in feeds:
+        for step in drain(session, feed):
+            if "codes" in step.tensors:
+                codes += step.tensors["codes"].tolist()
+    return codes
+
+
+def test_talker_streaming_equals_all_at_once(thinker: ThinkerStage, talker: TalkerStage) -> None:
+    chunks = thinker_chunks(thinker, {"temperature": 0, "max_tokens": 20})
+    assert len(chunks) > 5  # the thinker streamed row by row
+    streamed = talker_codes(talker, chunks, together=False)
+    assert streamed == talker_codes(talker, chunks, together=True)
+    assert len(streamed) == 40
+
+
+def test_code2wav_audio_does_not_depend_on_chunking(code2wav: Code2WavStage) -> None:
+    codes = torch.arange(60) % 128
+
+    def audio(groups: list[int]) -> bytes:
+        session = code2wav.open(StageJob({"seed": 5}, {}))
+        out = b""
+        start = 0
+        for i, size in enumerate(groups):
+            part = codes[start : start + size]
+            start += size
+            final = i == len(groups) - 1
+            for step in drain(session, [Chunk("talker", {"codes": part}, final)]):
+                out += b"".join(o["audio"].encode() for o in step.outputs)
+        return out
+
+    assert audio([25, 25, 10]) == audio([60]) == audio([7, 50, 3])
+
+
+def test_unknown_voice_and_bad_media_are_input_errors(
+    thinker: ThinkerStage, code2wav: Code2WavStage
+) -> None:
+    with pytest.raises(StageInputError, match="voices: Chelsie, Ethan"):
+        code2wav.open(StageJob({"voice": "alloy"}, {}))
+    with pytest.raises(StageInputError, match="voices"):
+        thinker.open(StageJob({"messages": HELLO, "audio": True, "voice": "alloy"}, {}))
+    image = [{"role": "user", "content": [{"type": "image", "data": "aGVsbG8="}]}]
+    with pytest.raises(StageInputError, match=r"messages\[0\].content\[0\]: not a decodable"):
+        thinker.open(StageJob({"messages": image}, {}))
+    with pytest.raises(StageInputError, match="max_tokens"):
+        thinker.open(StageJob({"messages": HELLO, "sampling": {"max_tokens": 0}}, {}))
+
+
+def test_spec_sampling_is_the_default_and_requests_override_it(path: str) -> None:
+    stage = ThinkerStage(
+        spec("thinker", Role.THINKER, sampling={"max_tokens": 4, "min_tokens": 4}), path, "cpu"
+    )
+    stage.load()
+
+    def tokens(sampling: dict[str, Any] | None) -> int:
+        steps = list(drain(stage.open(StageJob({"messages": HELLO, "sampling": sampling}, {}))))
+        return int(steps[-1].outputs[-1]["completion_tokens"])
+
+    assert tokens(None) == 4
+    assert tokens({"max_tokens": 2, "min_tokens": 2}) == 2
