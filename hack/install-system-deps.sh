@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Debian packages the tests need: etcd (the API server's store), openssl (test certs),
-# prometheus (autoscaling tests) and curl (a test client).
+# prometheus (autoscaling tests), curl (a test client), and the benchmarks' anchors and
+# load generator: ucx_perftest (ucx-utils) and wrk.
 # Go itself (>= 1.24, for hack/build-k8s.sh) must already be installed.
 # Installs only what is missing; uses sudo when not root.
 set -euo pipefail
@@ -9,6 +10,8 @@ command -v etcd >/dev/null || need+=(etcd-server)
 command -v openssl >/dev/null || need+=(openssl)
 command -v prometheus >/dev/null || need+=(prometheus)
 command -v curl >/dev/null || need+=(curl)
+command -v ucx_perftest >/dev/null || need+=(ucx-utils)
+command -v wrk >/dev/null || need+=(wrk)
 if ((${#need[@]} == 0)); then exit 0; fi
 SUDO=""
 [[ $(id -u) == 0 ]] || SUDO="sudo"
