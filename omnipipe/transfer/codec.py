@@ -67,7 +67,7 @@ def decode_header(raw: bytes) -> dict[str, Any]:
     return header
 
 
-def rebuild(spec: dict[str, Any], buf: bytearray, device: str = "cpu") -> torch.Tensor:
+def rebuild(spec: dict[str, Any], buf: Any, device: str = "cpu") -> torch.Tensor:
     try:
         dtype = DTYPES[spec["dtype"]]
         shape = [int(s) for s in spec["shape"]]

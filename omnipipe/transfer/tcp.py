@@ -1,12 +1,16 @@
-"""TCP backend: asyncio streams. Frame = u32 header length, msgpack header, buffers;
+"""TCP backend: non-blocking sockets on the event loop. Frame = u32 header length,
+msgpack header, buffers;
 the receiver answers one ack byte once the message sits in the mailbox."""
 
 from __future__ import annotations
 
 import asyncio
+import socket
 import struct
 import time
-from contextlib import suppress
+from typing import Any
+
+import numpy as np
 
 from omnipipe.transfer.base import Message, Receiver, Sender, TransferStats, split_address
 from omnipipe.transfer.codec import (
@@ -20,6 +24,18 @@ from omnipipe.transfer.codec import (
 )
 
 ACK = b"\x06"
+# Large socket buffers: each event-loop wakeup moves more bytes, which is what limits an
+# asyncio transfer of megabytes (the kernel caps them at net.core.[rw]mem_max).
+SOCKET_BUFFER = 8 << 20
+
+
+def _tune(sock: socket.socket) -> None:
+    sock.setblocking(False)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SOCKET_BUFFER)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, SOCKET_BUFFER)
+
+
 _LEN = struct.Struct("!I")
 
 
@@ -39,7 +55,7 @@ def frame_header(message: Message) -> tuple[dict[str, object], list[memoryview]]
     return header, buffers
 
 
-def message_from(header: dict[str, object], buffers: list[bytearray]) -> Message:
+def message_from(header: dict[str, object], buffers: list[Any]) -> Message:
     specs = header["tensors"]
     assert isinstance(specs, list)
     tensors = {s["name"]: rebuild(s, b) for s, b in zip(specs, buffers, strict=True)}
@@ -54,85 +70,136 @@ def message_from(header: dict[str, object], buffers: list[bytearray]) -> Message
     )
 
 
+async def _recv_into(
+    loop: asyncio.AbstractEventLoop, sock: socket.socket, view: memoryview
+) -> None:
+    got = 0
+    while got < len(view):
+        n = await loop.sock_recv_into(sock, view[got:])
+        if n == 0:
+            raise asyncio.IncompleteReadError(bytes(view[:got]), len(view))
+        got += n
+
+
+async def _recv_exact(loop: asyncio.AbstractEventLoop, sock: socket.socket, n: int) -> Any:
+    """n bytes in a fresh numpy buffer: uninitialised memory, so the only pass over it is
+    the kernel's copy (a bytearray would be zero-filled first)."""
+    buf: Any = np.empty(n, dtype=np.uint8)
+    if n:
+        await _recv_into(loop, sock, memoryview(buf).cast("B"))
+    return buf
+
+
 class TcpReceiver(Receiver):
+    """Raw non-blocking sockets: tensor bytes are received straight into the buffers the
+    tensors are built on (no stream buffer, no intermediate copies)."""
+
     scheme = "tcp"
-    _server: asyncio.Server | None = None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._sock: socket.socket | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
-        self._server = await asyncio.start_server(
-            self._serve, self._host, self._port, limit=1 << 20
-        )
-        self._port = self._server.sockets[0].getsockname()[1]
+        self._sock = socket.create_server((self._host, self._port), reuse_port=False)
+        self._sock.setblocking(False)
+        self._port = self._sock.getsockname()[1]
+        self._track(asyncio.create_task(self._accept()))
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def _track(self, task: asyncio.Task[None]) -> None:
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _accept(self) -> None:
+        loop = asyncio.get_running_loop()
+        assert self._sock is not None
+        while True:
+            conn, _ = await loop.sock_accept(self._sock)
+            _tune(conn)
+            self._track(asyncio.create_task(self._serve(conn)))
+
+    async def _serve(self, conn: socket.socket) -> None:
+        loop = asyncio.get_running_loop()
         try:
             while True:
                 try:
-                    (size,) = _LEN.unpack(await reader.readexactly(_LEN.size))
+                    (size,) = _LEN.unpack((await _recv_exact(loop, conn, _LEN.size)).tobytes())
                 except asyncio.IncompleteReadError:
                     return
                 if size > MAX_HEADER:
                     raise CodecError(f"header of {size} bytes exceeds {MAX_HEADER}")
                 started = time.perf_counter()
-                header = decode_header(await reader.readexactly(size))
+                header = decode_header((await _recv_exact(loop, conn, size)).tobytes())
                 buffers = [
-                    bytearray(await reader.readexactly(int(s["nbytes"]))) for s in header["tensors"]
+                    await _recv_exact(loop, conn, int(s["nbytes"])) for s in header["tensors"]
                 ]
                 message = message_from(header, buffers)
                 await self.mailbox.put(message)
                 self.stats.on_transfer(message.nbytes, time.perf_counter() - started)
-                writer.write(ACK)
-                await writer.drain()
+                await loop.sock_sendall(conn, ACK)
         except (CodecError, ConnectionError, asyncio.IncompleteReadError):
             return
         finally:
-            writer.close()
-            with suppress(ConnectionError):
-                await writer.wait_closed()
+            conn.close()
 
     async def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            await self._server.wait_closed()
+        for task in list(self._tasks):
+            task.cancel()
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
 
 
 class TcpSender(Sender):
     """Keeps idle connections per address; concurrent sends open more, so one slow
-    request never blocks another's hand-off."""
+    request never blocks another's hand-off. Buffers go out with sock_sendall, which
+    sends from the tensor's memory without copying it."""
 
     def __init__(self, stats: TransferStats | None = None) -> None:
         super().__init__(stats)
-        self._idle: dict[str, list[tuple[asyncio.StreamReader, asyncio.StreamWriter]]] = {}
+        self._idle: dict[str, list[socket.socket]] = {}
 
-    async def _connection(self, address: str) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    async def _connection(self, address: str) -> socket.socket:
         idle = self._idle.get(address)
         if idle:
             return idle.pop()
         host, port = split_address(address, "tcp")
-        return await asyncio.open_connection(host, port)
+        loop = asyncio.get_running_loop()
+        family, kind, proto, _, target = (
+            await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        )[0]
+        sock = socket.socket(family, kind, proto)
+        _tune(sock)
+        try:
+            await loop.sock_connect(sock, target)
+        except BaseException:
+            sock.close()
+            raise
+        return sock
 
     async def send(self, address: str, message: Message) -> None:
         header, buffers = frame_header(message)
         raw = encode_header(header)
         started = time.perf_counter()
-        reader, writer = await self._connection(address)
+        loop = asyncio.get_running_loop()
+        sock = await self._connection(address)
         try:
-            writer.write(_LEN.pack(len(raw)))
-            writer.write(raw)
+            await loop.sock_sendall(sock, _LEN.pack(len(raw)) + raw)
             for buf in buffers:
-                writer.write(buf)
-                await writer.drain()
-            await writer.drain()
-            if await reader.readexactly(1) != ACK:
+                if len(buf):
+                    await loop.sock_sendall(sock, buf)
+            ack = await loop.sock_recv(sock, 1)
+            if ack != ACK:
                 raise ConnectionError(f"{address} did not acknowledge")
         except BaseException:
-            writer.close()
+            sock.close()
             raise
-        self._idle.setdefault(address, []).append((reader, writer))
+        self._idle.setdefault(address, []).append(sock)
         self.stats.on_transfer(message.nbytes, time.perf_counter() - started)
 
     async def close(self) -> None:
-        for conns in self._idle.values():
-            for _, writer in conns:
-                writer.close()
+        for socks in self._idle.values():
+            for sock in socks:
+                sock.close()
         self._idle.clear()

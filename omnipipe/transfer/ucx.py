@@ -16,12 +16,36 @@ from omnipipe.transfer.codec import MAX_HEADER, CodecError, decode_header, encod
 from omnipipe.transfer.tcp import frame_header, message_from
 
 os.environ.setdefault("UCX_WARN_UNUSED_ENV_VARS", "n")
+# Without it ucxx awaits a request by polling it from the event loop, so a receive left
+# pending on an idle endpoint burns a core; with it a notifier thread completes Python
+# futures, an idle worker sleeps, and endpoints can stay open between messages.
+os.environ.setdefault("UCXPY_ENABLE_PYTHON_FUTURE", "1")
 
 
 def _ucxx() -> Any:
     import ucxx
 
     return ucxx
+
+
+class _Context:
+    """ucxx's context (and its notifier thread) belongs to the event loop that made it and
+    keeps the process alive until stopped: reset it when the last user closes, so that
+    process exit never hangs and a later event loop starts afresh."""
+
+    users = 0
+
+    @classmethod
+    def acquire(cls) -> Any:
+        cls.users += 1
+        return _ucxx()
+
+    @classmethod
+    def release(cls) -> None:
+        cls.users -= 1
+        if cls.users == 0:
+            with contextlib.suppress(Exception):
+                _ucxx().reset()
 
 
 def _closed_errors() -> tuple[type[BaseException], ...]:
@@ -38,17 +62,17 @@ class UcxReceiver(Receiver):
         self._handlers: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
-        self._listener = _ucxx().create_listener(self._serve, self._port)
+        self._listener = _Context.acquire().create_listener(self._serve, self._port)
         self._port = self._listener.port
 
     async def _serve(self, ep: Any) -> None:
-        # One message per endpoint: a receive left pending on an idle endpoint makes ucxx
-        # spin a core (its request wait polls), so nothing waits between messages.
+        """Messages, one after another, until the sender closes the endpoint."""
         task = asyncio.current_task()
         if task is not None:
             self._handlers.add(task)
         try:
-            await self._receive_one(ep)
+            while True:
+                await self._receive_one(ep)
         except Exception as exc:
             # A peer that went away or sent garbage ends only its own connection.
             if not isinstance(exc, (*_closed_errors(), CodecError)):
@@ -74,7 +98,7 @@ class UcxReceiver(Receiver):
             if buf.nbytes:
                 await ep.recv(buf)
             buffers.append(buf)
-        message = message_from(header, buffers)  # type: ignore[arg-type]
+        message = message_from(header, buffers)
         await self.mailbox.put(message)
         self.stats.on_transfer(message.nbytes, time.perf_counter() - started)
         await ep.send(np.ones(1, dtype=np.uint8))
@@ -85,13 +109,25 @@ class UcxReceiver(Receiver):
         if self._listener is not None:
             self._listener.close()
             self._listener = None
+            _Context.release()
 
 
 class UcxSender(Sender):
-    """A fresh endpoint per message (see UcxReceiver._serve for why none is kept)."""
+    """Keeps idle endpoints per address; concurrent sends open more."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._idle: dict[str, list[Any]] = {}
+        self._acquired = False
 
     async def _endpoint(self, address: str) -> Any:
+        idle = self._idle.get(address)
+        if idle:
+            return idle.pop()
         host, port = split_address(address, "ucx")
+        if not self._acquired:
+            _Context.acquire()
+            self._acquired = True
         return await _ucxx().create_endpoint(host, port)
 
     async def send(self, address: str, message: Message) -> None:
@@ -107,10 +143,19 @@ class UcxSender(Sender):
                     await ep.send(np.frombuffer(buf, dtype=np.uint8))
             ack = np.empty(1, dtype=np.uint8)
             await ep.recv(ack)
-        finally:
+        except BaseException:
             with contextlib.suppress(Exception):
                 await ep.close()
+            raise
+        self._idle.setdefault(address, []).append(ep)
         self.stats.on_transfer(message.nbytes, time.perf_counter() - started)
 
     async def close(self) -> None:
-        return None
+        for endpoints in self._idle.values():
+            for ep in endpoints:
+                with contextlib.suppress(Exception):
+                    await ep.close()
+        self._idle.clear()
+        if self._acquired:
+            self._acquired = False
+            _Context.release()

@@ -1,0 +1,273 @@
+"""Stage-to-stage hand-off between two processes on loopback: omnipipe's ucx and tcp
+backends beside a single-process memcpy (the physical limit), UCX's own ucx_perftest
+(tag_bw / tag_lat, from Debian's ucx-utils) and a plain Python socket send.
+
+A hand-off is what a stage does: send one message (msgpack header + raw tensor bytes)
+and wait until the receiver has it in its mailbox (the ack). The receiver process takes
+every message out of its mailbox, as a stage's worker does.
+
+    .venv/bin/python bench/transfer.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import re
+import socket
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from _common import REPO, median, record, table
+
+KIB, MIB = 1024, 1024 * 1024
+SIZES = {"4KiB": 4 * KIB, "1MiB": MIB, "64MiB": 64 * MIB}
+ITERATIONS = {"4KiB": 2000, "1MiB": 200, "64MiB": 20}
+QUICK_ITERATIONS = {"4KiB": 100, "1MiB": 10, "64MiB": 3}
+ENV = {**os.environ, "UCX_NET_DEVICES": "lo"}
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+# ---- omnipipe backends --------------------------------------------------------------
+
+
+async def _serve_omnipipe(backend: str) -> None:
+    """Receiver process: print the address, then empty the mailbox in request order."""
+    from omnipipe.transfer import Mailbox, make_receiver
+
+    mailbox = Mailbox()
+    receiver = make_receiver(backend, mailbox)
+    await receiver.start()
+    print(receiver.address, flush=True)
+    i = 0
+    try:
+        while True:
+            await mailbox.get(f"r{i}")
+            mailbox.discard(f"r{i}")
+            i += 1
+    finally:
+        await receiver.close()
+
+
+async def _send_omnipipe(backend: str, address: str, size: int, n: int) -> list[float]:
+    import torch
+
+    from omnipipe.transfer import Message, make_sender
+
+    sender = make_sender(backend)
+    payload = {"x": torch.ones(size, dtype=torch.uint8)}
+    times = []
+    try:
+        for i in range(n):
+            started = time.perf_counter()
+            await sender.send(address, Message(f"r{i}", "bench", payload))
+            times.append(time.perf_counter() - started)
+    finally:
+        await sender.close()
+    return times
+
+
+def omnipipe_run(backend: str, size_name: str, n: int) -> list[float]:
+    proc = subprocess.Popen(
+        [sys.executable, __file__, "--serve", backend],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=ENV,
+        cwd=REPO,
+    )
+    try:
+        assert proc.stdout is not None
+        address = proc.stdout.readline().strip()
+        warmup = 3
+        times = asyncio.run(_send_omnipipe(backend, address, SIZES[size_name], n + warmup))
+        return times[warmup:]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+# ---- plain socket --------------------------------------------------------------------
+
+
+def _serve_socket() -> None:
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        print(f"{server.getsockname()[1]}", flush=True)
+        conn, _ = server.accept()
+        buffer = bytearray(64 * MIB)
+        with conn:
+            while True:
+                header = conn.recv(8, socket.MSG_WAITALL)
+                if len(header) < 8:
+                    return
+                (length,) = struct.unpack("<Q", header)
+                view, got = memoryview(buffer)[:length], 0
+                while got < length:
+                    got += conn.recv_into(view[got:], length - got)
+                conn.sendall(b"k")
+
+
+def socket_run(size_name: str, n: int) -> list[float]:
+    proc = subprocess.Popen(
+        [sys.executable, __file__, "--serve", "socket"], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None
+        port = int(proc.stdout.readline())
+        payload = bytes(SIZES[size_name])
+        frame = struct.pack("<Q", len(payload))
+        times = []
+        with socket.create_connection(("127.0.0.1", port)) as conn:
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            for _ in range(n + 3):
+                started = time.perf_counter()
+                conn.sendall(frame)
+                conn.sendall(payload)
+                conn.recv(1)
+                times.append(time.perf_counter() - started)
+        return times[3:]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+# ---- memcpy and ucx_perftest ---------------------------------------------------------
+
+
+def memcpy_run(size_name: str, n: int) -> list[float]:
+    import torch
+
+    src = torch.ones(SIZES[size_name], dtype=torch.uint8)
+    dst = torch.empty_like(src)
+    times = []
+    for _ in range(n + 3):
+        started = time.perf_counter()
+        dst.copy_(src)
+        times.append(time.perf_counter() - started)
+    return times[3:]
+
+
+FINAL = re.compile(r"^Final:\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)")
+
+
+def perftest(test: str, size: int, n: int) -> tuple[float, float]:
+    """(median overhead in seconds, average bandwidth in bytes/s) from ucx_perftest."""
+    port = 20000 + os.getpid() % 20000
+    server = subprocess.Popen(
+        ["ucx_perftest", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=ENV,
+    )
+    try:
+        for _ in range(50):
+            time.sleep(0.1)
+            client = subprocess.run(
+                ["ucx_perftest", "127.0.0.1", "-p", str(port), "-t", test, "-s", str(size)]
+                + ["-n", str(n)],
+                capture_output=True,
+                text=True,
+                env=ENV,
+                timeout=300,
+            )
+            for line in client.stdout.splitlines():
+                if m := FINAL.match(line.strip()):
+                    return float(m[2]) * 1e-6, float(m[5]) * MIB
+        raise RuntimeError(f"ucx_perftest {test} gave no result:\n{client.stdout}{client.stderr}")
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def perftest_row(size_name: str, n: int) -> dict[str, float]:
+    size = SIZES[size_name]
+    one_way, _ = perftest("tag_lat", size, n)
+    _, bandwidth = perftest("tag_bw", size, n)
+    # tag_lat reports half a round trip; a hand-off waits for the ack, a full one.
+    return {"gbps": bandwidth / 1e9, "p50_us": 2 * one_way * 1e6, "p99_us": float("nan")}
+
+
+def timed_row(times: list[float], size: int) -> dict[str, float]:
+    return {
+        "gbps": size * len(times) / sum(times) / 1e9,
+        "p50_us": median(times) * 1e6,
+        "p99_us": percentile(times, 0.99) * 1e6,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="few iterations (smoke test)")
+    parser.add_argument("--serve", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve == "socket":
+        _serve_socket()
+        return
+    if args.serve:
+        asyncio.run(_serve_omnipipe(args.serve))
+        return
+    counts = QUICK_ITERATIONS if args.quick else ITERATIONS
+    results: dict[str, dict[str, dict[str, float]]] = {}
+    for size_name, n in counts.items():
+        size = SIZES[size_name]
+        print(f"[{size_name}] {n} hand-offs per path ...", flush=True)
+        results[size_name] = {
+            "memcpy": timed_row(memcpy_run(size_name, n), size),
+            "ucx_perftest": perftest_row(size_name, n),
+            "socket": timed_row(socket_run(size_name, n), size),
+            "omnipipe-ucx": timed_row(omnipipe_run("ucx", size_name, n), size),
+            "omnipipe-tcp": timed_row(omnipipe_run("tcp", size_name, n), size),
+        }
+    rows = []
+    for size_name, paths in results.items():
+        for path, r in paths.items():
+            anchor = {"omnipipe-ucx": "ucx_perftest", "omnipipe-tcp": "socket"}.get(path)
+            ratio = f"{r['gbps'] / paths[anchor]['gbps']:.2f}x {anchor}" if anchor else ""
+            rows.append(
+                [
+                    size_name,
+                    path,
+                    f"{r['gbps']:.3f}",
+                    f"{r['p50_us']:.1f}",
+                    "n/a" if r["p99_us"] != r["p99_us"] else f"{r['p99_us']:.1f}",
+                    f"{r['gbps'] / paths['memcpy']['gbps']:.3f}",
+                    ratio,
+                ]
+            )
+    print()
+    print(
+        table(
+            ["size", "path", "GB/s", "p50 us", "p99 us", "vs memcpy", "GB/s vs anchor"], rows
+        )
+    )
+    print("(ucx_perftest p50 is 2x its tag_lat half-round-trip; its p99 is not reported)")
+    record("transfer", results, args.quick)
+    summary = {
+        f"{path.replace('omnipipe-', '')}_{size_name.lower()}_{key}": paths[path][key]
+        for size_name, paths in results.items()
+        for path in ("omnipipe-ucx", "omnipipe-tcp")
+        for key in ("gbps", "p50_us")
+    }
+    summary |= {
+        f"ucx_vs_perftest_{s.lower()}": results[s]["omnipipe-ucx"]["gbps"]
+        / results[s]["ucx_perftest"]["gbps"]
+        for s in results
+    }
+    summary |= {
+        f"tcp_vs_socket_{s.lower()}": results[s]["omnipipe-tcp"]["gbps"]
+        / results[s]["socket"]["gbps"]
+        for s in results
+    }
+    print("transfer: " + " ".join(f"{k}={v:.3g}" for k, v in summary.items()))
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    main()
