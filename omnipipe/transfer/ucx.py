@@ -1,11 +1,13 @@
-"""UCX backend (ucxx): the same frames as TCP, carried over UCX endpoints, which pick
-shared memory, CMA, TCP or RDMA as the hardware allows. Imported only when selected."""
+"""UCX backend (ucxx): the same frames as TCP, carried as UCX active messages over
+persistent endpoints, which pick shared memory, CMA, TCP or RDMA as the hardware allows.
+Imported only when selected."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import os
+import struct
 import time
 from typing import Any
 
@@ -14,6 +16,12 @@ import numpy as np
 from omnipipe.transfer.base import Message, Receiver, Sender, split_address
 from omnipipe.transfer.codec import MAX_HEADER, CodecError, decode_header, encode_header
 from omnipipe.transfer.tcp import frame_header, message_from
+
+# Small tensors travel inside the frame (one active message carries a whole small
+# hand-off); larger ones follow as their own active messages, sent from their memory.
+INLINE_MAX = 64 * 1024
+_LEN = struct.Struct("!I")
+_ACK = np.ones(1, dtype=np.uint8)
 
 os.environ.setdefault("UCX_WARN_UNUSED_ENV_VARS", "n")
 # Without it ucxx awaits a request by polling it from the event loop, so a receive left
@@ -84,24 +92,25 @@ class UcxReceiver(Receiver):
                 await ep.close()
 
     async def _receive_one(self, ep: Any) -> None:
-        size = np.empty(1, dtype=np.uint64)
-        await ep.recv(size)
-        if int(size[0]) > MAX_HEADER:
-            raise CodecError(f"header of {int(size[0])} bytes exceeds {MAX_HEADER}")
+        frame = await ep.am_recv()
         started = time.perf_counter()
-        raw = np.empty(int(size[0]), dtype=np.uint8)
-        await ep.recv(raw)
-        header = decode_header(raw.tobytes())
+        (size,) = _LEN.unpack(frame[: _LEN.size].tobytes())
+        if size > MAX_HEADER:
+            raise CodecError(f"header of {size} bytes exceeds {MAX_HEADER}")
+        offset = _LEN.size + size
+        header = decode_header(frame[_LEN.size : offset].tobytes())
         buffers = []
         for spec in header["tensors"]:
-            buf = np.empty(int(spec["nbytes"]), dtype=np.uint8)
-            if buf.nbytes:
-                await ep.recv(buf)
-            buffers.append(buf)
+            nbytes = int(spec["nbytes"])
+            if nbytes <= INLINE_MAX:
+                buffers.append(frame[offset : offset + nbytes])
+                offset += nbytes
+            else:
+                buffers.append(await ep.am_recv())
         message = message_from(header, buffers)
         await self.mailbox.put(message)
         self.stats.on_transfer(message.nbytes, time.perf_counter() - started)
-        await ep.send(np.ones(1, dtype=np.uint8))
+        await ep.am_send(_ACK)
 
     async def close(self) -> None:
         for task in list(self._handlers):
@@ -132,17 +141,17 @@ class UcxSender(Sender):
 
     async def send(self, address: str, message: Message) -> None:
         header, buffers = frame_header(message)
-        raw = np.frombuffer(encode_header(header), dtype=np.uint8)
+        raw = encode_header(header)
+        inline = [b for b in buffers if len(b) <= INLINE_MAX]
+        large = [b for b in buffers if len(b) > INLINE_MAX]
+        frame = np.frombuffer(b"".join([_LEN.pack(len(raw)), raw, *inline]), dtype=np.uint8)
         started = time.perf_counter()
         ep = await self._endpoint(address)
         try:
-            await ep.send(np.array([raw.nbytes], dtype=np.uint64))
-            await ep.send(raw)
-            for buf in buffers:
-                if buf.nbytes:
-                    await ep.send(np.frombuffer(buf, dtype=np.uint8))
-            ack = np.empty(1, dtype=np.uint8)
-            await ep.recv(ack)
+            await ep.am_send(frame)
+            for buf in large:
+                await ep.am_send(np.frombuffer(buf, dtype=np.uint8))
+            await ep.am_recv()  # the ack: the message is in the receiver's mailbox
         except BaseException:
             with contextlib.suppress(Exception):
                 await ep.close()
