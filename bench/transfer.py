@@ -170,8 +170,10 @@ def perftest(test: str, size: int, n: int) -> tuple[float, float]:
         for _ in range(50):
             time.sleep(0.1)
             client = subprocess.run(
-                ["ucx_perftest", "127.0.0.1", "-p", str(port), "-t", test, "-s", str(size)]
-                + ["-n", str(n)],
+                [
+                    *("ucx_perftest", "127.0.0.1", "-p", str(port)),
+                    *("-t", test, "-s", str(size), "-n", str(n)),
+                ],
                 capture_output=True,
                 text=True,
                 env=ENV,
@@ -242,11 +244,7 @@ def main() -> None:
                 ]
             )
     print()
-    print(
-        table(
-            ["size", "path", "GB/s", "p50 us", "p99 us", "vs memcpy", "GB/s vs anchor"], rows
-        )
-    )
+    print(table(["size", "path", "GB/s", "p50 us", "p99 us", "vs memcpy", "GB/s vs anchor"], rows))
     print("(ucx_perftest p50 is 2x its tag_lat half-round-trip; its p99 is not reported)")
     record("transfer", results, args.quick)
     summary = {

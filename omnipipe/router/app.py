@@ -6,6 +6,7 @@ import contextlib
 import time
 from collections.abc import AsyncIterator
 
+import aiohttp
 import httpx
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
@@ -50,7 +51,6 @@ def build_app(pipeline: ResolvedPipeline, settings: RouterSettings) -> FastAPI:
     orchestrator = Orchestrator(
         pipeline,
         pool,
-        client,
         settings.request_timeout_seconds,
         settings.max_queue_per_replica,
         router_metrics,
@@ -60,10 +60,14 @@ def build_app(pipeline: ResolvedPipeline, settings: RouterSettings) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await pool.start()
+        orchestrator.session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=4096, limit_per_host=0)
+        )
         try:
             yield
         finally:
             await pool.close()
+            await orchestrator.session.close()
             await client.aclose()
 
     app = FastAPI(title=f"omnipipe router: {pipeline.name}", lifespan=lifespan)
