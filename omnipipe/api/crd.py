@@ -176,6 +176,10 @@ def _structural(node: Schema, defs: dict[str, Schema]) -> Schema:
         elif key == "exclusiveMinimum":
             out["minimum"] = value
             out["exclusiveMinimum"] = True
+        elif key == "exclusiveMaximum":
+            # JSON Schema's number form; OpenAPI v3 (and the API server) want a bool.
+            out["maximum"] = value
+            out["exclusiveMaximum"] = True
         elif key == "description":
             out[key] = " ".join(value.split())
         elif key == "const":

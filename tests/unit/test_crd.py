@@ -70,3 +70,20 @@ def test_readme_field_reference_matches_the_models() -> None:
     assert field_reference_markdown() in (REPO / "README.md").read_text(), (
         "README's field reference drifted: run `make manifests`"
     )
+
+
+def test_bounds_are_openapi_v3_not_json_schema() -> None:
+    """The API server rejects JSON Schema's numeric exclusive bounds (it wants booleans)."""
+
+    def walk(node: object, path: str) -> None:
+        if isinstance(node, dict):
+            for key in ("exclusiveMinimum", "exclusiveMaximum"):
+                if key in node:
+                    assert node[key] is True, f"{path}.{key} = {node[key]!r}"
+            for key, value in node.items():
+                walk(value, f"{path}.{key}")
+        elif isinstance(node, list):
+            for i, value in enumerate(node):
+                walk(value, f"{path}[{i}]")
+
+    walk(build_crd(), "crd")
