@@ -36,6 +36,10 @@ def build_registry(
     def pipeline_lock(namespace: str, name: str) -> asyncio.Lock:
         return locks.setdefault((namespace, name), asyncio.Lock())
 
+    # Pipelines with a status refresh waiting for the lock: a burst of Deployment events
+    # (a rollout makes several per Deployment) costs one refresh, not one each.
+    refresh_queued: set[tuple[str, str]] = set()
+
     def body_lock(body: kopf.Body) -> asyncio.Lock:
         return pipeline_lock(body["metadata"]["namespace"], body["metadata"]["name"])
 
@@ -111,6 +115,8 @@ def build_registry(
     async def autoscale_stages(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
         if body.get("metadata", {}).get("deletionTimestamp"):
             return
+        if not any(s.get("autoscaling") for s in body.get("spec", {}).get("stages", [])):
+            return  # nothing to scale: no API call every interval for every pipeline
         history = memo.setdefault("scaling_history", {})
         async with body_lock(body):
             # A namespace being deleted takes the pipeline with it: nothing to scale.
@@ -126,10 +132,18 @@ def build_registry(
     async def child_changed(body: kopf.Body, type: str | None, **_: Any) -> None:
         labels = body.get("metadata", {}).get("labels", {})
         pipeline = labels.get(c.LABEL_PIPELINE)
-        if pipeline:
-            namespace = body["metadata"]["namespace"]
-            async with pipeline_lock(namespace, pipeline):
-                await refresh_status(kube, settings, namespace, pipeline, metrics)
+        if not pipeline:
+            return
+        key = (body["metadata"]["namespace"], pipeline)
+        if key in refresh_queued:
+            return  # a refresh that has not started yet reads the state this event shows
+        refresh_queued.add(key)
+        try:
+            async with pipeline_lock(*key):
+                refresh_queued.discard(key)  # events from now on need a refresh of their own
+                await refresh_status(kube, settings, key[0], key[1], metrics)
+        finally:
+            refresh_queued.discard(key)
 
     return registry
 

@@ -1,4 +1,5 @@
-"""Each benchmark's --quick mode runs end to end (no timing is asserted)."""
+"""Each benchmark's --quick mode runs end to end (no timing is asserted): it prints its
+table and a last `name: key=value ...` line, and appends one JSON line with the machine."""
 
 from __future__ import annotations
 
@@ -15,9 +16,9 @@ from tests.integration.conftest import REPO
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 
-def test_autoscale_reaction_quick(tmp_path: Path) -> None:
+def run_quick(name: str, tmp_path: Path) -> tuple[str, dict[str, object]]:
     proc = subprocess.run(
-        [sys.executable, str(REPO / "bench/autoscale_reaction.py"), "--quick"],
+        [sys.executable, str(REPO / f"bench/{name}.py"), "--quick"],
         capture_output=True,
         text=True,
         cwd=REPO,
@@ -26,10 +27,48 @@ def test_autoscale_reaction_quick(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     last = proc.stdout.strip().splitlines()[-1]
-    assert last.startswith("autoscale_reaction: up_decision_s=")
-    assert "HPA default (replayed)" in proc.stdout
-    [line] = (tmp_path / "autoscale_reaction.jsonl").read_text().splitlines()
+    assert last.startswith(f"{name}: "), last
+    assert all("=" in pair for pair in last.removeprefix(f"{name}: ").split())
+    [line] = (tmp_path / f"{name}.jsonl").read_text().splitlines()
     result = json.loads(line)
     assert result["quick"] is True
     assert result["machine"]["cpus"] >= 1
-    assert result["results"]["up_decision_s"] > 0
+    return proc.stdout, result["results"]
+
+
+def test_autoscale_reaction_quick(tmp_path: Path) -> None:
+    out, results = run_quick("autoscale_reaction", tmp_path)
+    assert "HPA default (replayed)" in out
+    assert results["up_decision_s"] > 0  # type: ignore[operator]
+
+
+def test_transfer_quick(tmp_path: Path) -> None:
+    out, results = run_quick("transfer", tmp_path)
+    for size in ("4KiB", "1MiB", "64MiB"):
+        paths = results[size]
+        assert set(paths) == {"memcpy", "ucx_perftest", "socket", "omnipipe-ucx", "omnipipe-tcp"}  # type: ignore[arg-type]
+        assert all(p["gbps"] > 0 for p in paths.values())  # type: ignore[index, union-attr]
+    assert "x ucx_perftest" in out
+    assert "x socket" in out
+
+
+def test_router_overhead_quick(tmp_path: Path) -> None:
+    _out, results = run_quick("router_overhead", tmp_path)
+    assert set(results) == {"direct", "vllm-router", "omnipipe"}
+    for path in results.values():
+        assert set(path) == {"1", "64", "512"}  # type: ignore[arg-type]
+        assert all(r["errors"] == 0 and r["rps"] > 0 for r in path.values())  # type: ignore[index, union-attr]
+
+
+def test_pipelining_quick(tmp_path: Path) -> None:
+    _, results = run_quick("pipelining", tmp_path)
+    assert set(results["omnipipe"]) == set(results["monolithic"]) == {"1", "4", "16"}  # type: ignore[arg-type]
+
+
+def test_reconcile_quick(tmp_path: Path) -> None:
+    _, results = run_quick("reconcile", tmp_path)
+    for n in ("1", "3"):
+        ours = results["omnipipe"][n]  # type: ignore[index]
+        assert ours["ready_s"] > 0
+        assert ours["requests_per_pipeline"] > 0  # the operator's requests were counted
+        assert results["direct"][n]["ready_s"] > 0  # type: ignore[index]
