@@ -50,8 +50,11 @@ manifests: venv
 	$(BIN)/python -c "from pathlib import Path; from omnipipe.api.reference import replace_in; \
 	  p = Path('README.md'); p.write_text(replace_in(p.read_text()))"
 
+BENCHES ?= transfer router_overhead pipelining reconcile autoscale_reaction
+
 bench: venv system-deps k8s-binaries
-	$(BIN)/python bench/autoscale_reaction.py $(BENCH_ARGS)
+	@for b in $(BENCHES); do echo "== bench/$$b.py $(BENCH_ARGS)"; \
+	  $(BIN)/python bench/$$b.py $(BENCH_ARGS) || exit 1; done
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
