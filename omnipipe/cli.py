@@ -79,7 +79,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
     path = Path(args.file).resolve()
     pipeline = load_pipeline(path)
-    missing = unimplemented_stages(list(pipeline.stages))
+    missing = unimplemented_stages(pipeline)
     if missing:
         raise ManifestError(
             f"{path}: this omnipipe cannot run these stages yet: {', '.join(missing)}"

@@ -23,7 +23,7 @@ from omnipipe.worker.metrics import WorkerMetrics
 from omnipipe.worker.models.tiny import resolve_model_path
 from omnipipe.worker.runtime import DuplicateRequest, StageRuntime
 from omnipipe.worker.settings import WorkerSettings
-from omnipipe.worker.stages import stage_class
+from omnipipe.worker.stages import stage_class, unimplemented_stages
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +67,8 @@ async def _load_stage(state: WorkerState) -> None:
     spec = state.pipeline.stage(state.settings.stage)
     started = time.monotonic()
     try:
+        if missing := unimplemented_stages(state.pipeline):
+            raise NotImplementedError(f"this worker cannot run: {', '.join(missing)}")
         path = await asyncio.to_thread(resolve_model_path, spec.model)
         stage = stage_class(spec)(spec, path, _device(state.settings, spec.gpus))
         await asyncio.to_thread(stage.load)
