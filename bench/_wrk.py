@@ -14,7 +14,10 @@ UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0}
 
 @dataclass(frozen=True)
 class WrkResult:
+    """rps is completions over the run; with deep queues prefer closed_loop_rps."""
+
     rps: float
+    mean_s: float
     p50_s: float
     p99_s: float
     requests: int
@@ -44,6 +47,7 @@ def parse(output: str) -> WrkResult:
         errors += sum(int(g) for g in m.groups())
     return WrkResult(
         rps=float(grab(r"^Requests/sec:\s+([\d.]+)")),
+        mean_s=_seconds(grab(r"^\s+Latency\s+(\S+)")),
         p50_s=_seconds(grab(r"^\s+50%\s+(\S+)")),
         p99_s=_seconds(grab(r"^\s+99%\s+(\S+)")),
         requests=int(grab(r"^\s+(\d+) requests in")),
@@ -73,3 +77,10 @@ def run(url: str, body: str, connections: int, seconds: float) -> WrkResult:
     finally:
         Path(f.name).unlink()
     return parse(out.stdout)
+
+
+def closed_loop_rps(result: WrkResult, connections: int) -> float:
+    """Little's law for a closed loop (each connection sends its next request when the
+    last one returns): connections / mean latency. Unlike completions over the run, it
+    is not biased by the requests still queued when the run ends."""
+    return connections / result.mean_s

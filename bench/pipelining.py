@@ -22,7 +22,7 @@ from pathlib import Path
 
 from _common import median, record, table
 from _procs import running
-from _wrk import run
+from _wrk import closed_loop_rps, run
 from router_overhead import free_port
 
 STAGES = ("s1", "s2", "s3")
@@ -51,7 +51,7 @@ def measure(url: str, levels: list[int], seconds: float, repeats: int) -> dict[i
         runs = [run(url, BODY, c, seconds) for _ in range(repeats)]
         if any(r.errors for r in runs):
             raise RuntimeError(f"{url} answered errors at concurrency {c}")
-        out[c] = median([r.rps for r in runs])
+        out[c] = median([closed_loop_rps(r, c) for r in runs])
         print(f"    c={c}: {out[c]:.2f} req/s", flush=True)
     return out
 
@@ -171,7 +171,10 @@ def main() -> None:
     print(
         f"(stage time {args.stage_ms:g} ms x {len(STAGES)}; "
         f"ideal = 1/max(stage) = {ideal:.1f} req/s, "
-        f"monolithic bound = 1/sum = {serial:.1f} req/s; medians of {repeats} runs of {seconds:g}s)"
+        f"monolithic bound = 1/sum = {serial:.1f} req/s; "
+        f"medians of {repeats} runs of {seconds:g}s;\n"
+        " req/s = connections / mean latency (Little's law), "
+        "unbiased by requests queued at the end)"
     )
     record(
         "pipelining",
