@@ -24,6 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from _common import REPO, record, table
+from _procs import wait_http
 
 from tests.harness.cluster import Cluster, control_plane, free_port, service_account_kubeconfig
 
@@ -99,7 +100,7 @@ class OperatorProcess:
                 # not the reaction to the apply being measured.
                 "OMNIPIPE_OPERATOR_DRIFT_CHECK_SECONDS": "86400",
                 "OMNIPIPE_OPERATOR_METRICS_PORT": str(free_port()),
-                "OMNIPIPE_OPERATOR_HEALTH_PORT": str(free_port()),
+                "OMNIPIPE_OPERATOR_HEALTH_PORT": str(health := free_port()),
             }
         )
         self.proc = subprocess.Popen(
@@ -109,6 +110,8 @@ class OperatorProcess:
             stdout=(work / "operator.log").open("wb"),
             stderr=subprocess.STDOUT,
         )
+        # Measure reconciling, not the operator's start-up (imports, login, watches).
+        wait_http(f"http://127.0.0.1:{health}/healthz", timeout=120, proc=self.proc)
 
     def cpu_seconds(self) -> float:
         fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
