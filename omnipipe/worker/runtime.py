@@ -10,6 +10,7 @@ import asyncio
 import logging
 import time
 from collections import deque
+from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -147,22 +148,8 @@ class StageRuntime:
         return True
 
     # ---- one request -------------------------------------------------------------------
-    async def _collect_inputs(self, request: SubmitRequest) -> dict[str, Tensors]:
-        pending = set(request.inputs)
-        inputs: dict[str, Tensors] = {name: {} for name in pending}
-        while pending:
-            message = await self.mailbox.get(request.request_id)
-            if message.source not in inputs:
-                log.warning(
-                    "request %s: unexpected input from %s", request.request_id, message.source
-                )
-                continue
-            inputs[message.source].update(message.tensors)
-            if message.final:
-                pending.discard(message.source)
-        return inputs
-
-    async def _feed(self, request: SubmitRequest, inbox: Inbox) -> None:
+    async def _messages(self, request: SubmitRequest) -> AsyncIterator[Message]:
+        """The request's chunks from its upstream stages, until each has sent its last."""
         pending = set(request.inputs)
         while pending:
             message = await self.mailbox.get(request.request_id)
@@ -171,10 +158,20 @@ class StageRuntime:
                     "request %s: unexpected input from %s", request.request_id, message.source
                 )
                 continue
-            inbox.chunks.append(Chunk(message.source, message.tensors, message.final))
-            inbox.arrived.set()
+            yield message
             if message.final:
                 pending.discard(message.source)
+
+    async def _collect_inputs(self, request: SubmitRequest) -> dict[str, Tensors]:
+        inputs: dict[str, Tensors] = {name: {} for name in request.inputs}
+        async for message in self._messages(request):
+            inputs[message.source].update(message.tensors)
+        return inputs
+
+    async def _feed(self, request: SubmitRequest, inbox: Inbox) -> None:
+        async for message in self._messages(request):
+            inbox.chunks.append(Chunk(message.source, message.tensors, message.final))
+            inbox.arrived.set()
 
     def _account(self, job: Job, clock: AudioClock, step: StepResult, seconds: float) -> None:
         clock.engine_seconds += seconds

@@ -3,7 +3,6 @@ audio when asked for, as one response or as OpenAI chat.completion.chunk SSE."""
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import binascii
 import contextlib
@@ -23,10 +22,11 @@ from omnipipe.api.spec import Role
 from omnipipe.router.api.audio import pcm_of, wav_bytes
 from omnipipe.router.api.common import (
     check_model,
+    first_output,
     parse_body,
     sampling_overrides,
     stage_with_role,
-    until_disconnected,
+    unless_disconnected,
 )
 from omnipipe.router.errors import BadRequest, OpenAIError
 from omnipipe.router.orchestrator import Orchestrator, Output
@@ -229,17 +229,7 @@ def chat_router(
             async for output in outputs:
                 result.add(output)
 
-        work = asyncio.create_task(collect())
-        watch = asyncio.create_task(until_disconnected(request))
-        try:
-            await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            watch.cancel()
-        if not work.done():
-            work.cancel()
-            await asyncio.gather(work, return_exceptions=True)
-            raise BadRequest("client disconnected")
-        work.result()
+        await unless_disconnected(request, collect())
         created = int(time.time())
         message: dict[str, Any] = {"role": "assistant", "content": result.text}
         if plan.want_audio:
@@ -331,15 +321,7 @@ def chat_router(
         if not body.stream:
             async with contextlib.aclosing(outputs):
                 return await complete(request, body, plan, outputs)
-        # Wait for the first result before answering, so that a request the stages
-        # reject (a malformed image, an unknown voice) still gets its 4xx status.
-        try:
-            first: Output | None = await anext(outputs)
-        except StopAsyncIteration:
-            first = None
-        except BaseException:
-            await outputs.aclose()
-            raise
+        first = await first_output(outputs)
 
         async def body_stream() -> AsyncIterator[bytes]:
             async with contextlib.aclosing(outputs):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import AsyncGenerator, Awaitable
 from typing import Any, TypeVar
 
 from fastapi import Request
@@ -13,9 +14,11 @@ from pydantic import BaseModel, ValidationError
 from omnipipe.api import ResolvedPipeline
 from omnipipe.api.spec import Role, Sampling
 from omnipipe.router.errors import BadRequest, ModelNotFound
+from omnipipe.router.orchestrator import Output
 
 log = logging.getLogger(__name__)
 Body = TypeVar("Body", bound=BaseModel)
+Result = TypeVar("Result")
 
 
 def _param(loc: tuple[int | str, ...]) -> str | None:
@@ -85,3 +88,31 @@ async def until_disconnected(request: Request) -> None:
     # Starlette offers no disconnect event for a plain endpoint; polling is the way.
     while not await request.is_disconnected():  # noqa: ASYNC110
         await asyncio.sleep(0.2)
+
+
+async def unless_disconnected(request: Request, work: Awaitable[Result]) -> Result:
+    """work's result; a client that goes away first cancels it (and so every stage)."""
+    task = asyncio.ensure_future(work)
+    watch = asyncio.create_task(until_disconnected(request))
+    try:
+        await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watch.cancel()
+    if not task.done():
+        log.info("client went away: cancelling %s", request.url.path)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        raise BadRequest("client disconnected")
+    return task.result()
+
+
+async def first_output(outputs: AsyncGenerator[Output]) -> Output | None:
+    """Awaited before a streamed response starts, so that a request the stages reject
+    (a malformed image, an unknown voice) still gets its 4xx status."""
+    try:
+        return await anext(outputs)
+    except StopAsyncIteration:
+        return None
+    except BaseException:
+        await outputs.aclose()
+        raise

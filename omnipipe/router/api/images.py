@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import random
 import re
@@ -12,7 +11,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from omnipipe.router.api.common import check_model, parse_body, until_disconnected
+from omnipipe.router.api.common import check_model, parse_body, unless_disconnected
 from omnipipe.router.errors import BadRequest
 from omnipipe.router.orchestrator import Orchestrator
 
@@ -73,18 +72,7 @@ def images_router(orchestrator: Orchestrator, model_ids: set[str]) -> APIRouter:
             "num_inference_steps": body.num_inference_steps,
             "guidance_scale": body.guidance_scale,
         }
-        work = asyncio.create_task(orchestrator.run(params))
-        watch = asyncio.create_task(until_disconnected(request))
-        try:
-            await asyncio.wait({work, watch}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            watch.cancel()
-        if not work.done():
-            log.info("client went away: cancelling image request")
-            work.cancel()
-            await asyncio.gather(work, return_exceptions=True)
-            raise BadRequest("client disconnected")
-        images = work.result()
+        images = await unless_disconnected(request, orchestrator.run(params))
         return {"created": int(time.time()), "data": images}
 
     return router

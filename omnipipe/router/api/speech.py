@@ -17,12 +17,14 @@ from omnipipe.api.spec import Role
 from omnipipe.router.api.audio import pcm_of, wav_bytes
 from omnipipe.router.api.common import (
     check_model,
+    first_output,
     parse_body,
     sampling_overrides,
     stage_with_role,
+    unless_disconnected,
 )
 from omnipipe.router.errors import BadRequest
-from omnipipe.router.orchestrator import Orchestrator, Output
+from omnipipe.router.orchestrator import Orchestrator
 
 DEFAULT_SAMPLE_RATE = 24_000
 
@@ -77,19 +79,17 @@ def speech_router(
         outputs = orchestrator.stream(params, emitters)
         if body.response_format == "wav":
             pcm, rate = bytearray(), DEFAULT_SAMPLE_RATE
-            async with contextlib.aclosing(outputs):
-                async for output in outputs:
-                    pcm += pcm_of(output.data)
-                    rate = int(output.data["sample_rate"])
+
+            async def collect() -> None:
+                nonlocal rate
+                async with contextlib.aclosing(outputs):
+                    async for output in outputs:
+                        pcm.extend(pcm_of(output.data))
+                        rate = int(output.data["sample_rate"])
+
+            await unless_disconnected(request, collect())
             return Response(wav_bytes(bytes(pcm), rate), media_type="audio/wav")
-        # Streamed PCM: the first chunk is awaited first so that errors keep their status.
-        try:
-            first: Output | None = await anext(outputs)
-        except StopAsyncIteration:
-            first = None
-        except BaseException:
-            await outputs.aclose()
-            raise
+        first = await first_output(outputs)
         rate = int(first.data["sample_rate"]) if first else DEFAULT_SAMPLE_RATE
 
         async def pcm_stream() -> AsyncIterator[bytes]:

@@ -45,6 +45,15 @@ def stage_sampling(spec_sampling: dict[str, Any], defaults: Sampling, params: An
     return Sampling.from_params(Sampling.from_params(defaults, spec_sampling), params)
 
 
+def samples_per_code(config: Any) -> int:
+    """Audio samples one codec code becomes: mel frames per code x vocoder upsampling."""
+    t2w = config.token2wav_config
+    samples = int(t2w.dit_config.repeats)
+    for rate in t2w.bigvgan_config.upsample_rates:
+        samples *= int(rate)
+    return samples
+
+
 def _voice(params: dict[str, Any], speakers: dict[str, Any]) -> str:
     voice = params.get("voice") or DEFAULT_VOICE
     if voice not in speakers:
@@ -290,11 +299,7 @@ class TalkerStage(StreamingStage):
     def load(self) -> None:
         self.model = load_qwen25_omni(self.model_path, self.device, "talker")
         self.talker = self.model.talker
-        t2w = self.model.config.token2wav_config
-        samples_per_code = t2w.dit_config.repeats
-        for rate in t2w.bigvgan_config.upsample_rates:
-            samples_per_code *= rate
-        self.codes_per_second = SAMPLE_RATE / samples_per_code
+        self.codes_per_second = SAMPLE_RATE / samples_per_code(self.model.config)
         self.chunk_codes = int(self.spec.engine_args.get("chunk_codes", CHUNK_CODES))
         # transformers stops the talker on the codec pad or end token.
         self.stop_codes = frozenset({self.talker.codec_pad_token, self.talker.codec_eos_token})
@@ -446,10 +451,7 @@ class Code2WavStage(StreamingStage):
     def load(self) -> None:
         self.model = load_qwen25_omni(self.model_path, self.device, "token2wav")
         self.token2wav = self.model.token2wav
-        t2w = self.model.config.token2wav_config
-        self.samples_per_code = t2w.dit_config.repeats
-        for rate in t2w.bigvgan_config.upsample_rates:
-            self.samples_per_code *= rate
+        self.samples_per_code = samples_per_code(self.model.config)
         args = self.spec.engine_args
         self.num_steps = int(args.get("num_steps", 10))
         self.chunk_codes = int(args.get("chunk_codes", CHUNK_CODES))
