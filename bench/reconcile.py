@@ -138,11 +138,27 @@ def wait_until(check: Callable[[], bool], timeout: float, what: str) -> None:
     raise RuntimeError(f"timed out after {timeout:g}s waiting for {what}")
 
 
+def new_namespace(cluster: Cluster, namespace: str) -> None:
+    """Pods cannot be created before the namespace's default ServiceAccount exists; the
+    ReplicaSet controller would back off (seconds), so wait for it outside the timing."""
+    cluster.kubectl("create", "namespace", namespace)
+    wait_until(
+        lambda: (
+            cluster.kubectl(
+                "get", "serviceaccount", "default", "-n", namespace, check=False
+            ).returncode
+            == 0
+        ),
+        60,
+        f"the default ServiceAccount of {namespace}",
+    )
+
+
 def measure_operator(
     cluster: Cluster, operator: OperatorProcess, n: int, work: Path, namespace: str = ""
 ) -> dict[str, float]:
     namespace = namespace or f"op-{n}"
-    cluster.kubectl("create", "namespace", namespace)
+    new_namespace(cluster, namespace)
     before_requests = dispatched(cluster).get(OPERATOR_SCHEMA, 0.0)
     before_cpu = operator.cpu_seconds()
     started = time.monotonic()
@@ -162,7 +178,7 @@ def measure_operator(
 
 def measure_direct(cluster: Cluster, n: int, work: Path) -> dict[str, float]:
     namespace = f"direct-{n}"
-    cluster.kubectl("create", "namespace", namespace)
+    new_namespace(cluster, namespace)
     rendered = []
     for i in range(n):
         path = work / f"d{i}.yaml"
@@ -218,9 +234,7 @@ def main() -> None:
             cluster.kubectl("apply", "-f", str(REPO / "deploy/operator-rbac.yaml"))
             operator = OperatorProcess(cluster, work)
             try:
-                # Warm-up, not measured: a freshly created CRD is unknown to the
-                # controller-manager's garbage collector until its discovery refreshes,
-                # which holds back the first pipeline's pods (seen: +5 s at N=1).
+                # Warm-up, not measured: the operator's first watch events and caches.
                 log("warm-up: one pipeline to Ready (not measured)")
                 measure_operator(cluster, operator, 1, work, namespace="warm-up")
                 for n in sizes:
