@@ -47,3 +47,22 @@ def test_workers_never_outlive_a_killed_serve() -> None:
         time.sleep(0.2)
     served.stop()
     assert pids_alive(pids) == []
+
+
+def test_tiny_omni_example_answers_with_text_and_audio() -> None:
+    served = start_serve(REPO / "examples/tiny-omni.yaml")
+    try:
+        with openai.OpenAI(base_url=served.base_url, api_key="any", max_retries=0) as c:
+            r = c.chat.completions.create(
+                model="tiny-omni",
+                modalities=["text", "audio"],
+                audio={"voice": "Chelsie", "format": "wav"},
+                messages=[{"role": "user", "content": "Say hello."}],
+            )
+        audio = r.choices[0].message.audio
+        assert audio is not None
+        assert base64.b64decode(audio.data)[:4] == b"RIFF"
+        assert r.choices[0].message.content is not None
+    finally:
+        served.stop()
+    assert served.proc.returncode == 0
