@@ -127,6 +127,15 @@ def pids_alive(pids: list[int]) -> list[int]:
     return alive
 
 
+def stop_cleanly(served: Served) -> None:
+    """Ctrl-C, then: exit code 0 and no worker left behind."""
+    pids = [pid for _, pid in served.workers.values()]
+    served.stop()
+    assert served.proc.returncode == 0, "".join(served.output[-30:])
+    time.sleep(0.5)
+    assert pids_alive(pids) == [], "omnipipe serve left orphan processes"
+
+
 @pytest.fixture(scope="module")
 def tmp_module(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("e2e")

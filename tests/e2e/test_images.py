@@ -17,7 +17,7 @@ import openai
 import pytest
 from PIL import Image
 
-from tests.e2e.conftest import Served, pids_alive, start_serve, write_pipeline
+from tests.e2e.conftest import Served, start_serve, stop_cleanly, write_pipeline
 
 pytestmark = pytest.mark.timeout(300)
 FAST = {"num_inference_steps": 2}
@@ -30,11 +30,7 @@ def served(tmp_module: Path) -> Iterator[Served]:
     )
     s = start_serve(manifest)
     yield s
-    pids = [pid for _, pid in s.workers.values()]
-    s.stop()
-    assert s.proc.returncode == 0, "".join(s.output[-30:])
-    time.sleep(0.5)
-    assert pids_alive(pids) == [], "omnipipe serve left orphan processes"
+    stop_cleanly(s)
 
 
 _clients: list[openai.OpenAI] = []

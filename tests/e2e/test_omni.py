@@ -18,7 +18,7 @@ import openai
 import pytest
 from PIL import Image
 
-from tests.e2e.conftest import Served, pids_alive, start_serve
+from tests.e2e.conftest import Served, start_serve, stop_cleanly
 
 pytestmark = pytest.mark.timeout(300)
 THINKER_TOKENS = 12
@@ -47,11 +47,7 @@ def served(tmp_module: Path) -> Iterator[Served]:
     manifest.write_text(MANIFEST)
     s = start_serve(manifest)
     yield s
-    pids = [pid for _, pid in s.workers.values()]
-    s.stop()
-    assert s.proc.returncode == 0, "".join(s.output[-30:])
-    time.sleep(0.5)
-    assert pids_alive(pids) == [], "omnipipe serve left orphan processes"
+    stop_cleanly(s)
 
 
 @pytest.fixture
