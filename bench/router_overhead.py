@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import socket
 import sys
 import tempfile
 from pathlib import Path
@@ -19,6 +18,8 @@ from pathlib import Path
 from _common import median, record, table
 from _procs import running
 from _wrk import WrkResult, run
+
+from tests.harness.cluster import free_port
 
 CONCURRENCY = (1, 64, 512)
 BODY = json.dumps(
@@ -33,13 +34,6 @@ spec:
   stages:
     - {name: llm, role: thinker, engine: transformers}
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def measure(url: str, seconds: float, repeats: int) -> dict[int, dict[str, float]]:

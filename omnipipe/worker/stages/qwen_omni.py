@@ -40,11 +40,6 @@ CHUNK_CODES = 25  # talker -> code2wav chunk: half a second of audio at 50 codes
 CONTEXT_CODES = 25  # left context code2wav decodes again so chunks join smoothly
 
 
-def stage_sampling(spec_sampling: dict[str, Any], defaults: Sampling, params: Any) -> Sampling:
-    """Built-in defaults < the stage's spec.sampling < the request's values."""
-    return Sampling.from_params(Sampling.from_params(defaults, spec_sampling), params)
-
-
 def samples_per_code(config: Any) -> int:
     """Audio samples one codec code becomes: mel frames per code x vocoder upsampling."""
     t2w = config.token2wav_config
@@ -70,6 +65,8 @@ class ThinkerStage(StreamingStage):
 
         self.model = load_qwen25_omni(self.model_path, self.device, "thinker")
         self.thinker = self.model.thinker
+        # Built-in defaults < the stage's spec.sampling; requests override per session.
+        self.sampling = Sampling.from_params(THINKER_SAMPLING, self.spec.sampling)
         self.processor = Qwen2_5OmniProcessor.from_pretrained(self.model_path)
         self.tokenizer = self.processor.tokenizer
         config = self.model.config
@@ -132,9 +129,7 @@ class ThinkerSession(Session):
         self.want_audio = bool(params.get("audio"))
         if self.want_audio:
             self.speaker = stage.model.speaker_map[_voice(params, stage.model.speaker_map)]
-        self.sampling = stage_sampling(
-            stage.spec.sampling, THINKER_SAMPLING, params.get("sampling")
-        )
+        self.sampling = Sampling.from_params(stage.sampling, params.get("sampling"))
         self.generator = self.sampling.generator(stage.device)
         conversation, images, audios = stage.conversation(params.get("messages"))
         text = stage.processor.apply_chat_template(
@@ -299,6 +294,7 @@ class TalkerStage(StreamingStage):
     def load(self) -> None:
         self.model = load_qwen25_omni(self.model_path, self.device, "talker")
         self.talker = self.model.talker
+        self.sampling = Sampling.from_params(TALKER_SAMPLING, self.spec.sampling)
         self.codes_per_second = SAMPLE_RATE / samples_per_code(self.model.config)
         self.chunk_codes = int(self.spec.engine_args.get("chunk_codes", CHUNK_CODES))
         # transformers stops the talker on the codec pad or end token.
@@ -311,7 +307,7 @@ class TalkerStage(StreamingStage):
 class TalkerSession(Session):
     def __init__(self, stage: TalkerStage, params: dict[str, Any]) -> None:
         self.stage = stage
-        self.sampling = stage_sampling(stage.spec.sampling, TALKER_SAMPLING, params.get("sampling"))
+        self.sampling = Sampling.from_params(stage.sampling, params.get("sampling"))
         seed = params.get("seed")
         if self.sampling.seed is None and isinstance(seed, int):
             # The request's seed makes the whole chain reproducible, not just the text.
