@@ -39,8 +39,11 @@ def workers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     s.stop()
 
 
-def pipeline(name: str, prom: Prometheus, autoscaling: dict[str, Any]) -> str:
-    return yaml.safe_dump(
+def apply_pipeline(
+    cluster: Cluster, namespace: str, name: str, prom: Prometheus, autoscaling: dict[str, Any]
+) -> None:
+    """kubectl apply of a tiny Qwen-Image pipeline whose denoise stage autoscales."""
+    manifest = yaml.safe_dump(
         {
             "apiVersion": "omnipipe.io/v1alpha1",
             "kind": "OmniPipeline",
@@ -53,6 +56,7 @@ def pipeline(name: str, prom: Prometheus, autoscaling: dict[str, Any]) -> str:
             },
         }
     )
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=manifest)
 
 
 def replicas(cluster: Cluster, namespace: str, name: str, stage: str = "denoise") -> int | None:
@@ -133,24 +137,19 @@ def test_scales_up_under_load_and_down_after_the_window(
 ) -> None:
     denoise_url = workers.workers["denoise-0"][0].removeprefix("http://")
     prom.set_targets([{"targets": [denoise_url], "labels": {"namespace": namespace}}])
-    cluster.kubectl(
-        "apply",
-        "-n",
+    apply_pipeline(
+        cluster,
         namespace,
-        "-f",
-        "-",
-        input=pipeline(
-            "scaled",
-            prom,
-            {
-                "minReplicas": 1,
-                "maxReplicas": 4,
-                "target": 0.5,  # 4 clients keep >= 3 requests in flight: above 4 x 0.5
-                "maxStep": 2,
-                "scaleUpStabilizationSeconds": 0,
-                "scaleDownStabilizationSeconds": 5,
-            },
-        ),
+        "scaled",
+        prom,
+        {
+            "minReplicas": 1,
+            "maxReplicas": 4,
+            "target": 0.5,  # 4 clients keep >= 3 requests in flight: above 4 x 0.5
+            "maxStep": 2,
+            "scaleUpStabilizationSeconds": 0,
+            "scaleDownStabilizationSeconds": 5,
+        },
     )
     wait_for(
         "the denoise Deployment",
@@ -198,25 +197,20 @@ def test_wobble_inside_tolerance_changes_nothing(
     cluster: Cluster, operator: Operator, namespace: str, prom: Prometheus
 ) -> None:
     # A signal that keeps moving, always within 5% of the target (tolerance 10%).
-    cluster.kubectl(
-        "apply",
-        "-n",
+    apply_pipeline(
+        cluster,
         namespace,
-        "-f",
-        "-",
-        input=pipeline(
-            "wobble",
-            prom,
-            {
-                "minReplicas": 2,
-                "maxReplicas": 6,
-                "metric": "promql",
-                "query": "1 + 0.05 * sin(vector(time() * 2))",
-                "target": 1,
-                "tolerance": 0.1,
-                "scaleDownStabilizationSeconds": 0,
-            },
-        ),
+        "wobble",
+        prom,
+        {
+            "minReplicas": 2,
+            "maxReplicas": 6,
+            "metric": "promql",
+            "query": "1 + 0.05 * sin(vector(time() * 2))",
+            "target": 1,
+            "tolerance": 0.1,
+            "scaleDownStabilizationSeconds": 0,
+        },
     )
     wait_for(
         "the minimum of 2",
@@ -247,23 +241,18 @@ def test_prometheus_down_holds_replicas_and_sets_the_condition(
 ) -> None:
     # Its own Prometheus: stopping the module's would break the tests after this one.
     with prometheus(tmp_path / "prom") as prom:
-        cluster.kubectl(
-            "apply",
-            "-n",
+        apply_pipeline(
+            cluster,
             namespace,
-            "-f",
-            "-",
-            input=pipeline(
-                "held",
-                prom,
-                {
-                    "minReplicas": 1,
-                    "maxReplicas": 6,
-                    "metric": "promql",
-                    "query": "vector(5)",
-                    "target": 1,
-                },
-            ),
+            "held",
+            prom,
+            {
+                "minReplicas": 1,
+                "maxReplicas": 6,
+                "metric": "promql",
+                "query": "vector(5)",
+                "target": 1,
+            },
         )
         wait_for(
             "scaling to 5",
