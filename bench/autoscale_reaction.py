@@ -28,10 +28,11 @@ from pathlib import Path
 
 from _common import REPO, median, record, table
 
+from omnipipe.local.ports import free_port
 from omnipipe.operator.autoscaler.policy import Decision, Observation, Policy, decide
 from omnipipe.operator.autoscaler.queries import SignalKind
 from tests.e2e.conftest import start_serve, write_pipeline
-from tests.harness.cluster import control_plane, free_port, service_account_kubeconfig
+from tests.harness.cluster import control_plane, service_account_kubeconfig
 from tests.harness.prometheus import prometheus
 
 NAMESPACE = "bench"

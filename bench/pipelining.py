@@ -24,7 +24,7 @@ from _common import median, record, table
 from _procs import running
 from _wrk import closed_loop_rps, run
 
-from tests.harness.cluster import free_port
+from omnipipe.local.ports import free_port
 
 STAGES = ("s1", "s2", "s3")
 BODY = json.dumps({"model": "pipe", "prompt": "x", "size": "64x64"})

@@ -26,7 +26,8 @@ from pathlib import Path
 from _common import REPO, record, table
 from _procs import wait_http
 
-from tests.harness.cluster import Cluster, control_plane, free_port, service_account_kubeconfig
+from omnipipe.local.ports import free_port
+from tests.harness.cluster import Cluster, control_plane, service_account_kubeconfig
 
 OPERATOR_SCHEMA = "service-accounts"
 DISPATCHED = re.compile(

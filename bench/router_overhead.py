@@ -19,7 +19,7 @@ from _common import median, record, table
 from _procs import running
 from _wrk import WrkResult, run
 
-from tests.harness.cluster import free_port
+from omnipipe.local.ports import free_port
 
 CONCURRENCY = (1, 64, 512)
 BODY = json.dumps(

@@ -8,7 +8,6 @@ import ctypes
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -20,15 +19,9 @@ from pathlib import Path
 from types import FrameType
 
 from omnipipe.api import ResolvedPipeline
+from omnipipe.local.ports import free_port
 
 STOP_GRACE_SECONDS = 15.0
-
-
-def free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 PR_SET_PDEATHSIG = 1

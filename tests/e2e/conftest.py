@@ -7,7 +7,6 @@ import contextlib
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -18,16 +17,11 @@ from pathlib import Path
 
 import pytest
 
+from omnipipe.local.ports import free_port
+
 REPO = Path(__file__).resolve().parents[2]
 READY_LINE = re.compile(r"\[\d+/\d+\] (\S+) ready at (\S+) \(pid (\d+)\)")
 RESTART_LINE = re.compile(r"omnipipe: (\S+) exited with code \S+; restarting as pid (\d+)")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 @dataclass
@@ -99,7 +93,8 @@ def start_serve(manifest: Path, env: dict[str, str] | None = None, timeout: floa
         served.output.append(line)
         if m := READY_LINE.search(line):
             served.workers[m[1]] = (m[2], int(m[3]))
-        if m := RESTART_LINE.search(line):
+        # A worker that crashes before its first ready line is listed once it is ready.
+        if (m := RESTART_LINE.search(line)) and m[1] in served.workers:
             served.workers[m[1]] = (served.workers[m[1]][0], int(m[2]))
         if "omnipipe: ready." in line:
             ready.set()

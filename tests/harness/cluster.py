@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import socket
 import ssl
 import subprocess
 import sys
@@ -20,6 +19,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
+
+from omnipipe.local.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 K8S_VERSION = os.environ.get("K8S_VERSION", "v1.34.4")
@@ -46,13 +47,6 @@ def ensure_binaries() -> Path:
     if etcd is None:
         raise RuntimeError("etcd not found: install Debian's etcd-server (make test does)")
     return BIN
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def _openssl(*args: str, cwd: Path) -> None:

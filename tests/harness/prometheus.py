@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from tests.harness.cluster import free_port
+from omnipipe.local.ports import free_port
 
 
 @dataclass

@@ -15,12 +15,8 @@ from typing import Any
 
 import pytest
 
-from tests.harness.cluster import (
-    Cluster,
-    control_plane,
-    free_port,
-    service_account_kubeconfig,
-)
+from omnipipe.local.ports import free_port
+from tests.harness.cluster import Cluster, control_plane, service_account_kubeconfig
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.integration

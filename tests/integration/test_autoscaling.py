@@ -290,7 +290,7 @@ def test_scale_to_zero_and_wake_on_router_demand(
     import sys
     import urllib.request
 
-    from tests.harness.cluster import free_port
+    from omnipipe.local.ports import free_port
 
     manifest = write_pipeline(tmp_path, "sleepy", transfer="tcp")
     replicas_file = tmp_path / "replicas.json"

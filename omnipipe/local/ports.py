@@ -1,0 +1,49 @@
+"""Picking a port for a process that will bind it a moment later."""
+
+from __future__ import annotations
+
+import random
+import socket
+from pathlib import Path
+
+EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+# Linux's default ephemeral range, for kernels that do not say.
+DEFAULT_EPHEMERAL_LOW = 32768
+LOWEST_PORT = 10000
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(EPHEMERAL_RANGE_FILE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return DEFAULT_EPHEMERAL_LOW
+
+
+def _bindable(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+        return True
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nobody holds, taken from below the kernel's ephemeral range.
+
+    Binding port 0 would hand out an ephemeral port, and the kernel gives the same
+    ports to outgoing connections: one of them can take it between our picking it
+    and the child binding it (seen in CI as a worker exiting on "address in use").
+    Nothing takes a port below the range unless it asks for that port by number.
+    """
+    low = _ephemeral_low()
+    if low > LOWEST_PORT + 1000:
+        for _ in range(200):
+            port = random.randrange(LOWEST_PORT, low)
+            if _bindable(host, port):
+                return port
+    with socket.socket() as s:
+        s.bind((host, 0))
+        picked: int = s.getsockname()[1]
+        return picked

@@ -1,0 +1,40 @@
+"""Ports for local children come from outside the kernel's ephemeral range."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+
+from omnipipe.local import ports
+
+
+def test_a_picked_port_is_below_the_ephemeral_range_and_bindable() -> None:
+    low = ports._ephemeral_low()
+    for _ in range(20):
+        port = ports.free_port()
+        assert ports.LOWEST_PORT <= port < low
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))
+
+
+def test_a_port_someone_listens_on_is_not_picked(monkeypatch: pytest.MonkeyPatch) -> None:
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        taken = held.getsockname()[1]
+        picks = iter([taken, taken, taken + 1 if taken < 65535 else taken - 1])
+        monkeypatch.setattr(ports.random, "randrange", lambda a, b: next(picks))
+        monkeypatch.setattr(ports, "_ephemeral_low", lambda: 65536)
+        assert ports.free_port() != taken
+
+
+def test_without_a_range_to_pick_from_the_kernel_picks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    narrow = tmp_path / "ip_local_port_range"
+    narrow.write_text("1024\t65535\n")
+    monkeypatch.setattr(ports, "EPHEMERAL_RANGE_FILE", narrow)
+    port = ports.free_port()
+    assert 1024 <= port <= 65535
