@@ -70,7 +70,7 @@ async def _load_stage(state: WorkerState) -> None:
         if missing := unimplemented_stages(state.pipeline):
             raise NotImplementedError(f"this worker cannot run: {', '.join(missing)}")
         path = await asyncio.to_thread(resolve_model_path, spec.model)
-        stage = stage_class(spec)(spec, path, _device(state.settings, spec.gpus))
+        stage = stage_class(spec, path)(spec, path, _device(state.settings, spec.gpus))
         await asyncio.to_thread(stage.load)
     except Exception as exc:
         log.exception("loading stage %s failed; exiting", spec.name)

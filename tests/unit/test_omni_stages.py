@@ -20,12 +20,12 @@ HELLO = [{"role": "user", "content": "hello there"}]
 GREEDY_6 = {"temperature": 0, "max_tokens": 6}
 
 
-def spec(name: str, role: Role, **fields: Any) -> ResolvedStage:
+def spec(name: str, role: Role, model: str = "tiny://qwen2.5-omni", **fields: Any) -> ResolvedStage:
     return ResolvedStage(
         name=name,
         role=role,
         engine=Engine.TRANSFORMERS,
-        model="tiny://qwen2.5-omni",
+        model=model,
         inputs=(),
         replicas=1,
         cpu=None,

@@ -18,7 +18,7 @@ from typing import Any, cast
 log = logging.getLogger(__name__)
 TINY_SCHEME = "tiny://"
 # Bump when a builder changes, so stale caches are rebuilt.
-TINY_FORMAT = "3"
+TINY_FORMAT = "4"
 
 
 def default_cache_dir() -> Path:
@@ -99,9 +99,16 @@ def _build_qwen25_omni(target: Path) -> None:
     build_qwen25_omni(target)
 
 
+def _build_qwen3_omni(target: Path) -> None:
+    from omnipipe.worker.models.tiny_qwen3_omni import build_qwen3_omni
+
+    build_qwen3_omni(target)
+
+
 BUILDERS: dict[str, Callable[[Path], None]] = {
     "qwen-image": _build_qwen_image,
     "qwen2.5-omni": _build_qwen25_omni,
+    "qwen3-omni": _build_qwen3_omni,
 }
 
 

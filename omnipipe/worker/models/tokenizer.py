@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tokenizers import AddedToken
 from transformers import Qwen2Tokenizer
 
 SPECIAL_TOKENS = (
@@ -55,8 +56,13 @@ def save_byte_tokenizer(
         bos_token=None,
         eos_token="<|im_end|>",
         pad_token=special_tokens[0],
-        additional_special_tokens=list(special_tokens[1:]),
         extra_special_tokens=named_tokens or {},
+    )
+    # transformers 5 ignores an `additional_special_tokens` argument: add them explicitly,
+    # or each becomes the unknown token and the chat template is split into bytes.
+    tokenizer.add_tokens(
+        [AddedToken(t, special=True, normalized=False) for t in special_tokens[1:]],
+        special_tokens=True,
     )
     tokenizer.save_pretrained(str(directory))
     return tokenizer

@@ -18,15 +18,8 @@ IMPLEMENTED = frozenset(
 )
 
 
-# Pipeline types whose checkpoints the stage classes cannot load yet: their stages have
-# the same roles as implemented ones, so the role alone would not refuse them.
-UNSUPPORTED_PIPELINES = frozenset({"qwen3-omni"})
-
-
 def unimplemented_stages(pipeline: ResolvedPipeline) -> list[str]:
     """Stages this worker build cannot run yet, as "name (role on engine)"."""
-    if pipeline.pipeline in UNSUPPORTED_PIPELINES:
-        return [f"{s.name} ({pipeline.pipeline} {s.role.value})" for s in pipeline.stages]
     return [
         f"{s.name} ({s.role.value} on {s.engine.value})"
         for s in pipeline.stages
@@ -34,20 +27,36 @@ def unimplemented_stages(pipeline: ResolvedPipeline) -> list[str]:
     ]
 
 
-def stage_class(spec: ResolvedStage) -> type[Stage]:
-    from omnipipe.worker.stages import qwen_image, qwen_omni
+OMNI_ROLES = frozenset({Role.THINKER, Role.TALKER, Role.CODE2WAV})
 
-    classes: dict[Role, type[Stage]] = {
-        Role.TEXT_ENCODER: qwen_image.TextEncodeStage,
-        Role.DENOISER: qwen_image.DenoiseStage,
-        Role.VAE_DECODER: qwen_image.DecodeStage,
-        Role.THINKER: qwen_omni.ThinkerStage,
-        Role.TALKER: qwen_omni.TalkerStage,
-        Role.CODE2WAV: qwen_omni.Code2WavStage,
-    }
+
+def stage_class(spec: ResolvedStage, model_path: str) -> type[Stage]:
+    """The class that runs the stage; for omni roles the checkpoint's model type picks the
+    family (Qwen2.5-Omni or Qwen3-Omni), whatever the pipeline type is called."""
     if (spec.role, spec.engine) not in IMPLEMENTED:
         raise NotImplementedError(
             f"stage {spec.name}: role {spec.role.value} on engine {spec.engine.value} is not "
             "implemented by this worker"
         )
-    return classes[spec.role]
+    if spec.role not in OMNI_ROLES:
+        from omnipipe.worker.stages import qwen_image
+
+        return {
+            Role.TEXT_ENCODER: qwen_image.TextEncodeStage,
+            Role.DENOISER: qwen_image.DenoiseStage,
+            Role.VAE_DECODER: qwen_image.DecodeStage,
+        }[spec.role]
+    from omnipipe.worker.engines.omni import QWEN3_OMNI, omni_model_type
+    from omnipipe.worker.stages import qwen3_omni, qwen_omni
+
+    if omni_model_type(model_path) == QWEN3_OMNI:
+        return {
+            Role.THINKER: qwen3_omni.Qwen3ThinkerStage,
+            Role.TALKER: qwen3_omni.Qwen3TalkerStage,
+            Role.CODE2WAV: qwen3_omni.Qwen3Code2WavStage,
+        }[spec.role]
+    return {
+        Role.THINKER: qwen_omni.ThinkerStage,
+        Role.TALKER: qwen_omni.TalkerStage,
+        Role.CODE2WAV: qwen_omni.Code2WavStage,
+    }[spec.role]

@@ -49,42 +49,86 @@ def samples_per_code(config: Any) -> int:
     return samples
 
 
-def _voice(params: dict[str, Any], speakers: dict[str, Any]) -> str:
-    voice = params.get("voice") or DEFAULT_VOICE
-    if voice not in speakers:
-        raise StageInputError(f"voice {voice!r} is not available; voices: {', '.join(speakers)}")
-    return str(voice)
+def pick_voice(params: dict[str, Any], voices: Sequence[str]) -> str:
+    """The request's voice as the checkpoint spells it (names match case-insensitively)."""
+    wanted = str(params.get("voice") or DEFAULT_VOICE)
+    for name in voices:
+        if name.lower() == wanted.lower():
+            return name
+    raise StageInputError(f"voice {wanted!r} is not available; voices: {', '.join(voices)}")
 
 
 # ---- thinker --------------------------------------------------------------------------
 
 
 class ThinkerStage(StreamingStage):
-    def load(self) -> None:
-        from transformers import Qwen2_5OmniProcessor
+    """The thinker of Qwen2.5-Omni; subclasses change what it hands the talker."""
 
-        self.model = load_qwen25_omni(self.model_path, self.device, "thinker")
+    def load(self) -> None:
+        from transformers import AutoProcessor
+
+        self.model = self.load_model()
         self.thinker = self.model.thinker
         # Built-in defaults < the stage's spec.sampling; requests override per session.
         self.sampling = Sampling.from_params(THINKER_SAMPLING, self.spec.sampling)
-        self.processor = Qwen2_5OmniProcessor.from_pretrained(self.model_path)
+        self.processor = AutoProcessor.from_pretrained(self.model_path)
         self.tokenizer = self.processor.tokenizer
-        config = self.model.config
-        self.talker_text = (
-            config.talker_config.tts_text_start_token_id,
-            config.talker_config.tts_text_end_token_id,
-            config.talker_config.tts_text_pad_token_id,
-        )
-        thinker_config = config.thinker_config
-        self.media_tokens = (
-            thinker_config.audio_token_index,
-            thinker_config.image_token_index,
-            thinker_config.video_token_index,
-        )
         eos = self.thinker.generation_config.eos_token_id
         if eos is None:
-            eos = thinker_config.text_config.eos_token_id
+            eos = self.model.config.thinker_config.text_config.eos_token_id
         self.eos = frozenset([eos] if isinstance(eos, int) else eos)
+
+    def load_model(self) -> Any:
+        return load_qwen25_omni(self.model_path, self.device, "thinker")
+
+    @property
+    def voices(self) -> list[str]:
+        return list(self.model.speaker_map)
+
+    def talker_prompt(
+        self, inputs: Tensors, hidden: tuple[torch.Tensor, ...], voice: str
+    ) -> Tensors:
+        """What the talker's prefill needs from the thinker, which owns the embeddings."""
+        config = self.model.config
+        input_ids = inputs["input_ids"]
+        embeds = hidden[0].clone()
+        media_tokens = (
+            config.thinker_config.audio_token_index,
+            config.thinker_config.image_token_index,
+            config.thinker_config.video_token_index,
+        )
+        media = torch.isin(input_ids, torch.tensor(media_tokens, device=input_ids.device))
+        embeds[media] = 0  # as transformers does: the talker sees no media embeddings
+        table = self.thinker.get_input_embeddings()
+        text_bos = int(self.model.speaker_map[voice]["bos_token"])
+        specials = torch.tensor(
+            [
+                [
+                    text_bos,
+                    config.talker_config.tts_text_end_token_id,
+                    config.talker_config.tts_text_pad_token_id,
+                ]
+            ],
+            device=input_ids.device,
+        )
+        special_embeds = table(specials)[0]
+        prompt: Tensors = {
+            "prompt_embeds": (hidden[-1] + embeds)[0],
+            "input_ids": input_ids[0],
+            "text_bos_id": specials[0, :1],
+            "text_bos_embed": special_embeds[0],
+            "text_eos_embed": special_embeds[1],
+            "text_pad_embed": special_embeds[2],
+        }
+        if "image_grid_thw" in inputs:
+            prompt["image_grid_thw"] = inputs["image_grid_thw"]
+        if "feature_attention_mask" in inputs:
+            prompt["audio_feature_lengths"] = inputs["feature_attention_mask"].sum(-1)
+        return prompt
+
+    def reply_row(self, hidden: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        """What the talker needs of one fed reply token."""
+        return hidden[-1][0, -1:] + hidden[0][0, -1:]
 
     def open(self, job: StageJob) -> Session:
         return ThinkerSession(self, job.params)
@@ -128,7 +172,7 @@ class ThinkerSession(Session):
         self.stage = stage
         self.want_audio = bool(params.get("audio"))
         if self.want_audio:
-            self.speaker = stage.model.speaker_map[_voice(params, stage.model.speaker_map)]
+            self.voice = pick_voice(params, stage.voices)
         self.sampling = Sampling.from_params(stage.sampling, params.get("sampling"))
         self.generator = self.sampling.generator(stage.device)
         conversation, images, audios = stage.conversation(params.get("messages"))
@@ -207,37 +251,9 @@ class ThinkerSession(Session):
             output_hidden_states=self.want_audio,
         )
         if self.want_audio:
-            self.prompt = self._talker_prompt(out.hidden_states)
+            self.prompt = self.stage.talker_prompt(self.inputs, out.hidden_states, self.voice)
         self.generated.append(self._choose(out.logits[0, -1]))
         return StepResult(outputs=self._delta(final=False))
-
-    def _talker_prompt(self, hidden: tuple[torch.Tensor, ...]) -> Tensors:
-        """What the talker's prefill needs from the thinker, which owns the embeddings."""
-        input_ids = self.inputs["input_ids"]
-        embeds = hidden[0].clone()
-        media = torch.isin(
-            input_ids, torch.tensor(self.stage.media_tokens, device=input_ids.device)
-        )
-        embeds[media] = 0  # as transformers does: the talker sees no media embeddings
-        table = self.stage.thinker.get_input_embeddings()
-        _, text_eos, text_pad = self.stage.talker_text
-        specials = torch.tensor(
-            [[int(self.speaker["bos_token"]), text_eos, text_pad]], device=input_ids.device
-        )
-        special_embeds = table(specials)[0]
-        prompt: Tensors = {
-            "prompt_embeds": (hidden[-1] + embeds)[0],
-            "input_ids": input_ids[0],
-            "text_bos_id": specials[0, :1],
-            "text_bos_embed": special_embeds[0],
-            "text_eos_embed": special_embeds[1],
-            "text_pad_embed": special_embeds[2],
-        }
-        if "image_grid_thw" in self.inputs:
-            prompt["image_grid_thw"] = self.inputs["image_grid_thw"]
-        if "feature_attention_mask" in self.inputs:
-            prompt["audio_feature_lengths"] = self.inputs["feature_attention_mask"].sum(-1)
-        return prompt
 
     def _finish(self, tensors: Tensors) -> StepResult:
         last = self.generated[-1]
@@ -274,7 +290,7 @@ class ThinkerSession(Session):
         )
         tensors: Tensors = {}
         if self.want_audio:
-            tensors["reply"] = out.hidden_states[-1][0, -1:] + out.hidden_states[0][0, -1:]
+            tensors["reply"] = self.stage.reply_row(out.hidden_states)
             if self.fed == 0:
                 tensors.update(self.prompt, first_token_id=torch.tensor([last]))
         self.fed += 1
@@ -460,7 +476,7 @@ class Code2WavStage(StreamingStage):
 class Code2WavSession(Session):
     def __init__(self, stage: Code2WavStage, params: dict[str, Any]) -> None:
         self.stage = stage
-        speaker = stage.model.speaker_map[_voice(params, stage.model.speaker_map)]
+        speaker = stage.model.speaker_map[pick_voice(params, list(stage.model.speaker_map))]
         self.conditioning = speaker["cond"].to(stage.device).float()
         self.reference_mel = speaker["ref_mel"].to(stage.device).float()
         seed = params.get("seed")

@@ -1,0 +1,425 @@
+"""Qwen3-Omni-MoE as three streaming stages, reproducing
+Qwen3OmniMoeForConditionalGeneration.generate: thinker -> talker -> code2wav.
+
+Differences from Qwen2.5-Omni that shape the hand-offs:
+- The talker projects the thinker's states itself (text_projection, hidden_projection), so
+  the thinker sends raw embeddings, plus one mid-layer hidden state for media positions.
+- The talker's prompt is the user turns and the first reply token; every later reply token
+  is one "trailing text" row, consumed one per codec frame, then tts_eos, then tts_pad.
+- A codec frame is num_code_groups codes: the talker picks the first, its code predictor
+  the rest. code2wav is causal and deterministic.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+from collections import deque
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from omnipipe.worker.engines.omni import load_qwen3_omni
+from omnipipe.worker.stages.base import (
+    Chunk,
+    Session,
+    StageInputError,
+    StageJob,
+    StepResult,
+    StreamingStage,
+    Tensors,
+)
+from omnipipe.worker.stages.media import pcm16
+from omnipipe.worker.stages.qwen_omni import SAMPLE_RATE, ThinkerStage, pick_voice
+from omnipipe.worker.stages.sampling import Sampling, next_token
+
+# transformers' defaults (Qwen3OmniMoeForConditionalGeneration.generate).
+TALKER_SAMPLING = Sampling(
+    temperature=0.9, top_p=1.0, top_k=50, max_tokens=4096, repetition_penalty=1.05
+)
+# The code predictor samples with fixed top-k/top-p, greedy when the talker is greedy.
+PREDICTOR_SAMPLING = Sampling(temperature=1.0, top_p=0.8, top_k=50)
+CHUNK_FRAMES = 25  # talker -> code2wav chunk: 2 s of audio at 12.5 frames/s
+CONTEXT_FRAMES = 25  # as transformers' chunked_decode: left context decoded again
+# generate() suppresses the top 1024 ids of the talker's vocabulary (codec specials).
+SPECIAL_CODES = 1024
+
+
+def samples_per_frame(config: Any) -> int:
+    c2w = config.code2wav_config
+    samples = 1
+    for rate in (*c2w.upsample_rates, *c2w.upsampling_ratios):
+        samples *= int(rate)
+    return samples
+
+
+def voices(config: Any) -> list[str]:
+    """Speaker names; the checkpoint keys them in lower case."""
+    return [name.capitalize() for name in config.talker_config.speaker_id]
+
+
+# ---- thinker --------------------------------------------------------------------------
+
+
+class Qwen3ThinkerStage(ThinkerStage):
+    def load_model(self) -> Any:
+        return load_qwen3_omni(self.model_path, self.device, "thinker")
+
+    @property
+    def voices(self) -> list[str]:
+        return voices(self.model.config)
+
+    def talker_prompt(
+        self, inputs: Tensors, hidden: tuple[torch.Tensor, ...], voice: str
+    ) -> Tensors:
+        config = self.model.config
+        specials = torch.tensor(
+            [[config.tts_bos_token_id, config.tts_eos_token_id, config.tts_pad_token_id]],
+            device=inputs["input_ids"].device,
+        )
+        prompt: Tensors = {
+            "input_ids": inputs["input_ids"][0],
+            "prompt_embeds": hidden[0][0],
+            "prompt_hidden": hidden[config.talker_config.accept_hidden_layer][0],
+            "tts_embeds": self.thinker.get_input_embeddings()(specials)[0],
+            "speaker_id": torch.tensor([config.talker_config.speaker_id[voice.lower()]]),
+        }
+        if "image_grid_thw" in inputs:
+            prompt["image_grid_thw"] = inputs["image_grid_thw"]
+        if "feature_attention_mask" in inputs:
+            prompt["audio_feature_lengths"] = inputs["feature_attention_mask"].sum(-1)
+        return prompt
+
+    def reply_row(self, hidden: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        return hidden[0][0, -1:]
+
+
+# ---- talker ---------------------------------------------------------------------------
+
+
+class Qwen3TalkerStage(StreamingStage):
+    def load(self) -> None:
+        self.model = load_qwen3_omni(self.model_path, self.device, "talker")
+        self.talker = self.model.talker
+        config = self.model.config
+        talker_config = config.talker_config
+        if not hasattr(self.talker.config, "audio_config"):
+            # transformers' talker rope index reads audio_config.n_window, which the talker
+            # config lacks; the audio positions it indexes are the thinker's.
+            self.talker.config.audio_config = config.thinker_config.audio_config
+        self.sampling = Sampling.from_params(TALKER_SAMPLING, self.spec.sampling)
+        self.chunk_frames = int(self.spec.engine_args.get("chunk_codes", CHUNK_FRAMES))
+        self.frames_per_second = SAMPLE_RATE / samples_per_frame(config)
+        self.eos = int(talker_config.codec_eos_token_id)
+        vocab = int(talker_config.text_config.vocab_size)
+        self.suppressed = tuple(
+            i for i in range(max(0, vocab - SPECIAL_CODES), vocab) if i != self.eos
+        )
+        self.groups = int(talker_config.num_code_groups)
+        self.config = config
+
+    def open(self, job: StageJob) -> Session:
+        return Qwen3TalkerSession(self, job.params)
+
+
+class Qwen3TalkerSession(Session):
+    def __init__(self, stage: Qwen3TalkerStage, params: dict[str, Any]) -> None:
+        self.stage = stage
+        self.sampling = Sampling.from_params(stage.sampling, params.get("sampling"))
+        seed = params.get("seed")
+        if self.sampling.seed is None and isinstance(seed, int):
+            # The request's seed makes the whole chain reproducible, not just the text.
+            self.sampling = dataclasses.replace(self.sampling, seed=seed)
+        self.predictor_sampling = (
+            dataclasses.replace(PREDICTOR_SAMPLING, temperature=0.0)
+            if self.sampling.temperature == 0
+            else PREDICTOR_SAMPLING
+        )
+        self.generator = self.sampling.generator(stage.device)
+        self.prompt: Tensors | None = None
+        self.replies: deque[torch.Tensor] = deque()  # the thinker's rows, as sent
+        self.ahead: deque[torch.Tensor] = deque()  # projected rows the prefill took early
+        self.upstream_done = False
+        self.eos_sent = False
+        self.cache: Any = None
+        self.rope_deltas: torch.Tensor | None = None
+        self.past_hidden: torch.Tensor | None = None
+        self.code: int | None = None  # the first code of the frame being completed
+        self.codes: list[int] = []  # first codes so far, for the repetition penalty
+        self.frames: list[list[int]] = []
+        self.sent = 0
+        self.done = False
+
+    def _project(self, rows: torch.Tensor) -> torch.Tensor:
+        talker = self.stage.talker
+        projected: torch.Tensor = talker.text_projection(
+            rows.to(self.stage.device, talker.text_projection.linear_fc1.weight.dtype)
+        )
+        return projected
+
+    def _take(self, chunks: Sequence[Chunk]) -> None:
+        for chunk in chunks:
+            if "prompt_embeds" in chunk.tensors:
+                self.prompt = chunk.tensors
+            if "reply" in chunk.tensors:
+                self.replies.extend(torch.split(chunk.tensors["reply"], 1))
+            self.upstream_done = self.upstream_done or chunk.final
+
+    def _next_text(self) -> torch.Tensor | None:
+        """The next trailing text row; after the thinker's end, tts_eos once, then tts_pad."""
+        if self.ahead:
+            return self.ahead.popleft()
+        if self.replies:
+            return self._project(self.replies.popleft())
+        if not self.upstream_done:
+            return None
+        assert self.prompt is not None
+        tts = self._project(self.prompt["tts_embeds"])
+        if not self.eos_sent:
+            self.eos_sent = True
+            return tts[1:2]
+        return tts[2:3]
+
+    def step(self, chunks: Sequence[Chunk]) -> StepResult | None:
+        self._take(chunks)
+        if self.done:
+            return StepResult(done=True)
+        with torch.inference_mode():
+            if self.cache is None:
+                if self.prompt is None or not self.replies:
+                    if self.upstream_done:
+                        raise StageInputError("the thinker ended without a reply for the talker")
+                    return None
+                logits = self._prefill()
+            else:
+                text = self._next_text()
+                if text is None:
+                    return None
+                logits = self._decode(text)
+        suppress = self.stage.suppressed
+        if len(self.frames) < self.sampling.min_tokens:
+            suppress += (self.stage.eos,)
+        seen = torch.tensor(self.codes, dtype=torch.long, device=logits.device)
+        code = next_token(logits, self.sampling, seen, suppress, self.generator)
+        # A frame is completed when its first code is fed back, so the code that ends the
+        # answer (eos, or the max_tokens-th as generate() counts) makes no frame.
+        self.done = code == self.stage.eos or len(self.frames) + 1 >= self.sampling.max_tokens
+        self.code = None if self.done else code
+        if not self.done:
+            self.codes.append(code)
+        return self._emit()
+
+    def _emit(self) -> StepResult:
+        pending = len(self.frames) - self.sent
+        if pending < self.stage.chunk_frames and not self.done:
+            return StepResult()
+        chunk = self.frames[self.sent :]
+        self.sent = len(self.frames)
+        return StepResult(
+            tensors={"codes": torch.tensor(chunk, dtype=torch.long)} if chunk else {},
+            done=self.done,
+            audio_seconds=len(chunk) / self.stage.frames_per_second,
+        )
+
+    def _user_part(self, p: Tensors) -> tuple[torch.Tensor, torch.Tensor]:
+        """The user turns' rows and ids: media positions from the thinker's mid-layer
+        hidden state, text from its embeddings (as _get_talker_user_parts)."""
+        talker, config = self.stage.talker, self.stage.config
+        ids = p["input_ids"]
+        starts = torch.nonzero(ids == config.im_start_token_id).flatten().tolist()
+        user = torch.zeros_like(ids, dtype=torch.bool)
+        for start, end in zip(starts, [*starts[1:], len(ids)], strict=True):
+            if start + 1 < len(ids) and int(ids[start + 1]) == config.user_token_id:
+                user[start:end] = True
+        media_ids = torch.tensor(
+            [
+                config.thinker_config.audio_token_id,
+                config.thinker_config.image_token_id,
+                config.thinker_config.video_token_id,
+            ],
+            device=ids.device,
+        )
+        media = torch.isin(ids, media_ids)
+        dtype = talker.text_projection.linear_fc1.weight.dtype
+        rows = torch.where(
+            media[:, None],
+            talker.hidden_projection(p["prompt_hidden"].to(dtype)),
+            talker.text_projection(p["prompt_embeds"].to(dtype)),
+        )
+        return rows[user], ids[user]
+
+    def _prefill(self) -> torch.Tensor:
+        from transformers import DynamicCache
+
+        assert self.prompt is not None
+        talker, config, p = self.stage.talker, self.stage.config, self.prompt
+        device = self.stage.device
+        p = {k: v.to(device) for k, v in p.items()}
+        user_rows, user_ids = self._user_part(p)
+        ids = p["input_ids"]
+        assistant = torch.nonzero(
+            (ids[:-1] == config.im_start_token_id) & (ids[1:] == config.assistant_token_id)
+        ).flatten()
+        if not len(assistant):
+            raise StageInputError("the thinker's prompt has no assistant turn to answer in")
+        # The assistant turn's own tokens, then the reply: its first four rows go into the
+        # prompt, the rest are spoken one per frame.
+        text = self._project(p["prompt_embeds"][int(assistant[-1]) :])
+        while len(text) < 4 and self.replies:
+            text = torch.cat([text, self._project(self.replies.popleft())])
+        if len(text) < 4:
+            raise StageInputError("the thinker's assistant turn is shorter than the talker needs")
+        self.ahead.extend(text[i : i + 1] for i in range(4, len(text)))
+        tts = self._project(p["tts_embeds"])
+        tts_bos, tts_pad = tts[0:1], tts[2:3]
+        text_part = torch.cat([text[:3], tts_pad.expand(4, -1), tts_bos, text[3:4]])
+        codec_ids = torch.tensor(
+            [
+                talker.config.codec_nothink_id,
+                talker.config.codec_think_bos_id,
+                talker.config.codec_think_eos_id,
+                int(p["speaker_id"][0]),
+                talker.config.codec_pad_id,
+                talker.config.codec_bos_id,
+            ],
+            device=device,
+        )
+        codec_part = torch.cat(
+            [
+                torch.zeros((3, text.shape[-1]), device=device, dtype=text.dtype),
+                talker.get_input_embeddings()(codec_ids),
+            ]
+        )
+        embeds = torch.cat([user_rows, text_part + codec_part])[None]
+        talker_ids = torch.cat(
+            [user_ids, torch.full((9,), config.tts_pad_token_id, device=device)]
+        )[None]
+        self.cache = DynamicCache()
+        talker.rope_deltas = None
+        out = talker(
+            inputs_embeds=embeds,
+            talker_input_ids=talker_ids,
+            attention_mask=torch.ones_like(talker_ids),
+            image_grid_thw=p.get("image_grid_thw"),
+            audio_feature_lengths=p.get("audio_feature_lengths"),
+            past_key_values=self.cache,
+            use_cache=True,
+            output_hidden_states=True,
+        )
+        self.rope_deltas = talker.rope_deltas
+        return self._after(out)
+
+    def _after(self, out: Any) -> torch.Tensor:
+        self.past_hidden = out.hidden_states[0][-1][:, -1:]
+        logits: torch.Tensor = out.logits[0, -1]
+        return logits
+
+    def _residual_codes(self, code: int) -> tuple[list[int], torch.Tensor]:
+        """The frame's other codes from the code predictor, and the summed embedding of all
+        of the frame's codes, which is the talker's next input (prepare_inputs_for_generation)."""
+        from transformers import DynamicCache
+
+        talker = self.stage.talker
+        predictor = talker.code_predictor
+        device = self.stage.device
+        first = talker.get_input_embeddings()(torch.tensor([[code]], device=device))
+        assert self.past_hidden is not None
+        cache = DynamicCache()
+        total = first[0, 0].clone()
+        residual: list[int] = []
+        for group in range(self.stage.groups - 1):
+            if group == 0:
+                inputs: dict[str, Any] = {"inputs_embeds": torch.cat([self.past_hidden, first], 1)}
+            else:  # the predictor embeds the previous residual code itself
+                inputs = {"input_ids": torch.tensor([[residual[-1]]], device=device)}
+            out = predictor(**inputs, past_key_values=cache, use_cache=True, generation_steps=group)
+            picked = next_token(
+                out.logits[0, -1],
+                self.predictor_sampling,
+                torch.empty(0, dtype=torch.long),
+                generator=self.generator,
+            )
+            residual.append(picked)
+            embedding = predictor.get_input_embeddings()[group]
+            total = total + embedding(torch.tensor(picked, device=device))
+        return residual, total
+
+    def _decode(self, text: torch.Tensor) -> torch.Tensor:
+        assert self.code is not None
+        residual, frame_embed = self._residual_codes(self.code)
+        self.frames.append([self.code, *residual])
+        talker = self.stage.talker
+        talker.rope_deltas = self.rope_deltas
+        past = self.cache.get_seq_length()
+        out = talker(
+            inputs_embeds=(frame_embed + text[0])[None, None],
+            attention_mask=torch.ones((1, past + 1), dtype=torch.long, device=self.stage.device),
+            past_key_values=self.cache,
+            use_cache=True,
+            output_hidden_states=True,
+            generation_step=len(self.frames) - 1,  # only echoed back by the forward
+        )
+        return self._after(out)
+
+    def close(self) -> None:
+        self.cache = None
+
+
+# ---- code2wav -------------------------------------------------------------------------
+
+
+class Qwen3Code2WavStage(StreamingStage):
+    def load(self) -> None:
+        self.model = load_qwen3_omni(self.model_path, self.device, "code2wav")
+        self.code2wav = self.model.code2wav
+        self.samples_per_frame = samples_per_frame(self.model.config)
+        self.voices = voices(self.model.config)
+        args = self.spec.engine_args
+        self.chunk_frames = int(args.get("chunk_codes", CHUNK_FRAMES))
+        self.context_frames = int(args.get("context_codes", CONTEXT_FRAMES))
+
+    def open(self, job: StageJob) -> Session:
+        pick_voice(job.params, self.voices)  # the talker speaks it; a bad one fails early
+        return Qwen3Code2WavSession(self)
+
+
+class Qwen3Code2WavSession(Session):
+    def __init__(self, stage: Qwen3Code2WavStage) -> None:
+        self.stage = stage
+        self.frames: list[torch.Tensor] = []
+        self.count = 0
+        self.decoded = 0
+        self.upstream_done = False
+
+    def close(self) -> None:
+        self.frames = []
+
+    def step(self, chunks: Sequence[Chunk]) -> StepResult | None:
+        for chunk in chunks:
+            if "codes" in chunk.tensors:
+                self.frames.append(chunk.tensors["codes"])
+                self.count += len(chunk.tensors["codes"])
+            self.upstream_done = self.upstream_done or chunk.final
+        if self.decoded == self.count:
+            return StepResult(done=True) if self.upstream_done else None
+        # Fixed chunk boundaries, whatever way the frames arrived: the audio equals
+        # transformers' chunked_decode over all of them.
+        end = min(self.decoded + self.stage.chunk_frames, self.count)
+        if end - self.decoded < self.stage.chunk_frames and not self.upstream_done:
+            return None
+        frames = torch.cat(self.frames)
+        self.frames = [frames]
+        context = min(self.stage.context_frames, self.decoded)
+        window = frames[self.decoded - context : end].T[None].to(self.stage.device)
+        with torch.inference_mode():
+            waveform = self.stage.code2wav(window)
+        audio = waveform[..., context * self.stage.samples_per_frame :].reshape(-1)
+        audio = audio.float().cpu().numpy()
+        self.decoded = end
+        return StepResult(
+            outputs=[
+                {"audio": base64.b64encode(pcm16(audio)).decode(), "sample_rate": SAMPLE_RATE}
+            ],
+            audio_seconds=len(audio) / SAMPLE_RATE,
+        )
