@@ -49,12 +49,13 @@ def test_workers_never_outlive_a_killed_serve() -> None:
     assert pids_alive(pids) == []
 
 
-def test_tiny_omni_example_answers_with_text_and_audio() -> None:
-    served = start_serve(REPO / "examples/tiny-omni.yaml")
+@pytest.mark.parametrize("name", ["tiny-omni", "tiny-qwen3-omni"])
+def test_tiny_omni_examples_answer_with_text_and_audio(name: str) -> None:
+    served = start_serve(REPO / f"examples/{name}.yaml")
     try:
         with openai.OpenAI(base_url=served.base_url, api_key="any", max_retries=0) as c:
             r = c.chat.completions.create(
-                model="tiny-omni",
+                model=name,
                 modalities=["text", "audio"],
                 audio={"voice": "Chelsie", "format": "wav"},
                 messages=[{"role": "user", "content": "Say hello."}],

@@ -1,14 +1,17 @@
-"""Qwen2.5-Omni (tiny://qwen2.5-omni) through `omnipipe serve`, driven by the official
-openai client: chat completions with text and audio, streamed and not, speech, media
-inputs, per-stage sampling, cancellation and the audio metrics."""
+"""Qwen2.5-Omni and Qwen3-Omni (tiny://qwen2.5-omni, tiny://qwen3-omni) through `omnipipe
+serve`, driven by the official openai client: chat completions with text and audio,
+streamed and not, speech, media inputs, per-stage sampling, cancellation and the audio
+metrics. Every test runs against both models."""
 
 from __future__ import annotations
 
 import base64
 import io
+import math
 import time
 import wave
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,28 +26,65 @@ from tests.e2e.conftest import Served, start_serve, stop_cleanly
 pytestmark = pytest.mark.timeout(300)
 THINKER_TOKENS = 12
 TALKER_CODES = 60  # 25 + 25 + 10: three chunks from talker to code2wav
-SAMPLES_PER_CODE = 480  # 2 mel frames per code x 240 samples per frame, at 24 kHz
+CHUNK_CODES = 25
 MODEL = "tiny-omni"
-MANIFEST = f"""apiVersion: omnipipe.io/v1alpha1
+
+
+@dataclass(frozen=True)
+class Variant:
+    model: str
+    pipeline: str
+    samples_per_code: int
+    # Qwen3's causal code2wav drops a fixed tail of samples per decoded chunk, as
+    # transformers' chunked_decode does.
+    samples_lost_per_chunk: int
+    # Qwen3's talker, as generate() counts max_new_tokens, makes one code less than
+    # max_tokens: the last code sampled never gets its residual codes.
+    codes_short_of_max: int
+
+    def talker_tokens(self, codes: int) -> int:
+        return codes + self.codes_short_of_max
+
+    def samples(self, codes: int) -> int:
+        chunks = math.ceil(codes / CHUNK_CODES)
+        return codes * self.samples_per_code - chunks * self.samples_lost_per_chunk
+
+    def manifest(self) -> str:
+        talker = self.talker_tokens(TALKER_CODES)
+        return f"""apiVersion: omnipipe.io/v1alpha1
 kind: OmniPipeline
 metadata: {{name: {MODEL}}}
 spec:
-  model: tiny://qwen2.5-omni
-  pipeline: qwen2.5-omni
+  model: {self.model}
+  pipeline: {self.pipeline}
   stages:
     - name: thinker
       sampling: {{maxTokens: {THINKER_TOKENS}, minTokens: {THINKER_TOKENS}}}
     - name: talker
-      sampling: {{maxTokens: {TALKER_CODES}, minTokens: {TALKER_CODES}}}
+      sampling: {{maxTokens: {talker}, minTokens: {talker}}}
 """
+
+
+VARIANTS = {
+    # 2 mel frames per code x 240 samples per frame, at 24 kHz.
+    "qwen2.5-omni": Variant("tiny://qwen2.5-omni", "qwen2.5-omni", 480, 0, 0),
+    # 8 x 5 x 4 x 3 x 2 x 2 upsampling per code; the causal transposed convolutions
+    # of the tiny config drop 555 samples at the end of each chunk.
+    "qwen3-omni": Variant("tiny://qwen3-omni", "qwen3-omni", 1920, 555, 1),
+}
 AUDIO = {"voice": "Chelsie", "format": "wav"}
 HELLO = [{"role": "user", "content": "hello"}]
 
 
+@pytest.fixture(scope="module", params=list(VARIANTS), ids=list(VARIANTS))
+def variant(request: pytest.FixtureRequest) -> Variant:
+    return VARIANTS[str(request.param)]
+
+
 @pytest.fixture(scope="module")
-def served(tmp_module: Path) -> Iterator[Served]:
-    manifest = tmp_module / "tiny-omni.yaml"
-    manifest.write_text(MANIFEST)
+def served(tmp_module: Path, variant: Variant) -> Iterator[Served]:
+    manifest = tmp_module / f"{variant.pipeline}.yaml"
+    manifest.write_text(variant.manifest())
     s = start_serve(manifest)
     yield s
     stop_cleanly(s)
@@ -88,7 +128,7 @@ def completions(served: Served, stage: str) -> float:
     return metric(served, stage, "omnipipe_stage_request_duration_seconds_count")
 
 
-def test_chat_returns_text_and_a_wav(client: openai.OpenAI) -> None:
+def test_chat_returns_text_and_a_wav(client: openai.OpenAI, variant: Variant) -> None:
     r = client.chat.completions.create(
         model=MODEL, modalities=["text", "audio"], audio=AUDIO, messages=HELLO
     )
@@ -101,7 +141,7 @@ def test_chat_returns_text_and_a_wav(client: openai.OpenAI) -> None:
     assert read_wav(base64.b64decode(message.audio.data)) == (
         1,
         24000,
-        TALKER_CODES * SAMPLES_PER_CODE,
+        variant.samples(TALKER_CODES),
     )
 
 
@@ -131,7 +171,7 @@ def stream_events(client: openai.OpenAI, **kw: Any) -> list[tuple[float, str, An
     return events
 
 
-def test_stream_sends_text_first_and_audio_last(client: openai.OpenAI) -> None:
+def test_stream_sends_text_first_and_audio_last(client: openai.OpenAI, variant: Variant) -> None:
     events = stream_events(client)
     kinds = [kind for _, kind, _ in events]
     audio = [payload for _, kind, payload in events if kind == "audio"]
@@ -143,7 +183,7 @@ def test_stream_sends_text_first_and_audio_last(client: openai.OpenAI) -> None:
     assert last_text < len(kinds) - 1 - kinds[::-1].index("audio")
     assert kinds[-1] == "finish"
     assert events[-1][2] == "length"
-    assert sum(len(a) for a in audio) == TALKER_CODES * SAMPLES_PER_CODE * 2  # s16le
+    assert sum(len(a) for a in audio) == variant.samples(TALKER_CODES) * 2  # s16le
     first_audio = next(t for t, kind, _ in events if kind == "audio")
     assert first_audio < events[-1][0]
 
@@ -159,12 +199,12 @@ def test_talker_and_code2wav_start_before_the_thinker_ends(client: openai.OpenAI
     assert kinds.index("audio") < last_text, kinds
 
 
-def test_speech_returns_wav(client: openai.OpenAI) -> None:
+def test_speech_returns_wav(client: openai.OpenAI, variant: Variant) -> None:
     r = client.audio.speech.create(model=MODEL, input="hello world", voice="Ethan")
-    assert read_wav(r.content) == (1, 24000, TALKER_CODES * SAMPLES_PER_CODE)
+    assert read_wav(r.content) == (1, 24000, variant.samples(TALKER_CODES))
 
 
-def test_speech_streams_pcm(served: Served) -> None:
+def test_speech_streams_pcm(served: Served, variant: Variant) -> None:
     body = {"model": MODEL, "input": "hello", "voice": "Chelsie", "response_format": "pcm"}
     arrivals: list[int] = []
     with httpx.stream("POST", f"{served.base_url}/audio/speech", json=body, timeout=60) as r:
@@ -172,7 +212,7 @@ def test_speech_streams_pcm(served: Served) -> None:
         assert r.headers["x-sample-rate"] == "24000"
         for part in r.iter_raw():
             arrivals.append(len(part))
-    assert sum(arrivals) == TALKER_CODES * SAMPLES_PER_CODE * 2
+    assert sum(arrivals) == variant.samples(TALKER_CODES) * 2
     assert len(arrivals) >= 2  # sent chunk by chunk, not as one body
 
 
@@ -245,7 +285,7 @@ def test_malformed_media_is_a_400(
         client.chat.completions.create(model=MODEL, messages=bad_part(part), stream=stream)
 
 
-def test_sampling_params_per_stage(client: openai.OpenAI) -> None:
+def test_sampling_params_per_stage(client: openai.OpenAI, variant: Variant) -> None:
     short = {"max_tokens": 3, "min_tokens": 3}
     for form in ([short], {"thinker": short}):
         r = client.chat.completions.create(
@@ -253,15 +293,16 @@ def test_sampling_params_per_stage(client: openai.OpenAI) -> None:
         )
         assert r.usage is not None
         assert r.usage.completion_tokens == 3
+    ten = variant.talker_tokens(10)
     r = client.chat.completions.create(
         model=MODEL,
         modalities=["text", "audio"],
         audio=AUDIO,
         messages=HELLO,
-        extra_body={"sampling_params_list": {"talker": {"max_tokens": 10, "min_tokens": 10}}},
+        extra_body={"sampling_params_list": {"talker": {"max_tokens": ten, "min_tokens": ten}}},
     )
     assert r.choices[0].message.audio is not None
-    assert read_wav(base64.b64decode(r.choices[0].message.audio.data))[2] == 10 * SAMPLES_PER_CODE
+    assert read_wav(base64.b64decode(r.choices[0].message.audio.data))[2] == variant.samples(10)
     for bad, match in (
         ({"thinker": {"bogus": 1}}, "bogus"),
         ({"nope": {"max_tokens": 1}}, "no stage 'nope'"),

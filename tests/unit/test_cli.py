@@ -51,13 +51,11 @@ def test_serve_refuses_stages_it_cannot_run(capsys: pytest.CaptureFixture[str]) 
     assert "cannot run these stages yet: thinker (thinker on vllm)" in err
 
 
-def test_serve_refuses_qwen3_omni_until_its_stages_exist(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+def test_serve_refuses_only_the_vllm_thinker_of_the_real_qwen3_omni(
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
-    manifest = tmp_path / "q3.yaml"
-    manifest.write_text(
-        "apiVersion: omnipipe.io/v1alpha1\nkind: OmniPipeline\nmetadata: {name: q3}\n"
-        "spec: {model: Qwen/Qwen3-Omni-30B-A3B-Instruct, pipeline: qwen3-omni}\n"
-    )
-    assert main(["serve", str(manifest)]) == 2
-    assert "thinker (qwen3-omni thinker)" in capsys.readouterr().err
+    assert main(["serve", str(REPO / "examples/qwen3-omni.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert "cannot run these stages yet: thinker (thinker on vllm)" in err
+    assert "talker" not in err
+    assert "code2wav" not in err
