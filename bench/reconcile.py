@@ -232,6 +232,7 @@ def main() -> None:
             cluster.kubectl(
                 "apply", "--server-side", "-f", str(REPO / "crds/omnipipelines.omnipipe.io.yaml")
             )
+            cluster.wait_crd_established("omnipipelines.omnipipe.io")
             cluster.kubectl("apply", "-f", str(REPO / "deploy/operator-rbac.yaml"))
             operator = OperatorProcess(cluster, work)
             try:

@@ -166,6 +166,18 @@ class Cluster:
             raise AssertionError(f"kubectl {' '.join(args)} failed:\n{proc.stderr}{proc.stdout}")
         return proc
 
+    def wait_crd_established(self, name: str, timeout: float = 60) -> None:
+        """Poll, because `kubectl wait --for=condition=Established` fails outright, not
+        waits, when it reads the CRD before the API server has set any condition."""
+        query = '{.status.conditions[?(@.type=="Established")].status}'
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            got = self.kubectl("get", "crd", name, "-o", f"jsonpath={query}", check=False)
+            if got.stdout.strip() == "True":
+                return
+            time.sleep(0.2)
+        raise AssertionError(f"CRD {name} not Established after {timeout:.0f}s")
+
     def start(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
         log = open(self.workdir / f"{name}.log", "wb")  # noqa: SIM115 - closed in stop()
         self.logs[name] = log

@@ -26,7 +26,7 @@ pytestmark = pytest.mark.integration
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     with control_plane(tmp_path_factory.mktemp("k8s"), with_pods=True) as c:
         c.kubectl("apply", "--server-side", "-f", str(REPO / "crds/omnipipelines.omnipipe.io.yaml"))
-        c.kubectl("wait", "--for=condition=Established", "crd/omnipipelines.omnipipe.io")
+        c.wait_crd_established("omnipipelines.omnipipe.io")
         c.kubectl("apply", "-f", str(REPO / "deploy/operator-rbac.yaml"))
         yield c
 
