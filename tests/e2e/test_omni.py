@@ -145,11 +145,9 @@ def test_chat_returns_text_and_a_wav(client: openai.OpenAI, variant: Variant) ->
     )
 
 
-def stream_events(client: openai.OpenAI, **kw: Any) -> list[tuple[float, str, Any]]:
-    """(seconds since the call, kind, payload) for each text delta, audio chunk, finish."""
-    started = time.monotonic()
-    events: list[tuple[float, str, Any]] = []
-    stream = client.chat.completions.create(
+def audio_stream(client: openai.OpenAI, **kw: Any) -> openai.Stream[Any]:
+    """A streamed chat completion of HELLO with text and PCM audio."""
+    return client.chat.completions.create(
         model=MODEL,
         modalities=["text", "audio"],
         audio={"voice": "Ethan", "format": "pcm16"},
@@ -157,6 +155,13 @@ def stream_events(client: openai.OpenAI, **kw: Any) -> list[tuple[float, str, An
         stream=True,
         **kw,
     )
+
+
+def stream_events(client: openai.OpenAI, **kw: Any) -> list[tuple[float, str, Any]]:
+    """(seconds since the call, kind, payload) for each text delta, audio chunk, finish."""
+    started = time.monotonic()
+    events: list[tuple[float, str, Any]] = []
+    stream = audio_stream(client, **kw)
     with stream:
         for chunk in stream:
             now = time.monotonic() - started
@@ -355,14 +360,7 @@ def test_cancelling_mid_stream_frees_every_stage(served: Served, client: openai.
     stages = ("thinker", "talker", "code2wav")
     done_before = {s: completions(served, s) for s in stages}
     long = [{"max_tokens": 4000, "min_tokens": 4000}, {"max_tokens": 4000, "min_tokens": 4000}]
-    stream = client.chat.completions.create(
-        model=MODEL,
-        modalities=["text", "audio"],
-        audio={"voice": "Ethan", "format": "pcm16"},
-        messages=HELLO,
-        stream=True,
-        extra_body={"sampling_params_list": long},
-    )
+    stream = audio_stream(client, extra_body={"sampling_params_list": long})
     for chunk in stream:
         audio = getattr(chunk.choices[0].delta, "audio", None)
         if audio is not None and audio.data:

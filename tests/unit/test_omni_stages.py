@@ -158,20 +158,22 @@ def test_talker_streaming_equals_all_at_once(thinker: ThinkerStage, talker: Talk
     assert len(streamed) == 40
 
 
+def audio_in_parts(session: Session, codes: torch.Tensor, sizes: list[int]) -> bytes:
+    """The audio a code2wav session makes when the codes arrive in parts of these sizes."""
+    out, start = b"", 0
+    for i, size in enumerate(sizes):
+        part = codes[start : start + size]
+        start += size
+        for step in drain(session, [Chunk("talker", {"codes": part}, i == len(sizes) - 1)]):
+            out += b"".join(o["audio"].encode() for o in step.outputs)
+    return out
+
+
 def test_code2wav_audio_does_not_depend_on_chunking(code2wav: Code2WavStage) -> None:
     codes = torch.arange(60) % 128
 
-    def audio(groups: list[int]) -> bytes:
-        session = code2wav.open(StageJob({"seed": 5}, {}))
-        out = b""
-        start = 0
-        for i, size in enumerate(groups):
-            part = codes[start : start + size]
-            start += size
-            final = i == len(groups) - 1
-            for step in drain(session, [Chunk("talker", {"codes": part}, final)]):
-                out += b"".join(o["audio"].encode() for o in step.outputs)
-        return out
+    def audio(sizes: list[int]) -> bytes:
+        return audio_in_parts(code2wav.open(StageJob({"seed": 5}, {})), codes, sizes)
 
     assert audio([25, 25, 10]) == audio([60]) == audio([7, 50, 3])
 

@@ -3,6 +3,7 @@ chain equals Qwen3OmniMoeForConditionalGeneration.generate, streaming equals all
 
 from __future__ import annotations
 
+import base64
 import warnings
 from typing import Any
 
@@ -21,7 +22,7 @@ from omnipipe.worker.stages.qwen3_omni import (
     Qwen3TalkerStage,
     Qwen3ThinkerStage,
 )
-from tests.unit.test_omni_stages import drain, spec
+from tests.unit.test_omni_stages import audio_in_parts, drain, spec
 
 pytestmark = pytest.mark.timeout(300)
 MODEL = "tiny://qwen3-omni"
@@ -88,7 +89,8 @@ def run_chain(
 
 
 def reference(path: str, inputs: dict[str, Any], thinker_tokens: int, talker_tokens: int) -> Any:
-    """transformers' generate, greedy in both AR parts; returns text ids, codes and audio."""
+    """transformers' generate, greedy in both AR parts; returns the text ids, the codes it
+    decoded, and its code2wav's chunked_decode."""
     from transformers import Qwen3OmniMoeForConditionalGeneration
 
     model = Qwen3OmniMoeForConditionalGeneration.from_pretrained(path).eval()
@@ -105,7 +107,7 @@ def reference(path: str, inputs: dict[str, Any], thinker_tokens: int, talker_tok
     with warnings.catch_warnings():
         # "the penalty applies only to newly generated tokens": so does the talker stage's.
         warnings.filterwarnings("ignore", "Passing `repetition_penalty`", UserWarning)
-        sequences, audio = model.generate(
+        sequences, _ = model.generate(
             **inputs,
             speaker="Ethan",
             thinker_max_new_tokens=thinker_tokens,
@@ -113,7 +115,7 @@ def reference(path: str, inputs: dict[str, Any], thinker_tokens: int, talker_tok
             talker_max_new_tokens=talker_tokens,
             talker_do_sample=False,
         )
-    return sequences, seen["codes"][0].T.tolist(), audio.reshape(-1)
+    return sequences, seen["codes"][0].T.tolist(), decode
 
 
 def processed(thinker: Qwen3ThinkerStage, messages: list[dict[str, Any]]) -> dict[str, Any]:
@@ -129,7 +131,6 @@ def processed(thinker: Qwen3ThinkerStage, messages: list[dict[str, Any]]) -> dic
 
 
 def media_message() -> list[dict[str, Any]]:
-    import base64
     import io
     import wave
 
@@ -173,7 +174,7 @@ def test_the_chain_equals_transformers_generate(
         {"temperature": 0, "max_tokens": 40},
     )
     inputs = processed(thinker, messages)
-    sequences, codes, audio = reference(path, inputs, 8, 40)
+    sequences, codes, chunked_decode = reference(path, inputs, 8, 40)
     reply = sequences[0, inputs["input_ids"].shape[1] :]
     assert text == thinker.tokenizer.decode(reply, skip_special_tokens=True)
     assert frames == codes
@@ -181,20 +182,14 @@ def test_the_chain_equals_transformers_generate(
     # The streamed audio, decoded in 25-frame chunks, equals chunked_decode's.
     session = code2wav.open(StageJob({"voice": "Ethan"}, {}))
     pcm = b"".join(
-        __import__("base64").b64decode(o["audio"])
+        base64.b64decode(o["audio"])
         for step in drain(session, [Chunk("talker", {"codes": torch.tensor(frames)}, True)])
         for o in step.outputs
     )
-    from transformers import Qwen3OmniMoeForConditionalGeneration
-
-    model = Qwen3OmniMoeForConditionalGeneration.from_pretrained(path).eval()
     with torch.inference_mode():
-        expected = model.code2wav.chunked_decode(
-            torch.tensor(frames).T[None], chunk_size=25, left_context_size=25
-        )
+        expected = chunked_decode(torch.tensor(frames).T[None], chunk_size=25, left_context_size=25)
     assert pcm == pcm16(expected.reshape(-1).numpy())
     assert np.abs(np.frombuffer(pcm, np.int16)).max() > 100  # audible, not silence
-    del audio
 
 
 def test_talker_streaming_equals_all_at_once(
@@ -211,15 +206,8 @@ def test_talker_streaming_equals_all_at_once(
 def test_code2wav_audio_does_not_depend_on_chunking(code2wav: Qwen3Code2WavStage) -> None:
     frames = torch.arange(60 * 4).reshape(60, 4) % 64
 
-    def audio(groups: list[int]) -> bytes:
-        session = code2wav.open(StageJob({}, {}))
-        out, start = b"", 0
-        for i, size in enumerate(groups):
-            part = frames[start : start + size]
-            start += size
-            for step in drain(session, [Chunk("talker", {"codes": part}, i == len(groups) - 1)]):
-                out += b"".join(o["audio"].encode() for o in step.outputs)
-        return out
+    def audio(sizes: list[int]) -> bytes:
+        return audio_in_parts(code2wav.open(StageJob({}, {})), frames, sizes)
 
     assert audio([25, 25, 10]) == audio([60]) == audio([7, 50, 3])
 

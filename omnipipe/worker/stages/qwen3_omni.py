@@ -12,26 +12,28 @@ Differences from Qwen2.5-Omni that shape the hand-offs:
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 from collections import deque
-from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from omnipipe.worker.engines.omni import load_qwen3_omni
 from omnipipe.worker.stages.base import (
-    Chunk,
     Session,
     StageInputError,
     StageJob,
-    StepResult,
-    StreamingStage,
     Tensors,
 )
-from omnipipe.worker.stages.media import pcm16
-from omnipipe.worker.stages.qwen_omni import SAMPLE_RATE, ThinkerStage, pick_voice
+from omnipipe.worker.stages.codec import (
+    SAMPLE_RATE,
+    ChunkedCode2WavSession,
+    ChunkedCode2WavStage,
+    CodecTalkerSession,
+    CodecTalkerStage,
+)
+from omnipipe.worker.stages.qwen_omni import ThinkerStage, pick_voice
 from omnipipe.worker.stages.sampling import Sampling, next_token
 
 # transformers' defaults (Qwen3OmniMoeForConditionalGeneration.generate).
@@ -98,7 +100,7 @@ class Qwen3ThinkerStage(ThinkerStage):
 # ---- talker ---------------------------------------------------------------------------
 
 
-class Qwen3TalkerStage(StreamingStage):
+class Qwen3TalkerStage(CodecTalkerStage):
     def load(self) -> None:
         self.model = load_qwen3_omni(self.model_path, self.device, "talker")
         self.talker = self.model.talker
@@ -109,47 +111,39 @@ class Qwen3TalkerStage(StreamingStage):
             # config lacks; the audio positions it indexes are the thinker's.
             self.talker.config.audio_config = config.thinker_config.audio_config
         self.sampling = Sampling.from_params(TALKER_SAMPLING, self.spec.sampling)
-        self.chunk_frames = int(self.spec.engine_args.get("chunk_codes", CHUNK_FRAMES))
-        self.frames_per_second = SAMPLE_RATE / samples_per_frame(config)
+        # A talker code here is a frame: its first code and the code predictor's rest.
+        self.chunk_codes = int(self.spec.engine_args.get("chunk_codes", CHUNK_FRAMES))
+        self.codes_per_second = SAMPLE_RATE / samples_per_frame(config)
         self.eos = int(talker_config.codec_eos_token_id)
         vocab = int(talker_config.text_config.vocab_size)
         self.suppressed = tuple(
             i for i in range(max(0, vocab - SPECIAL_CODES), vocab) if i != self.eos
         )
         self.groups = int(talker_config.num_code_groups)
-        self.config = config
 
     def open(self, job: StageJob) -> Session:
         return Qwen3TalkerSession(self, job.params)
 
 
-class Qwen3TalkerSession(Session):
+class Qwen3TalkerSession(CodecTalkerSession):
     def __init__(self, stage: Qwen3TalkerStage, params: dict[str, Any]) -> None:
+        super().__init__(stage, params)
         self.stage = stage
-        self.sampling = Sampling.from_params(stage.sampling, params.get("sampling"))
-        seed = params.get("seed")
-        if self.sampling.seed is None and isinstance(seed, int):
-            # The request's seed makes the whole chain reproducible, not just the text.
-            self.sampling = dataclasses.replace(self.sampling, seed=seed)
         self.predictor_sampling = (
             dataclasses.replace(PREDICTOR_SAMPLING, temperature=0.0)
             if self.sampling.temperature == 0
             else PREDICTOR_SAMPLING
         )
-        self.generator = self.sampling.generator(stage.device)
-        self.prompt: Tensors | None = None
-        self.replies: deque[torch.Tensor] = deque()  # the thinker's rows, as sent
         self.ahead: deque[torch.Tensor] = deque()  # projected rows the prefill took early
-        self.upstream_done = False
         self.eos_sent = False
-        self.cache: Any = None
-        self.rope_deltas: torch.Tensor | None = None
         self.past_hidden: torch.Tensor | None = None
         self.code: int | None = None  # the first code of the frame being completed
         self.codes: list[int] = []  # first codes so far, for the repetition penalty
         self.frames: list[list[int]] = []
-        self.sent = 0
-        self.done = False
+
+    @property
+    def made(self) -> list[list[int]]:
+        return self.frames
 
     def _project(self, rows: torch.Tensor) -> torch.Tensor:
         talker = self.stage.talker
@@ -158,15 +152,7 @@ class Qwen3TalkerSession(Session):
         )
         return projected
 
-    def _take(self, chunks: Sequence[Chunk]) -> None:
-        for chunk in chunks:
-            if "prompt_embeds" in chunk.tensors:
-                self.prompt = chunk.tensors
-            if "reply" in chunk.tensors:
-                self.replies.extend(torch.split(chunk.tensors["reply"], 1))
-            self.upstream_done = self.upstream_done or chunk.final
-
-    def _next_text(self) -> torch.Tensor | None:
+    def _next_row(self) -> torch.Tensor | None:
         """The next trailing text row; after the thinker's end, tts_eos once, then tts_pad."""
         if self.ahead:
             return self.ahead.popleft()
@@ -181,22 +167,7 @@ class Qwen3TalkerSession(Session):
             return tts[1:2]
         return tts[2:3]
 
-    def step(self, chunks: Sequence[Chunk]) -> StepResult | None:
-        self._take(chunks)
-        if self.done:
-            return StepResult(done=True)
-        with torch.inference_mode():
-            if self.cache is None:
-                if self.prompt is None or not self.replies:
-                    if self.upstream_done:
-                        raise StageInputError("the thinker ended without a reply for the talker")
-                    return None
-                logits = self._prefill()
-            else:
-                text = self._next_text()
-                if text is None:
-                    return None
-                logits = self._decode(text)
+    def _choose(self, logits: torch.Tensor) -> bool:
         suppress = self.stage.suppressed
         if len(self.frames) < self.sampling.min_tokens:
             suppress += (self.stage.eos,)
@@ -204,28 +175,16 @@ class Qwen3TalkerSession(Session):
         code = next_token(logits, self.sampling, seen, suppress, self.generator)
         # A frame is completed when its first code is fed back, so the code that ends the
         # answer (eos, or the max_tokens-th as generate() counts) makes no frame.
-        self.done = code == self.stage.eos or len(self.frames) + 1 >= self.sampling.max_tokens
-        self.code = None if self.done else code
-        if not self.done:
-            self.codes.append(code)
-        return self._emit()
-
-    def _emit(self) -> StepResult:
-        pending = len(self.frames) - self.sent
-        if pending < self.stage.chunk_frames and not self.done:
-            return StepResult()
-        chunk = self.frames[self.sent :]
-        self.sent = len(self.frames)
-        return StepResult(
-            tensors={"codes": torch.tensor(chunk, dtype=torch.long)} if chunk else {},
-            done=self.done,
-            audio_seconds=len(chunk) / self.stage.frames_per_second,
-        )
+        if code == self.stage.eos or len(self.frames) + 1 >= self.sampling.max_tokens:
+            return True
+        self.code = code
+        self.codes.append(code)
+        return False
 
     def _user_part(self, p: Tensors) -> tuple[torch.Tensor, torch.Tensor]:
         """The user turns' rows and ids: media positions from the thinker's mid-layer
         hidden state, text from its embeddings (as _get_talker_user_parts)."""
-        talker, config = self.stage.talker, self.stage.config
+        talker, config = self.stage.talker, self.stage.model.config
         ids = p["input_ids"]
         starts = torch.nonzero(ids == config.im_start_token_id).flatten().tolist()
         user = torch.zeros_like(ids, dtype=torch.bool)
@@ -253,7 +212,7 @@ class Qwen3TalkerSession(Session):
         from transformers import DynamicCache
 
         assert self.prompt is not None
-        talker, config, p = self.stage.talker, self.stage.config, self.prompt
+        talker, config, p = self.stage.talker, self.stage.model.config, self.prompt
         device = self.stage.device
         p = {k: v.to(device) for k, v in p.items()}
         user_rows, user_ids = self._user_part(p)
@@ -345,7 +304,7 @@ class Qwen3TalkerSession(Session):
             total = total + embedding(torch.tensor(picked, device=device))
         return residual, total
 
-    def _decode(self, text: torch.Tensor) -> torch.Tensor:
+    def _forward(self, text: torch.Tensor) -> torch.Tensor:
         assert self.code is not None
         residual, frame_embed = self._residual_codes(self.code)
         self.frames.append([self.code, *residual])
@@ -362,64 +321,34 @@ class Qwen3TalkerSession(Session):
         )
         return self._after(out)
 
-    def close(self) -> None:
-        self.cache = None
-
 
 # ---- code2wav -------------------------------------------------------------------------
 
 
-class Qwen3Code2WavStage(StreamingStage):
+class Qwen3Code2WavStage(ChunkedCode2WavStage):
     def load(self) -> None:
         self.model = load_qwen3_omni(self.model_path, self.device, "code2wav")
         self.code2wav = self.model.code2wav
         self.samples_per_frame = samples_per_frame(self.model.config)
         self.voices = voices(self.model.config)
         args = self.spec.engine_args
-        self.chunk_frames = int(args.get("chunk_codes", CHUNK_FRAMES))
-        self.context_frames = int(args.get("context_codes", CONTEXT_FRAMES))
+        self.chunk_codes = int(args.get("chunk_codes", CHUNK_FRAMES))
+        self.context_codes = int(args.get("context_codes", CONTEXT_FRAMES))
 
     def open(self, job: StageJob) -> Session:
         pick_voice(job.params, self.voices)  # the talker speaks it; a bad one fails early
         return Qwen3Code2WavSession(self)
 
 
-class Qwen3Code2WavSession(Session):
+class Qwen3Code2WavSession(ChunkedCode2WavSession):
+    """Decodes as transformers' chunked_decode does, so the audio equals its output."""
+
     def __init__(self, stage: Qwen3Code2WavStage) -> None:
+        super().__init__(stage)
         self.stage = stage
-        self.frames: list[torch.Tensor] = []
-        self.count = 0
-        self.decoded = 0
-        self.upstream_done = False
 
-    def close(self) -> None:
-        self.frames = []
-
-    def step(self, chunks: Sequence[Chunk]) -> StepResult | None:
-        for chunk in chunks:
-            if "codes" in chunk.tensors:
-                self.frames.append(chunk.tensors["codes"])
-                self.count += len(chunk.tensors["codes"])
-            self.upstream_done = self.upstream_done or chunk.final
-        if self.decoded == self.count:
-            return StepResult(done=True) if self.upstream_done else None
-        # Fixed chunk boundaries, whatever way the frames arrived: the audio equals
-        # transformers' chunked_decode over all of them.
-        end = min(self.decoded + self.stage.chunk_frames, self.count)
-        if end - self.decoded < self.stage.chunk_frames and not self.upstream_done:
-            return None
-        frames = torch.cat(self.frames)
-        self.frames = [frames]
-        context = min(self.stage.context_frames, self.decoded)
-        window = frames[self.decoded - context : end].T[None].to(self.stage.device)
-        with torch.inference_mode():
-            waveform = self.stage.code2wav(window)
+    def _decode(self, codes: torch.Tensor, context: int) -> np.ndarray:
+        waveform = self.stage.code2wav(codes.T[None])  # frames x groups -> 1 x groups x frames
         audio = waveform[..., context * self.stage.samples_per_frame :].reshape(-1)
-        audio = audio.float().cpu().numpy()
-        self.decoded = end
-        return StepResult(
-            outputs=[
-                {"audio": base64.b64encode(pcm16(audio)).decode(), "sample_rate": SAMPLE_RATE}
-            ],
-            audio_seconds=len(audio) / SAMPLE_RATE,
-        )
+        decoded: np.ndarray = audio.float().cpu().numpy()
+        return decoded

@@ -8,12 +8,10 @@ code2wav turns each chunk into audio (re-decoding a little left context for cont
 
 from __future__ import annotations
 
-import base64
-import dataclasses
-from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from omnipipe.worker.engines.omni import load_qwen25_omni
@@ -26,7 +24,14 @@ from omnipipe.worker.stages.base import (
     StreamingStage,
     Tensors,
 )
-from omnipipe.worker.stages.media import decode_image, decode_wav, pcm16
+from omnipipe.worker.stages.codec import (
+    SAMPLE_RATE,
+    ChunkedCode2WavSession,
+    ChunkedCode2WavStage,
+    CodecTalkerSession,
+    CodecTalkerStage,
+)
+from omnipipe.worker.stages.media import decode_image, decode_wav
 from omnipipe.worker.stages.sampling import Sampling, next_token
 
 DEFAULT_VOICE = "Chelsie"
@@ -35,7 +40,6 @@ THINKER_SAMPLING = Sampling(temperature=1.0, top_p=1.0, top_k=0, max_tokens=2048
 TALKER_SAMPLING = Sampling(
     temperature=0.9, top_p=0.8, top_k=40, max_tokens=4096, repetition_penalty=1.05
 )
-SAMPLE_RATE = 24_000
 CHUNK_CODES = 25  # talker -> code2wav chunk: half a second of audio at 50 codes/s
 CONTEXT_CODES = 25  # left context code2wav decodes again so chunks join smoothly
 
@@ -306,7 +310,7 @@ class ThinkerSession(Session):
 # ---- talker ---------------------------------------------------------------------------
 
 
-class TalkerStage(StreamingStage):
+class TalkerStage(CodecTalkerStage):
     def load(self) -> None:
         self.model = load_qwen25_omni(self.model_path, self.device, "talker")
         self.talker = self.model.talker
@@ -320,34 +324,19 @@ class TalkerStage(StreamingStage):
         return TalkerSession(self, job.params)
 
 
-class TalkerSession(Session):
+class TalkerSession(CodecTalkerSession):
     def __init__(self, stage: TalkerStage, params: dict[str, Any]) -> None:
+        super().__init__(stage, params)
         self.stage = stage
-        self.sampling = Sampling.from_params(stage.sampling, params.get("sampling"))
-        seed = params.get("seed")
-        if self.sampling.seed is None and isinstance(seed, int):
-            # The request's seed makes the whole chain reproducible, not just the text.
-            self.sampling = dataclasses.replace(self.sampling, seed=seed)
-        self.generator = self.sampling.generator(stage.device)
-        self.prompt: Tensors | None = None
-        self.replies: deque[torch.Tensor] = deque()
-        self.upstream_done = False
         self.tail: torch.Tensor | None = None  # the text-eos then text-pad rows, once drained
-        self.cache: Any = None
-        self.rope_deltas: torch.Tensor | None = None
         self.seen: list[int] = []
         self.codes: list[int] = []
-        self.sent = 0
 
-    def _take(self, chunks: Sequence[Chunk]) -> None:
-        for chunk in chunks:
-            if "prompt_embeds" in chunk.tensors:
-                self.prompt = chunk.tensors
-            if "reply" in chunk.tensors:
-                self.replies.extend(torch.split(chunk.tensors["reply"], 1))
-            self.upstream_done = self.upstream_done or chunk.final
+    @property
+    def made(self) -> list[int]:
+        return self.codes
 
-    def _next_reply(self) -> torch.Tensor | None:
+    def _next_row(self) -> torch.Tensor | None:
         """The thinker's next reply row; after its end, text-eos once, then text-pad."""
         if self.replies:
             return self.replies.popleft()
@@ -359,43 +348,17 @@ class TalkerSession(Session):
             return self.prompt["text_eos_embed"][None]
         return self.tail
 
-    def step(self, chunks: Sequence[Chunk]) -> StepResult | None:
-        self._take(chunks)
-        with torch.inference_mode():
-            if self.cache is None:
-                if self.prompt is None or not self.replies:
-                    if self.upstream_done:
-                        raise StageInputError("the thinker ended without a reply for the talker")
-                    return None
-                logits = self._prefill()
-            else:
-                row = self._next_reply()
-                if row is None:
-                    return None
-                logits = self._forward(row)
+    def _choose(self, logits: torch.Tensor) -> bool:
         talker = self.stage.talker
         seen = torch.tensor(self.seen + self.codes, dtype=torch.long, device=logits.device)
         suppress: tuple[int, ...] = (talker.codec_bos_token,)
         if len(self.codes) < self.sampling.min_tokens:
             suppress += tuple(self.stage.stop_codes)
         code = next_token(logits, self.sampling, seen, suppress, self.generator)
-        done = code in self.stage.stop_codes
-        if not done:
-            self.codes.append(code)
-            done = len(self.codes) >= self.sampling.max_tokens
-        return self._emit(done)
-
-    def _emit(self, done: bool) -> StepResult:
-        pending = len(self.codes) - self.sent
-        if pending < self.stage.chunk_codes and not done:
-            return StepResult()
-        chunk = self.codes[self.sent :]
-        self.sent = len(self.codes)
-        return StepResult(
-            tensors={"codes": torch.tensor(chunk, dtype=torch.long)} if chunk else {},
-            done=done,
-            audio_seconds=len(chunk) / self.stage.codes_per_second,
-        )
+        if code in self.stage.stop_codes:
+            return True
+        self.codes.append(code)
+        return len(self.codes) >= self.sampling.max_tokens
 
     def _prefill(self) -> torch.Tensor:
         from transformers import DynamicCache
@@ -452,14 +415,11 @@ class TalkerSession(Session):
         logits: torch.Tensor = out.logits[0, -1]
         return logits
 
-    def close(self) -> None:
-        self.cache = None
-
 
 # ---- code2wav -------------------------------------------------------------------------
 
 
-class Code2WavStage(StreamingStage):
+class Code2WavStage(ChunkedCode2WavStage):
     def load(self) -> None:
         self.model = load_qwen25_omni(self.model_path, self.device, "token2wav")
         self.token2wav = self.model.token2wav
@@ -473,54 +433,26 @@ class Code2WavStage(StreamingStage):
         return Code2WavSession(self, job.params)
 
 
-class Code2WavSession(Session):
+class Code2WavSession(ChunkedCode2WavSession):
     def __init__(self, stage: Code2WavStage, params: dict[str, Any]) -> None:
+        super().__init__(stage)
         self.stage = stage
         speaker = stage.model.speaker_map[pick_voice(params, list(stage.model.speaker_map))]
         self.conditioning = speaker["cond"].to(stage.device).float()
         self.reference_mel = speaker["ref_mel"].to(stage.device).float()
         seed = params.get("seed")
         self.seed = seed if isinstance(seed, int) else None
-        self.codes: list[int] = []
-        self.decoded = 0
-        self.upstream_done = False
 
-    def close(self) -> None:
-        self.codes = []
-
-    def step(self, chunks: Sequence[Chunk]) -> StepResult | None:
-        for chunk in chunks:
-            if "codes" in chunk.tensors:
-                self.codes.extend(chunk.tensors["codes"].tolist())
-            self.upstream_done = self.upstream_done or chunk.final
-        if self.decoded == len(self.codes):
-            return StepResult(done=True) if self.upstream_done else None
-        # Fixed chunk boundaries, whatever way the codes arrived: the same codes and seed
-        # give the same audio.
-        end = min(self.decoded + self.stage.chunk_codes, len(self.codes))
-        if end - self.decoded < self.stage.chunk_codes and not self.upstream_done:
-            return None
-        start = max(0, self.decoded - self.stage.context_codes)
-        window = torch.tensor([self.codes[start:end]], dtype=torch.long, device=self.stage.device)
+    def _decode(self, codes: torch.Tensor, context: int) -> np.ndarray:
         if self.seed is not None:
-            torch.manual_seed(self.seed + self.decoded)  # token2wav starts from noise
-        with torch.inference_mode():
-            waveform = self.stage.token2wav(
-                window,
-                conditioning=self.conditioning,
-                reference_mel=self.reference_mel,
-                num_steps=self.stage.num_steps,
-            ).reshape(-1)
-        new = (end - self.decoded) * self.stage.samples_per_code
-        audio = waveform[-new:].float().cpu().numpy()
-        self.decoded = end
-        return StepResult(
-            outputs=[
-                {
-                    "audio": base64.b64encode(pcm16(audio)).decode(),
-                    "sample_rate": SAMPLE_RATE,
-                }
-            ],
-            done=False,
-            audio_seconds=len(audio) / SAMPLE_RATE,
-        )
+            # token2wav starts from noise: the same codes and seed give the same audio.
+            torch.manual_seed(self.seed + self.decoded)
+        waveform = self.stage.token2wav(
+            codes[None],
+            conditioning=self.conditioning,
+            reference_mel=self.reference_mel,
+            num_steps=self.stage.num_steps,
+        ).reshape(-1)
+        new = (len(codes) - context) * self.stage.samples_per_code
+        audio: np.ndarray = waveform[-new:].float().cpu().numpy()
+        return audio

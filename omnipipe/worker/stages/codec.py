@@ -1,0 +1,172 @@
+"""What the talker and code2wav stages of every Qwen Omni family share: how they take their
+upstream chunks and when they send downstream. Subclasses run the model.
+
+A talker "code" here is one step of the talker: one codec code (Qwen2.5-Omni) or one
+frame of num_code_groups codes (Qwen3-Omni)."""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+from abc import abstractmethod
+from collections import deque
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from omnipipe.worker.stages.base import (
+    Chunk,
+    Session,
+    StageInputError,
+    StepResult,
+    StreamingStage,
+    Tensors,
+)
+from omnipipe.worker.stages.media import pcm16
+from omnipipe.worker.stages.sampling import Sampling
+
+SAMPLE_RATE = 24_000
+
+
+class CodecTalkerStage(StreamingStage):
+    # Set by load(): built-in defaults merged with the spec's sampling, codes per chunk
+    # sent to code2wav, and how many codes make a second of audio.
+    sampling: Sampling
+    chunk_codes: int
+    codes_per_second: float
+
+
+class CodecTalkerSession(Session):
+    """Takes the thinker's chunks (its prompt package, then one reply row per token),
+    prefills once the prompt and the first row are in, then steps once per reply row, and
+    sends codes downstream chunk_codes at a time."""
+
+    def __init__(self, stage: CodecTalkerStage, params: dict[str, Any]) -> None:
+        self.sampling = Sampling.from_params(stage.sampling, params.get("sampling"))
+        seed = params.get("seed")
+        if self.sampling.seed is None and isinstance(seed, int):
+            # The request's seed makes the whole chain reproducible, not just the text.
+            self.sampling = dataclasses.replace(self.sampling, seed=seed)
+        self.generator = self.sampling.generator(stage.device)
+        self.chunk_codes = stage.chunk_codes
+        self.codes_per_second = stage.codes_per_second
+        self.prompt: Tensors | None = None
+        self.replies: deque[torch.Tensor] = deque()  # the thinker's rows, as sent
+        self.upstream_done = False
+        self.cache: Any = None
+        self.rope_deltas: torch.Tensor | None = None
+        self.sent = 0
+
+    @property
+    @abstractmethod
+    def made(self) -> list[Any]:
+        """The codes made so far, in order; what is sent downstream."""
+
+    @abstractmethod
+    def _prefill(self) -> torch.Tensor:
+        """Run the prompt; the logits for the first code."""
+
+    @abstractmethod
+    def _next_row(self) -> torch.Tensor | None:
+        """The text row the next step consumes; None until the thinker sends more."""
+
+    @abstractmethod
+    def _forward(self, row: torch.Tensor) -> torch.Tensor:
+        """One step on the last code and the text row; the logits for the next code."""
+
+    @abstractmethod
+    def _choose(self, logits: torch.Tensor) -> bool:
+        """Sample the next code and record it; True when the answer is complete."""
+
+    def _take(self, chunks: Sequence[Chunk]) -> None:
+        for chunk in chunks:
+            if "prompt_embeds" in chunk.tensors:
+                self.prompt = chunk.tensors
+            if "reply" in chunk.tensors:
+                self.replies.extend(torch.split(chunk.tensors["reply"], 1))
+            self.upstream_done = self.upstream_done or chunk.final
+
+    def step(self, chunks: Sequence[Chunk]) -> StepResult | None:
+        self._take(chunks)
+        with torch.inference_mode():
+            if self.cache is None:
+                if self.prompt is None or not self.replies:
+                    if self.upstream_done:
+                        raise StageInputError("the thinker ended without a reply for the talker")
+                    return None
+                logits = self._prefill()
+            else:
+                row = self._next_row()
+                if row is None:
+                    return None
+                logits = self._forward(row)
+        return self._emit(self._choose(logits))
+
+    def _emit(self, done: bool) -> StepResult:
+        made = self.made
+        if len(made) - self.sent < self.chunk_codes and not done:
+            return StepResult()
+        chunk = made[self.sent :]
+        self.sent = len(made)
+        return StepResult(
+            tensors={"codes": torch.tensor(chunk, dtype=torch.long)} if chunk else {},
+            done=done,
+            audio_seconds=len(chunk) / self.codes_per_second,
+        )
+
+    def close(self) -> None:
+        self.cache = None
+
+
+class ChunkedCode2WavStage(StreamingStage):
+    # Set by load(): codes decoded per chunk, and codes of left context decoded again.
+    chunk_codes: int
+    context_codes: int
+
+
+class ChunkedCode2WavSession(Session):
+    """Collects the talker's codes and decodes them in fixed chunks of chunk_codes, each
+    with up to context_codes of left context decoded again so chunks join smoothly. The
+    chunk boundaries do not depend on how the codes arrived."""
+
+    def __init__(self, stage: ChunkedCode2WavStage) -> None:
+        self.device = stage.device
+        self.chunk_codes = stage.chunk_codes
+        self.context_codes = stage.context_codes
+        self.parts: list[torch.Tensor] = []
+        self.count = 0
+        self.decoded = 0
+        self.upstream_done = False
+
+    @abstractmethod
+    def _decode(self, codes: torch.Tensor, context: int) -> np.ndarray:
+        """Audio for codes[context:], decoding the first `context` codes as left context."""
+
+    def close(self) -> None:
+        self.parts = []
+
+    def step(self, chunks: Sequence[Chunk]) -> StepResult | None:
+        for chunk in chunks:
+            if "codes" in chunk.tensors:
+                self.parts.append(chunk.tensors["codes"])
+                self.count += len(chunk.tensors["codes"])
+            self.upstream_done = self.upstream_done or chunk.final
+        if self.decoded == self.count:
+            return StepResult(done=True) if self.upstream_done else None
+        end = min(self.decoded + self.chunk_codes, self.count)
+        if end - self.decoded < self.chunk_codes and not self.upstream_done:
+            return None
+        codes = torch.cat(self.parts)
+        self.parts = [codes]
+        context = min(self.context_codes, self.decoded)
+        with torch.inference_mode():
+            audio = self._decode(codes[self.decoded - context : end].to(self.device), context)
+        self.decoded = end
+        return StepResult(
+            outputs=[
+                {"audio": base64.b64encode(pcm16(audio)).decode(), "sample_rate": SAMPLE_RATE}
+            ],
+            audio_seconds=len(audio) / SAMPLE_RATE,
+        )
