@@ -33,7 +33,7 @@ from omnipipe.worker.stages.codec import (
     CodecTalkerSession,
     CodecTalkerStage,
 )
-from omnipipe.worker.stages.qwen_omni import ThinkerStage, pick_voice
+from omnipipe.worker.stages.qwen_omni import ThinkerStage, media_layout, pick_voice
 from omnipipe.worker.stages.sampling import Sampling, next_token
 
 # transformers' defaults (Qwen3OmniMoeForConditionalGeneration.generate).
@@ -87,11 +87,7 @@ class Qwen3ThinkerStage(ThinkerStage):
             "tts_embeds": self.thinker.get_input_embeddings()(specials)[0],
             "speaker_id": torch.tensor([config.talker_config.speaker_id[voice.lower()]]),
         }
-        if "image_grid_thw" in inputs:
-            prompt["image_grid_thw"] = inputs["image_grid_thw"]
-        if "feature_attention_mask" in inputs:
-            prompt["audio_feature_lengths"] = inputs["feature_attention_mask"].sum(-1)
-        return prompt
+        return {**prompt, **media_layout(inputs)}
 
     def reply_row(self, hidden: tuple[torch.Tensor, ...]) -> torch.Tensor:
         return hidden[0][0, -1:]

@@ -53,6 +53,16 @@ def samples_per_code(config: Any) -> int:
     return samples
 
 
+def media_layout(inputs: Tensors) -> Tensors:
+    """What the talker's rope index needs of the prompt's media: image grids, audio lengths."""
+    layout: Tensors = {}
+    if "image_grid_thw" in inputs:
+        layout["image_grid_thw"] = inputs["image_grid_thw"]
+    if "feature_attention_mask" in inputs:
+        layout["audio_feature_lengths"] = inputs["feature_attention_mask"].sum(-1)
+    return layout
+
+
 def pick_voice(params: dict[str, Any], voices: Sequence[str]) -> str:
     """The request's voice as the checkpoint spells it (names match case-insensitively)."""
     wanted = str(params.get("voice") or DEFAULT_VOICE)
@@ -124,11 +134,7 @@ class ThinkerStage(StreamingStage):
             "text_eos_embed": special_embeds[1],
             "text_pad_embed": special_embeds[2],
         }
-        if "image_grid_thw" in inputs:
-            prompt["image_grid_thw"] = inputs["image_grid_thw"]
-        if "feature_attention_mask" in inputs:
-            prompt["audio_feature_lengths"] = inputs["feature_attention_mask"].sum(-1)
-        return prompt
+        return {**prompt, **media_layout(inputs)}
 
     def reply_row(self, hidden: tuple[torch.Tensor, ...]) -> torch.Tensor:
         """What the talker needs of one fed reply token."""
