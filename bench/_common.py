@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import statistics
@@ -40,6 +41,18 @@ def median(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
 
+def finite_or_none(value: Any) -> Any:
+    """NaN and infinities as null: Python writes them as bare NaN/Infinity, which is not
+    JSON, and strict readers (jq, JavaScript, Go) reject the whole line."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: finite_or_none(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite_or_none(v) for v in value]
+    return value
+
+
 def record(name: str, rows: dict[str, Any], quick: bool) -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     line = {
@@ -47,10 +60,10 @@ def record(name: str, rows: dict[str, Any], quick: bool) -> None:
         "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "quick": quick,
         "machine": machine(),
-        "results": rows,
+        "results": finite_or_none(rows),
     }
     with (RESULTS / f"{name}.jsonl").open("a") as f:
-        f.write(json.dumps(line) + "\n")
+        f.write(json.dumps(line, allow_nan=False) + "\n")
 
 
 def table(headers: list[str], rows: list[list[str]]) -> str:

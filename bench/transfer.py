@@ -231,7 +231,7 @@ def main() -> None:
     for size_name, paths in results.items():
         for path, r in paths.items():
             anchor = {"omnipipe-ucx": "ucx_perftest", "omnipipe-tcp": "socket"}.get(path)
-            ratio = f"{r['gbps'] / paths[anchor]['gbps']:.2f}x {anchor}" if anchor else ""
+            ratio = f"{r['gbps'] / paths[anchor]['gbps']:.2g}x {anchor}" if anchor else ""
             rows.append(
                 [
                     size_name,
