@@ -69,10 +69,5 @@ def record(name: str, rows: dict[str, Any], quick: bool) -> None:
 def table(headers: list[str], rows: list[list[str]]) -> str:
     widths = [max(len(str(r[i])) for r in [headers, *rows]) for i in range(len(headers))]
     fmt = "  ".join(f"{{:<{w}}}" for w in widths)
-    return "\n".join(
-        [
-            fmt.format(*headers),
-            fmt.format(*("-" * w for w in widths)),
-            *(fmt.format(*r) for r in rows),
-        ]
-    )
+    lines = [headers, ["-" * w for w in widths], *rows]
+    return "\n".join(fmt.format(*line).rstrip() for line in lines)

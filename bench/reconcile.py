@@ -23,13 +23,15 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from _common import REPO, record, table
+from _common import REPO, median, record, table
 from _procs import wait_http
 
 from omnipipe.local.ports import free_port
 from tests.harness.cluster import Cluster, control_plane, service_account_kubeconfig
 
 OPERATOR_SCHEMA = "service-accounts"
+# Larger N take minutes a run and vary less (their time is the control plane's), so one run.
+MAX_REPEATED_N = 50
 DISPATCHED = re.compile(
     r'^apiserver_flowcontrol_dispatched_requests_total\{[^}]*flow_schema="([^"]+)"[^}]*\} (\S+)$'
 )
@@ -37,6 +39,18 @@ DISPATCHED = re.compile(
 
 def log(message: str) -> None:
     print(message, flush=True)
+
+
+def medians(runs: list[dict[str, float]]) -> dict[str, float]:
+    """Per key, the median over runs; peak RSS is a high-water mark, so its maximum."""
+    out = {key: median([r[key] for r in runs]) for key in runs[0]}
+    if "peak_rss_mib" in out:
+        out["peak_rss_mib"] = max(r["peak_rss_mib"] for r in runs)
+    return out
+
+
+def delete_namespaces(cluster: Cluster, *namespaces: str) -> None:
+    cluster.kubectl("delete", "namespace", *namespaces, "--wait=true", timeout=600)
 
 
 def manifests(n: int, prefix: str) -> str:
@@ -156,9 +170,8 @@ def new_namespace(cluster: Cluster, namespace: str) -> None:
 
 
 def measure_operator(
-    cluster: Cluster, operator: OperatorProcess, n: int, work: Path, namespace: str = ""
+    cluster: Cluster, operator: OperatorProcess, n: int, work: Path, namespace: str
 ) -> dict[str, float]:
-    namespace = namespace or f"op-{n}"
     new_namespace(cluster, namespace)
     before_requests = dispatched(cluster).get(OPERATOR_SCHEMA, 0.0)
     before_cpu = operator.cpu_seconds()
@@ -177,8 +190,7 @@ def measure_operator(
     }
 
 
-def measure_direct(cluster: Cluster, n: int, work: Path) -> dict[str, float]:
-    namespace = f"direct-{n}"
+def measure_direct(cluster: Cluster, n: int, work: Path, namespace: str) -> dict[str, float]:
     new_namespace(cluster, namespace)
     rendered = []
     for i in range(n):
@@ -215,15 +227,23 @@ def measure_direct(cluster: Cluster, n: int, work: Path) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--quick", action="store_true", help="N = 1 and 3")
+    parser.add_argument("--quick", action="store_true", help="N = 1 and 3, one run each")
     parser.add_argument("--sizes", help="comma-separated N values (default 1,50,200)")
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        help=f"runs per N up to {MAX_REPEATED_N}, medians reported (default 3; --quick 1); "
+        "larger N run once",
+    )
     args = parser.parse_args()
     sizes = (
         [int(s) for s in args.sizes.split(",")]
         if args.sizes
         else ([1, 3] if args.quick else [1, 50, 200])
     )
+    repeats = args.repeats or (1 if args.quick else 3)
     results: dict[str, dict[str, dict[str, float]]] = {"omnipipe": {}, "direct": {}}
+    all_runs: dict[str, dict[str, list[dict[str, float]]]] = {"omnipipe": {}, "direct": {}}
     with tempfile.TemporaryDirectory(prefix="bench-reconcile-") as tmp:
         work = Path(tmp)
         log("starting the control plane (etcd, apiserver, controller-manager, scheduler, kwok)")
@@ -238,16 +258,25 @@ def main() -> None:
             try:
                 # Warm-up, not measured: the operator's first watch events and caches.
                 log("warm-up: one pipeline to Ready (not measured)")
-                measure_operator(cluster, operator, 1, work, namespace="warm-up")
+                measure_operator(cluster, operator, 1, work, "warm-up")
                 for n in sizes:
-                    log(f"N={n}: direct apply of the rendered children ...")
-                    results["direct"][str(n)] = measure_direct(cluster, n, work)
-                    log(f"N={n}: kubectl apply of {n} OmniPipelines, operator reconciling ...")
-                    results["omnipipe"][str(n)] = measure_operator(cluster, operator, n, work)
-                    log(
-                        f"    ready in {results['omnipipe'][str(n)]['ready_s']:.1f}s "
-                        f"(direct {results['direct'][str(n)]['ready_s']:.1f}s)"
-                    )
+                    runs = repeats if n <= MAX_REPEATED_N else 1
+                    direct, ours = [], []
+                    for r in range(runs):
+                        log(f"N={n} run {r + 1}/{runs}: direct apply of the rendered children ...")
+                        direct.append(measure_direct(cluster, n, work, f"direct-{n}-{r}"))
+                        log(f"N={n} run {r + 1}/{runs}: kubectl apply of {n} OmniPipelines ...")
+                        ours.append(measure_operator(cluster, operator, n, work, f"op-{n}-{r}"))
+                        log(
+                            f"    ready in {ours[-1]['ready_s']:.1f}s "
+                            f"(direct {direct[-1]['ready_s']:.1f}s)"
+                        )
+                        if n != sizes[-1] or r != runs - 1:
+                            # Each run starts from the same cluster, not one that grew.
+                            delete_namespaces(cluster, f"direct-{n}-{r}", f"op-{n}-{r}")
+                    all_runs["direct"][str(n)], all_runs["omnipipe"][str(n)] = direct, ours
+                    results["direct"][str(n)] = medians(direct)
+                    results["omnipipe"][str(n)] = medians(ours)
             finally:
                 operator.stop()
     rows = []
@@ -279,8 +308,11 @@ def main() -> None:
             rows,
         )
     )
-    print("(one run per N on the same control plane; kwok pods, no images pulled)")
-    record("reconcile", results, args.quick)
+    print(
+        f"(medians of {repeats} runs for N <= {MAX_REPEATED_N}, one run above; "
+        "kwok pods, no images pulled)"
+    )
+    record("reconcile", {**results, "runs": all_runs}, args.quick)
     top = str(sizes[-1])
     summary = {
         f"ready_s_n{top}": results["omnipipe"][top]["ready_s"],

@@ -140,7 +140,7 @@ class Cluster:
         return {
             **os.environ,
             # Debian's etcd 3.4 lacks the progress notifications that streaming watch
-            # lists need; newer client-go (kwok's) would otherwise retry forever.
+            # lists need: no client may ask for one (the API server's side: control_plane).
             "KUBE_FEATURE_WatchListClient": "false",
             "KUBECONFIG": str(kubeconfig or self.kubeconfig),
             "PATH": f"{self.bin_dir}:{os.environ['PATH']}",
@@ -331,6 +331,11 @@ def control_plane(workdir: Path, *, with_pods: bool = False) -> Iterator[Cluster
                 # that TaintNodesByCondition puts on the fake node at creation.
                 "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
                 "--allow-privileged=false",
+                # Debian's etcd 3.4.23 cannot answer progress requests, so the API server
+                # fails every watch it would turn into a streaming list (any watch from
+                # resourceVersion 0, which is how kwok watches pods); kwok then re-lists
+                # only after exponential back-off, and pods took up to 40 s to turn Ready.
+                "--feature-gates=WatchList=false",
             ],
         )
         ca = ssl.create_default_context(cafile=str(workdir / "ca.crt"))
