@@ -113,7 +113,14 @@ def test_status_becomes_ready_with_kwok_pods_and_printer_columns(
 ) -> None:
     apply(cluster, namespace, EXAMPLE)
     ready(cluster, namespace, "qwen-image")
-    obj = get_json(cluster, "omnip", "qwen-image", "-n", namespace)
+
+    def scaling_reported() -> dict[str, Any] | None:
+        # The autoscale timer writes ScalingActive; pods can be Ready before its first pass.
+        obj: dict[str, Any] = get_json(cluster, "omnip", "qwen-image", "-n", namespace)
+        types = {c["type"] for c in obj["status"]["conditions"]}
+        return obj if "ScalingActive" in types else None
+
+    obj = wait_for("the ScalingActive condition", scaling_reported)
     status = obj["status"]
     conds = {c["type"]: c for c in status["conditions"]}
     for ready_type in (
