@@ -235,6 +235,12 @@ def main() -> None:
         help=f"runs per N up to {MAX_REPEATED_N}, medians reported (default 3; --quick 1); "
         "larger N run once",
     )
+    parser.add_argument(
+        "--controller-qps",
+        type=int,
+        help="client rate limit of the controller-manager and scheduler (default: theirs, "
+        "20 and 50/s, which set the floor for large N; raise it to see the operator's own pace)",
+    )
     args = parser.parse_args()
     sizes = (
         [int(s) for s in args.sizes.split(",")]
@@ -247,7 +253,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-reconcile-") as tmp:
         work = Path(tmp)
         log("starting the control plane (etcd, apiserver, controller-manager, scheduler, kwok)")
-        with control_plane(work / "k8s", with_pods=True) as cluster:
+        with control_plane(
+            work / "k8s", with_pods=True, controller_api_qps=args.controller_qps
+        ) as cluster:
             cluster.add_fake_node("kwok-node-1")  # room for 2 x 4 x 200 pods
             cluster.kubectl(
                 "apply", "--server-side", "-f", str(REPO / "crds/omnipipelines.omnipipe.io.yaml")
@@ -308,11 +316,16 @@ def main() -> None:
             rows,
         )
     )
+    qps = f"{args.controller_qps}/s" if args.controller_qps else "their defaults"
     print(
         f"(medians of {repeats} runs for N <= {MAX_REPEATED_N}, one run above; "
-        "kwok pods, no images pulled)"
+        f"kwok pods, no images pulled; controller-manager and scheduler rate limit: {qps})"
     )
-    record("reconcile", {**results, "runs": all_runs}, args.quick)
+    record(
+        "reconcile",
+        {**results, "runs": all_runs, "controller_api_qps": args.controller_qps},
+        args.quick,
+    )
     top = str(sizes[-1])
     summary = {
         f"ready_s_n{top}": results["omnipipe"][top]["ready_s"],

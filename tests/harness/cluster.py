@@ -243,9 +243,10 @@ def _wait_http(
     raise RuntimeError(f"{what} not ready at {url}:\n{cluster.log_tail(what)}")
 
 
-def _component_flags(kubeconfig: Path) -> list[str]:
+def _component_flags(kubeconfig: Path, api_qps: int | None) -> list[str]:
     """What kube-controller-manager and kube-scheduler share: admin credentials, no
-    leader election, and their secure port on loopback."""
+    leader election, their secure port on loopback, and their client rate limit."""
+    limits = [f"--kube-api-qps={api_qps}", f"--kube-api-burst={2 * api_qps}"] if api_qps else []
     return [
         f"--kubeconfig={kubeconfig}",
         f"--authentication-kubeconfig={kubeconfig}",
@@ -253,13 +254,18 @@ def _component_flags(kubeconfig: Path) -> list[str]:
         "--leader-elect=false",
         "--bind-address=127.0.0.1",
         f"--secure-port={free_port()}",
+        *limits,
     ]
 
 
 @contextlib.contextmanager
-def control_plane(workdir: Path, *, with_pods: bool = False) -> Iterator[Cluster]:
+def control_plane(
+    workdir: Path, *, with_pods: bool = False, controller_api_qps: int | None = None
+) -> Iterator[Cluster]:
     """etcd + kube-apiserver + kube-controller-manager; with_pods adds kube-scheduler and
-    kwok with one fake node, so pods get scheduled and turn Running and Ready."""
+    kwok with one fake node, so pods get scheduled and turn Running and Ready.
+    controller_api_qps: the controller-manager's and scheduler's client rate limit
+    (default: theirs, 20 and 50 requests/s)."""
     bin_dir = ensure_binaries()
     workdir.mkdir(parents=True, exist_ok=True)
     make_certs(workdir)
@@ -345,7 +351,7 @@ def control_plane(workdir: Path, *, with_pods: bool = False) -> Iterator[Cluster
             "kube-controller-manager",
             [
                 str(bin_dir / "kube-controller-manager"),
-                *_component_flags(admin),
+                *_component_flags(admin, controller_api_qps),
                 f"--service-account-private-key-file={workdir / 'sa.key'}",
                 f"--root-ca-file={workdir / 'ca.crt'}",
                 "--use-service-account-credentials=false",
@@ -367,7 +373,7 @@ def control_plane(workdir: Path, *, with_pods: bool = False) -> Iterator[Cluster
                 "kube-scheduler",
                 [
                     str(bin_dir / "kube-scheduler"),
-                    *_component_flags(admin),
+                    *_component_flags(admin, controller_api_qps),
                 ],
             )
             cluster.start(
