@@ -36,8 +36,8 @@ def build_registry(
     def pipeline_lock(namespace: str, name: str) -> asyncio.Lock:
         return locks.setdefault((namespace, name), asyncio.Lock())
 
-    # Pipelines with a status refresh waiting for the lock: a burst of Deployment events
-    # (a rollout makes several per Deployment) costs one refresh, not one each.
+    # Pipelines with a status refresh waiting (status_refresh_delay_seconds, then the
+    # lock): a burst of Deployment events costs one refresh, not one each.
     refresh_queued: set[tuple[str, str]] = set()
 
     def body_lock(body: kopf.Body) -> asyncio.Lock:
@@ -139,6 +139,7 @@ def build_registry(
             return  # a refresh that has not started yet reads the state this event shows
         refresh_queued.add(key)
         try:
+            await asyncio.sleep(settings.status_refresh_delay_seconds)
             async with pipeline_lock(*key):
                 refresh_queued.discard(key)  # events from now on need a refresh of their own
                 await refresh_status(kube, settings, key[0], key[1], metrics)

@@ -31,6 +31,10 @@ class OperatorSettings(BaseSettings):
     """How often autoscaled stages are evaluated (Kubernetes' HPA syncs every 15 s)."""
     metric_max_age_seconds: float = 60.0
     """A signal whose newest sample is older than this is stale: replicas are held."""
+    status_refresh_delay_seconds: float = 0.25
+    """How long a Deployment event waits before the pipeline's status is recomputed, so
+    the burst it belongs to (each stage's Deployment reports several changes as it rolls
+    out) costs one read and one write, not one per event."""
     metrics_port: int = 8080
     """Port of the operator's Prometheus /metrics."""
     health_port: int = 8081
