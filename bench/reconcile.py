@@ -30,7 +30,7 @@ from omnipipe.local.ports import free_port
 from tests.harness.cluster import Cluster, control_plane, service_account_kubeconfig
 
 OPERATOR_SCHEMA = "service-accounts"
-# Larger N take minutes a run and vary less (their time is the control plane's), so one run.
+# A run at larger N takes minutes (200 pipelines: over 3 with stock controllers), so one run.
 MAX_REPEATED_N = 50
 DISPATCHED = re.compile(
     r'^apiserver_flowcontrol_dispatched_requests_total\{[^}]*flow_schema="([^"]+)"[^}]*\} (\S+)$'

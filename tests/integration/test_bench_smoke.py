@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 
@@ -16,7 +17,7 @@ from tests.integration.conftest import REPO
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 
-def not_json(token: str) -> None:
+def not_json(token: str) -> NoReturn:
     raise ValueError(f"{token} is not JSON")
 
 
