@@ -38,3 +38,10 @@ LONGEST_FIXED_SUFFIX: Final = len("-router")
 DNS_LABEL_PATTERN: Final = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 MAX_STAGES: Final = 16
 MAX_INPUTS: Final = 8
+
+# The per-pipeline credential: every worker control call and every transfer connection
+# carries it. The operator keeps it in a Secret (key CREDENTIAL_SECRET_KEY) and passes it
+# to the pods as CREDENTIAL_ENV; `omnipipe serve` generates one per run.
+CREDENTIAL_ENV: Final = "OMNIPIPE_PIPELINE_CREDENTIAL"
+CREDENTIAL_HEADER: Final = "X-Omnipipe-Credential"
+CREDENTIAL_SECRET_KEY: Final = "credential"
