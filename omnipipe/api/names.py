@@ -18,6 +18,16 @@ def config_object_name(pipeline: str) -> str:
     return f"{pipeline}-config"
 
 
+def credential_secret_name(pipeline: str) -> str:
+    """Name of the Secret holding the pipeline credential (key CREDENTIAL_SECRET_KEY)."""
+    return f"{pipeline}-credential"
+
+
+def stage_network_policy_name(pipeline: str) -> str:
+    """Name of the NetworkPolicy that admits traffic to the pipeline's stage pods."""
+    return f"{pipeline}-stages"
+
+
 def common_labels(pipeline: str, component: str) -> dict[str, str]:
     """Labels on every child object of a pipeline."""
     return {
@@ -36,6 +46,11 @@ def stage_selector(pipeline: str, stage: str) -> dict[str, str]:
 
 def stage_labels(pipeline: str, stage: str) -> dict[str, str]:
     return {**common_labels(pipeline, c.COMPONENT_STAGE), c.LABEL_STAGE: stage}
+
+
+def stages_selector(pipeline: str) -> dict[str, str]:
+    """Every stage pod of the pipeline."""
+    return {c.LABEL_PIPELINE: pipeline, c.LABEL_COMPONENT: c.COMPONENT_STAGE}
 
 
 def router_selector(pipeline: str) -> dict[str, str]:

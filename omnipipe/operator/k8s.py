@@ -13,7 +13,8 @@ from lightkube.core.exceptions import ApiError
 from lightkube.generic_resource import create_namespaced_resource
 from lightkube.resources.apps_v1 import Deployment
 from lightkube.resources.autoscaling_v2 import HorizontalPodAutoscaler
-from lightkube.resources.core_v1 import ConfigMap, Service
+from lightkube.resources.core_v1 import ConfigMap, Secret, Service
+from lightkube.resources.networking_v1 import NetworkPolicy
 from lightkube.types import PatchType
 
 from omnipipe.api import constants as c
@@ -28,6 +29,7 @@ CHILD_KINDS: dict[str, Any] = {
     "Service": Service,
     "ConfigMap": ConfigMap,
     "HorizontalPodAutoscaler": HorizontalPodAutoscaler,
+    "NetworkPolicy": NetworkPolicy,
     # Only where KEDA is installed; listing it elsewhere answers 404.
     "ScaledObject": ScaledObject,
 }
@@ -88,6 +90,24 @@ class Kube:
         with _terminating_namespace_is_final():
             applied = await self._client.apply(obj, field_manager=c.MANAGER, force=True)
         return _as_dict(applied)
+
+    async def create_secret_once(self, desired: Manifest) -> bool:
+        """Create a Secret unless one of that name exists (then leave it as it is).
+
+        Not apply(): the value is generated once and must never be overwritten, and this
+        way the operator needs only `create` on Secrets, never `get`: it cannot read any
+        Secret in the cluster, its own included. True when it was created."""
+        obj = codecs.from_dict(desired)
+        if not isinstance(obj, Secret):
+            raise TypeError(f"not a Secret: {desired.get('kind')}")
+        try:
+            with _terminating_namespace_is_final():
+                await self._client.create(obj)
+        except ApiError as exc:
+            if exc.status.code == 409:  # AlreadyExists
+                return False
+            raise
+        return True
 
     async def list_children(self, namespace: str, pipeline: str) -> list[Manifest]:
         found: list[Manifest] = []

@@ -4,13 +4,20 @@ and restarted operator converges to the same children."""
 from __future__ import annotations
 
 import logging
+import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from omnipipe.api import parse_resource
 from omnipipe.api.status import Condition, OmniPipelineStatus, StageStatus
-from omnipipe.operator.builders import build_children, build_context, router_endpoint
+from omnipipe.operator.builders import (
+    BuildContext,
+    build_children,
+    build_context,
+    build_credential_secret,
+    router_endpoint,
+)
 from omnipipe.operator.k8s import Kube, utc_now
 from omnipipe.operator.metrics import OperatorMetrics
 from omnipipe.operator.planner import (
@@ -46,6 +53,20 @@ def previous_stages(body: Mapping[str, Any]) -> list[StageStatus]:
     return [StageStatus.model_validate(s) for s in raw]
 
 
+CREDENTIAL_BYTES = 32
+
+
+async def ensure_credential(kube: Kube, ctx: BuildContext) -> str | None:
+    """Create the pipeline's credential Secret with a fresh random value unless it
+    exists; an existing one is never read or rewritten, so no reconcile rotates it. The
+    value drawn for an attempt that finds the Secret is dropped unseen. Returns the
+    created Secret's child label, None when it existed."""
+    secret = build_credential_secret(ctx, secrets.token_urlsafe(CREDENTIAL_BYTES))
+    if await kube.create_secret_once(secret):
+        return _label(("Secret", secret["metadata"]["name"]))
+    return None
+
+
 async def reconcile(
     kube: Kube, settings: OperatorSettings, body: Mapping[str, Any], metrics: OperatorMetrics
 ) -> ReconcileResult:
@@ -54,6 +75,9 @@ async def reconcile(
     existing = {child_key(o): o for o in await kube.list_children(ctx.namespace, ctx.name)}
     desired = build_children(ctx)
     created: list[str] = []
+    # Before the pods that read it, so none waits on a missing Secret.
+    if (secret := await ensure_credential(kube, ctx)) is not None:
+        created.append(secret)
     updated: list[str] = []
     for manifest in desired:
         key = child_key(manifest)

@@ -1,5 +1,7 @@
 """Operator settings, loaded once from OMNIPIPE_OPERATOR_* environment variables."""
 
+from typing import Any
+
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from omnipipe import __version__
@@ -35,6 +37,20 @@ class OperatorSettings(BaseSettings):
     """How long a Deployment event waits before the pipeline's status is recomputed, so
     the burst it belongs to (each stage's Deployment reports several changes as it rolls
     out) costs one read and one write, not one per event."""
+    stage_network_policy: bool = True
+    """Emit a NetworkPolicy per pipeline that admits to its stage pods only: its router
+    pods on the control port, its stage pods on the transfer port, and the metrics
+    scrapers below on the control port."""
+    metrics_scrape_from: list[dict[str, Any]] = [
+        {
+            "namespaceSelector": {
+                "matchLabels": {"kubernetes.io/metadata.name": "monitoring"}
+            },
+            "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}},
+        }
+    ]
+    """NetworkPolicy peers allowed to scrape /metrics on the stage pods' control port (as
+    JSON in the environment). Empty: none."""
     metrics_port: int = 8080
     """Port of the operator's Prometheus /metrics."""
     health_port: int = 8081

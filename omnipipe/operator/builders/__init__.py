@@ -3,6 +3,8 @@
 from omnipipe.operator.builders.common import Manifest
 from omnipipe.operator.builders.configmap import build_config_map
 from omnipipe.operator.builders.context import BuildContext, OwnerRef, build_context
+from omnipipe.operator.builders.credential import build_credential_secret
+from omnipipe.operator.builders.network import build_stage_network_policy
 from omnipipe.operator.builders.router import (
     build_router_deployment,
     build_router_service,
@@ -13,8 +15,12 @@ from omnipipe.operator.builders.stage import build_stage_deployment, build_stage
 
 
 def build_children(ctx: BuildContext) -> list[Manifest]:
-    """Every child of the pipeline, in apply order: config first, router last."""
+    """Every child of the pipeline, in apply order: config first, router last. (The
+    credential Secret is not among them: it is created once, never applied again.)"""
     children = [build_config_map(ctx)]
+    policy = build_stage_network_policy(ctx)
+    if policy is not None:
+        children.append(policy)
     for stage in ctx.pipeline.stages:
         children.append(build_stage_service(ctx, stage))
         children.append(build_stage_deployment(ctx, stage))
@@ -32,5 +38,6 @@ __all__ = [
     "OwnerRef",
     "build_children",
     "build_context",
+    "build_credential_secret",
     "router_endpoint",
 ]

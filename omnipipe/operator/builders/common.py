@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from omnipipe.api import constants as c
-from omnipipe.api.names import config_object_name
+from omnipipe.api.names import config_object_name, credential_secret_name
 from omnipipe.operator.builders.context import BuildContext
 
 Manifest = dict[str, Any]
@@ -49,6 +49,19 @@ def container_security_context(read_only_root: bool) -> Manifest:
 
 def config_volume(ctx: BuildContext) -> Manifest:
     return {"name": "config", "configMap": {"name": config_object_name(ctx.name)}}
+
+
+def credential_env(ctx: BuildContext) -> Manifest:
+    """The pipeline credential, from the Secret the operator creates once per pipeline."""
+    return {
+        "name": c.CREDENTIAL_ENV,
+        "valueFrom": {
+            "secretKeyRef": {
+                "name": credential_secret_name(ctx.name),
+                "key": c.CREDENTIAL_SECRET_KEY,
+            }
+        },
+    }
 
 
 def config_mount() -> Manifest:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from omnipipe.api import OmniPipeline, ResolvedPipeline, resolve
 from omnipipe.api import constants as c
@@ -33,6 +34,8 @@ class BuildContext:
     image_pull_policy: str
     termination_grace_seconds: int
     prometheus_url: str
+    stage_network_policy: bool
+    metrics_scrape_from: tuple[dict[str, Any], ...]
     # None when rendering without a cluster: there is no uid to point at yet.
     owner: OwnerRef | None
 
@@ -55,5 +58,7 @@ def build_context(resource: OmniPipeline, settings: OperatorSettings) -> BuildCo
         image_pull_policy=settings.image_pull_policy,
         termination_grace_seconds=settings.termination_grace_seconds,
         prometheus_url=resource.spec.prometheus_url or settings.prometheus_url,
+        stage_network_policy=settings.stage_network_policy,
+        metrics_scrape_from=tuple(settings.metrics_scrape_from),
         owner=OwnerRef(meta.name, meta.uid) if meta.uid else None,
     )

@@ -10,6 +10,7 @@ from omnipipe.operator.builders.common import (
     config_volume,
     container_security_context,
     content_hash,
+    credential_env,
     http_probe,
     object_meta,
     pipeline_file_args,
@@ -33,15 +34,16 @@ def router_config_hash(ctx: BuildContext) -> str:
 
 
 def _env(ctx: BuildContext) -> list[Manifest]:
+    env = [credential_env(ctx)]
     ref = ctx.pipeline.router.api_key_secret_ref
-    if ref is None:
-        return []
-    return [
-        {
-            "name": API_KEY_ENV,
-            "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}},
-        }
-    ]
+    if ref is not None:
+        env.append(
+            {
+                "name": API_KEY_ENV,
+                "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}},
+            }
+        )
+    return env
 
 
 def build_router_deployment(ctx: BuildContext) -> Manifest:

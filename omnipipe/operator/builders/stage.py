@@ -14,6 +14,7 @@ from omnipipe.operator.builders.common import (
     config_volume,
     container_security_context,
     content_hash,
+    credential_env,
     http_probe,
     object_meta,
     pipeline_file_args,
@@ -47,6 +48,7 @@ def _env(ctx: BuildContext, stage: ResolvedStage) -> list[Manifest]:
         {"name": "OMNIPIPE_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         {"name": "HF_HOME", "value": f"{CACHE_DIR}/huggingface"},
         {"name": "OMNIPIPE_CACHE_DIR", "value": CACHE_DIR},
+        credential_env(ctx),
     ]
     for var in stage.env:
         env.append(var.model_dump(by_alias=True, exclude_none=True))
