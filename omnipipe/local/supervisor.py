@@ -7,6 +7,7 @@ import contextlib
 import ctypes
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -19,6 +20,7 @@ from pathlib import Path
 from types import FrameType
 
 from omnipipe.api import ResolvedPipeline
+from omnipipe.api.constants import CREDENTIAL_ENV
 from omnipipe.local.ports import free_port
 
 STOP_GRACE_SECONDS = 15.0
@@ -33,6 +35,13 @@ def _die_with_parent() -> None:
     with contextlib.suppress(OSError, AttributeError):
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def pipeline_credential() -> str:
+    """One credential per run, shared by the router and every worker: the control API and
+    the transfer listeners refuse whoever lacks it. An exported OMNIPIPE_PIPELINE_CREDENTIAL
+    is used instead, so that a tool may call the workers itself."""
+    return os.environ.get(CREDENTIAL_ENV) or secrets.token_urlsafe(32)
 
 
 RESTART_WINDOW_SECONDS = 60.0
@@ -58,12 +67,13 @@ class Supervisor:
     port: int = 8000
     children: list[Child] = field(default_factory=list)
     stopping: bool = False
+    credential: str = field(default_factory=pipeline_credential, repr=False)
 
-    @staticmethod
-    def _popen(argv: list[str]) -> subprocess.Popen[bytes]:
+    def _popen(self, argv: list[str]) -> subprocess.Popen[bytes]:
         return subprocess.Popen(
             argv,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            # In the environment, not argv: other users can read a process's arguments.
+            env={**os.environ, "PYTHONUNBUFFERED": "1", CREDENTIAL_ENV: self.credential},
             preexec_fn=_die_with_parent,
             # Children take signals from us, not from a terminal's Ctrl-C to the group,
             # so they stop in order: drain first, then exit.

@@ -3,14 +3,27 @@
 One interface (Sender / Receiver / Mailbox), two backends: ucx (ucxx) and tcp (asyncio).
 """
 
-from omnipipe.transfer.base import Mailbox, Message, Receiver, Sender, TransferStats
+from omnipipe.transfer.auth import CREDENTIAL_ENV, TransferRefused
+from omnipipe.transfer.base import (
+    DEFAULT_MAX_BYTES,
+    Mailbox,
+    MailboxFull,
+    Message,
+    Receiver,
+    Sender,
+    TransferStats,
+)
 from omnipipe.transfer.factory import make_receiver, make_sender
 
 __all__ = [
+    "CREDENTIAL_ENV",
+    "DEFAULT_MAX_BYTES",
     "Mailbox",
+    "MailboxFull",
     "Message",
     "Receiver",
     "Sender",
+    "TransferRefused",
     "TransferStats",
     "make_receiver",
     "make_sender",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from omnipipe.transfer.auth import resolve_credential, warn_if_open
 from omnipipe.transfer.base import Mailbox, Receiver, Sender, TransferStats
 
 
@@ -12,25 +13,33 @@ def make_receiver(
     port: int = 0,
     advertise_host: str | None = None,
     stats: TransferStats | None = None,
+    credential: str | None = None,
 ) -> Receiver:
+    """`credential`: what senders must prove; None takes $OMNIPIPE_PIPELINE_CREDENTIAL."""
+    credential = resolve_credential(credential)
+    warn_if_open(credential, "the transfer listener")
     if backend == "tcp":
         from omnipipe.transfer.tcp import TcpReceiver
 
-        return TcpReceiver(mailbox, host, port, advertise_host, stats)
+        return TcpReceiver(mailbox, host, port, advertise_host, stats, credential)
     if backend == "ucx":
         from omnipipe.transfer.ucx import UcxReceiver
 
-        return UcxReceiver(mailbox, host, port, advertise_host, stats)
+        return UcxReceiver(mailbox, host, port, advertise_host, stats, credential)
     raise ValueError(f"unknown transfer backend {backend!r}: use ucx or tcp")
 
 
-def make_sender(backend: str, stats: TransferStats | None = None) -> Sender:
+def make_sender(
+    backend: str, stats: TransferStats | None = None, credential: str | None = None
+) -> Sender:
+    """`credential`: what receivers must prove; None takes $OMNIPIPE_PIPELINE_CREDENTIAL."""
+    credential = resolve_credential(credential)
     if backend == "tcp":
         from omnipipe.transfer.tcp import TcpSender
 
-        return TcpSender(stats)
+        return TcpSender(stats, credential)
     if backend == "ucx":
         from omnipipe.transfer.ucx import UcxSender
 
-        return UcxSender(stats)
+        return UcxSender(stats, credential)
     raise ValueError(f"unknown transfer backend {backend!r}: use ucx or tcp")

@@ -1,6 +1,7 @@
-"""TCP backend: non-blocking sockets on the event loop. Frame = u32 header length,
-msgpack header, buffers;
-the receiver answers one ack byte once the message sits in the mailbox."""
+"""TCP backend: non-blocking sockets on the event loop. A connection opens with the
+credential handshake (transfer/auth.py); then each frame = u32 header length, msgpack
+header, buffers. The receiver answers one ack byte once the message sits in the mailbox,
+or REFUSED, u32 length and a reason (the mailbox is full): the sender raises it."""
 
 from __future__ import annotations
 
@@ -12,7 +13,21 @@ from typing import Any
 
 import numpy as np
 
-from omnipipe.transfer.base import Message, Receiver, Sender, TransferStats, split_address
+from omnipipe.transfer.auth import (
+    HANDSHAKE_TIMEOUT_SECONDS,
+    REFUSED,
+    TransferRefused,
+    accept_peer,
+    prove_peer,
+)
+from omnipipe.transfer.base import (
+    MailboxFull,
+    Message,
+    Receiver,
+    Sender,
+    TransferStats,
+    split_address,
+)
 from omnipipe.transfer.codec import (
     MAX_HEADER,
     CodecError,
@@ -70,6 +85,25 @@ def message_from(header: dict[str, object], buffers: list[Any]) -> Message:
     )
 
 
+def declared_bytes(header: dict[str, Any]) -> int:
+    """What a frame's tensors will take, from its header, before any is read."""
+    total = 0
+    for spec in header["tensors"]:
+        try:
+            nbytes = int(spec["nbytes"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CodecError(f"bad tensor spec {spec!r}") from exc
+        if nbytes < 0:
+            raise CodecError(f"bad tensor spec {spec!r}")
+        total += nbytes
+    return total
+
+
+def refusal(reason: str) -> bytes:
+    raw = reason.encode()[:4096]
+    return REFUSED + _LEN.pack(len(raw)) + raw
+
+
 async def _recv_into(
     loop: asyncio.AbstractEventLoop, sock: socket.socket, view: memoryview
 ) -> None:
@@ -90,6 +124,21 @@ async def _recv_exact(loop: asyncio.AbstractEventLoop, sock: socket.socket, n: i
     return buf
 
 
+async def _recv_bytes(loop: asyncio.AbstractEventLoop, sock: socket.socket, n: int) -> bytes:
+    return bytes((await _recv_exact(loop, sock, n)).tobytes())
+
+
+async def _drain(loop: asyncio.AbstractEventLoop, sock: socket.socket, n: int) -> None:
+    """Read and drop n bytes through a small scratch buffer: a refused message's tensors
+    are never held."""
+    array: Any = np.empty(min(n, 1 << 20), dtype=np.uint8)
+    scratch = memoryview(array).cast("B")
+    while n > 0:
+        step = min(n, len(scratch))
+        await _recv_into(loop, sock, scratch[:step])
+        n -= step
+
+
 class TcpReceiver(Receiver):
     """Raw non-blocking sockets: tensor bytes are received straight into the buffers the
     tensors are built on (no stream buffer, no intermediate copies)."""
@@ -102,9 +151,11 @@ class TcpReceiver(Receiver):
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
+        # Exactly the host given: 127.0.0.1 listens on loopback only.
         self._sock = socket.create_server((self._host, self._port), reuse_port=False)
         self._sock.setblocking(False)
-        self._port = self._sock.getsockname()[1]
+        self.bound = self._sock.getsockname()[:2]
+        self._port = self.bound[1]
         self._track(asyncio.create_task(self._accept()))
 
     def _track(self, task: asyncio.Task[None]) -> None:
@@ -122,26 +173,54 @@ class TcpReceiver(Receiver):
     async def _serve(self, conn: socket.socket) -> None:
         loop = asyncio.get_running_loop()
         try:
+            try:
+                async with asyncio.timeout(HANDSHAKE_TIMEOUT_SECONDS):
+                    if not await accept_peer(
+                        lambda n: _recv_bytes(loop, conn, n),
+                        lambda b: loop.sock_sendall(conn, b),
+                        self._key,
+                    ):
+                        return
+            except TimeoutError:
+                return
             while True:
                 try:
-                    (size,) = _LEN.unpack((await _recv_exact(loop, conn, _LEN.size)).tobytes())
+                    (size,) = _LEN.unpack(await _recv_bytes(loop, conn, _LEN.size))
                 except asyncio.IncompleteReadError:
                     return
-                if size > MAX_HEADER:
-                    raise CodecError(f"header of {size} bytes exceeds {MAX_HEADER}")
-                started = time.perf_counter()
-                header = decode_header((await _recv_exact(loop, conn, size)).tobytes())
-                buffers = [
-                    await _recv_exact(loop, conn, int(s["nbytes"])) for s in header["tensors"]
-                ]
-                message = message_from(header, buffers)
-                await self.mailbox.put(message)
-                self.stats.on_transfer(message.nbytes, time.perf_counter() - started)
-                await loop.sock_sendall(conn, ACK)
+                await self._receive_one(loop, conn, size)
         except (CodecError, ConnectionError, asyncio.IncompleteReadError):
             return
         finally:
             conn.close()
+
+    async def _receive_one(
+        self, loop: asyncio.AbstractEventLoop, conn: socket.socket, size: int
+    ) -> None:
+        if size > MAX_HEADER:
+            raise CodecError(f"header of {size} bytes exceeds {MAX_HEADER}")
+        started = time.perf_counter()
+        header = decode_header(await _recv_bytes(loop, conn, size))
+        nbytes = declared_bytes(header)
+        try:
+            charge = self.mailbox.reserve(str(header.get("request_id")), nbytes + size)
+        except MailboxFull as exc:
+            await _drain(loop, conn, nbytes)
+            await loop.sock_sendall(conn, refusal(str(exc)))
+            return
+        if charge is None:  # the request already ended here: a late chunk
+            await _drain(loop, conn, nbytes)
+            await loop.sock_sendall(conn, ACK)
+            return
+        try:
+            buffers = [await _recv_exact(loop, conn, int(s["nbytes"])) for s in header["tensors"]]
+            message = message_from(header, buffers)
+        except BaseException:
+            self.mailbox.release(charge)
+            raise
+        await self.mailbox.put(message, charge)
+        self.stats.on_transfer(message.nbytes, time.perf_counter() - started)
+        await loop.sock_sendall(conn, ACK)
 
     async def close(self) -> None:
         for task in list(self._tasks):
@@ -156,8 +235,8 @@ class TcpSender(Sender):
     request never blocks another's hand-off. Buffers go out with sock_sendall, which
     sends from the tensor's memory without copying it."""
 
-    def __init__(self, stats: TransferStats | None = None) -> None:
-        super().__init__(stats)
+    def __init__(self, stats: TransferStats | None = None, credential: str | None = None) -> None:
+        super().__init__(stats, credential)
         self._idle: dict[str, list[socket.socket]] = {}
 
     async def _connection(self, address: str) -> socket.socket:
@@ -173,6 +252,16 @@ class TcpSender(Sender):
         _tune(sock)
         try:
             await loop.sock_connect(sock, target)
+            async with asyncio.timeout(HANDSHAKE_TIMEOUT_SECONDS):
+                await prove_peer(
+                    lambda n: _recv_bytes(loop, sock, n),
+                    lambda b: loop.sock_sendall(sock, b),
+                    self._key,
+                    address,
+                )
+        except asyncio.IncompleteReadError as exc:
+            sock.close()
+            raise TransferRefused(f"{address} closed the connection in the handshake") from exc
         except BaseException:
             sock.close()
             raise
@@ -190,8 +279,15 @@ class TcpSender(Sender):
                 if len(buf):
                     await loop.sock_sendall(sock, buf)
             ack = await loop.sock_recv(sock, 1)
+            if ack == REFUSED:
+                (size,) = _LEN.unpack(await _recv_bytes(loop, sock, _LEN.size))
+                reason = (await _recv_bytes(loop, sock, size)).decode(errors="replace")
+                self._idle.setdefault(address, []).append(sock)
+                raise TransferRefused(f"{address} refused request {message.request_id}: {reason}")
             if ack != ACK:
                 raise ConnectionError(f"{address} did not acknowledge")
+        except TransferRefused:
+            raise
         except BaseException:
             sock.close()
             raise

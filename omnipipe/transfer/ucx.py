@@ -1,32 +1,70 @@
-"""UCX backend (ucxx): the same frames as TCP, carried as UCX active messages over
-persistent endpoints, which pick shared memory, CMA, TCP or RDMA as the hardware allows.
-Imported only when selected."""
+"""UCX backend (ucxx): tensors travel as UCX tagged messages over persistent endpoints,
+which pick shared memory, CMA, TCP or RDMA as the hardware allows. Imported only when
+selected.
+
+ucxx's sockaddr listener takes a port only and listens on every interface, so it is not
+used. Instead a TCP socket bound to exactly the given host is the rendezvous: a sender
+connects, both ends prove the pipeline credential (transfer/auth.py), and the receiver
+answers its UCX worker address and a random 64-bit tag for this connection; the sender
+opens a UCX endpoint from that address. Each message then goes: frame (u32 header length,
+msgpack header, tensors up to INLINE_MAX) over the socket; the receiver reserves room in
+its mailbox and answers GO (larger tensors follow as tagged UCX messages, each received
+straight into the buffer its tensor is built on), ACK, or REFUSED with a reason. No UCX
+receive is posted while idle, so an idle worker burns no CPU."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
+import ipaddress
+import logging
 import os
+import secrets
+import socket
 import struct
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from omnipipe.transfer.base import Message, Receiver, Sender, split_address
+from omnipipe.transfer.auth import (
+    HANDSHAKE_TIMEOUT_SECONDS,
+    REFUSED,
+    TransferRefused,
+    accept_peer,
+    prove_peer,
+)
+from omnipipe.transfer.base import MailboxFull, Message, Receiver, Sender, split_address
 from omnipipe.transfer.codec import MAX_HEADER, CodecError, decode_header, encode_header
-from omnipipe.transfer.tcp import frame_header, message_from
+from omnipipe.transfer.tcp import (
+    ACK,
+    _drain,
+    _recv_bytes,
+    _recv_exact,
+    _tune,
+    declared_bytes,
+    frame_header,
+    message_from,
+    refusal,
+)
 
-# Small tensors travel inside the frame (one active message carries a whole small
-# hand-off); larger ones follow as their own active messages, sent from their memory.
+log = logging.getLogger(__name__)
+
+# Small tensors travel inside the frame (one socket write carries a whole small hand-off);
+# larger ones follow as their own UCX messages, sent from their memory.
 INLINE_MAX = 64 * 1024
+GO = b"\x11"
 _LEN = struct.Struct("!I")
-_ACK = np.ones(1, dtype=np.uint8)
+_TAG = struct.Struct("!Q")
+MAX_WORKER_ADDRESS = 1 << 16
+_WILDCARDS = frozenset({"", "0.0.0.0", "::"})
+_SIOCGIFADDR = 0x8915
 
 os.environ.setdefault("UCX_WARN_UNUSED_ENV_VARS", "n")
-# Without it ucxx awaits a request by polling it from the event loop, so a receive left
-# pending on an idle endpoint burns a core; with it a notifier thread completes Python
-# futures, an idle worker sleeps, and endpoints can stay open between messages.
+# Without it ucxx awaits a request by polling it from the event loop, so a pending
+# receive burns a core; with it a notifier thread completes Python futures.
 os.environ.setdefault("UCXPY_ENABLE_PYTHON_FUTURE", "1")
 
 
@@ -56,6 +94,40 @@ class _Context:
                 _ucxx().reset()
 
 
+def _interface_of(host: str) -> str | None:
+    """The network interface that holds `host` (IPv4), e.g. lo for 127.0.0.1."""
+    try:
+        ip = ipaddress.ip_address(socket.gethostbyname(host))
+    except (OSError, ValueError):
+        return None
+    if ip.is_loopback:
+        return "lo"
+    for _, name in socket.if_nameindex():
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            try:
+                raw = fcntl.ioctl(
+                    probe.fileno(), _SIOCGIFADDR, struct.pack("256s", name.encode()[:15])
+                )
+            except OSError:
+                continue
+        if socket.inet_ntoa(raw[20:24]) == str(ip):
+            return name
+    return None
+
+
+def restrict_net_devices(host: str) -> None:
+    """UCX's own transports listen on every network device unless told otherwise: a
+    worker given one address uses only the device that holds it (unless UCX_NET_DEVICES
+    is set, or a UCX context already exists in this process)."""
+    if host in _WILDCARDS or "UCX_NET_DEVICES" in os.environ or _Context.users:
+        return
+    device = _interface_of(host)
+    if device is None:
+        log.warning("no network device holds %s: UCX uses every device", host)
+        return
+    os.environ["UCX_NET_DEVICES"] = device
+
+
 def _closed_errors() -> tuple[type[BaseException], ...]:
     errors = _ucxx().exceptions
     return (errors.UCXError, errors.UCXCanceled, ConnectionError)
@@ -63,107 +135,216 @@ def _closed_errors() -> tuple[type[BaseException], ...]:
 
 class UcxReceiver(Receiver):
     scheme = "ucx"
-    _listener: Any = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._handlers: set[asyncio.Task[None]] = set()
+        self._sock: socket.socket | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._worker_address = b""
+        self._acquired = False
 
     async def start(self) -> None:
-        self._listener = _Context.acquire().create_listener(self._serve, self._port)
-        self._port = self._listener.port
+        restrict_net_devices(self._host)
+        ucxx = _Context.acquire()
+        self._acquired = True
+        ucxx.continuous_ucx_progress()
+        self._worker_address = bytes(ucxx.get_worker_address())
+        # Exactly the host given: 127.0.0.1 listens on loopback only.
+        self._sock = socket.create_server((self._host, self._port), reuse_port=False)
+        self._sock.setblocking(False)
+        self.bound = self._sock.getsockname()[:2]
+        self._port = self.bound[1]
+        self._track(asyncio.create_task(self._accept()))
 
-    async def _serve(self, ep: Any) -> None:
-        """Messages, one after another, until the sender closes the endpoint."""
-        task = asyncio.current_task()
-        if task is not None:
-            self._handlers.add(task)
+    def _track(self, task: asyncio.Task[None]) -> None:
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _accept(self) -> None:
+        loop = asyncio.get_running_loop()
+        assert self._sock is not None
+        while True:
+            conn, _ = await loop.sock_accept(self._sock)
+            _tune(conn)
+            self._track(asyncio.create_task(self._serve(conn)))
+
+    async def _serve(self, conn: socket.socket) -> None:
+        """Messages, one after another, until the sender closes the connection."""
+        loop = asyncio.get_running_loop()
         try:
+            try:
+                async with asyncio.timeout(HANDSHAKE_TIMEOUT_SECONDS):
+                    if not await accept_peer(
+                        lambda n: _recv_bytes(loop, conn, n),
+                        lambda b: loop.sock_sendall(conn, b),
+                        self._key,
+                    ):
+                        return
+            except TimeoutError:
+                return
+            tag = secrets.randbits(64)
+            await loop.sock_sendall(
+                conn, _LEN.pack(len(self._worker_address)) + self._worker_address + _TAG.pack(tag)
+            )
             while True:
-                await self._receive_one(ep)
+                try:
+                    (size,) = _LEN.unpack(await _recv_bytes(loop, conn, _LEN.size))
+                except asyncio.IncompleteReadError:
+                    return
+                await self._receive_one(loop, conn, size, tag)
         except Exception as exc:
             # A peer that went away or sent garbage ends only its own connection.
-            if not isinstance(exc, (*_closed_errors(), CodecError)):
+            if not isinstance(exc, (*_closed_errors(), CodecError, asyncio.IncompleteReadError)):
                 raise
         finally:
-            if task is not None:
-                self._handlers.discard(task)
-            with contextlib.suppress(Exception):
-                await ep.close()
+            conn.close()
 
-    async def _receive_one(self, ep: Any) -> None:
-        frame = await ep.am_recv()
-        started = time.perf_counter()
-        (size,) = _LEN.unpack(frame[: _LEN.size].tobytes())
+    async def _receive_one(
+        self, loop: asyncio.AbstractEventLoop, conn: socket.socket, size: int, tag: int
+    ) -> None:
         if size > MAX_HEADER:
             raise CodecError(f"header of {size} bytes exceeds {MAX_HEADER}")
-        offset = _LEN.size + size
-        header = decode_header(frame[_LEN.size : offset].tobytes())
-        buffers = []
-        for spec in header["tensors"]:
-            nbytes = int(spec["nbytes"])
-            if nbytes <= INLINE_MAX:
-                buffers.append(frame[offset : offset + nbytes])
-                offset += nbytes
-            else:
-                buffers.append(await ep.am_recv())
-        message = message_from(header, buffers)
-        await self.mailbox.put(message)
+        started = time.perf_counter()
+        header = decode_header(await _recv_bytes(loop, conn, size))
+        nbytes = declared_bytes(header)
+        sizes = [int(spec["nbytes"]) for spec in header["tensors"]]
+        inline = sum(n for n in sizes if n <= INLINE_MAX)
+        try:
+            charge = self.mailbox.reserve(str(header.get("request_id")), nbytes + size)
+        except MailboxFull as exc:
+            await _drain(loop, conn, inline)
+            await loop.sock_sendall(conn, refusal(str(exc)))
+            return
+        if charge is None:  # the request already ended here: a late chunk, dropped
+            await _drain(loop, conn, inline)
+            await loop.sock_sendall(conn, ACK)
+            return
+        try:
+            buffers: list[Any] = [
+                await _recv_exact(loop, conn, n) if n <= INLINE_MAX else None for n in sizes
+            ]
+            if inline < nbytes:
+                await loop.sock_sendall(conn, GO)
+                ucxx = _ucxx()
+                for i, n in enumerate(sizes):
+                    if buffers[i] is None:
+                        buffers[i] = np.empty(n, dtype=np.uint8)
+                        await ucxx.recv(buffers[i], tag)
+            message = message_from(header, buffers)
+        except BaseException:
+            self.mailbox.release(charge)
+            raise
+        await self.mailbox.put(message, charge)
         self.stats.on_transfer(message.nbytes, time.perf_counter() - started)
-        await ep.am_send(_ACK)
+        await loop.sock_sendall(conn, ACK)
 
     async def close(self) -> None:
-        for task in list(self._handlers):
+        for task in list(self._tasks):
             task.cancel()
-        if self._listener is not None:
-            self._listener.close()
-            self._listener = None
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+        if self._acquired:
+            self._acquired = False
             _Context.release()
 
 
+@dataclass
+class _Peer:
+    sock: socket.socket
+    endpoint: Any
+    tag: int
+
+    async def close(self) -> None:
+        self.sock.close()
+        with contextlib.suppress(Exception):
+            await self.endpoint.close()
+
+
 class UcxSender(Sender):
-    """Keeps idle endpoints per address; concurrent sends open more."""
+    """Keeps idle connections (socket + UCX endpoint) per address; concurrent sends open
+    more, so one slow request never blocks another's hand-off."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._idle: dict[str, list[Any]] = {}
+        self._idle: dict[str, list[_Peer]] = {}
         self._acquired = False
 
-    async def _endpoint(self, address: str) -> Any:
+    async def _connection(self, address: str) -> _Peer:
         idle = self._idle.get(address)
         if idle:
             return idle.pop()
         host, port = split_address(address, "ucx")
-        if not self._acquired:
-            _Context.acquire()
-            self._acquired = True
-        return await _ucxx().create_endpoint(host, port)
+        loop = asyncio.get_running_loop()
+        family, kind, proto, _, target = (
+            await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        )[0]
+        sock = socket.socket(family, kind, proto)
+        _tune(sock)
+
+        def read(n: int) -> Any:
+            return _recv_bytes(loop, sock, n)
+
+        try:
+            await loop.sock_connect(sock, target)
+            async with asyncio.timeout(HANDSHAKE_TIMEOUT_SECONDS):
+                await prove_peer(read, lambda b: loop.sock_sendall(sock, b), self._key, address)
+                (size,) = _LEN.unpack(await read(_LEN.size))
+                if size > MAX_WORKER_ADDRESS:
+                    raise TransferRefused(f"{address} sent a worker address of {size} bytes")
+                worker_address = await read(size)
+                (tag,) = _TAG.unpack(await read(_TAG.size))
+            if not self._acquired:
+                _Context.acquire()
+                self._acquired = True
+            ucxx = _ucxx()
+            endpoint = await ucxx.create_endpoint_from_worker_address(
+                ucxx.get_ucx_address_from_buffer(worker_address)
+            )
+        except asyncio.IncompleteReadError as exc:
+            sock.close()
+            raise TransferRefused(f"{address} closed the connection in the handshake") from exc
+        except BaseException:
+            sock.close()
+            raise
+        return _Peer(sock, endpoint, tag)
 
     async def send(self, address: str, message: Message) -> None:
         header, buffers = frame_header(message)
         raw = encode_header(header)
         inline = [b for b in buffers if len(b) <= INLINE_MAX]
         large = [b for b in buffers if len(b) > INLINE_MAX]
-        frame = np.frombuffer(b"".join([_LEN.pack(len(raw)), raw, *inline]), dtype=np.uint8)
         started = time.perf_counter()
-        ep = await self._endpoint(address)
+        loop = asyncio.get_running_loop()
+        peer = await self._connection(address)
         try:
-            await ep.am_send(frame)
-            for buf in large:
-                await ep.am_send(np.frombuffer(buf, dtype=np.uint8))
-            await ep.am_recv()  # the ack: the message is in the receiver's mailbox
-        except BaseException:
-            with contextlib.suppress(Exception):
-                await ep.close()
+            await loop.sock_sendall(peer.sock, b"".join([_LEN.pack(len(raw)), raw, *inline]))
+            verdict = await _recv_bytes(loop, peer.sock, 1)
+            if verdict == GO:
+                for buf in large:
+                    await peer.endpoint.send(
+                        np.frombuffer(buf, dtype=np.uint8), tag=peer.tag, force_tag=True
+                    )
+                verdict = await _recv_bytes(loop, peer.sock, 1)
+            if verdict == REFUSED:
+                (size,) = _LEN.unpack(await _recv_bytes(loop, peer.sock, _LEN.size))
+                reason = (await _recv_bytes(loop, peer.sock, size)).decode(errors="replace")
+                self._idle.setdefault(address, []).append(peer)
+                raise TransferRefused(f"{address} refused request {message.request_id}: {reason}")
+            if verdict != ACK:
+                raise ConnectionError(f"{address} did not acknowledge")
+        except TransferRefused:
             raise
-        self._idle.setdefault(address, []).append(ep)
+        except BaseException:
+            await peer.close()
+            raise
+        self._idle.setdefault(address, []).append(peer)
         self.stats.on_transfer(message.nbytes, time.perf_counter() - started)
 
     async def close(self) -> None:
-        for endpoints in self._idle.values():
-            for ep in endpoints:
-                with contextlib.suppress(Exception):
-                    await ep.close()
+        for peers in self._idle.values():
+            for peer in peers:
+                await peer.close()
         self._idle.clear()
         if self._acquired:
             self._acquired = False

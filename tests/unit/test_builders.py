@@ -86,7 +86,10 @@ def test_pod_hardening_and_probes() -> None:
     assert c["resources"]["limits"]["nvidia.com/gpu"] == 1
     assert c["readinessProbe"]["httpGet"] == {"path": "/ready", "port": "control"}
     assert c["livenessProbe"]["httpGet"] == {"path": "/health", "port": "control"}
-    assert c["lifecycle"]["preStop"]["httpGet"]["path"] == "/drain"
+    # preStop POSTs /drain with the pipeline credential (tests/unit/test_router_worker_auth.py
+    # runs the script).
+    assert c["lifecycle"]["preStop"]["exec"]["command"][:2] == ["python3", "-c"]
+    assert "/drain', method='POST'" in c["lifecycle"]["preStop"]["exec"]["command"][2]
     assert pod["terminationGracePeriodSeconds"] == SETTINGS.termination_grace_seconds
 
 

@@ -119,3 +119,296 @@ async def test_idle_transfer_does_not_spin(backend: str) -> None:
     finally:
         await sender.close()
         await receiver.close()
+
+
+# ---- the authenticated, least-exposed data plane -------------------------------------
+
+CREDENTIAL = "pipeline-credential-for-tests"
+
+
+@pytest.fixture(autouse=True)
+def _no_inherited_credential(monkeypatch: pytest.MonkeyPatch) -> None:
+    from omnipipe.transfer import CREDENTIAL_ENV
+
+    monkeypatch.delenv(CREDENTIAL_ENV, raising=False)
+
+
+def test_transfer_reads_the_credential_the_operator_sets() -> None:
+    from omnipipe.api.constants import CREDENTIAL_ENV as API_ENV
+    from omnipipe.transfer import CREDENTIAL_ENV
+
+    assert CREDENTIAL_ENV == API_ENV
+
+
+def _listening_sockets() -> list[tuple[str, int]]:
+    """(address, port) of every listening TCP socket this process holds, from /proc."""
+    import ipaddress
+    from pathlib import Path
+
+    inodes = set()
+    for fd in Path("/proc/self/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[len("socket:[") : -1])
+    found = []
+    for table, width in (("tcp", 4), ("tcp6", 16)):
+        for line in Path(f"/proc/self/net/{table}").read_text().splitlines()[1:]:
+            fields = line.split()
+            local, state, inode = fields[1], fields[3], fields[9]
+            if state != "0A" or inode not in inodes:  # 0A: LISTEN
+                continue
+            raw_ip, raw_port = local.split(":")
+            packed = bytes.fromhex(raw_ip)
+            # /proc prints each 32-bit word in host (little-endian) order.
+            packed = b"".join(packed[i : i + 4][::-1] for i in range(0, width, 4))
+            found.append((str(ipaddress.ip_address(packed)), int(raw_port, 16)))
+    return found
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("backend", BACKENDS)
+async def test_loopback_receiver_listens_on_loopback_only(backend: str) -> None:
+    before = set(_listening_sockets())
+    receiver = make_receiver(backend, Mailbox(), "127.0.0.1", credential=CREDENTIAL)
+    await receiver.start()
+    sender = make_sender(backend, credential=CREDENTIAL)
+    try:
+        assert receiver.bound is not None
+        assert receiver.bound[0] == "127.0.0.1"
+        assert receiver.address == f"{backend}://127.0.0.1:{receiver.bound[1]}"
+        # Nothing this process listens on (ucxx and UCX's own transports included) is
+        # reachable from another interface, before or after a connection.
+        await sender.send(receiver.address, Message("r", "s", {"x": torch.zeros(1 << 16)}))
+        opened = set(_listening_sockets()) - before
+        assert ("127.0.0.1", receiver.bound[1]) in opened
+        assert all(ip == "127.0.0.1" for ip, _ in opened), opened
+    finally:
+        await sender.close()
+        await receiver.close()
+
+
+async def _refused(backend: str, receiver_cred: str | None, sender_cred: str | None) -> Mailbox:
+    from omnipipe.transfer import TransferRefused
+
+    mailbox = Mailbox()
+    receiver = make_receiver(backend, mailbox, credential=receiver_cred)
+    await receiver.start()
+    sender = make_sender(backend, credential=sender_cred)
+    try:
+        with pytest.raises(TransferRefused, match="credential"):
+            await sender.send(receiver.address, Message("r", "s", {"x": torch.ones(1 << 17)}))
+        await asyncio.sleep(0.2)
+        return mailbox
+    finally:
+        await sender.close()
+        await receiver.close()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize(
+    ("receiver_cred", "sender_cred"),
+    [(CREDENTIAL, None), (CREDENTIAL, "wrong"), (None, CREDENTIAL), ("other", CREDENTIAL)],
+    ids=["sender-without", "sender-wrong", "receiver-without", "receiver-other"],
+)
+async def test_a_connection_without_the_credential_is_refused(
+    backend: str, receiver_cred: str | None, sender_cred: str | None
+) -> None:
+    mailbox = await _refused(backend, receiver_cred, sender_cred)
+    assert len(mailbox) == 0
+    assert mailbox.bytes_held == 0
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("backend", BACKENDS)
+async def test_with_the_credential_it_succeeds(backend: str) -> None:
+    mailbox = Mailbox()
+    receiver = make_receiver(backend, mailbox, credential=CREDENTIAL)
+    await receiver.start()
+    sender = make_sender(backend, credential=CREDENTIAL)
+    big = torch.arange(1 << 18, dtype=torch.float32)
+    try:
+        for i in range(3):  # the second and third reuse the authenticated connection
+            await sender.send(receiver.address, Message("r", "s", {"x": big + i}, chunk=i))
+        for i in range(3):
+            got = await asyncio.wait_for(mailbox.get("r"), 10)
+            assert torch.equal(got.tensors["x"], big + i)
+    finally:
+        await sender.close()
+        await receiver.close()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("backend", BACKENDS)
+async def test_the_credential_is_read_from_the_environment(
+    backend: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from omnipipe.transfer import CREDENTIAL_ENV, TransferRefused
+
+    monkeypatch.setenv(CREDENTIAL_ENV, CREDENTIAL)
+    mailbox = Mailbox()
+    receiver = make_receiver(backend, mailbox)
+    await receiver.start()
+    with_env = make_sender(backend)
+    without = make_sender(backend, credential="not-it")
+    try:
+        await with_env.send(receiver.address, Message("r", "s", {"x": torch.ones(4)}))
+        assert torch.equal((await mailbox.get("r")).tensors["x"], torch.ones(4))
+        with pytest.raises(TransferRefused):
+            await without.send(receiver.address, Message("r", "s", {"x": torch.ones(4)}))
+    finally:
+        await with_env.close()
+        await without.close()
+        await receiver.close()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("backend", BACKENDS)
+async def test_frames_without_the_handshake_are_dropped_unread(backend: str) -> None:
+    """A raw client that skips the handshake and sends a frame is cut off; nothing it
+    sent reaches the mailbox."""
+    from omnipipe.transfer.auth import MAGIC, NONCE_BYTES, PROOF_BYTES, REFUSED
+    from omnipipe.transfer.codec import encode_header
+    from omnipipe.transfer.tcp import _LEN, frame_header
+
+    mailbox = Mailbox()
+    receiver = make_receiver(backend, mailbox, credential=CREDENTIAL)
+    await receiver.start()
+    try:
+        assert receiver.bound is not None
+        reader, writer = await asyncio.open_connection(*receiver.bound)
+        header, buffers = frame_header(Message("evil", "s", {"x": torch.ones(16)}))
+        raw = encode_header(header)
+        frame = _LEN.pack(len(raw)) + raw + b"".join(bytes(b) for b in buffers)
+        hello = await asyncio.wait_for(reader.readexactly(len(MAGIC) + NONCE_BYTES), 10)
+        assert hello.startswith(MAGIC)
+        # A frame where the proof belongs: refused, and the connection is closed.
+        writer.write(frame[: NONCE_BYTES + PROOF_BYTES])
+        await writer.drain()
+        assert await asyncio.wait_for(reader.read(), 10) == REFUSED
+        writer.close()
+        assert len(mailbox) == 0
+        assert mailbox.bytes_held == 0
+    finally:
+        await receiver.close()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("backend", BACKENDS)
+async def test_a_destination_that_cannot_prove_the_credential_gets_no_tensors(
+    backend: str,
+) -> None:
+    """An address a submission names that is no peer of this pipeline: it accepts
+    anything but cannot answer with the credential. The sender refuses it and sends it
+    nothing beyond its own proof."""
+    from omnipipe.transfer import TransferRefused
+    from omnipipe.transfer.auth import ACCEPTED, MAGIC, NONCE_BYTES, PROOF_BYTES
+
+    received = bytearray()
+
+    async def impostor(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(MAGIC + os.urandom(NONCE_BYTES))
+        await reader.readexactly(NONCE_BYTES + PROOF_BYTES)
+        writer.write(ACCEPTED + os.urandom(PROOF_BYTES))
+        while chunk := await reader.read(1 << 16):
+            received.extend(chunk)
+        writer.close()
+
+    server = await asyncio.start_server(impostor, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    sender = make_sender(backend, credential=CREDENTIAL)
+    try:
+        with pytest.raises(TransferRefused, match="not a peer of this pipeline"):
+            await sender.send(
+                f"{backend}://127.0.0.1:{port}", Message("r", "s", {"x": torch.ones(1 << 17)})
+            )
+        await asyncio.sleep(0.2)
+        assert received == b""
+    finally:
+        await sender.close()
+        server.close()
+        await server.wait_closed()
+
+
+def test_mailbox_cap_counts_queued_and_reserved_bytes() -> None:
+    from omnipipe.transfer import MailboxFull
+
+    async def run() -> None:
+        mailbox = Mailbox(max_bytes=1000)
+        charge = mailbox.reserve("a", 600)
+        assert charge == 600
+        assert mailbox.bytes_held == 600
+        with pytest.raises(MailboxFull, match="1000-byte cap"):
+            mailbox.reserve("b", 401)
+        mailbox.release(charge)
+        await mailbox.put(Message("a", "s", {"x": torch.zeros(100, dtype=torch.uint8)}))
+        assert mailbox.bytes_held == 100
+        await mailbox.get("a")
+        assert mailbox.bytes_held == 0
+        await mailbox.put(Message("b", "s", {"x": torch.zeros(100, dtype=torch.uint8)}))
+        mailbox.discard("b")
+        assert mailbox.bytes_held == 0
+        assert mailbox.reserve("b", 10) is None  # a late chunk of a finished request
+
+    asyncio.run(run())
+
+
+def test_only_unclaimed_inputs_expire() -> None:
+    async def run() -> None:
+        mailbox = Mailbox(ttl_seconds=0.05)
+        chunk = {"x": torch.zeros(10, dtype=torch.uint8)}
+        await mailbox.put(Message("unclaimed", "s", chunk))
+        await mailbox.put(Message("running", "s", chunk))
+        await mailbox.get("running")  # a job took its first input: the request is claimed
+        await mailbox.put(Message("running", "s", chunk, chunk=1))
+        await asyncio.sleep(0.1)
+        assert mailbox.sweep() == 1
+        assert mailbox.bytes_held == 10
+        assert (await mailbox.get("running")).chunk == 1
+
+    asyncio.run(run())
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("backend", BACKENDS)
+async def test_a_flood_is_refused_under_the_cap_and_a_request_succeeds_after(
+    backend: str,
+) -> None:
+    from omnipipe.transfer import TransferRefused
+
+    cap = 8 << 20
+    mailbox = Mailbox(max_bytes=cap, ttl_seconds=0.5)
+    receiver = make_receiver(backend, mailbox, credential=CREDENTIAL)
+    await receiver.start()
+    flooder = make_sender(backend, credential=CREDENTIAL)
+    sender = make_sender(backend, credential=CREDENTIAL)
+    one_mib = torch.zeros(1 << 18, dtype=torch.float32)
+    refused = 0
+    reasons: set[str] = set()
+    try:
+        for i in range(40):  # 40 MiB of inputs nobody will claim, into an 8 MiB mailbox
+            try:
+                await flooder.send(receiver.address, Message(f"flood-{i}", "s", {"x": one_mib}))
+            except TransferRefused as exc:
+                reasons.add(str(exc).partition(f"refused request flood-{i}: ")[2][:12])
+                refused += 1
+            assert mailbox.bytes_held <= cap
+        assert refused >= 32
+        assert reasons == {"mailbox full"}
+        # The refused connection stays usable, and says why again.
+        with pytest.raises(TransferRefused, match="cap"):
+            await sender.send(receiver.address, Message("legit", "s", {"x": one_mib}))
+        # Unclaimed inputs expire; then the legitimate request goes through.
+        await asyncio.sleep(0.6)
+        assert mailbox.sweep() > 0
+        assert mailbox.bytes_held == 0
+        await sender.send(receiver.address, Message("legit", "s", {"x": one_mib + 1}))
+        got = await asyncio.wait_for(mailbox.get("legit"), 10)
+        assert torch.equal(got.tensors["x"], one_mib + 1)
+    finally:
+        await flooder.close()
+        await sender.close()
+        await receiver.close()

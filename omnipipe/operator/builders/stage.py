@@ -26,6 +26,15 @@ GPU_RESOURCE = "nvidia.com/gpu"
 CACHE_DIR = "/var/cache/omnipipe"
 # vLLM compiles kernels and writes caches next to its package at run time.
 WRITABLE_ROOT_ENGINES = frozenset({Engine.VLLM})
+# preStop: POST /drain with the pipeline's credential from the pod's environment. An
+# httpGet hook can neither POST nor read a Secret into a header, so the hook is a
+# stdlib-only Python one-liner (no shell: the command is a list).
+DRAIN_SCRIPT = (
+    "import os, urllib.request as r; "
+    "host = os.environ.get('OMNIPIPE_POD_IP') or '127.0.0.1'; "
+    f"r.urlopen(r.Request(f'http://{{host}}:{c.WORKER_CONTROL_PORT}/drain', method='POST', "
+    f"headers={{'{c.CREDENTIAL_HEADER}': os.environ.get('{c.CREDENTIAL_ENV}', '')}}))"
+)
 
 
 def _resources(stage: ResolvedStage) -> Manifest:
@@ -79,9 +88,9 @@ def _container(ctx: BuildContext, stage: ResolvedStage) -> Manifest:
         "env": _env(ctx, stage),
         "readinessProbe": http_probe("/ready", "control", period=5, failures=3),
         "livenessProbe": http_probe("/health", "control", period=10, failures=6),
-        # /drain makes the worker fail /ready and returns once in-flight work is done;
-        # terminationGracePeriodSeconds bounds it.
-        "lifecycle": {"preStop": {"httpGet": {"path": "/drain", "port": "control"}}},
+        # POST /drain makes the worker fail /ready and returns once in-flight work is
+        # done; terminationGracePeriodSeconds bounds it.
+        "lifecycle": {"preStop": {"exec": {"command": ["python3", "-c", DRAIN_SCRIPT]}}},
         "securityContext": container_security_context(
             read_only_root=stage.engine not in WRITABLE_ROOT_ENGINES
         ),
