@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from collections.abc import Iterator
+from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+# A result's string fields longer than this travel as `part` events, so that every line
+# of an event stream stays small whatever the result's size (a 2048x2048 PNG is ~16 MB
+# of base64): the router reads and forwards a result piece by piece, never whole.
+PART_CHARS: Final = 256 * 1024
+# The longest event line a reader accepts. Parts are at most PART_CHARS characters, 6
+# bytes each once JSON-escaped at worst; anything longer is a broken or hostile stage.
+MAX_EVENT_BYTES: Final = 8 * 1024 * 1024
 
 
 class WireModel(BaseModel):
@@ -30,13 +39,37 @@ class SubmitRequest(WireModel):
 
 
 class StageEvent(WireModel):
-    """One line of a request's event stream (NDJSON)."""
+    """One line of a request's event stream (NDJSON).
 
-    type: Literal["result", "error", "done"]
+    `result` completes result `index`. Before it, `part` events may carry that result's
+    long string fields in order, `text` a piece of field `key`; the result's `data` then
+    leaves those fields out. `error` and `done` end the stream."""
+
+    type: Literal["result", "part", "error", "done"]
     index: int = 0
     data: dict[str, Any] = {}
+    key: str = ""
+    text: str = ""
     message: str = ""
     code: str = ""
+
+
+def event_lines(event: StageEvent, part_chars: int = PART_CHARS) -> Iterator[bytes]:
+    """The NDJSON lines of one event, long string fields of a result split into parts."""
+    if event.type != "result":
+        yield event.model_dump_json().encode() + b"\n"
+        return
+    rest: dict[str, Any] = {}
+    for key, value in event.data.items():
+        if not isinstance(value, str) or len(value) <= part_chars:
+            rest[key] = value
+            continue
+        for start in range(0, len(value), part_chars):
+            part = StageEvent(
+                type="part", index=event.index, key=key, text=value[start : start + part_chars]
+            )
+            yield part.model_dump_json().encode() + b"\n"
+    yield event.model_copy(update={"data": rest}).model_dump_json().encode() + b"\n"
 
 
 class WorkerStatus(WireModel):

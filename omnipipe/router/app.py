@@ -5,26 +5,53 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import aiohttp
 import httpx
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel
+from starlette.exceptions import HTTPException
 
 from omnipipe.api import ResolvedPipeline
-from omnipipe.router.api.chat import chat_router
-from omnipipe.router.api.images import images_router
+from omnipipe.api.constants import CREDENTIAL_HEADER
+from omnipipe.router.api.chat import ChatRequest, chat_router
+from omnipipe.router.api.images import ImageGenerationRequest, images_router
 from omnipipe.router.api.models import model_ids, models_router
-from omnipipe.router.api.speech import speech_router
+from omnipipe.router.api.speech import SpeechRequest, speech_router
 from omnipipe.router.discovery import Discovery, DnsDiscovery, StaticDiscovery
-from omnipipe.router.errors import BadRequest, OpenAIError, openai_error_handler
+from omnipipe.router.errors import (
+    BadRequest,
+    OpenAIError,
+    http_error_handler,
+    internal_error_handler,
+    openai_error_handler,
+)
 from omnipipe.router.metrics import RouterMetrics
 from omnipipe.router.middleware import GuardMiddleware
 from omnipipe.router.orchestrator import Orchestrator
 from omnipipe.router.replicas import ReplicaPool
 from omnipipe.router.settings import RouterSettings
+
+# The request bodies the /v1 routes parse themselves (leniently); the OpenAPI document
+# describes them under components/schemas.
+BODY_MODELS: tuple[type[BaseModel], ...] = (ImageGenerationRequest, ChatRequest, SpeechRequest)
+
+
+def _openapi(app: FastAPI) -> dict[str, Any]:
+    if app.openapi_schema is None:
+        document = get_openapi(title=app.title, version=app.version, routes=app.routes)
+        schemas = document.setdefault("components", {}).setdefault("schemas", {})
+        for model in BODY_MODELS:
+            schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+            schemas.update(schema.pop("$defs", {}))
+            schemas[model.__name__] = schema
+        app.openapi_schema = document
+    return app.openapi_schema
 
 
 def _discovery(pipeline: ResolvedPipeline, settings: RouterSettings) -> Discovery:
@@ -60,8 +87,10 @@ def build_app(pipeline: ResolvedPipeline, settings: RouterSettings) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await pool.start()
+        credential = settings.pipeline_credential
         orchestrator.session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=4096, limit_per_host=0)
+            connector=aiohttp.TCPConnector(limit=4096, limit_per_host=0),
+            headers={CREDENTIAL_HEADER: credential} if credential else None,
         )
         try:
             yield
@@ -72,6 +101,8 @@ def build_app(pipeline: ResolvedPipeline, settings: RouterSettings) -> FastAPI:
 
     app = FastAPI(title=f"omnipipe router: {pipeline.name}", lifespan=lifespan)
     app.add_exception_handler(OpenAIError, openai_error_handler)
+    app.add_exception_handler(HTTPException, http_error_handler)
+    app.add_exception_handler(Exception, internal_error_handler)
     app.add_middleware(
         GuardMiddleware,
         pipeline=pipeline.name,
@@ -104,4 +135,5 @@ def build_app(pipeline: ResolvedPipeline, settings: RouterSettings) -> FastAPI:
     app.include_router(images_router(orchestrator, model_ids(pipeline)))
     app.include_router(chat_router(pipeline, orchestrator, model_ids(pipeline)))
     app.include_router(speech_router(pipeline, orchestrator, model_ids(pipeline)))
+    app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from fastapi import Request
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
 
 
 class OpenAIError(Exception):
@@ -20,8 +21,10 @@ class OpenAIError(Exception):
         super().__init__(message)
         self.message, self.param, self.code, self.retry_after = message, param, code, retry_after
 
-    def response(self) -> JSONResponse:
-        headers = {"Retry-After": str(self.retry_after)} if self.retry_after else None
+    def response(self, headers: dict[str, str] | None = None) -> JSONResponse:
+        headers = dict(headers or {})
+        if self.retry_after:
+            headers["Retry-After"] = str(self.retry_after)
         body = {
             "error": {
                 "message": self.message,
@@ -45,6 +48,14 @@ class ModelNotFound(OpenAIError):
     status, type = 404, "invalid_request_error"
 
 
+class UnknownRoute(OpenAIError):
+    status, type = 404, "invalid_request_error"
+
+
+class MethodNotAllowed(OpenAIError):
+    status, type = 405, "invalid_request_error"
+
+
 class PayloadTooLarge(OpenAIError):
     status, type = 413, "invalid_request_error"
 
@@ -61,6 +72,36 @@ class GatewayTimeout(OpenAIError):
     status, type = 504, "timeout"
 
 
+class InternalError(OpenAIError):
+    status, type = 500, "server_error"
+
+
 async def openai_error_handler(_request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, OpenAIError)
     return exc.response()
+
+
+async def http_error_handler(request: Request, exc: Exception) -> JSONResponse:
+    """Starlette's own errors (no route, wrong method) in OpenAI's shape, as OpenAI
+    answers them."""
+    assert isinstance(exc, HTTPException)
+    where = f"{request.method} {request.url.path}"
+    error: OpenAIError
+    if exc.status_code == 404:
+        error = UnknownRoute(f"Invalid URL ({where})", code="unknown_url")
+    elif exc.status_code == 405:
+        allowed = (exc.headers or {}).get("Allow", "")
+        error = MethodNotAllowed(
+            f"Method not allowed ({where}); allowed: {allowed}", code="method_not_allowed"
+        )
+    else:
+        error = OpenAIError(str(exc.detail), code=None)
+        error.status = exc.status_code
+        error.type = "invalid_request_error" if exc.status_code < 500 else "server_error"
+    return error.response(dict(exc.headers or {}))
+
+
+async def internal_error_handler(_request: Request, _exc: Exception) -> JSONResponse:
+    """A bug is still answered in OpenAI's shape (Starlette re-raises it afterwards, so
+    the server logs the traceback)."""
+    return InternalError("internal error in the router", code="internal_error").response()

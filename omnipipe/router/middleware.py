@@ -59,15 +59,31 @@ class GuardMiddleware:
                 status["code"] = message["status"]
             await send(message)
 
+        received = 0
+
+        async def receive_limited() -> Message:
+            # A chunked body has no Content-Length: count it as it arrives, and stop the
+            # endpoint reading it (its error handler answers 413) past the limit.
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_body:
+                    raise PayloadTooLarge(f"request body over {self.max_body} bytes")
+            return message
+
         error = self._reject(scope)
         try:
             if error is not None:
                 await error.response()(scope, receive, send_recording)
             else:
-                await self.app(scope, receive, send_recording)
+                await self.app(scope, receive_limited, send_recording)
         finally:
-            path = scope["path"]
-            if path.startswith("/v1/"):
+            if scope["path"].startswith("/v1/"):
+                # The route's template, never the raw path: a scanner's made-up paths
+                # must not grow a metric series each.
+                route = scope.get("route")
+                path = str(getattr(route, "path", "unmatched"))
                 self.metrics.requests.labels(self.pipeline, path, str(status["code"])).inc()
                 self.metrics.duration.labels(self.pipeline, path).observe(
                     time.monotonic() - started

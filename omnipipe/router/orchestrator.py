@@ -24,8 +24,12 @@ from omnipipe.router.errors import (
 )
 from omnipipe.router.metrics import RouterMetrics
 from omnipipe.router.replicas import Replica, ReplicaPool
+from omnipipe.router.stage_events import PartAssembler, StreamBroken, event_stream
 
 log = logging.getLogger(__name__)
+# Events a request holds between its stage streams and its client. Bounded, so a slow
+# client slows the stage stream (TCP back-pressure) instead of growing the router.
+SINK_EVENTS = 16
 
 
 class StageFailed(OpenAIError):
@@ -42,10 +46,22 @@ def _error_for(stage: str, event: StageEvent) -> OpenAIError:
 
 @dataclass(frozen=True)
 class Output:
-    """One user-visible result event of a request: which stage made it, and what."""
+    """One user-visible result event of a request: which stage made it, and what. From
+    stream_parts(), data leaves out the fields that came before it as OutputParts."""
 
     stage: str
     data: dict[str, Any]
+    index: int = 0
+
+
+@dataclass(frozen=True)
+class OutputPart:
+    """A piece of a long string field (key) of a result still arriving."""
+
+    stage: str
+    index: int
+    key: str
+    text: str
 
 
 @dataclass(frozen=True)
@@ -98,6 +114,15 @@ class Orchestrator:
         finally:
             gauge.dec()
 
+    @property
+    def stages(self) -> list[str]:
+        return [s.name for s in self.pipeline.stages]
+
+    @property
+    def outputs(self) -> list[str]:
+        """The stages whose results a whole-pipeline request answers with."""
+        return list(self.pipeline.outputs)
+
     def needed(self, emitters: Iterable[str]) -> list[str]:
         """The emitting stages and everything upstream of them, in pipeline order."""
         wanted = set(emitters)
@@ -129,9 +154,11 @@ class Orchestrator:
         stage: str,
         replica: Replica,
         submit: SubmitRequest,
-        sink: asyncio.Queue[Output | _StageDone],
+        sink: asyncio.Queue[Output | OutputPart | _StageDone],
+        whole: bool,
     ) -> None:
         assert self.session is not None
+        parts = PartAssembler()
         try:
             async with self.session.post(
                 f"{replica.url}/v1/requests",
@@ -140,22 +167,35 @@ class Orchestrator:
                 timeout=aiohttp.ClientTimeout(total=None, sock_connect=5.0, sock_read=self.timeout),
             ) as resp:
                 if resp.status != 200:
-                    body = (await resp.read()).decode(errors="replace")[:500]
+                    body = (await resp.content.read(500)).decode(errors="replace")
                     raise StageUnavailable(f"stage {stage} refused the request: {body}")
-                async for line in resp.content:
-                    if not line.strip():
-                        continue
-                    event = StageEvent.model_validate_json(line)
-                    if event.type == "result":
-                        await sink.put(Output(stage, event.data))
+                async for event in event_stream(resp.content):
+                    if event.type == "part":
+                        if whole:
+                            parts.add(event)
+                        else:
+                            await sink.put(OutputPart(stage, event.index, event.key, event.text))
+                    elif event.type == "result":
+                        data = parts.complete(event) if whole else event.data
+                        await sink.put(Output(stage, data, event.index))
                     elif event.type == "error":
                         raise _error_for(stage, event)
                     else:
                         await sink.put(_StageDone(stage))
                         return
+        except OpenAIError:
+            raise
+        except StreamBroken as exc:
+            self.pool.mark_down(replica)
+            raise StageFailed(f"stage {stage} replica {replica.url} sent {exc}") from exc
         except (aiohttp.ClientError, TimeoutError) as exc:
             self.pool.mark_down(replica)
             raise StageUnavailable(f"stage {stage} replica {replica.url} failed: {exc!r}") from exc
+        except Exception as exc:
+            # Whatever else reading the stream raises, the client gets a clean error.
+            log.exception("reading stage %s from %s failed", stage, replica.url)
+            self.pool.mark_down(replica)
+            raise StageFailed(f"stage {stage} replica {replica.url} failed: {exc!r}") from exc
         self.pool.mark_down(replica)
         raise StageUnavailable(f"stage {stage} replica {replica.url} closed the stream early")
 
@@ -174,14 +214,29 @@ class Orchestrator:
     async def stream(
         self, params: dict[str, dict[str, Any]], emitters: set[str]
     ) -> AsyncGenerator[Output]:
-        """Run the emitters and their upstream stages; yield the emitters' results as
-        they arrive. Closing the iterator early (a client gone) cancels every stage."""
+        """Run the emitters and their upstream stages; yield the emitters' whole results
+        as they arrive. Closing the iterator early (a client gone) cancels every stage."""
+        async with contextlib.aclosing(self._run(params, emitters, whole=True)) as items:
+            async for item in items:
+                assert isinstance(item, Output)
+                yield item
+
+    def stream_parts(
+        self, params: dict[str, dict[str, Any]], emitters: set[str]
+    ) -> AsyncGenerator[Output | OutputPart]:
+        """As stream(), but a result's long fields arrive in pieces (OutputParts, in order)
+        before its Output, so that no result is ever held whole."""
+        return self._run(params, emitters, whole=False)
+
+    async def _run(
+        self, params: dict[str, dict[str, Any]], emitters: set[str], whole: bool
+    ) -> AsyncGenerator[Output | OutputPart]:
         stages = self.needed(emitters)
         request_id = uuid.uuid4().hex
         chosen = await self._choose(stages)
-        sink: asyncio.Queue[Output | _StageDone] = asyncio.Queue()
+        sink: asyncio.Queue[Output | OutputPart | _StageDone] = asyncio.Queue(SINK_EVENTS)
         tasks: list[asyncio.Task[None]] = []
-        getter: asyncio.Future[Output | _StageDone] | None = None
+        getter: asyncio.Future[Output | OutputPart | _StageDone] | None = None
         finished = False
         for replica in chosen.values():
             replica.dispatched += 1
@@ -201,7 +256,9 @@ class Orchestrator:
                     emit=name in emitters,
                     timeout_seconds=self.timeout,
                 )
-                tasks.append(asyncio.create_task(self._events(name, chosen[name], submit, sink)))
+                tasks.append(
+                    asyncio.create_task(self._events(name, chosen[name], submit, sink, whole))
+                )
             remaining = len(tasks)
             async with asyncio.timeout(self.timeout):
                 while remaining:
@@ -229,13 +286,3 @@ class Orchestrator:
                 await asyncio.shield(self._cancel(request_id, chosen))
             for replica in chosen.values():
                 replica.dispatched -= 1
-
-    async def run(self, params: dict[str, Any]) -> list[dict[str, Any]]:
-        """Every stage with the same parameters; the output stages' results, in order."""
-        emitters = set(self.pipeline.outputs)
-        results: dict[str, list[dict[str, Any]]] = {name: [] for name in emitters}
-        per_stage = {s.name: params for s in self.pipeline.stages}
-        async with contextlib.aclosing(self.stream(per_stage, emitters)) as outputs:
-            async for output in outputs:
-                results[output.stage].append(output.data)
-        return [r for name in self.pipeline.outputs for r in results[name]]

@@ -1,11 +1,17 @@
 """Router settings, loaded once from OMNIPIPE_ROUTER_* variables and CLI flags."""
 
+from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from omnipipe.api.constants import CREDENTIAL_ENV
 
 
 class RouterSettings(BaseSettings):
     model_config = SettingsConfigDict(
-        env_prefix="OMNIPIPE_ROUTER_", frozen=True, use_attribute_docstrings=True
+        env_prefix="OMNIPIPE_ROUTER_",
+        frozen=True,
+        use_attribute_docstrings=True,
+        populate_by_name=True,
     )
 
     pipeline_file: str = "/etc/omnipipe/pipeline.yaml"
@@ -16,6 +22,9 @@ class RouterSettings(BaseSettings):
     """HTTP port of the OpenAI-compatible API."""
     api_key: str | None = None
     """When set, clients must send `Authorization: Bearer <key>` (a Secret in Kubernetes)."""
+    pipeline_credential: str | None = Field(default=None, validation_alias=CREDENTIAL_ENV)
+    """The pipeline's shared credential, sent on every call to a worker's control API
+    (read from OMNIPIPE_PIPELINE_CREDENTIAL, the variable the workers read too)."""
     replicas_file: str | None = None
     """Static discovery (local mode): JSON {stage: [control URLs]}. Unset: DNS of the
     stages' headless Services."""

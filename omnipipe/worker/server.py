@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import logging
 import os
 import signal
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from fastapi import FastAPI, HTTPException
@@ -17,7 +19,8 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from omnipipe.api import ResolvedPipeline
-from omnipipe.api.wire import StageEvent, SubmitRequest, WorkerStatus
+from omnipipe.api.constants import CREDENTIAL_HEADER
+from omnipipe.api.wire import StageEvent, SubmitRequest, WorkerStatus, event_lines
 from omnipipe.transfer import Mailbox, Receiver, TransferStats, make_receiver, make_sender
 from omnipipe.worker.metrics import WorkerMetrics
 from omnipipe.worker.models.tiny import resolve_model_path
@@ -26,6 +29,33 @@ from omnipipe.worker.settings import WorkerSettings
 from omnipipe.worker.stages import stage_class, unimplemented_stages
 
 log = logging.getLogger(__name__)
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+# Probes and the Prometheus scrape carry no credential; they change nothing.
+OPEN_PATHS = frozenset({"/health", "/ready", "/metrics"})
+
+
+class CredentialMiddleware:
+    """Every other control call must carry the pipeline's credential: submit, cancel and
+    drain change what the stage does, and only the router (or the pod's own preStop
+    hook) may ask for that."""
+
+    def __init__(self, app: ASGIApp, *, credential: str) -> None:
+        self.app = app
+        self.expected = credential.encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] not in OPEN_PATHS:
+            given = dict(scope.get("headers") or []).get(CREDENTIAL_HEADER.lower().encode(), b"")
+            if not hmac.compare_digest(given, self.expected):
+                refused = JSONResponse(
+                    {"detail": f"missing or wrong {CREDENTIAL_HEADER}"}, status_code=401
+                )
+                await refused(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 @dataclass
@@ -137,6 +167,10 @@ def build_app(pipeline: ResolvedPipeline, settings: WorkerSettings) -> FastAPI:
             await state.receiver.close()
 
     app = FastAPI(title=f"omnipipe worker: {pipeline.name}/{spec.name}", lifespan=lifespan)
+    if settings.credential:
+        app.add_middleware(CredentialMiddleware, credential=settings.credential)
+    else:
+        log.warning("no %s: the control API takes calls from anyone", CREDENTIAL_HEADER)
 
     @app.get("/health")
     async def health() -> dict[str, str]:
@@ -147,9 +181,10 @@ def build_app(pipeline: ResolvedPipeline, settings: WorkerSettings) -> FastAPI:
         status = state.status()
         return JSONResponse(status.model_dump(), status_code=200 if status.ready else 503)
 
-    @app.get("/drain")
+    @app.post("/drain")
     async def drain() -> dict[str, object]:
-        """preStop hook: stop taking work, return once in-flight requests are done."""
+        """preStop hook: stop taking work, return once in-flight requests are done. A
+        POST with the credential: it takes the stage out of service for good."""
         state.draining = True
         idle = (
             await state.runtime.wait_idle(settings.drain_timeout_seconds) if state.runtime else True
@@ -176,7 +211,8 @@ def build_app(pipeline: ResolvedPipeline, settings: WorkerSettings) -> FastAPI:
             try:
                 while True:
                     event: StageEvent = await job.events.get()
-                    yield event.model_dump_json().encode() + b"\n"
+                    for line in event_lines(event):
+                        yield line
                     if event.type in ("done", "error"):
                         finished = True
                         return

@@ -1,11 +1,17 @@
 """Worker settings, loaded once from OMNIPIPE_WORKER_* variables and CLI flags."""
 
+from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from omnipipe.api.constants import CREDENTIAL_ENV
 
 
 class WorkerSettings(BaseSettings):
     model_config = SettingsConfigDict(
-        env_prefix="OMNIPIPE_WORKER_", frozen=True, use_attribute_docstrings=True
+        env_prefix="OMNIPIPE_WORKER_",
+        frozen=True,
+        use_attribute_docstrings=True,
+        populate_by_name=True,
     )
 
     pipeline_file: str = "/etc/omnipipe/pipeline.yaml"
@@ -26,3 +32,7 @@ class WorkerSettings(BaseSettings):
     """Torch device: auto picks cuda when the stage has GPUs and CUDA is present."""
     drain_timeout_seconds: float = 110.0
     """How long a drain waits for in-flight requests before giving up."""
+    credential: str | None = Field(default=None, validation_alias=CREDENTIAL_ENV)
+    """The pipeline's shared credential (OMNIPIPE_PIPELINE_CREDENTIAL, no prefix: the
+    router reads the same variable). When set, every control call but /health, /ready
+    and /metrics must carry it in the X-Omnipipe-Credential header."""

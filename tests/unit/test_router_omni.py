@@ -4,6 +4,9 @@ which stages a request needs."""
 from __future__ import annotations
 
 import asyncio
+import base64
+import io
+import wave
 from pathlib import Path
 
 import pytest
@@ -19,6 +22,19 @@ OMNI = resolve(load_file(REPO / "examples/tiny-omni.yaml"))
 IMAGE = resolve(load_file(REPO / "examples/tiny-text-to-image.yaml"))
 
 
+def wav_b64(frames: bytes = b"\x00\x01" * 160, width: int = 2, channels: int = 1) -> str:
+    buffer = io.BytesIO()
+    with wave.open(buffer, "wb") as w:
+        w.setnchannels(channels)
+        w.setsampwidth(width)
+        w.setframerate(16000)
+        w.writeframes(frames)
+    return base64.b64encode(buffer.getvalue()).decode()
+
+
+CLIP = wav_b64()
+
+
 def test_openai_parts_become_thinker_parts() -> None:
     messages = [
         {"role": "developer", "content": "be brief"},
@@ -27,7 +43,7 @@ def test_openai_parts_become_thinker_parts() -> None:
             "content": [
                 {"type": "text", "text": "what is this"},
                 {"type": "image_url", "image_url": {"url": "data:image/png;base64,aGk="}},
-                {"type": "input_audio", "input_audio": {"data": "aGk=", "format": "wav"}},
+                {"type": "input_audio", "input_audio": {"data": CLIP, "format": "wav"}},
             ],
         },
     ]
@@ -38,7 +54,7 @@ def test_openai_parts_become_thinker_parts() -> None:
             "content": [
                 {"type": "text", "text": "what is this"},
                 {"type": "image", "data": "aGk="},
-                {"type": "audio", "data": "aGk="},
+                {"type": "audio", "data": CLIP},
             ],
         },
     ]

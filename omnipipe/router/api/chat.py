@@ -4,7 +4,6 @@ audio when asked for, as one response or as OpenAI chat.completion.chunk SSE."""
 from __future__ import annotations
 
 import base64
-import binascii
 import contextlib
 import json
 import random
@@ -23,16 +22,46 @@ from omnipipe.router.api.audio import pcm_of, wav_bytes
 from omnipipe.router.api.common import (
     check_model,
     first_output,
+    json_body,
     parse_body,
     sampling_overrides,
     stage_with_role,
     unless_disconnected,
 )
+from omnipipe.router.api.inputs import audio_part, check_sampling, image_part
 from omnipipe.router.errors import BadRequest, OpenAIError
 from omnipipe.router.orchestrator import Orchestrator, Output
 
 AUDIO_EXPIRES_SECONDS = 3600
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+
+
+# Messages are converted by hand (thinker_messages); this describes them for clients and
+# fuzzers reading the OpenAPI document.
+_PART_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["type"],
+    "properties": {
+        "type": {"enum": ["text", "image_url", "input_audio"]},
+        "text": {"type": "string"},
+        "image_url": {
+            "type": "object",
+            "properties": {"url": {"type": "string", "description": "a data: URL, base64"}},
+        },
+        "input_audio": {
+            "type": "object",
+            "properties": {"data": {"type": "string"}, "format": {"enum": ["wav"]}},
+        },
+    },
+}
+MESSAGE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["role", "content"],
+    "properties": {
+        "role": {"enum": list(ROLES)},
+        "content": {"anyOf": [{"type": "string"}, {"type": "array", "items": _PART_SCHEMA}]},
+    },
+}
 
 
 class AudioOptions(BaseModel):
@@ -51,10 +80,12 @@ class StreamOptions(BaseModel):
 class ChatRequest(BaseModel):
     """Lenient: unknown fields from newer clients are accepted and logged."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
 
     model: str
-    messages: list[dict[str, Any]] = Field(min_length=1, max_length=256)
+    messages: list[dict[str, Any]] = Field(
+        min_length=1, max_length=256, json_schema_extra={"items": MESSAGE_SCHEMA}
+    )
     stream: bool = False
     stream_options: StreamOptions | None = None
     modalities: list[Literal["text", "audio"]] = ["text"]
@@ -66,43 +97,6 @@ class ChatRequest(BaseModel):
     seed: int | None = Field(default=None, ge=0, lt=2**63)
     n: int = Field(default=1, ge=1, le=1)
     sampling_params_list: list[dict[str, Any] | None] | dict[str, Any] | None = None
-
-
-def _base64(data: object, param: str) -> str:
-    if not isinstance(data, str) or not data:
-        raise BadRequest(f"{param}: expected base64 data", param=param)
-    try:
-        base64.b64decode(data, validate=True)
-    except (binascii.Error, ValueError):
-        raise BadRequest(f"{param}: not valid base64", param=param) from None
-    return data
-
-
-def _image_part(part: dict[str, Any], param: str) -> dict[str, Any]:
-    image = part.get("image_url")
-    url = image.get("url") if isinstance(image, dict) else image
-    if not isinstance(url, str) or not url.startswith("data:"):
-        raise BadRequest(
-            f"{param}.image_url: send the image inline as a data: URL "
-            "(data:image/png;base64,...); the router fetches no URLs",
-            param=param,
-        )
-    header, _, data = url.partition(",")
-    if not header.endswith(";base64"):
-        raise BadRequest(f"{param}.image_url: the data: URL must be base64", param=param)
-    return {"type": "image", "data": _base64(data, f"{param}.image_url")}
-
-
-def _audio_part(part: dict[str, Any], param: str) -> dict[str, Any]:
-    clip = part.get("input_audio")
-    if not isinstance(clip, dict):
-        raise BadRequest(f"{param}.input_audio: expected {{data, format}}", param=param)
-    if clip.get("format") != "wav":
-        raise BadRequest(
-            f"{param}.input_audio.format: only wav is supported, got {clip.get('format')!r}",
-            param=param,
-        )
-    return {"type": "audio", "data": _base64(clip.get("data"), f"{param}.input_audio.data")}
 
 
 def thinker_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -129,9 +123,9 @@ def thinker_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
             if kind == "text":
                 parts.append({"type": "text", "text": str(part.get("text", ""))})
             elif kind == "image_url":
-                parts.append(_image_part(part, where))
+                parts.append(image_part(part, where))
             elif kind == "input_audio":
-                parts.append(_audio_part(part, where))
+                parts.append(audio_part(part, where))
             else:
                 raise BadRequest(f"{where}.type: unsupported content part {kind!r}", param=where)
         converted.append({"role": role, "content": parts})
@@ -170,6 +164,7 @@ class ChatPlan:
             "max_tokens": body.max_completion_tokens or body.max_tokens,
             "seed": body.seed,
         }
+        check_sampling(text_sampling)
         seed = body.seed if body.seed is not None else random.randrange(2**31)
         common = {"voice": self.audio.voice, "seed": seed}
         self.params: dict[str, dict[str, Any]] = {
@@ -312,7 +307,7 @@ def chat_router(
             )
         yield b"data: [DONE]\n\n"
 
-    @router.post("/v1/chat/completions", response_model=None)
+    @router.post("/v1/chat/completions", response_model=None, openapi_extra=json_body(ChatRequest))
     async def chat(request: Request) -> JSONResponse | StreamingResponse:
         body = await parse_body(ChatRequest, request)
         check_model(body.model, model_ids)

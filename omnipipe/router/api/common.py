@@ -13,12 +13,13 @@ from pydantic import BaseModel, ValidationError
 
 from omnipipe.api import ResolvedPipeline
 from omnipipe.api.spec import Role, Sampling
+from omnipipe.router.api.inputs import check_sampling
 from omnipipe.router.errors import BadRequest, ModelNotFound
-from omnipipe.router.orchestrator import Output
 
 log = logging.getLogger(__name__)
 Body = TypeVar("Body", bound=BaseModel)
 Result = TypeVar("Result")
+Item = TypeVar("Item")
 
 
 def _param(loc: tuple[int | str, ...]) -> str | None:
@@ -38,6 +39,13 @@ async def parse_body(model: type[Body], request: Request) -> Body:
     if body.model_extra:
         log.info("ignoring unknown %s fields: %s", model.__name__, sorted(body.model_extra))
     return body
+
+
+def json_body(model: type[BaseModel]) -> dict[str, Any]:
+    """A route's openapi_extra when it parses its body itself: the body's schema, which
+    the app's OpenAPI document lists under components/schemas."""
+    schema = {"$ref": f"#/components/schemas/{model.__name__}"}
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
 
 
 def check_model(model: str, model_ids: set[str]) -> None:
@@ -81,6 +89,7 @@ def sampling_overrides(
             where = ".".join(str(p) for p in err["loc"])
             raise BadRequest(f"{param}.{where}: {err['msg']}", param=param) from None
         overrides[stage] = parsed.model_dump(exclude_none=True)
+        check_sampling(overrides[stage], param)
     return overrides
 
 
@@ -106,7 +115,7 @@ async def unless_disconnected(request: Request, work: Awaitable[Result]) -> Resu
     return task.result()
 
 
-async def first_output(outputs: AsyncGenerator[Output]) -> Output | None:
+async def first_output(outputs: AsyncGenerator[Item]) -> Item | None:
     """Awaited before a streamed response starts, so that a request the stages reject
     (a malformed image, an unknown voice) still gets its 4xx status."""
     try:

@@ -2,21 +2,31 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 import random
 import re
 import time
-from typing import Any
+from collections.abc import AsyncGenerator, AsyncIterator
 
 from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from omnipipe.router.api.common import check_model, parse_body, unless_disconnected
-from omnipipe.router.errors import BadRequest
-from omnipipe.router.orchestrator import Orchestrator
+from omnipipe.router.api.common import (
+    check_model,
+    first_output,
+    json_body,
+    parse_body,
+    unless_disconnected,
+)
+from omnipipe.router.errors import BadRequest, OpenAIError
+from omnipipe.router.orchestrator import Orchestrator, Output, OutputPart
 
 log = logging.getLogger(__name__)
-SIZE = re.compile(r"^(\d+)x(\d+)$")
+# Bounded digits: int() of a side with thousands of digits is slow, then refused.
+SIZE = re.compile(r"(\d{1,6})x(\d{1,6})")
 SIZE_MULTIPLE = 16
 MAX_SIDE = 2048
 
@@ -24,12 +34,13 @@ MAX_SIDE = 2048
 class ImageGenerationRequest(BaseModel):
     """Lenient: unknown fields from newer clients are accepted and logged."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
 
     model: str
     prompt: str = Field(min_length=1, max_length=32_000)
     n: int = Field(default=1, ge=1, le=4)
-    size: str = "1024x1024"
+    size: str = Field(default="1024x1024", examples=["1024x1024"])
+    """WIDTHxHEIGHT, each side a multiple of 16 from 16 to 2048."""
     response_format: str = "b64_json"
     negative_prompt: str | None = None
     seed: int | None = Field(default=None, ge=0, lt=2**63)
@@ -38,7 +49,7 @@ class ImageGenerationRequest(BaseModel):
 
 
 def parse_size(size: str) -> tuple[int, int]:
-    m = SIZE.match(size)
+    m = SIZE.fullmatch(size)
     if not m:
         raise BadRequest(f"size must look like 1024x1024, got {size!r}", param="size")
     width, height = int(m[1]), int(m[2])
@@ -52,11 +63,54 @@ def parse_size(size: str) -> tuple[int, int]:
     return width, height
 
 
+async def image_json(
+    created: int, first: Output | OutputPart, rest: AsyncGenerator[Output | OutputPart]
+) -> AsyncIterator[bytes]:
+    """The response, {"created": ..., "data": [...]}, written as the images arrive, each
+    image's base64 piece by piece: the router never holds a whole image."""
+    yield b'{"created": %d, "data": [' % created
+    count, open_key = 0, None
+
+    async def items() -> AsyncIterator[Output | OutputPart]:
+        yield first
+        async for item in rest:
+            yield item
+
+    async with contextlib.aclosing(rest):
+        try:
+            async for item in items():
+                if isinstance(item, OutputPart):
+                    key = json.dumps(item.key).encode()
+                    if open_key is None:
+                        yield (b", {" if count else b"{") + key + b': "'
+                    elif open_key != item.key:
+                        yield b'", ' + key + b': "'
+                    open_key = item.key
+                    # JSON-escaping is per character, so escaped pieces join correctly.
+                    yield json.dumps(item.text)[1:-1].encode()
+                    continue
+                fields = json.dumps(item.data)[1:-1].encode()
+                if open_key is None:
+                    yield (b", {" if count else b"{") + fields + b"}"
+                else:
+                    yield b'"' + (b", " + fields if fields else b"") + b"}"
+                open_key, count = None, count + 1
+        except OpenAIError as exc:
+            # The status line is gone: cut the body short, so the client sees a failure.
+            log.warning("image response cut short: %s", exc.message)
+            raise
+    yield b"]}"
+
+
 def images_router(orchestrator: Orchestrator, model_ids: set[str]) -> APIRouter:
     router = APIRouter()
 
-    @router.post("/v1/images/generations")
-    async def generate(request: Request) -> dict[str, Any]:
+    @router.post(
+        "/v1/images/generations",
+        response_model=None,
+        openapi_extra=json_body(ImageGenerationRequest),
+    )
+    async def generate(request: Request) -> Response:
         body = await parse_body(ImageGenerationRequest, request)
         check_model(body.model, model_ids)
         if body.response_format != "b64_json":
@@ -72,7 +126,14 @@ def images_router(orchestrator: Orchestrator, model_ids: set[str]) -> APIRouter:
             "num_inference_steps": body.num_inference_steps,
             "guidance_scale": body.guidance_scale,
         }
-        images = await unless_disconnected(request, orchestrator.run(params))
-        return {"created": int(time.time()), "data": images}
+        outputs = orchestrator.stream_parts(
+            {stage: params for stage in orchestrator.stages}, set(orchestrator.outputs)
+        )
+        # Wait for the first piece before the status line, so errors keep their status.
+        first = await unless_disconnected(request, first_output(outputs))
+        created = int(time.time())
+        if first is None:
+            return JSONResponse({"created": created, "data": []})
+        return StreamingResponse(image_json(created, first, outputs), media_type="application/json")
 
     return router

@@ -18,6 +18,7 @@ from omnipipe.router.api.audio import pcm_of, wav_bytes
 from omnipipe.router.api.common import (
     check_model,
     first_output,
+    json_body,
     parse_body,
     sampling_overrides,
     stage_with_role,
@@ -32,7 +33,7 @@ DEFAULT_SAMPLE_RATE = 24_000
 class SpeechRequest(BaseModel):
     """Lenient: unknown fields from newer clients are accepted and logged."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
 
     model: str
     input: str = Field(min_length=1, max_length=4096)
@@ -71,7 +72,7 @@ def speech_router(
         }
         return params, {code2wav}
 
-    @router.post("/v1/audio/speech", response_model=None)
+    @router.post("/v1/audio/speech", response_model=None, openapi_extra=json_body(SpeechRequest))
     async def speech(request: Request) -> Response:
         body = await parse_body(SpeechRequest, request)
         check_model(body.model, model_ids)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import binascii
 import io
+import struct
 import wave
 
 import numpy as np
@@ -37,16 +38,28 @@ def decode_image(data: object, where: str) -> Image.Image:
 
 
 def decode_wav(data: object, where: str, sample_rate: int) -> np.ndarray:
-    """A mono float32 waveform at sample_rate from WAV (PCM 8/16/24/32-bit) bytes."""
+    """A mono float32 waveform at sample_rate from WAV (PCM 8/16/24/32-bit) bytes. A clip
+    cut short keeps its whole frames; one with none is the client's error."""
     raw = _bytes(data, where)
     try:
         with wave.open(io.BytesIO(raw)) as wav:
             width, channels, rate = wav.getsampwidth(), wav.getnchannels(), wav.getframerate()
-            if wav.getnframes() > MAX_AUDIO_SECONDS * rate:
-                raise StageInputError(f"{where}: audio longer than {MAX_AUDIO_SECONDS}s")
-            frames = wav.readframes(wav.getnframes())
-    except (wave.Error, EOFError, ValueError):
+            count = wav.getnframes()
+            too_long = count > MAX_AUDIO_SECONDS * rate
+            frames = b"" if too_long else wav.readframes(count)
+    except (wave.Error, EOFError, ValueError, struct.error):
         raise StageInputError(f"{where}: not a decodable WAV file") from None
+    if channels < 1 or rate < 1:
+        raise StageInputError(f"{where}: the WAV header has no channels or no rate")
+    if too_long:
+        raise StageInputError(f"{where}: audio longer than {MAX_AUDIO_SECONDS}s")
+    if width not in (1, 2, 3, 4):
+        raise StageInputError(f"{where}: unsupported WAV sample width {8 * width}-bit")
+    # A truncated file (an odd byte count, a partial last frame) ends on a whole frame.
+    whole = len(frames) - len(frames) % (width * channels)
+    if whole == 0:
+        raise StageInputError(f"{where}: the WAV file holds no audio")
+    frames = frames[:whole]
     if width == 1:
         samples = (np.frombuffer(frames, np.uint8).astype(np.float32) - 128) / 128
     elif width == 3:
@@ -54,18 +67,16 @@ def decode_wav(data: object, where: str, sample_rate: int) -> np.ndarray:
         as_int = np.zeros((len(padded), 4), np.uint8)
         as_int[:, 1:] = padded
         samples = as_int.view("<i4").reshape(-1).astype(np.float32) / 2**31
-    elif width in (2, 4):
+    else:
         dtype = "<i2" if width == 2 else "<i4"
         samples = np.frombuffer(frames, dtype).astype(np.float32) / 2 ** (8 * width - 1)
-    else:
-        raise StageInputError(f"{where}: unsupported WAV sample width {width}")
-    if len(samples) == 0 or rate <= 0:
-        raise StageInputError(f"{where}: the WAV file holds no audio")
     samples = samples.reshape(-1, channels).mean(axis=1)
     if rate != sample_rate:
         duration = len(samples) / rate
         grid = np.linspace(0, duration, int(duration * sample_rate), endpoint=False)
         samples = np.interp(grid, np.arange(len(samples)) / rate, samples).astype(np.float32)
+    if len(samples) == 0:
+        raise StageInputError(f"{where}: the WAV clip is too short to resample")
     return np.asarray(samples, dtype=np.float32)
 
 

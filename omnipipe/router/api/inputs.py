@@ -1,0 +1,107 @@
+"""Checks on what a client sends that the router can make before any stage runs: inline
+media (base64, data: URLs, WAV headers) and sampling values that would break an engine's
+arithmetic. Each failure is a 400 that names the parameter and the limit."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import io
+import math
+import struct
+import wave
+from typing import Any
+
+from omnipipe.router.errors import BadRequest
+
+# The thinker's limit on an input clip (worker/stages/media.py holds the same).
+MAX_AUDIO_SECONDS = 300
+WAV_SAMPLE_WIDTHS = (1, 2, 3, 4)
+# Below this a positive temperature, top_p or repetition penalty turns into zero or
+# infinity in an engine's float32 arithmetic (a subnormal top_p is 0.0 there), and the
+# sampler has nothing left to pick from. Temperature 0 stays: it means greedy.
+MIN_POSITIVE_SAMPLING = 1e-6
+POSITIVE_SAMPLING = ("top_p", "repetition_penalty")
+
+
+def base64_data(data: object, param: str) -> bytes:
+    if not isinstance(data, str) or not data:
+        raise BadRequest(f"{param}: expected base64 data", param=param)
+    try:
+        return base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError):
+        raise BadRequest(f"{param}: not valid base64", param=param) from None
+
+
+def image_part(part: dict[str, Any], param: str) -> dict[str, Any]:
+    image = part.get("image_url")
+    url = image.get("url") if isinstance(image, dict) else image
+    if not isinstance(url, str) or not url.startswith("data:"):
+        raise BadRequest(
+            f"{param}.image_url: send the image inline as a data: URL "
+            "(data:image/png;base64,...); the router fetches no URLs",
+            param=param,
+        )
+    header, _, data = url.partition(",")
+    if not header.endswith(";base64"):
+        raise BadRequest(f"{param}.image_url: the data: URL must be base64", param=param)
+    base64_data(data, f"{param}.image_url")
+    return {"type": "image", "data": data}
+
+
+def check_wav(raw: bytes, param: str) -> None:
+    """The header of a PCM WAV clip: sample width, channels, rate and length."""
+    try:
+        with wave.open(io.BytesIO(raw)) as wav:
+            width, channels = wav.getsampwidth(), wav.getnchannels()
+            rate, frames = wav.getframerate(), wav.getnframes()
+            first = wav.readframes(1)
+    except (wave.Error, EOFError, struct.error, ValueError):
+        raise BadRequest(f"{param}: not a decodable PCM WAV file", param=param) from None
+    if width not in WAV_SAMPLE_WIDTHS:
+        raise BadRequest(
+            f"{param}: WAV samples must be 8, 16, 24 or 32-bit PCM, got {8 * width}-bit",
+            param=param,
+        )
+    if channels < 1 or rate < 1:
+        raise BadRequest(f"{param}: the WAV header has no channels or no rate", param=param)
+    if len(first) < width * channels:
+        raise BadRequest(f"{param}: the WAV file holds no audio", param=param)
+    if frames > MAX_AUDIO_SECONDS * rate:
+        raise BadRequest(
+            f"{param}: audio longer than {MAX_AUDIO_SECONDS}s ({frames / rate:.0f}s)", param=param
+        )
+
+
+def audio_part(part: dict[str, Any], param: str) -> dict[str, Any]:
+    clip = part.get("input_audio")
+    if not isinstance(clip, dict):
+        raise BadRequest(f"{param}.input_audio: expected {{data, format}}", param=param)
+    if clip.get("format") != "wav":
+        raise BadRequest(
+            f"{param}.input_audio.format: only wav is supported, got {clip.get('format')!r}",
+            param=param,
+        )
+    where = f"{param}.input_audio.data"
+    check_wav(base64_data(clip.get("data"), where), where)
+    return {"type": "audio", "data": clip["data"]}
+
+
+def check_sampling(values: dict[str, Any], prefix: str = "") -> None:
+    """Values the spec's ranges let through but no engine can compute with: NaN and
+    infinities, and positive values so small they round to zero."""
+
+    def refuse(key: str, rule: str) -> BadRequest:
+        where = f"{prefix}.{key}" if prefix else key
+        return BadRequest(f"{where}: {rule}", param=where)
+
+    for key, value in values.items():
+        if isinstance(value, float) and not math.isfinite(value):
+            raise refuse(key, "must be a finite number")
+    temperature = values.get("temperature")
+    if temperature is not None and 0 < temperature < MIN_POSITIVE_SAMPLING:
+        raise refuse("temperature", f"must be 0 (greedy) or at least {MIN_POSITIVE_SAMPLING:g}")
+    for key in POSITIVE_SAMPLING:
+        value = values.get(key)
+        if value is not None and value < MIN_POSITIVE_SAMPLING:
+            raise refuse(key, f"must be at least {MIN_POSITIVE_SAMPLING:g}")

@@ -1,0 +1,325 @@
+"""Results of any size from a stage to the client: the wire splits long fields into
+parts, the router reads bounded lines and forwards images piece by piece, and anything
+wrong in a stage's stream becomes an OpenAI-shaped error."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.testclient import TestClient
+
+from omnipipe.api import load_file, resolve
+from omnipipe.api.constants import CREDENTIAL_HEADER
+from omnipipe.api.wire import PART_CHARS, StageEvent, SubmitRequest, event_lines
+from omnipipe.local.ports import free_port
+from omnipipe.router.app import build_app
+from omnipipe.router.settings import RouterSettings
+from omnipipe.router.stage_events import PartAssembler, StreamBroken, event_stream
+
+REPO = Path(__file__).resolve().parents[2]
+IMAGE = resolve(load_file(REPO / "examples/tiny-text-to-image.yaml"))
+OMNI = resolve(load_file(REPO / "examples/tiny-omni.yaml"))
+CREDENTIAL = "pipeline-secret"
+
+
+class Chunks:
+    """A byte source that hands out a stream in fixed-size reads."""
+
+    def __init__(self, data: bytes, size: int) -> None:
+        self.data, self.size = data, size
+
+    async def readany(self) -> bytes:
+        piece, self.data = self.data[: self.size], self.data[self.size :]
+        return piece
+
+
+async def read_all(data: bytes, size: int = 4096, max_line: int = 1 << 20) -> list[StageEvent]:
+    return [e async for e in event_stream(Chunks(data, size), max_line)]
+
+
+def test_long_fields_travel_as_parts_and_come_back_whole() -> None:
+    big = base64.b64encode(os.urandom(3 * PART_CHARS)).decode()  # 4 parts
+    event = StageEvent(type="result", index=2, data={"b64_json": big, "seed": 7})
+    lines = list(event_lines(event))
+    assert len(lines) == 5
+    assert all(len(line) < PART_CHARS + 200 for line in lines)
+    parts = PartAssembler()
+    for line in lines[:-1]:
+        part = StageEvent.model_validate_json(line)
+        assert (part.type, part.index, part.key) == ("part", 2, "b64_json")
+        parts.add(part)
+    last = StageEvent.model_validate_json(lines[-1])
+    assert last.data == {"seed": 7}
+    assert parts.complete(last) == {"b64_json": big, "seed": 7}
+
+
+def test_escaped_text_splits_anywhere() -> None:
+    text = 'quote " backslash \\ newline \n snowman \u2603 emoji \U0001f600 ' * 20
+    lines = list(event_lines(StageEvent(type="result", data={"text": text}), part_chars=7))
+    assert len(lines) > 50
+    assert all(line.count(b"\n") == 1 for line in lines)
+    parts = PartAssembler()
+    for line in lines[:-1]:
+        parts.add(StageEvent.model_validate_json(line))
+    assert parts.complete(StageEvent.model_validate_json(lines[-1])) == {"text": text}
+
+
+@pytest.mark.parametrize("size", [1, 7, 65536])
+async def test_lines_are_found_whatever_the_reads(size: int) -> None:
+    stream = b"".join(
+        line
+        for e in (
+            StageEvent(type="result", data={"b64_json": "x" * 5000}),
+            StageEvent(type="done"),
+        )
+        for line in event_lines(e, part_chars=1000)
+    )
+    events = await read_all(b"\n" + stream, size)
+    assert [e.type for e in events] == ["part"] * 5 + ["result", "done"]
+
+
+@pytest.mark.parametrize(
+    ("data", "match"),
+    [
+        (b"x" * 5000, "longer than 4096"),
+        (b'{"type": "result"', "ended inside an event"),
+        (b'{"type": "bogus"}\n', "malformed"),
+        (b"not json\n", "malformed"),
+        (b'{"type": "part", "text": "x"}\n', "without a key"),
+        (b'{"type": "part", "key": "k"}\n{"type": "done"}\n', "interrupted"),
+        (b'{"type": "part", "key": "k"}\n{"type": "result", "index": 1}\n', "interrupted"),
+        (b'{"type": "part", "key": "k"}\n{"type": "part", "key": "k", "index": 1}\n', "interr"),
+    ],
+)
+async def test_broken_streams_are_refused(data: bytes, match: str) -> None:
+    with pytest.raises(StreamBroken, match=match):
+        await read_all(data, size=1000, max_line=4096)
+
+
+@dataclass
+class FakeWorker:
+    """A stage worker's control API on loopback whose emitting stage answers with
+    whatever `emit` writes; it records what the router sent."""
+
+    emit: Callable[[SubmitRequest], Iterator[bytes]]
+    credentials: list[str | None] = field(default_factory=list)
+    cancelled: list[str] = field(default_factory=list)
+
+    def app(self) -> FastAPI:
+        app = FastAPI()
+
+        @app.get("/ready")
+        async def ready() -> dict[str, object]:
+            return {
+                "pipeline": "p",
+                "stage": "s",
+                "ready": True,
+                "draining": False,
+                "running": 0,
+                "waiting": 0,
+                "transfer_address": "tcp://127.0.0.1:1",
+            }
+
+        @app.post("/v1/requests")
+        async def submit(request: Request) -> StreamingResponse:
+            self.credentials.append(request.headers.get(CREDENTIAL_HEADER))
+            body = SubmitRequest.model_validate_json(await request.body())
+
+            async def events() -> AsyncIterator[bytes]:
+                if body.emit:
+                    for line in self.emit(body):
+                        yield line
+                else:
+                    yield StageEvent(type="done").model_dump_json().encode() + b"\n"
+
+            return StreamingResponse(events(), media_type="application/x-ndjson")
+
+        @app.post("/v1/requests/{request_id}/cancel")
+        async def cancel(request_id: str, request: Request) -> JSONResponse:
+            self.credentials.append(request.headers.get(CREDENTIAL_HEADER))
+            self.cancelled.append(request_id)
+            return JSONResponse({"cancelled": True})
+
+        return app
+
+
+@pytest.fixture
+def serve_worker() -> Iterator[Callable[[FakeWorker], str]]:
+    servers: list[tuple[uvicorn.Server, threading.Thread]] = []
+
+    def start(worker: FakeWorker) -> str:
+        port = free_port()
+        server = uvicorn.Server(
+            uvicorn.Config(worker.app(), host="127.0.0.1", port=port, log_level="warning")
+        )
+        thread = threading.Thread(target=server.run, daemon=True)
+        thread.start()
+        deadline = time.monotonic() + 10
+        while not server.started:
+            assert time.monotonic() < deadline, "the fake worker did not start"
+            time.sleep(0.01)
+        servers.append((server, thread))
+        return f"http://127.0.0.1:{port}"
+
+    yield start
+    for server, thread in servers:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+def router(tmp_path: Path, url: str, pipeline: str = "image", **settings: object) -> TestClient:
+    resolved = IMAGE if pipeline == "image" else OMNI
+    replicas = tmp_path / "replicas.json"
+    replicas.write_text(json.dumps({s.name: [url] for s in resolved.stages}))
+    app = build_app(
+        resolved,
+        RouterSettings(
+            replicas_file=str(replicas),
+            pipeline_credential=CREDENTIAL,
+            wake_wait_seconds=0,
+            **settings,  # type: ignore[arg-type]
+        ),
+    )
+    return TestClient(app, raise_server_exceptions=False)
+
+
+def results(*datas: dict[str, object]) -> Callable[[SubmitRequest], Iterator[bytes]]:
+    def emit(_body: SubmitRequest) -> Iterator[bytes]:
+        for i, data in enumerate(datas):
+            yield from event_lines(StageEvent(type="result", index=i, data=data))
+        yield StageEvent(type="done").model_dump_json().encode() + b"\n"
+
+    return emit
+
+
+def generate(client: TestClient, n: int = 1) -> dict[str, object]:
+    resp = client.post(
+        "/v1/images/generations", json={"model": "tiny-image", "prompt": "x", "n": n}
+    )
+    body: dict[str, object] = resp.json()
+    assert resp.status_code == 200, body
+    return body
+
+
+def test_images_of_megabytes_arrive_whole(
+    tmp_path: Path, serve_worker: Callable[[FakeWorker], str]
+) -> None:
+    images = [base64.b64encode(os.urandom(3_000_000 + i)).decode() for i in range(3)]
+    extras: list[dict[str, object]] = [{"revised_prompt": 'r"1'}, {}, {"revised_prompt": ""}]
+    worker = FakeWorker(
+        results(*({"b64_json": b, **e} for b, e in zip(images, extras, strict=True)))
+    )
+    with router(tmp_path, serve_worker(worker)) as client:
+        body = generate(client, n=3)
+    assert body["data"] == [{"b64_json": b, **e} for b, e in zip(images, extras, strict=True)]
+    # Every call to every stage carried the pipeline credential.
+    assert set(worker.credentials) == {CREDENTIAL}
+
+
+def test_small_results_and_no_results(
+    tmp_path: Path, serve_worker: Callable[[FakeWorker], str]
+) -> None:
+    small = FakeWorker(results({"b64_json": "aGk="}))
+    with router(tmp_path, serve_worker(small)) as client:
+        assert generate(client)["data"] == [{"b64_json": "aGk="}]
+    nothing = FakeWorker(results())
+    with router(tmp_path, serve_worker(nothing)) as client:
+        assert generate(client)["data"] == []
+
+
+def test_a_minute_of_audio_in_one_result_reaches_speech_and_chat(
+    tmp_path: Path, serve_worker: Callable[[FakeWorker], str]
+) -> None:
+    pcm = os.urandom(60 * 24_000 * 2)
+    audio = {"audio": base64.b64encode(pcm).decode(), "sample_rate": 24_000}
+    text = {"text": "hello", "finish_reason": "stop", "prompt_tokens": 1, "completion_tokens": 1}
+
+    def emit(body: SubmitRequest) -> Iterator[bytes]:
+        yield from results(text if "messages" in body.params else audio)(body)
+
+    with router(tmp_path, serve_worker(FakeWorker(emit)), pipeline="omni") as client:
+        speech = client.post(
+            "/v1/audio/speech",
+            json={"model": "tiny-omni", "input": "hi", "response_format": "pcm"},
+        )
+        assert speech.status_code == 200, speech.text
+        assert speech.content == pcm
+        chat = client.post(
+            "/v1/chat/completions",
+            json={
+                "model": "tiny-omni",
+                "messages": [{"role": "user", "content": "hi"}],
+                "modalities": ["text", "audio"],
+                "audio": {"format": "pcm16"},
+            },
+        )
+    assert chat.status_code == 200, chat.text
+    message = chat.json()["choices"][0]["message"]
+    assert message["content"] == "hello"
+    assert base64.b64decode(message["audio"]["data"]) == pcm
+
+
+def openai_error(resp: object) -> dict[str, object]:
+    body = resp.json()  # type: ignore[attr-defined]
+    assert set(body) == {"error"}
+    assert set(body["error"]) == {"message", "type", "param", "code"}
+    error: dict[str, object] = body["error"]
+    return error
+
+
+def oversized_line(_body: SubmitRequest) -> Iterator[bytes]:
+    # One line past the reader's bound: a list is never split into parts.
+    yield (
+        StageEvent(type="result", data={"many": list(range(1_200_000))}).model_dump_json().encode()
+    )
+    yield b"\n"
+
+
+def _raw(*lines: bytes) -> Callable[[SubmitRequest], Iterator[bytes]]:
+    def emit(_body: SubmitRequest) -> Iterator[bytes]:
+        yield from lines
+
+    return emit
+
+
+@pytest.mark.parametrize(
+    ("emit", "status", "message"),
+    [
+        (oversized_line, 500, "longer than"),
+        (_raw(b"garbage\n"), 500, "malformed"),
+        (_raw(b'{"type": "result", "data": {"b64_json": "aGk="}'), 500, "inside an event"),
+        (_raw(b'{"type": "part", "text": "x"}\n'), 500, "without a key"),
+        (_raw(), 503, "closed the stream early"),
+        (
+            _raw(*event_lines(StageEvent(type="error", code="invalid_request", message="bad"))),
+            400,
+            "bad",
+        ),
+    ],
+)
+def test_a_broken_stage_stream_is_a_clean_openai_error(
+    tmp_path: Path,
+    serve_worker: Callable[[FakeWorker], str],
+    emit: Callable[[SubmitRequest], Iterator[bytes]],
+    status: int,
+    message: str,
+) -> None:
+    worker = FakeWorker(emit)
+    with router(tmp_path, serve_worker(worker)) as client:
+        resp = client.post("/v1/images/generations", json={"model": "tiny-image", "prompt": "x"})
+    assert resp.status_code == status, resp.text
+    assert message in str(openai_error(resp)["message"])
+    # Every stage of the failed request was told to stop, with the credential.
+    assert len(worker.cancelled) == len(IMAGE.stages)
+    assert set(worker.credentials) == {CREDENTIAL}
