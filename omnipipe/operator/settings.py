@@ -43,9 +43,7 @@ class OperatorSettings(BaseSettings):
     scrapers below on the control port."""
     metrics_scrape_from: list[dict[str, Any]] = [
         {
-            "namespaceSelector": {
-                "matchLabels": {"kubernetes.io/metadata.name": "monitoring"}
-            },
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
             "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}},
         }
     ]

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -7,7 +8,7 @@ import pytest
 
 from omnipipe.api import load_file, parse_resource
 from omnipipe.api.yamlio import dump_all
-from omnipipe.operator.builders import build_children, build_context
+from omnipipe.operator.builders import build_children, build_context, build_credential_secret
 from omnipipe.operator.settings import OperatorSettings
 
 REPO = Path(__file__).resolve().parents[2]
@@ -16,6 +17,10 @@ EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
 SETTINGS = OperatorSettings(
     worker_image="omnipipe/worker:test", router_image="omnipipe/router:test"
 )
+CREDENTIAL_ENV_FROM_SECRET = {
+    "name": "OMNIPIPE_PIPELINE_CREDENTIAL",
+    "valueFrom": {"secretKeyRef": {"name": "p-credential", "key": "credential"}},
+}
 
 
 def children(
@@ -145,10 +150,11 @@ def test_router_api_key_comes_from_the_secret_and_service_type_applies() -> None
     )
     [c] = deps[("Deployment", "p-router")]["spec"]["template"]["spec"]["containers"]
     assert c["env"] == [
+        CREDENTIAL_ENV_FROM_SECRET,
         {
             "name": "OMNIPIPE_ROUTER_API_KEY",
             "valueFrom": {"secretKeyRef": {"name": "keys", "key": "api-key"}},
-        }
+        },
     ]
     assert deps[("Service", "p-router")]["spec"]["type"] == "LoadBalancer"
     assert deps[("Service", "p-denoise")]["spec"]["clusterIP"] == "None"
@@ -221,3 +227,134 @@ def test_hpa_mode_emits_an_external_metric_hpa() -> None:
     }
     assert metric["external"]["target"] == {"type": "Value", "value": "0.5"}
     assert ("ScaledObject", "p-denoise") not in deps
+
+
+# ---- the pipeline credential and the stage pods' NetworkPolicy ------------------------
+
+
+def test_credential_secret_golden(request: pytest.FixtureRequest) -> None:
+    resource = load_file(REPO / "examples/qwen-image.yaml")
+    resource = resource.model_copy(
+        update={
+            "metadata": resource.metadata.model_copy(
+                update={"uid": "00000000-0000-0000-0000-000000000001", "generation": 1}
+            )
+        }
+    )
+    ctx = build_context(resource, SETTINGS)
+    rendered = dump_all([build_credential_secret(ctx, "generated-once-by-the-operator")])
+    golden = GOLDEN / "credential-secret.yaml"
+    if request.config.getoption("--update-golden"):
+        golden.write_text(rendered)
+    assert rendered == golden.read_text(), "builders changed credential-secret.yaml"
+
+
+def test_credential_secret_is_named_and_owned_like_every_child() -> None:
+    body = {
+        "apiVersion": "omnipipe.io/v1alpha1",
+        "kind": "OmniPipeline",
+        "metadata": {"name": "p", "namespace": "ns", "uid": "uid-1"},
+        "spec": {"model": "m", "pipeline": "qwen-image"},
+    }
+    secret = build_credential_secret(build_context(parse_resource(body), SETTINGS), "v")
+    assert secret["metadata"]["name"] == "p-credential"
+    assert secret["metadata"]["labels"]["omnipipe.io/pipeline"] == "p"
+    assert secret["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
+    assert secret["stringData"] == {"credential": "v"}
+
+
+@pytest.mark.parametrize("pipeline", ["qwen-image", "qwen2.5-omni"])
+def test_every_pod_reads_the_credential_from_the_pipeline_secret(pipeline: str) -> None:
+    deployments = [
+        m
+        for m in children({"model": "m", "pipeline": pipeline}).values()
+        if m["kind"] == "Deployment"
+    ]
+    assert len(deployments) >= 4
+    for dep in deployments:
+        [c] = dep["spec"]["template"]["spec"]["containers"]
+        assert CREDENTIAL_ENV_FROM_SECRET in c["env"], dep["metadata"]["name"]
+        # Never a literal value: only the Secret holds it.
+        assert all(
+            e.get("value") is None for e in c["env"] if e["name"] == "OMNIPIPE_PIPELINE_CREDENTIAL"
+        )
+
+
+def _policy(spec: dict[str, Any], settings: OperatorSettings = SETTINGS) -> dict[str, Any]:
+    body = {
+        "apiVersion": "omnipipe.io/v1alpha1",
+        "kind": "OmniPipeline",
+        "metadata": {"name": "p", "namespace": "ns", "uid": "uid-1"},
+        "spec": spec,
+    }
+    built = build_children(build_context(parse_resource(body), settings))
+    [policy] = [m for m in built if m["kind"] == "NetworkPolicy"]
+    return policy
+
+
+def test_stage_network_policy_admits_router_stages_and_scrapers_only() -> None:
+    policy = _policy({"model": "m", "pipeline": "qwen-image", "transfer": {"backend": "tcp"}})
+    assert policy["metadata"]["name"] == "p-stages"
+    spec = policy["spec"]
+    stages = {"omnipipe.io/pipeline": "p", "app.kubernetes.io/component": "stage"}
+    assert spec["podSelector"] == {"matchLabels": stages}
+    assert spec["policyTypes"] == ["Ingress"]
+    router_rule, stage_rule, scrape_rule = spec["ingress"]
+    assert router_rule == {
+        "from": [
+            {
+                "podSelector": {
+                    "matchLabels": {
+                        "omnipipe.io/pipeline": "p",
+                        "app.kubernetes.io/component": "router",
+                    }
+                }
+            }
+        ],
+        "ports": [{"protocol": "TCP", "port": 8100}],
+    }
+    assert stage_rule == {
+        "from": [{"podSelector": {"matchLabels": stages}}],
+        "ports": [{"protocol": "TCP", "port": 8101}],
+    }
+    assert scrape_rule == {
+        "from": SETTINGS.metrics_scrape_from,
+        "ports": [{"protocol": "TCP", "port": 8100}],
+    }
+
+
+def test_ucx_stage_peers_may_use_the_ports_ucx_picks() -> None:
+    policy = _policy({"model": "m", "pipeline": "qwen-image", "transfer": {"backend": "ucx"}})
+    stage_rule = policy["spec"]["ingress"][1]
+    assert "ports" not in stage_rule
+    assert stage_rule["from"] == [
+        {
+            "podSelector": {
+                "matchLabels": {"omnipipe.io/pipeline": "p", "app.kubernetes.io/component": "stage"}
+            }
+        }
+    ]
+
+
+def test_stage_network_policy_toggles() -> None:
+    no_scrape = SETTINGS.model_copy(update={"metrics_scrape_from": []})
+    policy = _policy({"model": "m", "pipeline": "qwen-image"}, no_scrape)
+    assert len(policy["spec"]["ingress"]) == 2
+    off = SETTINGS.model_copy(update={"stage_network_policy": False})
+    body = {
+        "apiVersion": "omnipipe.io/v1alpha1",
+        "kind": "OmniPipeline",
+        "metadata": {"name": "p", "namespace": "ns"},
+        "spec": {"model": "m", "pipeline": "qwen-image"},
+    }
+    built = build_children(build_context(parse_resource(body), off))
+    assert not [m for m in built if m["kind"] == "NetworkPolicy"]
+
+
+def test_operator_settings_read_the_chart_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    scrapers = [{"namespaceSelector": {"matchLabels": {"team": "obs"}}}]
+    monkeypatch.setenv("OMNIPIPE_OPERATOR_STAGE_NETWORK_POLICY", "false")
+    monkeypatch.setenv("OMNIPIPE_OPERATOR_METRICS_SCRAPE_FROM", json.dumps(scrapers))
+    settings = OperatorSettings()
+    assert settings.stage_network_policy is False
+    assert settings.metrics_scrape_from == scrapers
