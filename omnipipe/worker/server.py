@@ -141,10 +141,13 @@ def build_app(pipeline: ResolvedPipeline, settings: WorkerSettings) -> FastAPI:
             settings.transfer_port,
             settings.advertise_host,
             TransferStats(lambda n, s: state.metrics.transfer("in", n, s)),
+            settings.credential,
         )
         await state.receiver.start()
         sender = make_sender(
-            backend, TransferStats(lambda n, s: state.metrics.transfer("out", n, s))
+            backend,
+            TransferStats(lambda n, s: state.metrics.transfer("out", n, s)),
+            settings.credential,
         )
         state.runtime = StageRuntime(
             spec.name, None, mailbox, sender, state.metrics, settings.max_batch
