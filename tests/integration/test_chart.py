@@ -3,6 +3,7 @@ ServiceAccount then runs the operator and reconciles an example."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from omnipipe.operator.settings import OperatorSettings
 from tests.harness.cluster import BIN, Cluster, control_plane, service_account_kubeconfig
 from tests.integration.conftest import REPO, Operator, children, get_json, wait_for
 
@@ -173,3 +175,29 @@ def test_chart_service_account_is_enough_to_reconcile_and_no_more(installed: Clu
     assert denied.returncode != 0
     assert "forbidden" in denied.stderr
     wait_for("the peering record", lambda: get_json(installed, "clusterkopfpeering", "omnipipe"))
+
+
+def _operator_env(*values: str) -> dict[str, str]:
+    sets = [arg for v in values for arg in ("--set-json", v)]
+    text = helm(
+        "template", "omnipipe", str(CHART), "-n", NAMESPACE, "--kube-version", KUBE_VERSION, *sets
+    ).stdout
+    dep = next(d for d in yaml.safe_load_all(text) if d and d["kind"] == "Deployment")
+    [container] = dep["spec"]["template"]["spec"]["containers"]
+    return {e["name"]: e["value"] for e in container["env"] if "value" in e}
+
+
+def test_stage_network_policy_toggle_and_scrapers_reach_the_operator() -> None:
+    env = _operator_env()
+    assert env["OMNIPIPE_OPERATOR_STAGE_NETWORK_POLICY"] == "true"
+    # The chart's default scrapers are the operator's own default.
+    assert json.loads(env["OMNIPIPE_OPERATOR_METRICS_SCRAPE_FROM"]) == (
+        OperatorSettings().metrics_scrape_from
+    )
+    scrapers = [{"namespaceSelector": {"matchLabels": {"team": "observability"}}}]
+    env = _operator_env(
+        "operator.stageNetworkPolicy.enabled=false",
+        f"operator.stageNetworkPolicy.metricsScrapeFrom={json.dumps(scrapers)}",
+    )
+    assert env["OMNIPIPE_OPERATOR_STAGE_NETWORK_POLICY"] == "false"
+    assert json.loads(env["OMNIPIPE_OPERATOR_METRICS_SCRAPE_FROM"]) == scrapers

@@ -3,10 +3,12 @@ driven with kubectl as a user would."""
 
 from __future__ import annotations
 
+import base64
 import copy
 import itertools
 import subprocess
 import sys
+import time
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -61,6 +63,7 @@ def test_apply_creates_labelled_owned_children_matching_render(
         "all children",
         lambda: (c := children(cluster, namespace, "qwen-image")) and set(c) == EXPECTED and c,
     )
+    found.update(policies(cluster, namespace, "qwen-image"))
     owner = get_json(cluster, "omnip", "qwen-image", "-n", namespace)
     for (_kind, name), obj in found.items():
         labels = obj["metadata"]["labels"]
@@ -90,6 +93,19 @@ def test_apply_creates_labelled_owned_children_matching_render(
             doc["spec"] if "spec" in doc else doc["data"],
             live["spec"] if "spec" in live else live["data"],
         ), doc["metadata"]["name"]
+
+
+def policies(cluster: Cluster, namespace: str, pipeline: str) -> dict[tuple[str, str], Any]:
+    items = get_json(
+        cluster,
+        "networkpolicies",
+        "-n",
+        namespace,
+        "-l",
+        f"omnipipe.io/pipeline={pipeline}",
+        "--show-managed-fields",
+    )["items"]
+    return {("NetworkPolicy", i["metadata"]["name"]): i for i in items}
 
 
 def _subset(want: Any, have: Any) -> bool:
@@ -335,7 +351,95 @@ def test_operator_service_account_is_least_privilege(cluster: Cluster) -> None:
 
     assert can("patch", "deployments", "-A")
     assert can("patch", "omnipipelines.omnipipe.io/status", "-A")
+    assert can("patch", "networkpolicies.networking.k8s.io", "-A")
+    # Pipeline credentials: created once, never read, listed or rewritten.
+    assert can("create", "secrets", "-A")
+    for verb in ("list", "watch", "patch", "update", "delete"):
+        assert not can(verb, "secrets", "-A"), verb
     assert not can("get", "secrets", "-A")
     assert not can("create", "pods", "-A")
     assert not can("delete", "omnipipelines.omnipipe.io", "-A")
     assert not can("create", "clusterrolebindings")
+
+
+def _credential(cluster: Cluster, namespace: str) -> dict[str, Any]:
+    return dict(get_json(cluster, "secret", "qwen-image-credential", "-n", namespace))
+
+
+def test_the_credential_secret_is_created_once_and_every_pod_reads_it(
+    cluster: Cluster, operator: Operator, namespace: str
+) -> None:
+    manifest = example()
+    apply(cluster, namespace, manifest)
+    ready(cluster, namespace, "qwen-image")
+    secret = _credential(cluster, namespace)
+    value = base64.b64decode(secret["data"]["credential"])
+    assert len(value) >= 32
+    owner = get_json(cluster, "omnip", "qwen-image", "-n", namespace)
+    [ref] = secret["metadata"]["ownerReferences"]
+    assert (ref["kind"], ref["uid"]) == ("OmniPipeline", owner["metadata"]["uid"])
+    assert secret["metadata"]["labels"]["omnipipe.io/pipeline"] == "qwen-image"
+
+    pods = get_json(cluster, "pods", "-n", namespace)["items"]
+    assert len(pods) == 4
+    for pod in pods:
+        [container] = pod["spec"]["containers"]
+        [env] = [e for e in container["env"] if e["name"] == "OMNIPIPE_PIPELINE_CREDENTIAL"]
+        assert env["valueFrom"]["secretKeyRef"] == {
+            "name": "qwen-image-credential",
+            "key": "credential",
+        }, pod["metadata"]["name"]
+
+    # An edit (a reconcile) and the drift timer's re-applies (every 3 s here) leave it be.
+    edited = copy.deepcopy(manifest)
+    edited["spec"]["stages"][0]["engineArgs"] = {"num_inference_steps": 8}
+    apply(cluster, namespace, edited)
+    wait_for(
+        "the edit to be reconciled",
+        lambda: (
+            "num_inference_steps: 8"
+            in get_json(cluster, "configmap", "qwen-image-config", "-n", namespace)["data"][
+                "pipeline.yaml"
+            ]
+        ),
+    )
+    time.sleep(7)  # two drift passes
+    again = _credential(cluster, namespace)
+    assert again["data"] == secret["data"]
+    assert again["metadata"]["resourceVersion"] == secret["metadata"]["resourceVersion"]
+
+    # Deleting it is how to rotate it: the next pass creates a fresh one.
+    cluster.kubectl("delete", "-n", namespace, "secret", "qwen-image-credential")
+    rotated = wait_for(
+        "a new credential",
+        lambda: (
+            cluster.kubectl(
+                "get", "secret", "qwen-image-credential", "-n", namespace, check=False
+            ).returncode
+            == 0
+            and _credential(cluster, namespace)
+        ),
+        timeout=30,
+    )
+    assert rotated["data"]["credential"] != secret["data"]["credential"]
+
+
+def test_the_stage_pods_are_fenced_by_a_network_policy(
+    cluster: Cluster, operator: Operator, namespace: str
+) -> None:
+    apply(cluster, namespace, EXAMPLE)
+    found = wait_for("the NetworkPolicy", lambda: policies(cluster, namespace, "qwen-image"))
+    policy = found[("NetworkPolicy", "qwen-image-stages")]
+    selector = policy["spec"]["podSelector"]["matchLabels"]
+    ready(cluster, namespace, "qwen-image")
+    pods = get_json(
+        cluster, "pods", "-n", namespace, "-l", ",".join(f"{k}={v}" for k, v in selector.items())
+    )["items"]
+    # It selects the three stages' pods and not the router's.
+    assert sorted(p["metadata"]["labels"]["omnipipe.io/stage"] for p in pods) == [
+        "decode",
+        "denoise",
+        "encode",
+    ]
+    ports = [r.get("ports") for r in policy["spec"]["ingress"]]
+    assert ports[0] == [{"port": 8100, "protocol": "TCP"}]

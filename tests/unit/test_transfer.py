@@ -412,3 +412,56 @@ async def test_a_flood_is_refused_under_the_cap_and_a_request_succeeds_after(
         await flooder.close()
         await sender.close()
         await receiver.close()
+
+
+_UCX_LISTENERS = """
+import asyncio, json, os, sys
+import torch
+from omnipipe.transfer import Mailbox, Message, make_receiver, make_sender
+from tests.unit.test_transfer import _listening_sockets
+
+async def main() -> None:
+    receiver = make_receiver("ucx", Mailbox(), "127.0.0.1", credential="c")
+    await receiver.start()
+    sender = make_sender("ucx", credential="c")
+    await sender.send(receiver.address, Message("r", "s", {"x": torch.ones(1 << 18)}))
+    print(json.dumps([os.environ.get("UCX_NET_DEVICES"), _listening_sockets()]))
+    await sender.close()
+    await receiver.close()
+
+os.environ.pop("UCX_NET_DEVICES", None)  # set by importing the test module
+asyncio.run(main())
+"""
+
+
+@pytest.mark.timeout(120)
+def test_ucx_given_loopback_keeps_its_own_transports_on_loopback() -> None:
+    """UCX's transports listen on every network device unless told otherwise; a receiver
+    given 127.0.0.1 (and nothing in UCX_NET_DEVICES) restricts them to lo."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {k: v for k, v in os.environ.items() if k != "UCX_NET_DEVICES"}
+    out = subprocess.run(
+        [sys.executable, "-c", _UCX_LISTENERS],
+        env=env,
+        cwd=Path(__file__).resolve().parents[2],
+        capture_output=True,
+        text=True,
+        timeout=100,
+        check=True,
+    ).stdout
+    devices, listening = json.loads(out.strip().splitlines()[-1])
+    assert devices == "lo"
+    assert len(listening) >= 2  # ours and UCX's TCP transport
+    assert {ip for ip, _ in listening} == {"127.0.0.1"}, listening
+
+
+def test_the_device_that_holds_an_address() -> None:
+    from omnipipe.transfer.ucx import _interface_of
+
+    assert _interface_of("127.0.0.1") == "lo"
+    assert _interface_of("localhost") == "lo"
+    assert _interface_of("203.0.113.77") is None  # TEST-NET-3: held by no device here
