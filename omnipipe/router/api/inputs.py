@@ -57,7 +57,7 @@ def check_wav(raw: bytes, param: str) -> None:
             rate, frames = wav.getframerate(), wav.getnframes()
             first = wav.readframes(1)
     except (wave.Error, EOFError, struct.error, ValueError):
-        raise BadRequest(f"{param}: not a decodable PCM WAV file", param=param) from None
+        raise BadRequest(f"{param}: not a decodable WAV file", param=param) from None
     if width not in WAV_SAMPLE_WIDTHS:
         raise BadRequest(
             f"{param}: WAV samples must be 8, 16, 24 or 32-bit PCM, got {8 * width}-bit",
