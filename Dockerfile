@@ -4,13 +4,14 @@
 #   docker build --target router   -t omnipipe/router:0.1.0 .
 #   docker build --target worker   -t omnipipe/worker:0.1.0 .
 # The operator and router are slim Python images; the worker sits on the vLLM image
-# (CUDA, torch and vLLM) and adds omnipipe[models,gpu]. No model is downloaded at build
+# (CUDA, torch and vLLM 0.32.0, the version the thinker's hidden-state tap is pinned to)
+# and adds omnipipe[models]. No model is downloaded at build
 # time: workers fetch or mount weights at run time. Everything runs as UID 10001, the
 # user the operator's pod specs ask for.
 # Base images are pinned by version; pin them by digest in your registry mirror.
 
 ARG PYTHON_IMAGE=python:3.11.11-slim-bookworm
-ARG VLLM_IMAGE=vllm/vllm-openai:v0.33.0
+ARG VLLM_IMAGE=vllm/vllm-openai:v0.32.0
 
 FROM ${PYTHON_IMAGE} AS wheel
 WORKDIR /src

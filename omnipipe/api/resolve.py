@@ -100,7 +100,7 @@ def _base_stage(name: str, model: str, default: StageDefaults | None) -> dict[st
     return {
         "name": name,
         "role": default.role,
-        "engine": default.cpu_engine if tiny and default.cpu_engine else default.engine,
+        "engine": default.engine,
         "inputs": default.inputs,
         "gpus": 0 if tiny else default.gpus,
         "engine_args": dict(default.engine_args),

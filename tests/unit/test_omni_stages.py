@@ -13,7 +13,8 @@ from omnipipe.api import ResolvedStage
 from omnipipe.api.spec import Engine, Role
 from omnipipe.worker.models.tiny import resolve_model_path
 from omnipipe.worker.stages.base import Chunk, Session, StageInputError, StageJob, StepResult
-from omnipipe.worker.stages.qwen_omni import Code2WavStage, TalkerStage, ThinkerStage
+from omnipipe.worker.stages.qwen_omni import Code2WavStage, TalkerStage
+from omnipipe.worker.stages.thinker import ThinkerStage
 
 pytestmark = pytest.mark.timeout(300)
 HELLO = [{"role": "user", "content": "hello there"}]

@@ -44,10 +44,11 @@ def test_override_changes_only_the_fields_it_sets() -> None:
     assert p.stage("decode") == base.stage("decode")
 
 
-def test_tiny_models_run_on_cpu_with_transformers_thinker() -> None:
+def test_tiny_models_run_on_cpu_with_the_same_vllm_thinker() -> None:
+    """The production engine is the tested one: tiny models change the device, not it."""
     tiny = pipeline({"model": "tiny://qwen2.5-omni", "pipeline": "qwen2.5-omni"})
     real = pipeline({"model": "Qwen/Qwen2.5-Omni-7B", "pipeline": "qwen2.5-omni"})
-    assert tiny.stage("thinker").engine is Engine.TRANSFORMERS
+    assert tiny.stage("thinker").engine is Engine.VLLM
     assert real.stage("thinker").engine is Engine.VLLM
     assert all(s.gpus == 0 for s in tiny.stages)
 

@@ -51,6 +51,7 @@ CHAT_TEMPLATE = (
 )
 CODEC_VOCAB = 136  # 128 codes + pad, start, end and mask tokens
 MEL_DIM = 20
+THINKER_HIDDEN = 64
 COND_DIM = 16
 
 
@@ -81,6 +82,13 @@ def _config(ids: dict[str, int]) -> Any:
         thinker_config={
             "text_config": {
                 **small,
+                # vLLM's CPU attention needs head_dim >= 32: 64 / 2 heads.
+                "hidden_size": THINKER_HIDDEN,
+                "intermediate_size": 2 * THINKER_HIDDEN,
+                "rope_parameters": {**rope, "mrope_section": [8, 4, 4]},
+                # vLLM ties the output layer to the embeddings when this is true (the
+                # default); transformers would use the saved lm_head: keep them apart.
+                "tie_word_embeddings": False,
                 "vocab_size": 384,
                 "eos_token_id": ids["<|im_end|>"],
                 "pad_token_id": ids["<|endoftext|>"],
@@ -90,7 +98,7 @@ def _config(ids: dict[str, int]) -> Any:
                 "hidden_size": 16,
                 "intermediate_size": 16,
                 "num_heads": 2,
-                "out_hidden_size": 16,
+                "out_hidden_size": THINKER_HIDDEN,
                 "fullatt_block_indexes": [0],
                 "window_size": 28,
             },
@@ -99,7 +107,7 @@ def _config(ids: dict[str, int]) -> Any:
                 "encoder_attention_heads": 2,
                 "encoder_ffn_dim": 16,
                 "d_model": 16,
-                "output_dim": 16,
+                "output_dim": THINKER_HIDDEN,
             },
             **media,
             # The released checkpoints carry this key; transformers' rope index reads it.
@@ -111,7 +119,7 @@ def _config(ids: dict[str, int]) -> Any:
             **media,
             **vision_ids,
             "vocab_size": CODEC_VOCAB,
-            "embedding_size": 16,
+            "embedding_size": THINKER_HIDDEN,
             "head_dim": 8,
             "tts_text_start_token_id": ids["<|tts_text_bos|>"],
             "tts_text_end_token_id": ids["<|tts_text_eod|>"],

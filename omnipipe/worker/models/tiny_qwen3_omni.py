@@ -50,6 +50,7 @@ CHAT_TEMPLATE = (
 )
 CODEBOOK = 64  # codes per codebook; the talker's vocabulary adds 1024 special ids after them
 CODE_GROUPS = 4  # codebooks per frame: the talker picks the first, the code predictor the rest
+THINKER_HIDDEN = 64
 SPEAKERS = {"chelsie": CODEBOOK + 6, "ethan": CODEBOOK + 7}
 
 
@@ -79,6 +80,12 @@ def _config(ids: dict[str, int]) -> Any:
         thinker_config={
             "text_config": {
                 **moe,
+                # vLLM's CPU attention needs head_dim >= 32.
+                "hidden_size": THINKER_HIDDEN,
+                "head_dim": 32,
+                "rope_parameters": {**rope, "mrope_section": [8, 4, 4]},
+                # vLLM reads it; this transformers config class has no default for it.
+                "tie_word_embeddings": False,
                 "vocab_size": 384,
                 "eos_token_id": ids["<|im_end|>"],
                 "pad_token_id": ids["<|endoftext|>"],
@@ -88,16 +95,19 @@ def _config(ids: dict[str, int]) -> Any:
                 "hidden_size": 16,
                 "intermediate_size": 16,
                 "num_heads": 2,
-                "out_hidden_size": 16,
+                "out_hidden_size": THINKER_HIDDEN,
                 "num_position_embeddings": 64,
                 "deepstack_visual_indexes": [0],
+                # vLLM's vision tower reads these two; the released config carries them.
+                "image_size": 128,
+                "apply_vit_abs_pos_embed": True,
             },
             "audio_config": {
                 "encoder_layers": 1,
                 "encoder_attention_heads": 2,
                 "encoder_ffn_dim": 16,
                 "d_model": 16,
-                "output_dim": 16,
+                "output_dim": THINKER_HIDDEN,
                 "downsample_hidden_size": 8,
             },
             **media,
@@ -126,7 +136,7 @@ def _config(ids: dict[str, int]) -> Any:
             "num_code_groups": CODE_GROUPS,
             # The talker's rope index reads it; the released config carries it.
             "spatial_merge_size": 2,
-            "thinker_hidden_size": 16,
+            "thinker_hidden_size": THINKER_HIDDEN,
             "accept_hidden_layer": 1,
             "codec_pad_id": CODEBOOK,
             "codec_bos_id": CODEBOOK + 1,

@@ -12,6 +12,7 @@ IMPLEMENTED = frozenset(
         (Role.DENOISER, Engine.DIFFUSERS),
         (Role.VAE_DECODER, Engine.DIFFUSERS),
         (Role.THINKER, Engine.TRANSFORMERS),
+        (Role.THINKER, Engine.VLLM),
         (Role.TALKER, Engine.TRANSFORMERS),
         (Role.CODE2WAV, Engine.TRANSFORMERS),
     }
@@ -46,8 +47,12 @@ def stage_class(spec: ResolvedStage, model_path: str) -> type[Stage]:
             Role.DENOISER: qwen_image.DenoiseStage,
             Role.VAE_DECODER: qwen_image.DecodeStage,
         }[spec.role]
+    if spec.engine is Engine.VLLM:
+        from omnipipe.worker.stages.vllm_thinker import vllm_thinker_class
+
+        return vllm_thinker_class(model_path)
     from omnipipe.worker.engines.omni import QWEN3_OMNI, omni_model_type
-    from omnipipe.worker.stages import qwen3_omni, qwen_omni
+    from omnipipe.worker.stages import qwen3_omni, qwen_omni, thinker
 
     if omni_model_type(model_path) == QWEN3_OMNI:
         return {
@@ -56,7 +61,7 @@ def stage_class(spec: ResolvedStage, model_path: str) -> type[Stage]:
             Role.CODE2WAV: qwen3_omni.Qwen3Code2WavStage,
         }[spec.role]
     return {
-        Role.THINKER: qwen_omni.ThinkerStage,
+        Role.THINKER: thinker.ThinkerStage,
         Role.TALKER: qwen_omni.TalkerStage,
         Role.CODE2WAV: qwen_omni.Code2WavStage,
     }[spec.role]

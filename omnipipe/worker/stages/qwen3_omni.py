@@ -33,8 +33,8 @@ from omnipipe.worker.stages.codec import (
     CodecTalkerSession,
     CodecTalkerStage,
 )
-from omnipipe.worker.stages.qwen_omni import ThinkerStage, media_layout, pick_voice
 from omnipipe.worker.stages.sampling import Sampling, next_token
+from omnipipe.worker.stages.thinker import HiddenStates, ThinkerStage, media_layout, pick_voice
 
 # transformers' defaults (Qwen3OmniMoeForConditionalGeneration.generate).
 TALKER_SAMPLING = Sampling(
@@ -69,13 +69,15 @@ class Qwen3ThinkerStage(ThinkerStage):
         return load_qwen3_omni(self.model_path, self.device, "thinker")
 
     @property
-    def voices(self) -> list[str]:
-        return voices(self.model.config)
+    def speaker_map(self) -> dict[str, Any]:
+        return {}  # Qwen3-Omni keeps speakers in the config, not in a separate file
 
-    def talker_prompt(
-        self, inputs: Tensors, hidden: tuple[torch.Tensor, ...], voice: str
-    ) -> Tensors:
-        config = self.model.config
+    @property
+    def voices(self) -> list[str]:
+        return voices(self.config)
+
+    def talker_prompt(self, inputs: Tensors, hidden: HiddenStates, voice: str) -> Tensors:
+        config = self.config
         specials = torch.tensor(
             [[config.tts_bos_token_id, config.tts_eos_token_id, config.tts_pad_token_id]],
             device=inputs["input_ids"].device,
@@ -84,12 +86,12 @@ class Qwen3ThinkerStage(ThinkerStage):
             "input_ids": inputs["input_ids"][0],
             "prompt_embeds": hidden[0][0],
             "prompt_hidden": hidden[config.talker_config.accept_hidden_layer][0],
-            "tts_embeds": self.thinker.get_input_embeddings()(specials)[0],
+            "tts_embeds": self.embed(specials)[0],
             "speaker_id": torch.tensor([config.talker_config.speaker_id[voice.lower()]]),
         }
         return {**prompt, **media_layout(inputs)}
 
-    def reply_row(self, hidden: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    def reply_row(self, hidden: HiddenStates) -> torch.Tensor:
         return hidden[0][0, -1:]
 
 

@@ -8,7 +8,6 @@ code2wav turns each chunk into audio (re-decoding a little left context for cont
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -16,13 +15,8 @@ import torch
 
 from omnipipe.worker.engines.omni import load_qwen25_omni
 from omnipipe.worker.stages.base import (
-    Chunk,
     Session,
-    StageInputError,
     StageJob,
-    StepResult,
-    StreamingStage,
-    Tensors,
 )
 from omnipipe.worker.stages.codec import (
     SAMPLE_RATE,
@@ -31,12 +25,10 @@ from omnipipe.worker.stages.codec import (
     CodecTalkerSession,
     CodecTalkerStage,
 )
-from omnipipe.worker.stages.media import decode_image, decode_wav
 from omnipipe.worker.stages.sampling import Sampling, next_token
+from omnipipe.worker.stages.thinker import pick_voice
 
-DEFAULT_VOICE = "Chelsie"
-# transformers' defaults for the two AR parts (Qwen2_5OmniForConditionalGeneration.generate).
-THINKER_SAMPLING = Sampling(temperature=1.0, top_p=1.0, top_k=0, max_tokens=2048)
+# transformers' defaults (Qwen2_5OmniForConditionalGeneration.generate).
 TALKER_SAMPLING = Sampling(
     temperature=0.9, top_p=0.8, top_k=40, max_tokens=4096, repetition_penalty=1.05
 )
@@ -51,266 +43,6 @@ def samples_per_code(config: Any) -> int:
     for rate in t2w.bigvgan_config.upsample_rates:
         samples *= int(rate)
     return samples
-
-
-def media_layout(inputs: Tensors) -> Tensors:
-    """What the talker's rope index needs of the prompt's media: image grids, audio lengths."""
-    layout: Tensors = {}
-    if "image_grid_thw" in inputs:
-        layout["image_grid_thw"] = inputs["image_grid_thw"]
-    if "feature_attention_mask" in inputs:
-        layout["audio_feature_lengths"] = inputs["feature_attention_mask"].sum(-1)
-    return layout
-
-
-def pick_voice(params: dict[str, Any], voices: Sequence[str]) -> str:
-    """The request's voice as the checkpoint spells it (names match case-insensitively)."""
-    wanted = str(params.get("voice") or DEFAULT_VOICE)
-    for name in voices:
-        if name.lower() == wanted.lower():
-            return name
-    raise StageInputError(f"voice {wanted!r} is not available; voices: {', '.join(voices)}")
-
-
-# ---- thinker --------------------------------------------------------------------------
-
-
-class ThinkerStage(StreamingStage):
-    """The thinker of Qwen2.5-Omni; subclasses change what it hands the talker."""
-
-    def load(self) -> None:
-        from transformers import AutoProcessor
-
-        self.model = self.load_model()
-        self.thinker = self.model.thinker
-        # Built-in defaults < the stage's spec.sampling; requests override per session.
-        self.sampling = Sampling.from_params(THINKER_SAMPLING, self.spec.sampling)
-        self.processor = AutoProcessor.from_pretrained(self.model_path)
-        self.tokenizer = self.processor.tokenizer
-        eos = self.thinker.generation_config.eos_token_id
-        if eos is None:
-            eos = self.model.config.thinker_config.text_config.eos_token_id
-        self.eos = frozenset([eos] if isinstance(eos, int) else eos)
-
-    def load_model(self) -> Any:
-        return load_qwen25_omni(self.model_path, self.device, "thinker")
-
-    @property
-    def voices(self) -> list[str]:
-        return list(self.model.speaker_map)
-
-    def talker_prompt(
-        self, inputs: Tensors, hidden: tuple[torch.Tensor, ...], voice: str
-    ) -> Tensors:
-        """What the talker's prefill needs from the thinker, which owns the embeddings."""
-        config = self.model.config
-        input_ids = inputs["input_ids"]
-        embeds = hidden[0].clone()
-        media_tokens = (
-            config.thinker_config.audio_token_index,
-            config.thinker_config.image_token_index,
-            config.thinker_config.video_token_index,
-        )
-        media = torch.isin(input_ids, torch.tensor(media_tokens, device=input_ids.device))
-        embeds[media] = 0  # as transformers does: the talker sees no media embeddings
-        table = self.thinker.get_input_embeddings()
-        text_bos = int(self.model.speaker_map[voice]["bos_token"])
-        specials = torch.tensor(
-            [
-                [
-                    text_bos,
-                    config.talker_config.tts_text_end_token_id,
-                    config.talker_config.tts_text_pad_token_id,
-                ]
-            ],
-            device=input_ids.device,
-        )
-        special_embeds = table(specials)[0]
-        prompt: Tensors = {
-            "prompt_embeds": (hidden[-1] + embeds)[0],
-            "input_ids": input_ids[0],
-            "text_bos_id": specials[0, :1],
-            "text_bos_embed": special_embeds[0],
-            "text_eos_embed": special_embeds[1],
-            "text_pad_embed": special_embeds[2],
-        }
-        return {**prompt, **media_layout(inputs)}
-
-    def reply_row(self, hidden: tuple[torch.Tensor, ...]) -> torch.Tensor:
-        """What the talker needs of one fed reply token."""
-        return hidden[-1][0, -1:] + hidden[0][0, -1:]
-
-    def open(self, job: StageJob) -> Session:
-        return ThinkerSession(self, job.params)
-
-    def conversation(self, messages: Any) -> tuple[list[dict[str, Any]], list[Any], list[Any]]:
-        """Router messages -> the processor's conversation, images and audio clips."""
-        if not isinstance(messages, list) or not messages:
-            raise StageInputError("messages must be a non-empty list")
-        rate = self.processor.feature_extractor.sampling_rate
-        conversation: list[dict[str, Any]] = []
-        images: list[Any] = []
-        audios: list[Any] = []
-        for i, message in enumerate(messages):
-            content = message.get("content") if isinstance(message, dict) else None
-            role = message.get("role") if isinstance(message, dict) else None
-            if not isinstance(role, str) or not isinstance(content, (str, list)):
-                raise StageInputError(f"messages[{i}]: needs a role and a content")
-            if isinstance(content, str):
-                conversation.append({"role": role, "content": content})
-                continue
-            parts: list[dict[str, Any]] = []
-            for j, part in enumerate(content):
-                where = f"messages[{i}].content[{j}]"
-                kind = part.get("type") if isinstance(part, dict) else None
-                if kind == "text":
-                    parts.append({"type": "text", "text": str(part.get("text", ""))})
-                elif kind == "image":
-                    images.append(decode_image(part.get("data"), where))
-                    parts.append({"type": "image"})
-                elif kind == "audio":
-                    audios.append(decode_wav(part.get("data"), where, rate))
-                    parts.append({"type": "audio"})
-                else:
-                    raise StageInputError(f"{where}: unsupported content type {kind!r}")
-            conversation.append({"role": role, "content": parts})
-        return conversation, images, audios
-
-
-class ThinkerSession(Session):
-    def __init__(self, stage: ThinkerStage, params: dict[str, Any]) -> None:
-        self.stage = stage
-        self.want_audio = bool(params.get("audio"))
-        if self.want_audio:
-            self.voice = pick_voice(params, stage.voices)
-        self.sampling = Sampling.from_params(stage.sampling, params.get("sampling"))
-        self.generator = self.sampling.generator(stage.device)
-        conversation, images, audios = stage.conversation(params.get("messages"))
-        text = stage.processor.apply_chat_template(
-            conversation, add_generation_prompt=True, tokenize=False
-        )
-        try:
-            inputs = stage.processor(
-                text=[text],
-                images=images or None,
-                audio=audios or None,
-                return_tensors="pt",
-                padding=True,
-            )
-        except (ValueError, TypeError) as exc:
-            raise StageInputError(f"the processor rejected the input: {exc}") from None
-        self.inputs = {k: v.to(stage.device) for k, v in inputs.items()}
-        forced = params.get("forced_reply")
-        self.forced: list[int] | None = None
-        if forced is not None:
-            if not isinstance(forced, str) or not forced:
-                raise StageInputError("input must be a non-empty string")
-            self.forced = stage.tokenizer(forced, add_special_tokens=False).input_ids
-        self.cache: Any = None
-        self.rope_deltas: torch.Tensor | None = None
-        self.generated: list[int] = []
-        self.fed = 0
-        self.text = ""
-        self.prompt: Tensors = {}
-
-    @property
-    def prompt_length(self) -> int:
-        return int(self.inputs["input_ids"].shape[1])
-
-    def _choose(self, logits: torch.Tensor) -> int:
-        if self.forced is not None:
-            step = len(self.generated)
-            return self.forced[step] if step < len(self.forced) else min(self.stage.eos)
-        seen = torch.tensor(self.generated, dtype=torch.long, device=logits.device)
-        seen = torch.cat([self.inputs["input_ids"][0], seen])
-        early = len(self.generated) < self.sampling.min_tokens
-        suppress = tuple(self.stage.eos) if early else ()
-        return next_token(logits, self.sampling, seen, suppress, self.generator)
-
-    def _delta(self, final: bool) -> list[dict[str, Any]]:
-        ids = [t for t in self.generated if t not in self.stage.eos]
-        decoded = self.stage.tokenizer.decode(ids, skip_special_tokens=True)
-        if decoded.endswith("\ufffd") and not final:
-            return []  # a multi-byte character is still incomplete
-        delta, self.text = decoded[len(self.text) :], decoded
-        return [{"text": delta}] if delta else []
-
-    def step(self, chunks: Sequence[Chunk]) -> StepResult | None:
-        with torch.inference_mode():
-            return self._decode() if self.generated else self._prefill()
-
-    def _prefill(self) -> StepResult:
-        from transformers import DynamicCache
-
-        thinker = self.stage.thinker
-        feature_mask = self.inputs.get("feature_attention_mask")
-        positions, self.rope_deltas = thinker.model.get_rope_index(
-            self.inputs["input_ids"],
-            self.inputs.get("image_grid_thw"),
-            None,
-            self.inputs["attention_mask"],
-            False,
-            feature_mask.sum(-1) if feature_mask is not None else None,
-        )
-        self.cache = DynamicCache()
-        out = thinker(
-            **self.inputs,
-            position_ids=positions,
-            past_key_values=self.cache,
-            use_cache=True,
-            output_hidden_states=self.want_audio,
-        )
-        if self.want_audio:
-            self.prompt = self.stage.talker_prompt(self.inputs, out.hidden_states, self.voice)
-        self.generated.append(self._choose(out.logits[0, -1]))
-        return StepResult(outputs=self._delta(final=False))
-
-    def _finish(self, tensors: Tensors) -> StepResult:
-        last = self.generated[-1]
-        stopped = last in self.stage.eos or (
-            self.forced is not None and len(self.generated) > len(self.forced)
-        )
-        outputs = self._delta(final=True)
-        outputs.append(
-            {
-                "finish_reason": "stop" if stopped else "length",
-                "prompt_tokens": self.prompt_length,
-                "completion_tokens": len(self.generated),
-            }
-        )
-        return StepResult(tensors=tensors, outputs=outputs, done=True)
-
-    def _decode(self) -> StepResult:
-        last = self.generated[-1]
-        stop = last in self.stage.eos or len(self.generated) >= self.sampling.max_tokens
-        # The talker cannot start without the first reply token's hidden state, so that
-        # token is fed even when it ends the answer.
-        if stop and not (self.want_audio and self.fed == 0):
-            return self._finish({})
-        thinker = self.stage.thinker
-        assert self.rope_deltas is not None
-        past = self.cache.get_seq_length()
-        position = (past + self.rope_deltas).view(1, 1, 1).expand(3, 1, 1)
-        out = thinker(
-            input_ids=torch.tensor([[last]], device=self.stage.device),
-            position_ids=position,
-            past_key_values=self.cache,
-            use_cache=True,
-            output_hidden_states=self.want_audio,
-        )
-        tensors: Tensors = {}
-        if self.want_audio:
-            tensors["reply"] = self.stage.reply_row(out.hidden_states)
-            if self.fed == 0:
-                tensors.update(self.prompt, first_token_id=torch.tensor([last]))
-        self.fed += 1
-        if stop:
-            return self._finish(tensors)
-        self.generated.append(self._choose(out.logits[0, -1]))
-        return StepResult(tensors=tensors, outputs=self._delta(final=False))
-
-    def close(self) -> None:
-        self.cache = None
 
 
 # ---- talker ---------------------------------------------------------------------------

@@ -1,0 +1,369 @@
+"""The Qwen Omni thinkers on vLLM: the production engine for the thinker role.
+
+One LLMEngine per worker runs every open request of the stage in one continuous batch.
+Each session adds its request to the engine; a session's step runs engine steps (which
+advance every request) until its own request has something new, so N open sessions cost
+one engine step per round, not N. Prompts go through vLLM's own multimodal processing.
+
+What the talker gets is built by the transformers stage's own talker_prompt and reply_row
+(thinker.py, qwen3_omni.py) from states read off vLLM's forward pass (the tap in
+engines/vllm_tap.py): the same package, from the same layers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from omnipipe.worker.engines.omni import QWEN25_OMNI, omni_model_type
+from omnipipe.worker.engines.vllm import VllmEngine
+from omnipipe.worker.engines.vllm_tap import FINAL
+from omnipipe.worker.stages.base import Chunk, Session, StageInputError, StageJob, StepResult
+from omnipipe.worker.stages.qwen3_omni import Qwen3ThinkerStage
+from omnipipe.worker.stages.sampling import Sampling
+from omnipipe.worker.stages.thinker import THINKER_SAMPLING, ThinkerStage, pick_voice
+
+
+class VllmThinkerMixin(ThinkerStage):
+    """load() and open() on vLLM; talker_prompt/reply_row come from the family class."""
+
+    engine: VllmEngine
+    sessions: dict[str, VllmThinkerSession]
+
+    def handoff_layers(self) -> list[int]:
+        return [0, FINAL]
+
+    def load(self) -> None:
+        from transformers import AutoConfig, AutoProcessor, GenerationConfig
+
+        self.config = AutoConfig.from_pretrained(self.model_path)
+        self.sampling = Sampling.from_params(THINKER_SAMPLING, self.spec.sampling)
+        self.processor = AutoProcessor.from_pretrained(self.model_path)
+        self.tokenizer = self.processor.tokenizer
+        self._speakers = self.load_speakers()
+        eos: Any = None
+        with contextlib.suppress(OSError):
+            eos = GenerationConfig.from_pretrained(self.model_path).eos_token_id
+        if eos is None:
+            eos = self.config.thinker_config.text_config.eos_token_id
+        self.eos = frozenset([eos] if isinstance(eos, int) else eos)
+        self.engine = VllmEngine(
+            self.model_path, dict(self.spec.engine_args), self.device, self.handoff_layers()
+        )
+        self.embed = self.engine.embed
+        self.sessions = {}
+
+    def load_speakers(self) -> dict[str, Any]:
+        return {}
+
+    @property
+    def speaker_map(self) -> dict[str, Any]:
+        return self._speakers
+
+    def open(self, job: StageJob) -> Session:
+        return VllmThinkerSession(self, job.params)
+
+    def advance(self) -> None:
+        """One engine step for every open request; outputs go to their sessions."""
+        if not self.engine.llm.has_unfinished_requests():
+            raise RuntimeError("the vLLM engine has no request left to run")
+        for output in self.engine.llm.step():
+            session = self.sessions.get(output.request_id)
+            if session is not None:
+                session.receive(output)
+
+
+class VllmThinkerStage(VllmThinkerMixin):
+    """Qwen2.5-Omni's thinker on vLLM."""
+
+    def load_speakers(self) -> dict[str, Any]:
+        from transformers.utils.hub import cached_file
+
+        path = cached_file(self.model_path, "spk_dict.pt")
+        if path is None:
+            raise FileNotFoundError(f"{self.model_path}: no spk_dict.pt (the speaker file)")
+        speakers: dict[str, Any] = torch.load(path, weights_only=True)
+        return speakers
+
+
+class VllmQwen3ThinkerStage(VllmThinkerMixin, Qwen3ThinkerStage):
+    """Qwen3-Omni's thinker on vLLM; the talker also takes one mid-layer state."""
+
+    def handoff_layers(self) -> list[int]:
+        return [0, int(self.config.talker_config.accept_hidden_layer), FINAL]
+
+    @property
+    def speaker_map(self) -> dict[str, Any]:
+        return {}
+
+
+def vllm_thinker_class(model_path: str) -> type[VllmThinkerMixin]:
+    if omni_model_type(model_path) == QWEN25_OMNI:
+        return VllmThinkerStage
+    return VllmQwen3ThinkerStage
+
+
+def sampling_params(sampling: Sampling, eos: frozenset[int], max_tokens: int) -> Any:
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    try:
+        return SamplingParams(
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            top_k=sampling.top_k,
+            max_tokens=max_tokens,
+            min_tokens=min(sampling.min_tokens, max_tokens),
+            repetition_penalty=sampling.repetition_penalty,
+            seed=sampling.seed,
+            stop_token_ids=sorted(eos),
+            detokenize=False,
+            output_kind=RequestOutputKind.DELTA,
+        )
+    except ValueError as exc:
+        raise StageInputError(f"invalid sampling parameter: {exc}") from None
+
+
+class VllmThinkerSession(Session):
+    """One request in the shared engine. Text goes to the router as tokens arrive; with
+    audio, the talker gets the prompt package with the first reply row, then one row per
+    reply token fed to the model (so one token behind the text, as vLLM computes a
+    token's state in the step that samples the next)."""
+
+    def __init__(self, stage: VllmThinkerMixin, params: dict[str, Any]) -> None:
+        self.stage = stage
+        self.want_audio = bool(params.get("audio"))
+        if self.want_audio:
+            self.voice = pick_voice(params, stage.voices)
+        self.sampling = Sampling.from_params(stage.sampling, params.get("sampling"))
+        conversation, images, audios = stage.conversation(params.get("messages"))
+        text = stage.processor.apply_chat_template(
+            conversation, add_generation_prompt=True, tokenize=False
+        )
+        self.layout: dict[str, torch.Tensor] = {}
+        if self.want_audio and (images or audios):
+            # The talker's rope index needs the image grids and audio lengths, which vLLM
+            # keeps to itself: the processor works them out again for audio requests.
+            self.layout = self._media_layout(text, images, audios)
+        rate = stage.processor.feature_extractor.sampling_rate
+        media: dict[str, Any] = {}
+        self.media = media
+        if images:
+            media["image"] = images
+        if audios:
+            media["audio"] = [(clip, rate) for clip in audios]
+        forced = params.get("forced_reply")
+        self.forced: list[int] | None = None
+        prompt: dict[str, Any]
+        if forced is not None:
+            if not isinstance(forced, str) or not forced:
+                raise StageInputError("input must be a non-empty string")
+            if media:
+                raise StageInputError("a forced reply takes a text-only conversation")
+            # The reply is known: prompt and reply run as one prefill, whose rows past the
+            # prompt are the reply rows the talker needs.
+            self.forced = stage.tokenizer(forced, add_special_tokens=False).input_ids
+            ids = stage.tokenizer(text).input_ids
+            self.prompt_length = len(ids)
+            prompt = {"prompt_token_ids": ids + self.forced}
+            max_tokens = 1
+        else:
+            prompt = {"prompt": text, "multi_modal_data": media} if media else {"prompt": text}
+            max_tokens = self.sampling.max_tokens
+            self.prompt_length = 0  # known once vLLM has processed the prompt
+        self.request_id = f"thinker-{uuid.uuid4().hex}"
+        llm = stage.engine.llm
+        params = sampling_params(self.sampling, stage.eos, max_tokens)
+        from vllm.exceptions import VLLMClientError
+
+        try:
+            self.engine_id = llm.add_request(self.request_id, prompt, params)  # type: ignore[arg-type]
+        except (ValueError, TypeError, VLLMClientError) as exc:
+            # Too long for the context, an image or clip the processor rejects: vLLM
+            # refuses before the request takes any engine time.
+            raise StageInputError(f"the thinker refused the input: {exc}") from None
+        stage.sessions[self.request_id] = self
+        if self.want_audio:
+            stage.engine.tap.want(self.engine_id)
+        self.generated: list[int] = []
+        self.prompt_ids: list[int] = []
+        self.finished = False
+        self.finish_reason: str | None = None
+        self.fresh = False  # something arrived since the last step
+        self.text = ""
+        self.rows_sent = 0
+        self.prompt_rows: dict[int, torch.Tensor] | None = None
+        self.closed = False
+
+    def _media_layout(self, text: str, images: list[Any], audios: list[Any]) -> Any:
+        from omnipipe.worker.stages.thinker import media_layout
+
+        try:
+            inputs = self.stage.processor(
+                text=[text],
+                images=images or None,
+                audio=audios or None,
+                return_tensors="pt",
+                padding=True,
+            )
+        except (ValueError, TypeError) as exc:
+            raise StageInputError(f"the processor rejected the input: {exc}") from None
+        return media_layout(dict(inputs))
+
+    def receive(self, output: Any) -> None:
+        if not self.prompt_ids and output.prompt_token_ids:
+            self.prompt_ids = list(output.prompt_token_ids)
+            if self.forced is None:
+                self.prompt_length = len(self.prompt_ids)
+        completion = output.outputs[0]
+        self.generated.extend(completion.token_ids)
+        if output.finished:
+            self.finished = True
+            self.finish_reason = completion.finish_reason
+        self.fresh = True
+
+    def step(self, chunks: Sequence[Chunk]) -> StepResult | None:
+        while not self.fresh:
+            self.stage.advance()
+        self.fresh = False
+        with torch.inference_mode():
+            tensors = self._handoff() if self.want_audio else {}
+        if self.forced is not None:
+            return self._finish_forced(tensors)
+        outputs = self._delta(final=self.finished)
+        if self.finished:
+            outputs.append(self._usage(self.finish_reason or "stop", len(self.generated)))
+        return StepResult(tensors=tensors, outputs=outputs, done=self.finished)
+
+    def _usage(self, reason: str, completion_tokens: int) -> dict[str, Any]:
+        return {
+            "finish_reason": reason,
+            "prompt_tokens": self.prompt_length,
+            "completion_tokens": completion_tokens,
+        }
+
+    def _finish_forced(self, tensors: dict[str, torch.Tensor]) -> StepResult:
+        assert self.forced is not None
+        if not self.finished:
+            return StepResult(tensors=tensors)
+        text = self.stage.tokenizer.decode(self.forced, skip_special_tokens=True)
+        # As the transformers engine counts it: the reply, then the end-of-turn token.
+        usage = self._usage("stop", len(self.forced) + 1)
+        return StepResult(tensors=tensors, outputs=[{"text": text}, usage], done=True)
+
+    def _delta(self, final: bool) -> list[dict[str, Any]]:
+        ids = [t for t in self.generated if t not in self.stage.eos]
+        decoded = self.stage.tokenizer.decode(ids, skip_special_tokens=True)
+        if decoded.endswith("\ufffd") and not final:
+            return []  # a multi-byte character is still incomplete
+        delta, self.text = decoded[len(self.text) :], decoded
+        return [{"text": delta}] if delta else []
+
+    def _handoff(self) -> dict[str, torch.Tensor]:
+        """The rows captured since the last step, as the talker takes them."""
+        rows = self.stage.engine.tap.take(self.engine_id)
+        tensors: dict[str, torch.Tensor] = {}
+        if rows is not None:
+            if self.prompt_rows is None:
+                # The first rows are the prompt's (from one prefill or several chunks of
+                # it), maybe followed by reply rows if this session missed an engine step.
+                n = self.prompt_length
+                self.prompt_rows = {k: v[:n] for k, v in rows.items()}
+                rows = {k: v[n:] for k, v in rows.items()}
+            reply = self._reply_rows(rows)
+            if reply is not None:
+                if self.rows_sent == 0:
+                    tensors.update(self._prompt_package())
+                tensors["reply"] = reply
+                self.rows_sent += int(reply.shape[0])
+        if self.finished and self.rows_sent == 0:
+            # One-token answer: vLLM never ran that token through the model, but the
+            # talker cannot start without its row. Compute it with one more prefill.
+            tensors.update(self._prompt_package())
+            tensors["reply"] = self._first_row_alone()
+            self.rows_sent = 1
+        return tensors
+
+    def _reply_rows(self, rows: dict[int, torch.Tensor]) -> torch.Tensor | None:
+        if not rows or next(iter(rows.values())).shape[0] == 0:
+            return None
+        count = next(iter(rows.values())).shape[0]
+        return torch.cat(
+            [
+                self.stage.reply_row({k: v[None, : i + 1] for k, v in rows.items()})
+                for i in range(count)
+            ]
+        )
+
+    def _first_token(self) -> int:
+        if self.forced is not None:
+            return self.forced[0]
+        return self.generated[0]
+
+    def _prompt_package(self) -> dict[str, torch.Tensor]:
+        assert self.prompt_rows is not None
+        n = self.prompt_length
+        ids = self.prompt_ids[:n]
+        inputs = {"input_ids": torch.tensor([ids]), **self._layout_inputs()}
+        hidden = {k: v[None, :n] for k, v in self.prompt_rows.items()}
+        package = self.stage.talker_prompt(inputs, hidden, self.voice)
+        return {**package, "first_token_id": torch.tensor([self._first_token()])}
+
+    def _layout_inputs(self) -> dict[str, torch.Tensor]:
+        # media_layout() already turned the feature mask into lengths; talker_prompt calls
+        # media_layout again, so hand it the mask's equivalent back.
+        inputs: dict[str, torch.Tensor] = {}
+        if "image_grid_thw" in self.layout:
+            inputs["image_grid_thw"] = self.layout["image_grid_thw"]
+        if "audio_feature_lengths" in self.layout:
+            lengths = self.layout["audio_feature_lengths"]
+            width = int(lengths.max())
+            inputs["feature_attention_mask"] = (
+                torch.arange(width)[None, :] < lengths[:, None]
+            ).long()
+        return inputs
+
+    def _first_row_alone(self) -> torch.Tensor:
+        from vllm import SamplingParams
+
+        stage = self.stage
+        llm = stage.engine.llm
+        request_id = f"{self.request_id}-first"
+        prompt: dict[str, Any] = {"prompt_token_ids": [*self.prompt_ids, self._first_token()]}
+        if self.media:
+            prompt["multi_modal_data"] = self.media
+        params = SamplingParams(max_tokens=1, detokenize=False)
+        engine_id = llm.add_request(request_id, prompt, params)  # type: ignore[arg-type]
+        stage.engine.tap.want(engine_id)
+        try:
+            done = False
+            while not done:
+                # Other requests advance too; their outputs still reach their sessions.
+                for output in llm.step():
+                    other = stage.sessions.get(output.request_id)
+                    if other is not None:
+                        other.receive(output)
+                    done = done or (output.request_id == request_id and output.finished)
+            rows = stage.engine.tap.take(engine_id)
+        finally:
+            stage.engine.tap.forget(engine_id)
+        assert rows is not None
+        last = {k: v[-1:] for k, v in rows.items()}
+        reply = self._reply_rows(last)
+        assert reply is not None
+        return reply
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        stage = self.stage
+        stage.sessions.pop(self.request_id, None)
+        stage.engine.tap.forget(self.engine_id)
+        if not self.finished:
+            # A cancel or timeout: free the request's slot and KV cache in the engine now.
+            stage.engine.llm.abort_request([self.request_id])

