@@ -2,12 +2,44 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
 
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 RTF_BUCKETS = (0.05, 0.1, 0.25, 0.5, 0.75, 1, 1.5, 2, 5, 10)
+
+
+class EngineMetrics(Collector):
+    """The engine's own metrics, re-exported with the worker's pipeline and stage labels.
+
+    vLLM registers its metrics (vllm:num_requests_running, vllm:kv_cache_usage_perc, token
+    counters...) in prometheus_client's process-wide registry, labelled by model name only;
+    the autoscaler selects by pipeline and stage, as for every other stage metric."""
+
+    PREFIX = "vllm:"
+
+    def __init__(self, pipeline: str, stage: str, source: CollectorRegistry = REGISTRY) -> None:
+        self.labels = {"pipeline": pipeline, "stage": stage}
+        self.source = source
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self.source.collect():
+            if not family.name.startswith(self.PREFIX):
+                continue
+            relabelled = Metric(family.name, family.documentation, family.type, family.unit)
+            for sample in family.samples:
+                relabelled.add_sample(
+                    sample.name,
+                    {**sample.labels, **self.labels},
+                    sample.value,
+                    sample.timestamp,
+                    sample.exemplar,
+                )
+            yield relabelled
 
 
 @dataclass
@@ -80,6 +112,7 @@ class WorkerMetrics:
                 buckets=RTF_BUCKETS,
             ),
         )
+        registry.register(EngineMetrics(pipeline, stage))
         m._labels = (pipeline, stage)
         # Export every series from the start: an idle worker must read as 0, not absent.
         m.set_load(0, 0)

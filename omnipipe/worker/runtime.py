@@ -272,6 +272,10 @@ class StageRuntime:
                 job.stage_job.cancelled.set()
             await job.events.put(StageEvent(type="error", code="cancelled", message="cancelled"))
         except TimeoutError:
+            # Stop the engine's work too: a denoising loop checks this between steps (a
+            # streaming session is closed by _stream's finally).
+            if job.stage_job is not None:
+                job.stage_job.cancelled.set()
             await job.events.put(
                 StageEvent(type="error", code="timeout", message=f"{self.stage_name} timed out")
             )

@@ -125,7 +125,8 @@ def test_queries_select_the_stage_and_pick_the_signal_kind() -> None:
     kv = signal_queries(
         "ns", "p", "thinker", Autoscaling(max_replicas=3, metric=Metric.KV_CACHE_USAGE)
     )
-    assert 'pod=~"p-thinker-.*"' in kv.value
+    # vLLM's gauge, as the worker re-exports it with the stage's labels.
+    assert kv.value == 'avg(vllm:kv_cache_usage_perc{namespace="ns",pipeline="p",stage="thinker"})'
     raw = signal_queries(
         "ns", "p", "s", Autoscaling(max_replicas=3, metric=Metric.PROMQL, query="vector(1)")
     )

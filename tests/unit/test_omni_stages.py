@@ -205,3 +205,14 @@ def test_spec_sampling_is_the_default_and_requests_override_it(path: str) -> Non
 
     assert tokens(None) == 4
     assert tokens({"max_tokens": 2, "min_tokens": 2}) == 2
+
+
+def test_a_prompt_past_the_context_is_refused_before_it_runs(path: str) -> None:
+    stage = ThinkerStage(
+        spec("thinker", Role.THINKER, engine_args={"max_model_len": 256}), path, "cpu"
+    )
+    stage.load()
+    assert stage.context_length == 256
+    with pytest.raises(StageInputError, match="this model's context is 256 tokens"):
+        stage.open(StageJob({"messages": [{"role": "user", "content": "x" * 300}]}, {}))
+    stage.open(StageJob({"messages": [{"role": "user", "content": "x" * 100}]}, {})).close()

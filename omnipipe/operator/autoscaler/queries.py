@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from omnipipe.api.names import stage_object_name
 from omnipipe.api.spec import Autoscaling, Metric
 
 
@@ -51,11 +50,11 @@ def signal_queries(namespace: str, pipeline: str, stage: str, policy: Autoscalin
             demand,
         )
     if policy.metric is Metric.KV_CACHE_USAGE:
-        pods = f'namespace="{namespace}",pod=~"{stage_object_name(pipeline, stage)}-.*"'
+        # vLLM's own gauge, which the worker re-exports with pipeline and stage labels.
         return SignalQueries(
             SignalKind.LEVEL,
-            f"avg(vllm:kv_cache_usage_perc{{{pods}}})",
-            f"time() - max(timestamp(vllm:kv_cache_usage_perc{{{pods}}}))",
+            f"avg(vllm:kv_cache_usage_perc{{{sel}}})",
+            f"time() - max(timestamp(vllm:kv_cache_usage_perc{{{sel}}}))",
             demand,
         )
     assert policy.query is not None  # the spec requires it for promql

@@ -84,6 +84,13 @@ class ThinkerStage(StreamingStage):
         return load_qwen25_omni(self.model_path, self.device, "thinker")
 
     @property
+    def context_length(self) -> int:
+        """Longest prompt plus reply: engineArgs' max_model_len, else the model's own."""
+        limit = self.spec.engine_args.get("max_model_len")
+        native = int(self.config.thinker_config.text_config.max_position_embeddings)
+        return min(int(limit), native) if limit else native
+
+    @property
     def speaker_map(self) -> dict[str, Any]:
         speakers: dict[str, Any] = self.model.speaker_map
         return speakers
@@ -189,6 +196,14 @@ class ThinkerSession(Session):
             )
         except (ValueError, TypeError) as exc:
             raise StageInputError(f"the processor rejected the input: {exc}") from None
+        length = int(inputs["input_ids"].shape[1])
+        if length >= stage.context_length:
+            # Refused before it takes the engine: a prompt past the context would run
+            # for minutes and then fail.
+            raise StageInputError(
+                f"the prompt is {length} tokens; this model's context is "
+                f"{stage.context_length} tokens, and the reply needs at least one"
+            )
         self.inputs = {k: v.to(stage.device) for k, v in inputs.items()}
         forced = params.get("forced_reply")
         self.forced: list[int] | None = None

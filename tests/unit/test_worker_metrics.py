@@ -1,0 +1,22 @@
+"""The worker re-exports the engine's own metrics with its pipeline and stage labels."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+
+from omnipipe.worker.metrics import EngineMetrics
+
+
+def test_vllm_metrics_get_pipeline_and_stage_labels_and_others_stay_out() -> None:
+    engine = CollectorRegistry()
+    usage = Gauge("vllm:kv_cache_usage_perc", "KV-cache usage.", ["model_name"], registry=engine)
+    usage.labels("m").set(0.25)
+    tokens = Counter("vllm:generation_tokens", "Tokens.", ["model_name"], registry=engine)
+    tokens.labels("m").inc(7)
+    Gauge("unrelated_gauge", "Not the engine's.", registry=engine).set(1)
+    out = CollectorRegistry()
+    out.register(EngineMetrics("p", "thinker", source=engine))
+    text = generate_latest(out).decode()
+    assert 'vllm:kv_cache_usage_perc{model_name="m",pipeline="p",stage="thinker"} 0.25' in text
+    assert 'vllm:generation_tokens_total{model_name="m",pipeline="p",stage="thinker"} 7.0' in text
+    assert "unrelated_gauge" not in text
