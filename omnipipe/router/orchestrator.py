@@ -41,6 +41,8 @@ def _error_for(stage: str, event: StageEvent) -> OpenAIError:
         return BadRequest(event.message, code=event.code)
     if event.code == "timeout":
         return GatewayTimeout(event.message, code=event.code)
+    if event.code == "stage_unavailable":
+        return StageUnavailable(event.message, code=event.code)
     return StageFailed(f"stage {stage} failed: {event.message}", code=event.code or None)
 
 

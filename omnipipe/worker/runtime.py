@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from omnipipe.api.wire import StageEvent, SubmitRequest
-from omnipipe.transfer import Mailbox, Message, Sender
+from omnipipe.transfer import Mailbox, Message, Sender, TransferRefused
 from omnipipe.worker.metrics import WorkerMetrics
 from omnipipe.worker.stages.base import (
     Chunk,
@@ -281,6 +281,14 @@ class StageRuntime:
             )
         except StageInputError as exc:
             await job.events.put(StageEvent(type="error", code="invalid_request", message=str(exc)))
+        except TransferRefused as exc:
+            # The next stage refused the hand-off (its mailbox is full, or it is no peer):
+            # the stage is unavailable for this request, not broken.
+            await job.events.put(
+                StageEvent(
+                    type="error", code="stage_unavailable", message=f"{self.stage_name}: {exc}"
+                )
+            )
         except Exception as exc:
             log.exception("request %s failed in %s", request.request_id, self.stage_name)
             await job.events.put(

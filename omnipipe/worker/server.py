@@ -133,7 +133,7 @@ def build_app(pipeline: ResolvedPipeline, settings: WorkerSettings) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         backend = pipeline.transfer.backend.value
-        mailbox = Mailbox()
+        mailbox = Mailbox(max_bytes=settings.mailbox_max_bytes)
         state.receiver = make_receiver(
             backend,
             mailbox,

@@ -36,3 +36,5 @@ class WorkerSettings(BaseSettings):
     """The pipeline's shared credential (OMNIPIPE_PIPELINE_CREDENTIAL, no prefix: the
     router reads the same variable). When set, every control call but /health, /ready
     and /metrics must carry it in the X-Omnipipe-Credential header."""
+    mailbox_max_bytes: int = 1 << 30
+    """Most bytes of inputs the transfer mailbox holds; a message past it is refused."""

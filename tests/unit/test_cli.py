@@ -17,6 +17,7 @@ def test_render_prints_every_child(capsys: pytest.CaptureFixture[str]) -> None:
     assert kinds == sorted(
         [
             ("ConfigMap", "qwen-image-config"),
+            ("NetworkPolicy", "qwen-image-stages"),
             *[
                 (k, f"qwen-image-{s}")
                 for s in ("encode", "denoise", "decode", "router")

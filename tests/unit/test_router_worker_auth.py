@@ -88,10 +88,10 @@ def test_prestop_hook_posts_drain_with_the_credential(monkeypatch: pytest.Monkey
     sent: list[urllib.request.Request] = []
     monkeypatch.setattr(urllib.request, "urlopen", lambda req, *a, **k: sent.append(req))
     monkeypatch.setenv(c.CREDENTIAL_ENV, CREDENTIAL)
-    monkeypatch.setenv("OMNIPIPE_POD_IP", "10.1.2.3")
+    monkeypatch.setenv("OMNIPIPE_POD_IP", "10.1.2.3")  # not used: loopback skips policies
     exec(DRAIN_SCRIPT, {})  # what the container runs: python3 -c DRAIN_SCRIPT
     [request] = sent
     assert request.get_method() == "POST"
-    assert request.full_url == f"http://10.1.2.3:{c.WORKER_CONTROL_PORT}/drain"
+    assert request.full_url == f"http://127.0.0.1:{c.WORKER_CONTROL_PORT}/drain"
     # urllib stores header names capitalize()d.
     assert request.get_header(c.CREDENTIAL_HEADER.capitalize()) == CREDENTIAL

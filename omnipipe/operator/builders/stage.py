@@ -28,11 +28,11 @@ CACHE_DIR = "/var/cache/omnipipe"
 WRITABLE_ROOT_ENGINES = frozenset({Engine.VLLM})
 # preStop: POST /drain with the pipeline's credential from the pod's environment. An
 # httpGet hook can neither POST nor read a Secret into a header, so the hook is a
-# stdlib-only Python one-liner (no shell: the command is a list).
+# stdlib-only Python one-liner (no shell: the command is a list). Loopback, not the pod
+# IP: no NetworkPolicy applies to it, and the worker in a pod binds every address.
 DRAIN_SCRIPT = (
     "import os, urllib.request as r; "
-    "host = os.environ.get('OMNIPIPE_POD_IP') or '127.0.0.1'; "
-    f"r.urlopen(r.Request(f'http://{{host}}:{c.WORKER_CONTROL_PORT}/drain', method='POST', "
+    f"r.urlopen(r.Request('http://127.0.0.1:{c.WORKER_CONTROL_PORT}/drain', method='POST', "
     f"headers={{'{c.CREDENTIAL_HEADER}': os.environ.get('{c.CREDENTIAL_ENV}', '')}}))"
 )
 
