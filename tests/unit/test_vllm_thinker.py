@@ -12,12 +12,9 @@ model runner changes shape fails here, not in production.
 from __future__ import annotations
 
 import base64
-import io
-import wave
 from collections.abc import Iterator
 from typing import Any
 
-import numpy as np
 import pytest
 import torch
 
@@ -25,10 +22,10 @@ from omnipipe.api.spec import Engine, Role
 from omnipipe.worker.models.tiny import resolve_model_path
 from omnipipe.worker.stages import stage_class
 from omnipipe.worker.stages.base import Chunk, Session, StageInputError, StageJob, StepResult
-from omnipipe.worker.stages.media import pcm16
 from omnipipe.worker.stages.thinker import ThinkerStage
 from omnipipe.worker.stages.vllm_thinker import VllmThinkerMixin
 from tests.unit.test_omni_stages import spec
+from tests.unit.test_qwen3_omni_stages import media_message
 
 pytestmark = pytest.mark.timeout(600)
 FAMILIES = ["tiny://qwen2.5-omni", "tiny://qwen3-omni"]
@@ -39,30 +36,6 @@ GREEDY = {"temperature": 0, "max_tokens": 12}
 STATE_ATOL = 1e-5
 # Checked on its own in test_qwen3_mid_layer_state_with_an_image_equals_transformers.
 QWEN3_MEDIA_MID_LAYER = {"prompt_hidden"}
-
-
-def media_message() -> list[dict[str, Any]]:
-    from PIL import Image
-
-    rng = np.random.default_rng(0)
-    png = io.BytesIO()
-    Image.fromarray(rng.integers(0, 255, (40, 50, 3), dtype=np.uint8)).save(png, "PNG")
-    wav = io.BytesIO()
-    with wave.open(wav, "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(16000)
-        w.writeframes(pcm16(rng.standard_normal(16000).astype(np.float32) * 0.1))
-    return [
-        {
-            "role": "user",
-            "content": [
-                {"type": "image", "data": base64.b64encode(png.getvalue()).decode()},
-                {"type": "audio", "data": base64.b64encode(wav.getvalue()).decode()},
-                {"type": "text", "text": "what is this?"},
-            ],
-        }
-    ]
 
 
 @pytest.fixture(scope="module", params=FAMILIES, ids=["qwen2.5-omni", "qwen3-omni"])

@@ -140,6 +140,25 @@ class ThinkerStage(StreamingStage):
     def open(self, job: StageJob) -> Session:
         return ThinkerSession(self, job.params)
 
+    def prompt_text(self, conversation: list[dict[str, Any]]) -> str:
+        text: str = self.processor.apply_chat_template(
+            conversation, add_generation_prompt=True, tokenize=False
+        )
+        return text
+
+    def process(self, text: str, images: list[Any], audios: list[Any]) -> Any:
+        """The processor's model inputs; media it cannot take is the client's error."""
+        try:
+            return self.processor(
+                text=[text],
+                images=images or None,
+                audio=audios or None,
+                return_tensors="pt",
+                padding=True,
+            )
+        except (ValueError, TypeError) as exc:
+            raise StageInputError(f"the processor rejected the input: {exc}") from None
+
     def conversation(self, messages: Any) -> tuple[list[dict[str, Any]], list[Any], list[Any]]:
         """Router messages -> the processor's conversation, images and audio clips."""
         if not isinstance(messages, list) or not messages:
@@ -174,6 +193,23 @@ class ThinkerStage(StreamingStage):
         return conversation, images, audios
 
 
+class ReplyText:
+    """The reply's token ids as text deltas for the router."""
+
+    def __init__(self, tokenizer: Any, eos: frozenset[int]) -> None:
+        self.tokenizer = tokenizer
+        self.eos = eos
+        self.text = ""
+
+    def delta(self, generated: list[int], final: bool) -> list[dict[str, Any]]:
+        ids = [t for t in generated if t not in self.eos]
+        decoded = self.tokenizer.decode(ids, skip_special_tokens=True)
+        if decoded.endswith("\ufffd") and not final:
+            return []  # a multi-byte character is still incomplete
+        delta, self.text = decoded[len(self.text) :], decoded
+        return [{"text": delta}] if delta else []
+
+
 class ThinkerSession(Session):
     def __init__(self, stage: ThinkerStage, params: dict[str, Any]) -> None:
         self.stage = stage
@@ -183,19 +219,7 @@ class ThinkerSession(Session):
         self.sampling = Sampling.from_params(stage.sampling, params.get("sampling"))
         self.generator = self.sampling.generator(stage.device)
         conversation, images, audios = stage.conversation(params.get("messages"))
-        text = stage.processor.apply_chat_template(
-            conversation, add_generation_prompt=True, tokenize=False
-        )
-        try:
-            inputs = stage.processor(
-                text=[text],
-                images=images or None,
-                audio=audios or None,
-                return_tensors="pt",
-                padding=True,
-            )
-        except (ValueError, TypeError) as exc:
-            raise StageInputError(f"the processor rejected the input: {exc}") from None
+        inputs = stage.process(stage.prompt_text(conversation), images, audios)
         length = int(inputs["input_ids"].shape[1])
         if length >= stage.context_length:
             # Refused before it takes the engine: a prompt past the context would run
@@ -215,7 +239,7 @@ class ThinkerSession(Session):
         self.rope_deltas: torch.Tensor | None = None
         self.generated: list[int] = []
         self.fed = 0
-        self.text = ""
+        self.reply = ReplyText(stage.tokenizer, stage.eos)
         self.prompt: Tensors = {}
 
     @property
@@ -233,12 +257,7 @@ class ThinkerSession(Session):
         return next_token(logits, self.sampling, seen, suppress, self.generator)
 
     def _delta(self, final: bool) -> list[dict[str, Any]]:
-        ids = [t for t in self.generated if t not in self.stage.eos]
-        decoded = self.stage.tokenizer.decode(ids, skip_special_tokens=True)
-        if decoded.endswith("\ufffd") and not final:
-            return []  # a multi-byte character is still incomplete
-        delta, self.text = decoded[len(self.text) :], decoded
-        return [{"text": delta}] if delta else []
+        return self.reply.delta(self.generated, final)
 
     def step(self, chunks: Sequence[Chunk]) -> StepResult | None:
         with torch.inference_mode():

@@ -25,7 +25,13 @@ from omnipipe.worker.engines.vllm_tap import FINAL
 from omnipipe.worker.stages.base import Chunk, Session, StageInputError, StageJob, StepResult
 from omnipipe.worker.stages.qwen3_omni import Qwen3ThinkerStage
 from omnipipe.worker.stages.sampling import Sampling
-from omnipipe.worker.stages.thinker import THINKER_SAMPLING, ThinkerStage, pick_voice
+from omnipipe.worker.stages.thinker import (
+    THINKER_SAMPLING,
+    ReplyText,
+    ThinkerStage,
+    media_layout,
+    pick_voice,
+)
 
 
 class VllmThinkerMixin(ThinkerStage):
@@ -141,9 +147,7 @@ class VllmThinkerSession(Session):
             self.voice = pick_voice(params, stage.voices)
         self.sampling = Sampling.from_params(stage.sampling, params.get("sampling"))
         conversation, images, audios = stage.conversation(params.get("messages"))
-        text = stage.processor.apply_chat_template(
-            conversation, add_generation_prompt=True, tokenize=False
-        )
+        text = stage.prompt_text(conversation)
         self.layout: dict[str, torch.Tensor] = {}
         if self.want_audio and (images or audios):
             # The talker's rope index needs the image grids and audio lengths, which vLLM
@@ -194,25 +198,13 @@ class VllmThinkerSession(Session):
         self.finished = False
         self.finish_reason: str | None = None
         self.fresh = False  # something arrived since the last step
-        self.text = ""
+        self.reply = ReplyText(stage.tokenizer, stage.eos)
         self.rows_sent = 0
         self.prompt_rows: dict[int, torch.Tensor] | None = None
         self.closed = False
 
     def _media_layout(self, text: str, images: list[Any], audios: list[Any]) -> Any:
-        from omnipipe.worker.stages.thinker import media_layout
-
-        try:
-            inputs = self.stage.processor(
-                text=[text],
-                images=images or None,
-                audio=audios or None,
-                return_tensors="pt",
-                padding=True,
-            )
-        except (ValueError, TypeError) as exc:
-            raise StageInputError(f"the processor rejected the input: {exc}") from None
-        return media_layout(dict(inputs))
+        return media_layout(dict(self.stage.process(text, images, audios)))
 
     def receive(self, output: Any) -> None:
         if not self.prompt_ids and output.prompt_token_ids:
@@ -256,12 +248,7 @@ class VllmThinkerSession(Session):
         return StepResult(tensors=tensors, outputs=[{"text": text}, usage], done=True)
 
     def _delta(self, final: bool) -> list[dict[str, Any]]:
-        ids = [t for t in self.generated if t not in self.stage.eos]
-        decoded = self.stage.tokenizer.decode(ids, skip_special_tokens=True)
-        if decoded.endswith("\ufffd") and not final:
-            return []  # a multi-byte character is still incomplete
-        delta, self.text = decoded[len(self.text) :], decoded
-        return [{"text": delta}] if delta else []
+        return self.reply.delta(self.generated, final)
 
     def _handoff(self) -> dict[str, torch.Tensor]:
         """The rows captured since the last step, as the talker takes them."""
