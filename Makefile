@@ -51,7 +51,7 @@ manifests: venv
 	$(BIN)/python -c "from pathlib import Path; from omnipipe.api.reference import replace_in; \
 	  p = Path('README.md'); p.write_text(replace_in(p.read_text()))"
 
-BENCHES ?= transfer router_overhead pipelining reconcile autoscale_reaction
+BENCHES ?= transfer router_overhead pipelining reconcile autoscale_reaction engines
 
 bench: venv system-deps k8s-binaries
 	@for b in $(BENCHES); do echo "== bench/$$b.py $(BENCH_ARGS)"; \

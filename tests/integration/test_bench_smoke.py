@@ -77,3 +77,16 @@ def test_reconcile_quick(tmp_path: Path) -> None:
         assert ours["ready_s"] > 0
         assert ours["requests_per_pipeline"] > 0  # the operator's requests were counted
         assert results["direct"][n]["ready_s"] > 0  # type: ignore[index]
+
+
+def test_engines_quick(tmp_path: Path) -> None:
+    out, results = run_quick("engines", tmp_path)
+    assert "vllm/transformers" in out
+    assert set(results["versions"]) == {"vllm", "torch", "transformers"}  # type: ignore[arg-type]
+    for engine in ("vllm", "transformers"):
+        levels = results[engine]
+        assert set(levels) == {"1", "4"}  # type: ignore[arg-type]
+        for r in levels.values():  # type: ignore[attr-defined]
+            assert r["thinker_tokens_per_s"] > 0
+            assert r["pipeline_rps"] > 0
+            assert 0 < r["first_audio_p50_s"] <= r["first_audio_p90_s"]
