@@ -53,6 +53,7 @@ class WorkerMetrics:
     queue_wait: Histogram
     first_audio: Histogram
     real_time_factor: Histogram
+    seconds_without_progress: Gauge
 
     @classmethod
     def create(cls, pipeline: str, stage: str) -> WorkerMetrics:
@@ -65,6 +66,11 @@ class WorkerMetrics:
         m = cls(
             registry=registry,
             running=gauge("omnipipe_stage_requests_running", "Requests executing in the engine."),
+            seconds_without_progress=gauge(
+                "omnipipe_stage_engine_seconds_without_progress",
+                "How long the engine call now running has made no progress (0: idle or "
+                "moving); past the worker's stall_seconds it reports not ready.",
+            ),
             waiting=gauge(
                 "omnipipe_stage_requests_waiting",
                 "Requests accepted but not executing: waiting for inputs or an engine slot.",
@@ -116,6 +122,7 @@ class WorkerMetrics:
         m._labels = (pipeline, stage)
         # Export every series from the start: an idle worker must read as 0, not absent.
         m.set_load(0, 0)
+        m.seconds_without_progress.labels(pipeline, stage).set(0)
         m.duration.labels(pipeline, stage)
         m.queue_wait.labels(pipeline, stage)
         m.first_audio.labels(pipeline, stage)
@@ -123,6 +130,10 @@ class WorkerMetrics:
         return m
 
     _labels: tuple[str, str] = ("", "")
+
+    @property
+    def labels(self) -> tuple[str, str]:
+        return self._labels
 
     def transfer(self, direction: str, nbytes: int, seconds: float) -> None:
         self.transfer_bytes.labels(*self._labels, direction).inc(nbytes)

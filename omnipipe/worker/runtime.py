@@ -10,9 +10,10 @@ import asyncio
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 from omnipipe.api.wire import StageEvent, SubmitRequest
 from omnipipe.transfer import Mailbox, Message, Sender, TransferRefused
@@ -30,6 +31,7 @@ from omnipipe.worker.stages.base import (
 )
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class DuplicateRequest(Exception):
@@ -93,6 +95,9 @@ class StageRuntime:
         self._loop_task: asyncio.Task[None] | None = None
         self._idle = asyncio.Event()
         self._idle.set()
+        # The watchdog's view of the engine thread: when the call now running last made
+        # progress (None: the thread is idle). Written on that thread, read on the loop.
+        self._progress_at: float | None = None
 
     # ---- load accounting -------------------------------------------------------------
     @property
@@ -117,8 +122,32 @@ class StageRuntime:
             return False
         return True
 
+    # ---- watchdog ----------------------------------------------------------------------
+    def progress(self) -> None:
+        """Called from the engine thread between units of work (a denoising step)."""
+        self._progress_at = time.monotonic()
+
+    def _on_engine(self, fn: Callable[..., T], *args: Any) -> T:
+        """Runs on the engine thread: fn, with the watchdog's clock running while it does."""
+        self._progress_at = time.monotonic()
+        try:
+            return fn(*args)
+        finally:
+            self._progress_at = None
+
+    async def _run_on_engine(self, fn: Callable[..., T], *args: Any) -> T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._engine, self._on_engine, fn, *args)
+
+    def seconds_without_progress(self) -> float:
+        """How long the engine call now running has gone without progress; 0 when idle."""
+        since = self._progress_at
+        return 0.0 if since is None else max(0.0, time.monotonic() - since)
+
     # ---- lifecycle ---------------------------------------------------------------------
     def start(self) -> None:
+        if self.stage is not None:
+            self.stage.progress = self.progress
         self._loop_task = asyncio.create_task(self._engine_loop(), name="engine-loop")
 
     async def close(self) -> None:
@@ -187,10 +216,9 @@ class StageRuntime:
         """Open a session, then alternate: step it on the engine thread (the executor's
         FIFO interleaves all open sessions), hand its chunk on, wait for input if starved."""
         request = job.request
-        loop = asyncio.get_running_loop()
         job.stage_job = StageJob(request.params, {})
         job.queued = time.monotonic()
-        session: Session = await loop.run_in_executor(self._engine, stage.open, job.stage_job)
+        session: Session = await self._run_on_engine(stage.open, job.stage_job)
         job.running = True
         self.metrics.observe_queue_wait(time.monotonic() - job.queued)
         self._update_load()
@@ -201,7 +229,7 @@ class StageRuntime:
         try:
             while True:
                 started = time.monotonic()
-                step = await loop.run_in_executor(self._engine, session.step, inbox.take())
+                step = await self._run_on_engine(session.step, inbox.take())
                 if step is None:
                     if inbox.chunks:
                         continue
@@ -318,7 +346,6 @@ class StageRuntime:
         return batch
 
     async def _engine_loop(self) -> None:
-        loop = asyncio.get_running_loop()
         while True:
             await self._wakeup.wait()
             self._wakeup.clear()
@@ -330,9 +357,7 @@ class StageRuntime:
                 self._update_load()
                 stage_jobs = [j.stage_job for j in batch if j.stage_job is not None]
                 try:
-                    results = await loop.run_in_executor(
-                        self._engine, self.stage.run_batch, stage_jobs
-                    )
+                    results = await self._run_on_engine(self.stage.run_batch, stage_jobs)
                 except Exception as exc:
                     for job in batch:
                         if job.result and not job.result.done():

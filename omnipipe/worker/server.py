@@ -72,17 +72,29 @@ class WorkerState:
     load_error: str = ""
     background: set[asyncio.Task[None]] = field(default_factory=set)
 
+    def stalled_for(self) -> float:
+        """Seconds the engine has gone without progress, past the watchdog's limit; 0 if
+        it is idle or moving."""
+        idle = self.runtime.seconds_without_progress() if self.runtime else 0.0
+        return idle if idle > self.settings.stall_seconds else 0.0
+
     def status(self) -> WorkerStatus:
         rt = self.runtime
+        stalled = self.stalled_for()
+        if stalled:
+            log.warning(
+                "stage %s: engine stalled, no progress for %.0fs", self.settings.stage, stalled
+            )
         return WorkerStatus(
             pipeline=self.pipeline.name,
             stage=self.settings.stage,
-            ready=self.loaded and not self.draining,
+            ready=self.loaded and not self.draining and not stalled,
             draining=self.draining,
             running=rt.running if rt else 0,
             waiting=rt.waiting if rt else 0,
             transfer_address=self.receiver.address if self.receiver else None,
             message=self.load_error
+            or (f"engine stalled: no progress for {stalled:.0f}s" if stalled else "")
             or ("draining" if self.draining else "ready" if self.loaded else "loading model"),
         )
 
@@ -196,6 +208,10 @@ def build_app(pipeline: ResolvedPipeline, settings: WorkerSettings) -> FastAPI:
 
     @app.get("/metrics")
     async def metrics() -> Response:
+        if state.runtime is not None:
+            state.metrics.seconds_without_progress.labels(*state.metrics.labels).set(
+                state.runtime.seconds_without_progress()
+            )
         return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.post("/v1/requests")

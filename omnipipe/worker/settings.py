@@ -38,3 +38,6 @@ class WorkerSettings(BaseSettings):
     and /metrics must carry it in the X-Omnipipe-Credential header."""
     mailbox_max_bytes: int = 1 << 30
     """Most bytes of inputs the transfer mailbox holds; a message past it is refused."""
+    stall_seconds: float = 300.0
+    """An engine call that makes no progress for this long marks the worker not ready
+    (the router stops sending it work) until it moves again."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +33,10 @@ class StageResult:
     outputs: list[dict[str, Any]] = field(default_factory=list)  # returned to the router
 
 
+def _no_watchdog() -> None:
+    pass
+
+
 class Stage(ABC):
     """One stage. load() runs once; run_batch() runs in the worker's engine thread."""
 
@@ -40,6 +44,9 @@ class Stage(ABC):
         self.spec = spec
         self.model_path = model_path
         self.device = torch.device(device)
+        # Long engine calls (a denoising loop) call this between units of work, so the
+        # worker's watchdog can tell a slow engine from one that makes no progress.
+        self.progress: Callable[[], None] = _no_watchdog
 
     @abstractmethod
     def load(self) -> None: ...

@@ -99,6 +99,7 @@ class DenoiseStage(Stage):
         def stop_when_all_cancelled(
             _pipe: Any, _step: int, _t: Any, kwargs: dict[str, Any]
         ) -> dict[str, Any]:
+            self.progress()
             # The pipeline checks `interrupt` before each step: nobody waits for this batch.
             if all(job.cancelled.is_set() for job in jobs):
                 pipe._interrupt = True

@@ -81,6 +81,7 @@ class VllmThinkerMixin(ThinkerStage):
             session = self.sessions.get(output.request_id)
             if session is not None:
                 session.receive(output)
+        self.progress()
 
 
 class VllmThinkerStage(VllmThinkerMixin):
