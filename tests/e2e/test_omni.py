@@ -290,6 +290,25 @@ def test_malformed_media_is_a_400(
         client.chat.completions.create(model=MODEL, messages=bad_part(part), stream=stream)
 
 
+def test_a_megabyte_message_is_a_400_that_names_the_context(
+    served: Served, client: openai.OpenAI
+) -> None:
+    """Refused before it occupies the thinker: the engine is free at once for the next."""
+    started = time.monotonic()
+    with pytest.raises(openai.BadRequestError, match="maximum context length"):
+        client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "x" * 1_000_000}]
+        )
+    assert time.monotonic() - started < 60
+    assert served.metric("thinker-0", "omnipipe_stage_requests_running") == 0
+    short = {"max_tokens": 3, "min_tokens": 3}
+    r = client.chat.completions.create(
+        model=MODEL, messages=HELLO, extra_body={"sampling_params_list": [short]}
+    )
+    assert r.usage is not None
+    assert r.usage.completion_tokens == 3
+
+
 def test_sampling_params_per_stage(client: openai.OpenAI, variant: Variant) -> None:
     short = {"max_tokens": 3, "min_tokens": 3}
     for form in ([short], {"thinker": short}):
