@@ -6,6 +6,8 @@ One interface (Sender / Receiver / Mailbox), two backends: ucx (ucxx) and tcp (a
 from omnipipe.transfer.auth import CREDENTIAL_ENV, TransferRefused
 from omnipipe.transfer.base import (
     DEFAULT_MAX_BYTES,
+    UNCLAIMED_SHARE,
+    Charge,
     Mailbox,
     MailboxFull,
     Message,
@@ -18,6 +20,8 @@ from omnipipe.transfer.factory import make_receiver, make_sender
 __all__ = [
     "CREDENTIAL_ENV",
     "DEFAULT_MAX_BYTES",
+    "UNCLAIMED_SHARE",
+    "Charge",
     "Mailbox",
     "MailboxFull",
     "Message",

@@ -43,10 +43,27 @@ class TransferStats:
 DEFAULT_TTL_SECONDS = 120.0
 # What a worker's mailbox may hold at most, queued and being received together.
 DEFAULT_MAX_BYTES = 1 << 30
+# The part of the cap that inputs no job has claimed yet may hold. The rest is kept for
+# requests a job is waiting on, so that a flood of inputs for requests that never come
+# (or a surge of new ones) cannot starve the requests already running.
+UNCLAIMED_SHARE = 0.75
 
 
 class MailboxFull(Exception):
     """A message would take the mailbox over its byte cap: it is refused, not queued."""
+
+
+class Charge(int):
+    """Bytes reserved for one message (an int), and for which request; `unclaimed`: they
+    count against the unclaimed share."""
+
+    request_id: str
+    unclaimed: bool
+
+    def __new__(cls, nbytes: int, request_id: str, unclaimed: bool) -> Charge:
+        charge = super().__new__(cls, nbytes)
+        charge.request_id, charge.unclaimed = request_id, unclaimed
+        return charge
 
 
 class Mailbox:
@@ -56,7 +73,9 @@ class Mailbox:
     back-pressure instead of unbounded buffering. Room for a message is reserved from its
     header before its tensors are read, so the cap holds for what is being received too;
     a message that does not fit is refused (MailboxFull) and the sender gets the reason.
-    Inputs nobody claims within `ttl_seconds` are dropped by sweep()."""
+    A request is claimed once a job asks for its inputs (get()); inputs of requests not
+    claimed yet hold at most `UNCLAIMED_SHARE` of the cap, and are dropped by sweep()
+    when nobody claims them within `ttl_seconds`."""
 
     def __init__(
         self,
@@ -67,10 +86,14 @@ class Mailbox:
         self._per_request = per_request
         self._ttl = ttl_seconds
         self.max_bytes = max_bytes
+        self.max_unclaimed_bytes = int(max_bytes * UNCLAIMED_SHARE)
         self._bytes = 0
-        self._queues: dict[str, asyncio.Queue[tuple[Message, int]]] = {}
-        # Requests with inputs that no job has asked for yet: when the first arrived.
+        self._unclaimed_bytes = 0
+        self._queues: dict[str, asyncio.Queue[tuple[Message, Charge]]] = {}
+        # Requests with inputs that no job has asked for yet: when the first arrived, and
+        # the bytes they hold (queued or being received).
         self._unclaimed: dict[str, float] = {}
+        self._unclaimed_held: dict[str, int] = {}
         # Requests already finished here: late chunks for them (an upstream stage still
         # streaming after this one stopped) are dropped, not queued until full.
         self._closed: dict[str, float] = {}
@@ -80,12 +103,21 @@ class Mailbox:
         """Bytes queued or reserved for messages being received."""
         return self._bytes
 
-    def reserve(self, request_id: str, nbytes: int) -> int | None:
+    @property
+    def unclaimed_bytes_held(self) -> int:
+        """Of bytes_held, those of requests no job has claimed yet."""
+        return self._unclaimed_bytes
+
+    def _claimed(self, request_id: str) -> bool:
+        return request_id in self._queues and request_id not in self._unclaimed
+
+    def reserve(self, request_id: str, nbytes: int) -> Charge | None:
         """Room for one message of `nbytes` (tensors and header) before it is read.
 
         Returns the charge to hand to put() (or release()), None when the request already
         ended here (read the message and drop it), and raises MailboxFull when it does
-        not fit under the cap."""
+        not fit under the cap, or, for a request not claimed yet, under the unclaimed
+        share of it."""
         if request_id in self._closed:
             return None
         if self._bytes + nbytes > self.max_bytes:
@@ -93,20 +125,42 @@ class Mailbox:
                 f"mailbox full: a {nbytes}-byte message for request {request_id} would "
                 f"exceed the {self.max_bytes}-byte cap ({self._bytes} bytes held)"
             )
+        unclaimed = not self._claimed(request_id)
+        if unclaimed and self._unclaimed_bytes + nbytes > self.max_unclaimed_bytes:
+            raise MailboxFull(
+                f"mailbox full: a {nbytes}-byte message for request {request_id}, which no "
+                f"job has claimed yet, would exceed the {self.max_unclaimed_bytes} bytes "
+                f"that unclaimed inputs may hold of the {self.max_bytes}-byte cap "
+                f"({self._unclaimed_bytes} bytes held unclaimed)"
+            )
         self._bytes += nbytes
-        return nbytes
+        if unclaimed:
+            self._unclaimed_bytes += nbytes
+            self._unclaimed_held[request_id] = self._unclaimed_held.get(request_id, 0) + nbytes
+        return Charge(nbytes, request_id, unclaimed)
 
-    def release(self, charge: int) -> None:
+    def release(self, charge: Charge) -> None:
         self._bytes -= charge
+        if charge.unclaimed and charge.request_id in self._unclaimed_held:
+            self._unclaimed_bytes -= charge
+            left = self._unclaimed_held[charge.request_id] - charge
+            if left > 0:
+                self._unclaimed_held[charge.request_id] = left
+            else:
+                del self._unclaimed_held[charge.request_id]
 
-    def _queue(self, request_id: str) -> asyncio.Queue[tuple[Message, int]]:
+    def _unclaim_bytes(self, request_id: str) -> None:
+        """The request's bytes no longer count as unclaimed (claimed, or discarded)."""
+        self._unclaimed_bytes -= self._unclaimed_held.pop(request_id, 0)
+
+    def _queue(self, request_id: str) -> asyncio.Queue[tuple[Message, Charge]]:
         q = self._queues.get(request_id)
         if q is None:
             q = self._queues[request_id] = asyncio.Queue(self._per_request)
             self._unclaimed[request_id] = time.monotonic()
         return q
 
-    async def put(self, message: Message, charge: int | None = None) -> None:
+    async def put(self, message: Message, charge: Charge | None = None) -> None:
         """Queue a message; waits while the request's queue is full. Without a charge
         from reserve(), room is reserved here (and MailboxFull raised)."""
         if charge is None:
@@ -128,7 +182,8 @@ class Mailbox:
 
     async def get(self, request_id: str) -> Message:
         queue = self._queue(request_id)
-        self._unclaimed.pop(request_id, None)
+        if self._unclaimed.pop(request_id, None) is not None:
+            self._unclaim_bytes(request_id)
         message, charge = await queue.get()
         self.release(charge)
         return message
@@ -137,6 +192,7 @@ class Mailbox:
         """The request is over here: drop what it holds and whatever still arrives."""
         queue = self._queues.pop(request_id, None)
         self._unclaimed.pop(request_id, None)
+        self._unclaim_bytes(request_id)
         self._closed[request_id] = time.monotonic()
         while queue is not None and not queue.empty():
             _, charge = queue.get_nowait()  # frees a receiver blocked on the full queue

@@ -356,6 +356,47 @@ def test_mailbox_cap_counts_queued_and_reserved_bytes() -> None:
     asyncio.run(run())
 
 
+def test_unclaimed_inputs_hold_a_share_and_claimed_requests_keep_the_rest() -> None:
+    """A flood of inputs for requests no job asks for fills only the unclaimed share: a
+    request a job waits on still gets its inputs, up to the whole cap."""
+    from omnipipe.transfer import UNCLAIMED_SHARE, MailboxFull
+
+    def chunk(n: int) -> dict[str, torch.Tensor]:
+        return {"x": torch.zeros(n, dtype=torch.uint8)}
+
+    async def run() -> None:
+        mailbox = Mailbox(max_bytes=1000)
+        share = int(1000 * UNCLAIMED_SHARE)
+        assert mailbox.max_unclaimed_bytes == share < 1000
+        await mailbox.put(Message("flood-1", "s", chunk(share - 10)))
+        with pytest.raises(MailboxFull, match=f"{share} bytes that unclaimed inputs may hold"):
+            await mailbox.put(Message("flood-2", "s", chunk(11)))
+        waiting = asyncio.create_task(mailbox.get("real"))  # a job claims "real"
+        await asyncio.sleep(0)
+        await mailbox.put(Message("real", "s", chunk(1000 - share + 10)))
+        assert mailbox.bytes_held == 1000
+        assert (await asyncio.wait_for(waiting, 5)).nbytes == 1000 - share + 10
+        with pytest.raises(MailboxFull, match="1000-byte cap"):  # the cap still holds
+            mailbox.reserve("real", 1000 - share + 11)
+        # Claiming moves a request's queued bytes out of the unclaimed share.
+        assert mailbox.unclaimed_bytes_held == share - 10
+        assert (await mailbox.get("flood-1")).nbytes == share - 10
+        assert mailbox.unclaimed_bytes_held == mailbox.bytes_held == 0
+        # Discarding or releasing gives the share back too, held or reserved.
+        await mailbox.put(Message("flood-2", "s", chunk(share)))
+        charge = mailbox.reserve("flood-3", 0)
+        assert charge is not None
+        mailbox.discard("flood-2")
+        mailbox.release(charge)
+        assert mailbox.unclaimed_bytes_held == mailbox.bytes_held == 0
+        charge = mailbox.reserve("flood-4", share)
+        assert charge is not None
+        mailbox.release(charge)
+        assert mailbox.unclaimed_bytes_held == mailbox.bytes_held == 0
+
+    asyncio.run(run())
+
+
 def test_only_unclaimed_inputs_expire() -> None:
     async def run() -> None:
         mailbox = Mailbox(ttl_seconds=0.05)
