@@ -262,23 +262,30 @@ class Orchestrator:
                     asyncio.create_task(self._events(name, chosen[name], submit, sink, whole))
                 )
             remaining = len(tasks)
-            async with asyncio.timeout(self.timeout):
-                while remaining:
-                    getter = getter or asyncio.ensure_future(sink.get())
-                    waits: set[asyncio.Future[Any]] = {getter, *(t for t in tasks if not t.done())}
-                    await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
-                    for task in tasks:
-                        if task.done() and task.exception() is not None:
-                            raise task.exception()  # type: ignore[misc]
-                    if getter.done():
-                        item, getter = getter.result(), None
-                        if isinstance(item, _StageDone):
-                            remaining -= 1
-                        else:
-                            yield item
+            # A deadline checked around each wait, not asyncio.timeout(): this generator is
+            # resumed from another task than the one that started it (a streamed response
+            # reads the first output in the handler, the rest in Starlette's task), and
+            # asyncio.timeout() would cancel the task that entered it, dropping the
+            # client's connection instead of answering 504.
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + self.timeout
+            while remaining:
+                left = deadline - loop.time()
+                if left <= 0:
+                    raise GatewayTimeout(f"request took longer than {self.timeout:g}s")
+                getter = getter or asyncio.ensure_future(sink.get())
+                waits: set[asyncio.Future[Any]] = {getter, *(t for t in tasks if not t.done())}
+                await asyncio.wait(waits, timeout=left, return_when=asyncio.FIRST_COMPLETED)
+                for task in tasks:
+                    if task.done() and task.exception() is not None:
+                        raise task.exception()  # type: ignore[misc]
+                if getter.done():
+                    item, getter = getter.result(), None
+                    if isinstance(item, _StageDone):
+                        remaining -= 1
+                    else:
+                        yield item
             finished = True
-        except TimeoutError:
-            raise GatewayTimeout(f"request took longer than {self.timeout:g}s") from None
         finally:
             for task in tasks:
                 task.cancel()

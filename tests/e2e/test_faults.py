@@ -56,6 +56,8 @@ spec:
       sampling: {{maxTokens: 30, minTokens: 30}}
 """
 HELLO = [{"role": "user", "content": "hello"}]
+OMNI_TIMEOUT_S = 20.0
+LONG = {"max_tokens": 4000, "min_tokens": 4000}
 # A restarted worker loads its model again: the vLLM thinker takes longest.
 RESTART_TIMEOUT_S = 150.0
 
@@ -80,7 +82,7 @@ def image(tmp_module: Path) -> Iterator[Served]:
 def omni(tmp_module: Path) -> Iterator[Served]:
     manifest = tmp_module / f"{OMNI}.yaml"
     manifest.write_text(OMNI_MANIFEST)
-    s = start_serve(manifest)
+    s = start_serve(manifest, env={"OMNIPIPE_ROUTER_REQUEST_TIMEOUT_SECONDS": str(OMNI_TIMEOUT_S)})
     yield s
     stop_cleanly(s)
 
@@ -366,30 +368,58 @@ def drain(chunks: Iterator[object]) -> None:
         next(chunks)
 
 
+def long_audio_stream(served: Served, c: openai.OpenAI) -> Iterator[Any]:
+    """A streamed text and audio chat far longer than the test, read until every stage
+    holds it (the talker runs only once the thinker's text flows)."""
+    stream = c.chat.completions.create(
+        model=OMNI,
+        modalities=["text", "audio"],
+        audio={"voice": "Ethan", "format": "pcm16"},
+        messages=HELLO,  # type: ignore[arg-type]
+        stream=True,
+        extra_body={"sampling_params_list": [LONG, LONG]},
+    )
+    chunks = iter(stream)
+    deadline = time.monotonic() + 60
+    while served.metric("talker-0", "omnipipe_stage_requests_running") == 0:
+        next(chunks)
+        assert time.monotonic() < deadline, "the talker never started"
+    return chunks
+
+
+def test_sigstop_of_the_thinker_mid_stream_is_504_then_the_engine_frees(omni: Served) -> None:
+    worker = "thinker-0"
+    started = time.monotonic()
+    with client(omni, timeout=120) as c:
+        chunks = long_audio_stream(omni, c)
+        pid = omni.workers[worker][1]
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            with pytest.raises(openai.APIError) as err:
+                drain(chunks)
+            took = time.monotonic() - started
+        finally:
+            os.kill(pid, signal.SIGCONT)
+    assert took < OMNI_TIMEOUT_S + 10, took
+    assert isinstance(err.value.body, dict), err.value
+    assert err.value.body["type"] == "timeout", err.value.body
+    # Thawed, the thinker learns that the router gave up and aborts the request in its
+    # vLLM engine; the talker and code2wav were cancelled already.
+    wait_freed(omni)
+    assert omni.workers[worker][1] == pid
+    one_chat(omni)
+
+
 def test_kill_9_of_the_thinker_mid_stream_is_503_then_it_restarts(omni: Served) -> None:
     worker = "thinker-0"
-    long = {"max_tokens": 4000, "min_tokens": 4000}
     with client(omni, timeout=120) as c:
-        stream = c.chat.completions.create(
-            model=OMNI,
-            modalities=["text", "audio"],
-            audio={"voice": "Ethan", "format": "pcm16"},
-            messages=HELLO,
-            stream=True,
-            extra_body={"sampling_params_list": [long, long]},
-        )
-        chunks = iter(stream)
-        deadline = time.monotonic() + 60
-        while not any(omni.metric(w, "omnipipe_stage_requests_running") for w in ("talker-0",)):
-            next(chunks)
-            assert time.monotonic() < deadline, "the talker never started"
+        chunks = long_audio_stream(omni, c)
         pid = omni.workers[worker][1]
         os.kill(pid, signal.SIGKILL)
         killed = time.monotonic()
         with pytest.raises(openai.APIError) as err:
             drain(chunks)
-        stream.close()
-    assert time.monotonic() - killed < 30
+    assert time.monotonic() - killed < OMNI_TIMEOUT_S
     # Mid-stream the status line is long gone: the error is an SSE event, in OpenAI's shape.
     assert isinstance(err.value.body, dict), err.value
     assert err.value.body["type"] == "service_unavailable", err.value.body

@@ -323,3 +323,41 @@ def test_a_broken_stage_stream_is_a_clean_openai_error(
     # Every stage of the failed request was told to stop, with the credential.
     assert len(worker.cancelled) == len(IMAGE.stages)
     assert set(worker.credentials) == {CREDENTIAL}
+
+
+def test_a_stream_that_stalls_after_its_first_output_ends_in_a_timeout_event(
+    tmp_path: Path, serve_worker: Callable[[FakeWorker], str]
+) -> None:
+    """The handler reads a streamed response's first output, Starlette's task the rest:
+    the timeout must still end the stream with an SSE error event (and cancel every
+    stage), not drop the client's connection."""
+    text = {"text": "hello", "finish_reason": None, "prompt_tokens": 1, "completion_tokens": 1}
+
+    def stall(_body: SubmitRequest) -> Iterator[bytes]:
+        yield from event_lines(StageEvent(type="result", data=text))
+        time.sleep(3)  # holds this fake worker's loop; the router's timeout is 1 s
+        yield StageEvent(type="done").model_dump_json().encode() + b"\n"
+
+    worker = FakeWorker(stall)
+    started = time.monotonic()
+    with router(
+        tmp_path, serve_worker(worker), pipeline="omni", request_timeout_seconds=1.0
+    ) as client:
+        resp = client.post(
+            "/v1/chat/completions",
+            json={
+                "model": "tiny-omni",
+                "messages": [{"role": "user", "content": "hi"}],
+                "modalities": ["text"],
+                "stream": True,
+            },
+        )
+    assert resp.status_code == 200
+    events = [line.removeprefix("data: ") for line in resp.text.splitlines() if line]
+    assert events[-1] == "[DONE]", events
+    assert json.loads(events[-2]) == {
+        "error": {"message": "request took longer than 1s", "type": "timeout", "code": None}
+    }
+    assert "hello" in events[-3]
+    assert time.monotonic() - started < 10
+    assert worker.cancelled
