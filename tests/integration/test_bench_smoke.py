@@ -90,3 +90,20 @@ def test_engines_quick(tmp_path: Path) -> None:
             assert r["thinker_tokens_per_s"] > 0
             assert r["pipeline_rps"] > 0
             assert 0 < r["first_audio_p50_s"] <= r["first_audio_p90_s"]
+
+
+def test_soak_quick(tmp_path: Path) -> None:
+    out, results = run_quick("soak", tmp_path)
+    assert "open fds start -> end" in out
+    kinds = results["kinds"]
+    assert set(kinds) == {"image", "text_chat", "audio_chat", "speech"}  # type: ignore[arg-type]
+    for r in kinds.values():  # type: ignore[attr-defined]
+        assert r["ok"] > 0
+        assert r["errors"] == {}
+        assert 0 < r["p50_s"] <= r["p99_s"]
+    assert results["restarted"] == []
+    procs = results["processes"]
+    assert {"image/router", "image/denoise-0", "omni/router", "omni/thinker-0"} <= set(procs)  # type: ignore[arg-type]
+    for p in procs.values():  # type: ignore[attr-defined]
+        assert p["rss_mib_end"] > 0
+        assert p["fds_end"] > 0
