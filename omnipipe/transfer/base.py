@@ -180,6 +180,17 @@ class Mailbox:
             # discard() ran while we waited for room: nobody will ever take it.
             self.release(charge)
 
+    def claim(self, request_id: str) -> None:
+        """A job will take this request's inputs (get() claims too): from now on they
+        neither count against the unclaimed share nor expire. Call it when the job is
+        submitted, so that inputs arriving before the job first asks are not refused
+        while the unclaimed share is full."""
+        if request_id in self._closed:
+            return
+        self._queue(request_id)
+        if self._unclaimed.pop(request_id, None) is not None:
+            self._unclaim_bytes(request_id)
+
     async def get(self, request_id: str) -> Message:
         queue = self._queue(request_id)
         if self._unclaimed.pop(request_id, None) is not None:

@@ -10,6 +10,7 @@ test_omni.py (every omni stage)."""
 from __future__ import annotations
 
 import asyncio
+import http.client
 import json
 import os
 import signal
@@ -20,6 +21,7 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import openai
@@ -318,6 +320,26 @@ def test_mailbox_flood_is_refused_and_memory_stays_bounded(image: Served) -> Non
     assert image.workers[worker][1] == pid
     one_image(image)
     wait_freed(image)
+
+
+def test_a_client_gone_mid_request_frees_every_stage(image: Served) -> None:
+    """The client hangs up while denoise runs: encode, denoise and the decode waiting for
+    latents all let the request go, and the next one is served."""
+    url = urlsplit(image.base_url)
+    conn = http.client.HTTPConnection(url.hostname or "127.0.0.1", url.port, timeout=30)
+    body = {"model": IMAGE, "prompt": "gone", "size": "512x512", **ENDLESS}
+    conn.request(
+        "POST",
+        "/v1/images/generations",
+        json.dumps(body),
+        {"Content-Type": "application/json", "Authorization": "Bearer unused"},
+    )
+    try:
+        wait_busy(image, "denoise-0", [])
+    finally:
+        conn.close()
+    wait_freed(image, timeout=10)
+    one_image(image)
 
 
 def test_sigstop_of_denoise_mid_request_is_504_then_the_engine_frees(image: Served) -> None:

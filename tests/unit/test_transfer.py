@@ -393,6 +393,14 @@ def test_unclaimed_inputs_hold_a_share_and_claimed_requests_keep_the_rest() -> N
         assert charge is not None
         mailbox.release(charge)
         assert mailbox.unclaimed_bytes_held == mailbox.bytes_held == 0
+        # A job claimed at submission gets its inputs while the unclaimed share is full.
+        await mailbox.put(Message("flood-5", "s", chunk(share)))
+        mailbox.claim("early")
+        await mailbox.put(Message("early", "s", chunk(1000 - share)))
+        assert (await mailbox.get("early")).nbytes == 1000 - share
+        mailbox.discard("early")
+        mailbox.claim("early")  # ended here: claiming it again opens nothing
+        assert mailbox.reserve("early", 1) is None
 
     asyncio.run(run())
 
