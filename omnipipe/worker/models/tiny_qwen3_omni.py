@@ -83,7 +83,14 @@ def _config(ids: dict[str, int]) -> Any:
                 # vLLM's CPU attention needs head_dim >= 32.
                 "hidden_size": THINKER_HIDDEN,
                 "head_dim": 32,
-                "rope_parameters": {**rope, "mrope_section": [8, 4, 4]},
+                # Interleaved M-RoPE, as the released config says: transformers' thinker
+                # always interleaves, vLLM only when told to.
+                "rope_parameters": {
+                    **rope,
+                    "mrope_section": [8, 4, 4],
+                    "interleaved": True,
+                    "mrope_interleaved": True,
+                },
                 # vLLM reads it; this transformers config class has no default for it.
                 "tie_word_embeddings": False,
                 "vocab_size": 384,
