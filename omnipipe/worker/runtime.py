@@ -162,6 +162,10 @@ class StageRuntime:
         if request.request_id in self.jobs:
             raise DuplicateRequest(request.request_id)
         job = Job(request)
+        if request.inputs:
+            # Inputs may arrive before the job first asks for them; claimed now, they are
+            # never refused for the share a flood of unclaimed inputs may hold.
+            self.mailbox.claim(request.request_id)
         self.jobs[request.request_id] = job
         job.task = asyncio.create_task(self._drive(job), name=f"job-{request.request_id}")
         self._update_load()

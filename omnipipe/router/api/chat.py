@@ -198,7 +198,9 @@ class ChatResult:
             self.sample_rate = int(data["sample_rate"])
         if "finish_reason" in data:
             self.finish_reason = str(data["finish_reason"])
-            prompt, completion = int(data["prompt_tokens"]), int(data["completion_tokens"])
+            # A stage that counts no tokens reports none: 0, not a broken stream.
+            prompt = int(data.get("prompt_tokens", 0))
+            completion = int(data.get("completion_tokens", 0))
             self.usage = {
                 "prompt_tokens": prompt,
                 "completion_tokens": completion,
