@@ -9,6 +9,7 @@ import asyncio
 import socket
 import struct
 import time
+from abc import abstractmethod
 from typing import Any
 
 import numpy as np
@@ -139,11 +140,11 @@ async def _drain(loop: asyncio.AbstractEventLoop, sock: socket.socket, n: int) -
         n -= step
 
 
-class TcpReceiver(Receiver):
-    """Raw non-blocking sockets: tensor bytes are received straight into the buffers the
-    tensors are built on (no stream buffer, no intermediate copies)."""
-
-    scheme = "tcp"
+class ListeningReceiver(Receiver):
+    """A TCP socket bound to exactly the host given (127.0.0.1 listens on loopback only).
+    Each connection opens with the credential handshake, then carries framed messages,
+    one after another, until the sender closes it. The backends differ in what follows
+    the handshake (`_opened`) and in how one message's tensors arrive (`_receive_one`)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -151,7 +152,6 @@ class TcpReceiver(Receiver):
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
-        # Exactly the host given: 127.0.0.1 listens on loopback only.
         self._sock = socket.create_server((self._host, self._port), reuse_port=False)
         self._sock.setblocking(False)
         self.bound = self._sock.getsockname()[:2]
@@ -183,19 +183,48 @@ class TcpReceiver(Receiver):
                         return
             except TimeoutError:
                 return
+            context = await self._opened(loop, conn)
             while True:
                 try:
                     (size,) = _LEN.unpack(await _recv_bytes(loop, conn, _LEN.size))
                 except asyncio.IncompleteReadError:
                     return
-                await self._receive_one(loop, conn, size)
-        except (CodecError, ConnectionError, asyncio.IncompleteReadError):
-            return
+                await self._receive_one(loop, conn, size, context)
+        except Exception as exc:
+            # A peer that went away or sent garbage ends only its own connection.
+            if not isinstance(exc, self._peer_errors()):
+                raise
         finally:
             conn.close()
 
+    async def _opened(self, loop: asyncio.AbstractEventLoop, conn: socket.socket) -> Any:
+        """What the connection needs after the handshake; handed to each _receive_one."""
+        return None
+
+    def _peer_errors(self) -> tuple[type[BaseException], ...]:
+        return (CodecError, ConnectionError, asyncio.IncompleteReadError)
+
+    @abstractmethod
     async def _receive_one(
-        self, loop: asyncio.AbstractEventLoop, conn: socket.socket, size: int
+        self, loop: asyncio.AbstractEventLoop, conn: socket.socket, size: int, context: Any
+    ) -> None: ...
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+
+
+class TcpReceiver(ListeningReceiver):
+    """Raw non-blocking sockets: tensor bytes are received straight into the buffers the
+    tensors are built on (no stream buffer, no intermediate copies)."""
+
+    scheme = "tcp"
+
+    async def _receive_one(
+        self, loop: asyncio.AbstractEventLoop, conn: socket.socket, size: int, context: Any
     ) -> None:
         if size > MAX_HEADER:
             raise CodecError(f"header of {size} bytes exceeds {MAX_HEADER}")
@@ -221,13 +250,6 @@ class TcpReceiver(Receiver):
         await self.mailbox.put(message, charge)
         self.stats.on_transfer(message.nbytes, time.perf_counter() - started)
         await loop.sock_sendall(conn, ACK)
-
-    async def close(self) -> None:
-        for task in list(self._tasks):
-            task.cancel()
-        if self._sock is not None:
-            self._sock.close()
-            self._sock = None
 
 
 class TcpSender(Sender):

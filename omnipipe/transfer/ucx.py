@@ -33,13 +33,13 @@ from omnipipe.transfer.auth import (
     HANDSHAKE_TIMEOUT_SECONDS,
     REFUSED,
     TransferRefused,
-    accept_peer,
     prove_peer,
 )
-from omnipipe.transfer.base import MailboxFull, Message, Receiver, Sender, split_address
+from omnipipe.transfer.base import MailboxFull, Message, Sender, split_address
 from omnipipe.transfer.codec import MAX_HEADER, CodecError, decode_header, encode_header
 from omnipipe.transfer.tcp import (
     ACK,
+    ListeningReceiver,
     _drain,
     _recv_bytes,
     _recv_exact,
@@ -133,13 +133,11 @@ def _closed_errors() -> tuple[type[BaseException], ...]:
     return (errors.UCXError, errors.UCXCanceled, ConnectionError)
 
 
-class UcxReceiver(Receiver):
+class UcxReceiver(ListeningReceiver):
     scheme = "ucx"
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._sock: socket.socket | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
         self._worker_address = b""
         self._acquired = False
 
@@ -149,58 +147,21 @@ class UcxReceiver(Receiver):
         self._acquired = True
         ucxx.continuous_ucx_progress()
         self._worker_address = bytes(ucxx.get_worker_address())
-        # Exactly the host given: 127.0.0.1 listens on loopback only.
-        self._sock = socket.create_server((self._host, self._port), reuse_port=False)
-        self._sock.setblocking(False)
-        self.bound = self._sock.getsockname()[:2]
-        self._port = self.bound[1]
-        self._track(asyncio.create_task(self._accept()))
+        await super().start()
 
-    def _track(self, task: asyncio.Task[None]) -> None:
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+    async def _opened(self, loop: asyncio.AbstractEventLoop, conn: socket.socket) -> int:
+        """Hands the sender this worker's UCX address and the connection's message tag."""
+        tag = secrets.randbits(64)
+        await loop.sock_sendall(
+            conn, _LEN.pack(len(self._worker_address)) + self._worker_address + _TAG.pack(tag)
+        )
+        return tag
 
-    async def _accept(self) -> None:
-        loop = asyncio.get_running_loop()
-        assert self._sock is not None
-        while True:
-            conn, _ = await loop.sock_accept(self._sock)
-            _tune(conn)
-            self._track(asyncio.create_task(self._serve(conn)))
-
-    async def _serve(self, conn: socket.socket) -> None:
-        """Messages, one after another, until the sender closes the connection."""
-        loop = asyncio.get_running_loop()
-        try:
-            try:
-                async with asyncio.timeout(HANDSHAKE_TIMEOUT_SECONDS):
-                    if not await accept_peer(
-                        lambda n: _recv_bytes(loop, conn, n),
-                        lambda b: loop.sock_sendall(conn, b),
-                        self._key,
-                    ):
-                        return
-            except TimeoutError:
-                return
-            tag = secrets.randbits(64)
-            await loop.sock_sendall(
-                conn, _LEN.pack(len(self._worker_address)) + self._worker_address + _TAG.pack(tag)
-            )
-            while True:
-                try:
-                    (size,) = _LEN.unpack(await _recv_bytes(loop, conn, _LEN.size))
-                except asyncio.IncompleteReadError:
-                    return
-                await self._receive_one(loop, conn, size, tag)
-        except Exception as exc:
-            # A peer that went away or sent garbage ends only its own connection.
-            if not isinstance(exc, (*_closed_errors(), CodecError, asyncio.IncompleteReadError)):
-                raise
-        finally:
-            conn.close()
+    def _peer_errors(self) -> tuple[type[BaseException], ...]:
+        return (*_closed_errors(), CodecError, asyncio.IncompleteReadError)
 
     async def _receive_one(
-        self, loop: asyncio.AbstractEventLoop, conn: socket.socket, size: int, tag: int
+        self, loop: asyncio.AbstractEventLoop, conn: socket.socket, size: int, tag: Any
     ) -> None:
         if size > MAX_HEADER:
             raise CodecError(f"header of {size} bytes exceeds {MAX_HEADER}")
@@ -239,11 +200,7 @@ class UcxReceiver(Receiver):
         await loop.sock_sendall(conn, ACK)
 
     async def close(self) -> None:
-        for task in list(self._tasks):
-            task.cancel()
-        if self._sock is not None:
-            self._sock.close()
-            self._sock = None
+        await super().close()
         if self._acquired:
             self._acquired = False
             _Context.release()
