@@ -29,9 +29,11 @@ from omnipipe.worker.stages.thinker import (
     THINKER_SAMPLING,
     ReplyText,
     ThinkerStage,
-    media_layout,
     pick_voice,
 )
+
+# The processor outputs talker_prompt reads the media layout from (see media_layout).
+MEDIA_INPUTS = ("image_grid_thw", "feature_attention_mask")
 
 
 class VllmThinkerMixin(ThinkerStage):
@@ -73,15 +75,18 @@ class VllmThinkerMixin(ThinkerStage):
     def open(self, job: StageJob) -> Session:
         return VllmThinkerSession(self, job.params)
 
-    def advance(self) -> None:
-        """One engine step for every open request; outputs go to their sessions."""
+    def advance(self) -> list[Any]:
+        """One engine step for every open request; outputs go to their sessions and are
+        returned (for a request no session owns)."""
         if not self.engine.llm.has_unfinished_requests():
             raise RuntimeError("the vLLM engine has no request left to run")
-        for output in self.engine.llm.step():
+        outputs = self.engine.llm.step()
+        for output in outputs:
             session = self.sessions.get(output.request_id)
             if session is not None:
                 session.receive(output)
         self.progress()
+        return outputs
 
 
 class VllmThinkerStage(VllmThinkerMixin):
@@ -149,11 +154,14 @@ class VllmThinkerSession(Session):
         self.sampling = Sampling.from_params(stage.sampling, params.get("sampling"))
         conversation, images, audios = stage.conversation(params.get("messages"))
         text = stage.prompt_text(conversation)
-        self.layout: dict[str, torch.Tensor] = {}
+        self.media_inputs: dict[str, torch.Tensor] = {}
         if self.want_audio and (images or audios):
             # The talker's rope index needs the image grids and audio lengths, which vLLM
             # keeps to itself: the processor works them out again for audio requests.
-            self.layout = self._media_layout(text, images, audios)
+            processed = stage.process(text, images, audios)
+            self.media_inputs = {
+                k: processed[k] for k in MEDIA_INPUTS if processed.get(k) is not None
+            }
         rate = stage.processor.feature_extractor.sampling_rate
         media: dict[str, Any] = {}
         self.media = media
@@ -203,9 +211,6 @@ class VllmThinkerSession(Session):
         self.rows_sent = 0
         self.prompt_rows: dict[int, torch.Tensor] | None = None
         self.closed = False
-
-    def _media_layout(self, text: str, images: list[Any], audios: list[Any]) -> Any:
-        return media_layout(dict(self.stage.process(text, images, audios)))
 
     def receive(self, output: Any) -> None:
         if not self.prompt_ids and output.prompt_token_ids:
@@ -296,24 +301,10 @@ class VllmThinkerSession(Session):
         assert self.prompt_rows is not None
         n = self.prompt_length
         ids = self.prompt_ids[:n]
-        inputs = {"input_ids": torch.tensor([ids]), **self._layout_inputs()}
+        inputs = {"input_ids": torch.tensor([ids]), **self.media_inputs}
         hidden = {k: v[None, :n] for k, v in self.prompt_rows.items()}
         package = self.stage.talker_prompt(inputs, hidden, self.voice)
         return {**package, "first_token_id": torch.tensor([self._first_token()])}
-
-    def _layout_inputs(self) -> dict[str, torch.Tensor]:
-        # media_layout() already turned the feature mask into lengths; talker_prompt calls
-        # media_layout again, so hand it the mask's equivalent back.
-        inputs: dict[str, torch.Tensor] = {}
-        if "image_grid_thw" in self.layout:
-            inputs["image_grid_thw"] = self.layout["image_grid_thw"]
-        if "audio_feature_lengths" in self.layout:
-            lengths = self.layout["audio_feature_lengths"]
-            width = int(lengths.max())
-            inputs["feature_attention_mask"] = (
-                torch.arange(width)[None, :] < lengths[:, None]
-            ).long()
-        return inputs
 
     def _first_row_alone(self) -> torch.Tensor:
         from vllm import SamplingParams
@@ -328,14 +319,9 @@ class VllmThinkerSession(Session):
         engine_id = llm.add_request(request_id, prompt, params)  # type: ignore[arg-type]
         stage.engine.tap.want(engine_id)
         try:
-            done = False
-            while not done:
-                # Other requests advance too; their outputs still reach their sessions.
-                for output in llm.step():
-                    other = stage.sessions.get(output.request_id)
-                    if other is not None:
-                        other.receive(output)
-                    done = done or (output.request_id == request_id and output.finished)
+            # Other requests advance too; their outputs still reach their sessions.
+            while not any(o.request_id == request_id and o.finished for o in stage.advance()):
+                pass
             rows = stage.engine.tap.take(engine_id)
         finally:
             stage.engine.tap.forget(engine_id)
