@@ -64,11 +64,10 @@ LONG = {"max_tokens": 4000, "min_tokens": 4000}
 RESTART_TIMEOUT_S = 150.0
 
 
-@pytest.fixture(scope="module")
-def image(tmp_module: Path) -> Iterator[Served]:
-    manifest = write_pipeline(tmp_module, IMAGE, transfer="tcp")
-    s = start_serve(
-        manifest,
+def serve_image(directory: Path, transfer: str) -> Served:
+    directory.mkdir(exist_ok=True)
+    return start_serve(
+        write_pipeline(directory, IMAGE, transfer=transfer),
         env={
             "OMNIPIPE_ROUTER_REQUEST_TIMEOUT_SECONDS": str(IMAGE_TIMEOUT_S),
             "OMNIPIPE_ROUTER_MAX_QUEUE_PER_REPLICA": str(MAX_QUEUE),
@@ -76,6 +75,20 @@ def image(tmp_module: Path) -> Iterator[Served]:
             CREDENTIAL_ENV: CREDENTIAL,
         },
     )
+
+
+@pytest.fixture(scope="module")
+def image(tmp_module: Path) -> Iterator[Served]:
+    s = serve_image(tmp_module / "tcp", "tcp")
+    yield s
+    stop_cleanly(s)
+
+
+@pytest.fixture
+def ucx_image(tmp_path: Path) -> Iterator[Served]:
+    """The same pipeline over the default transfer, for what each backend does itself
+    (only while the test that needs it runs: two pipelines at once load a 2-core CI)."""
+    s = serve_image(tmp_path / "ucx", "ucx")
     yield s
     stop_cleanly(s)
 
@@ -181,7 +194,7 @@ def endless_image(served: Served) -> Callable[[], object]:
     def call() -> object:
         with client(served) as c:
             return c.images.generate(
-                model=IMAGE, prompt="endless", size="512x512", extra_body=ENDLESS
+                model=IMAGE, prompt="endless", size="1024x1024", extra_body=ENDLESS
             )
 
     return call
@@ -265,7 +278,11 @@ def test_overload_is_429_with_retry_after_and_nothing_accepted_is_lost(image: Se
     one_image(image)
 
 
-def test_mailbox_flood_is_refused_and_memory_stays_bounded(image: Served) -> None:
+@pytest.mark.parametrize("backend", ["tcp", "ucx"])
+def test_mailbox_flood_is_refused_and_memory_stays_bounded(
+    backend: str, request: pytest.FixtureRequest
+) -> None:
+    image: Served = request.getfixturevalue("image" if backend == "tcp" else "ucx_image")
     worker = "denoise-0"
     address = ready_status(image, worker)["transfer_address"]
     pid = image.workers[worker][1]
@@ -279,14 +296,14 @@ def test_mailbox_flood_is_refused_and_memory_stays_bounded(image: Served) -> Non
 
     async def flood() -> tuple[int, int]:
         nonlocal sent, held
-        outsider = make_sender("tcp", credential="not-the-pipeline-credential")
+        outsider = make_sender(backend, credential="not-the-pipeline-credential")
         try:
             for i in range(16):
                 with pytest.raises(TransferRefused, match="refused the pipeline credential"):
                     await outsider.send(address, message(f"outsider-{i}", mib))
         finally:
             await outsider.close()
-        peer = make_sender("tcp", credential=CREDENTIAL)
+        peer = make_sender(backend, credential=CREDENTIAL)
         accepted = refused = 0
         try:
             # Megabytes far past the cap, then ever smaller messages, as a flooder that
@@ -327,7 +344,7 @@ def test_a_client_gone_mid_request_frees_every_stage(image: Served) -> None:
     latents all let the request go, and the next one is served."""
     url = urlsplit(image.base_url)
     conn = http.client.HTTPConnection(url.hostname or "127.0.0.1", url.port, timeout=30)
-    body = {"model": IMAGE, "prompt": "gone", "size": "512x512", **ENDLESS}
+    body = {"model": IMAGE, "prompt": "gone", "size": "1024x1024", **ENDLESS}
     conn.request(
         "POST",
         "/v1/images/generations",

@@ -173,7 +173,7 @@ def test_overload_is_429_and_slow_request_is_504(guarded: Served) -> None:
                 c.images.generate(
                     model="guarded",
                     prompt="slow",
-                    size="512x512",
+                    size="1024x1024",
                     extra_body={"num_inference_steps": 200},
                 )
             except BaseException as exc:

@@ -144,11 +144,17 @@ class DecodeStage(Stage):
             mean = torch.tensor(pipe.vae.config.latents_mean).view(1, z, 1, 1, 1)
             std = torch.tensor(pipe.vae.config.latents_std).view(1, z, 1, 1, 1)
             latents = latents * std.to(latents) + mean.to(latents)
-            image = pipe.vae.decode(latents, return_dict=False)[0][:, :, 0]
-            images = pipe.image_processor.postprocess(image, output_type="pil")
         outputs = []
-        for img in images:
+        # One image at a time: a 2048x2048 decode's activations are held for one image,
+        # and a cancel or the watchdog sees the engine between images.
+        for one in latents.split(1):
+            if job.cancelled.is_set():
+                return StageResult()
+            with torch.inference_mode():
+                image = pipe.vae.decode(one, return_dict=False)[0][:, :, 0]
+                [img] = pipe.image_processor.postprocess(image, output_type="pil")
             buf = io.BytesIO()
             img.save(buf, format="PNG")
             outputs.append({"b64_json": base64.b64encode(buf.getvalue()).decode()})
+            self.progress()
         return StageResult(outputs=outputs)
