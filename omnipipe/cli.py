@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 from collections.abc import Sequence
+from pathlib import Path
 
-from omnipipe.api import ManifestError, load_file
-from omnipipe.api.yamlio import dump_all
+from omnipipe.api import ManifestError, OmniPipeline, load_file
+from omnipipe.api.yamlio import dump, dump_all
 
 
 def _cmd_crd(args: argparse.Namespace) -> int:
@@ -17,10 +19,42 @@ def _cmd_crd(args: argparse.Namespace) -> int:
     return 0
 
 
+def _is_file(target: str) -> bool:
+    return Path(target).expanduser().is_file()
+
+
+def _manifest_for_model(model: str) -> OmniPipeline:
+    """The OmniPipeline for MODEL (a tiny:// name, a local checkpoint or a Hub id), from
+    what its checkpoint says it is."""
+    from omnipipe.api.from_model import checkpoint_kinds, manifest_for_model
+    from omnipipe.api.resolve import is_tiny
+    from omnipipe.worker.models.tiny import resolve_model_path
+
+    if is_tiny(model):
+        try:
+            checkpoint = resolve_model_path(model)  # built once, then read like any other
+        except ValueError as exc:
+            raise ManifestError(str(exc)) from None
+    else:
+        checkpoint = model
+    return manifest_for_model(model, checkpoint_kinds(checkpoint))
+
+
+def _manifest_yaml(resource: OmniPipeline) -> str:
+    return dump(resource.model_dump(mode="json", by_alias=True, exclude_unset=True))
+
+
 def _cmd_render(args: argparse.Namespace) -> int:
     from omnipipe.operator.builders import build_children, build_context
     from omnipipe.operator.settings import OperatorSettings
 
+    if not _is_file(args.file):
+        manifest = _manifest_yaml(_manifest_for_model(args.file))
+        sys.stdout.write(
+            f"# The OmniPipeline `omnipipe serve {args.file}` runs: keep it, change it,\n"
+            "# `omnipipe serve FILE` or `kubectl apply -f FILE` it.\n" + manifest
+        )
+        return 0
     resource = load_file(args.file)
     if args.namespace:
         meta = resource.metadata.model_copy(update={"namespace": args.namespace})
@@ -71,13 +105,25 @@ def _cmd_router(args: argparse.Namespace) -> int:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    from pathlib import Path
+    if _is_file(args.file):
+        return _serve_file(Path(args.file).resolve(), args)
+    resource = _manifest_for_model(args.file)
+    print(
+        f"omnipipe: serving {args.file} as a {resource.spec.pipeline} pipeline named "
+        f"{resource.metadata.name!r} (`omnipipe render {args.file}` prints its file)",
+        file=sys.stderr,
+    )
+    with tempfile.TemporaryDirectory(prefix="omnipipe-serve-") as directory:
+        path = Path(directory) / f"{resource.metadata.name}.yaml"
+        path.write_text(_manifest_yaml(resource))
+        return _serve_file(path, args)
 
+
+def _serve_file(path: Path, args: argparse.Namespace) -> int:
     from omnipipe.api.loading import load_pipeline
     from omnipipe.local.supervisor import serve
     from omnipipe.worker.stages import unimplemented_stages
 
-    path = Path(args.file).resolve()
     pipeline = load_pipeline(path)
     missing = unimplemented_stages(pipeline)
     if missing:
@@ -98,9 +144,13 @@ def build_parser() -> argparse.ArgumentParser:
     crd.set_defaults(run=_cmd_crd)
 
     render = sub.add_parser(
-        "render", help="print the manifests the operator would apply for FILE (no cluster)"
+        "render",
+        help="print the manifests the operator would apply for FILE (no cluster), or the "
+        "OmniPipeline that `omnipipe serve MODEL` would run",
     )
-    render.add_argument("file", metavar="FILE", help="an OmniPipeline manifest")
+    render.add_argument(
+        "file", metavar="FILE|MODEL", help="an OmniPipeline manifest, or a model as for serve"
+    )
     render.add_argument("-n", "--namespace", help="namespace to render into")
     render.set_defaults(run=_cmd_render)
 
@@ -109,8 +159,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     operator.set_defaults(run=_cmd_operator)
 
-    serve = sub.add_parser("serve", help="run FILE on this machine: router + stage workers")
-    serve.add_argument("file", metavar="FILE", help="an OmniPipeline manifest")
+    serve = sub.add_parser(
+        "serve", help="run FILE (or MODEL, with no file) on this machine: router + stage workers"
+    )
+    serve.add_argument(
+        "file",
+        metavar="FILE|MODEL",
+        help="an OmniPipeline manifest; or a model: a Hugging Face id, a local checkpoint "
+        "directory or tiny://NAME, whose checkpoint says which pipeline type it is",
+    )
     serve.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     serve.add_argument("--port", type=int, default=8000, help="router port (default 8000)")
     serve.add_argument(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -33,17 +34,21 @@ class PipelineType:
     stages: tuple[StageDefaults, ...]
     # Model ids this type serves, for error messages and docs.
     example_models: tuple[str, ...] = ()
+    # What a checkpoint of this type says it is: its model_index.json `_class_name`
+    # (diffusers) or its config.json `model_type` (transformers).
+    checkpoints: tuple[str, ...] = ()
 
     @property
     def stage_names(self) -> tuple[str, ...]:
         return tuple(s.name for s in self.stages)
 
 
-def _omni(name: str, description: str, models: tuple[str, ...]) -> PipelineType:
+def _omni(name: str, description: str, models: tuple[str, ...], checkpoint: str) -> PipelineType:
     return PipelineType(
         name=name,
         description=description,
         example_models=models,
+        checkpoints=(checkpoint,),
         stages=(
             StageDefaults("thinker", Role.THINKER, Engine.VLLM),
             StageDefaults("talker", Role.TALKER, Engine.TRANSFORMERS, inputs=("thinker",)),
@@ -59,6 +64,7 @@ PIPELINE_TYPES: dict[str, PipelineType] = {
             name="qwen-image",
             description="Text to image: text encoder (AR) -> DiT denoiser (true CFG) -> VAE.",
             example_models=("Qwen/Qwen-Image", "tiny://qwen-image"),
+            checkpoints=("QwenImagePipeline",),
             stages=(
                 StageDefaults("encode", Role.TEXT_ENCODER, Engine.TRANSFORMERS),
                 StageDefaults("denoise", Role.DENOISER, Engine.DIFFUSERS, inputs=("encode",)),
@@ -69,16 +75,27 @@ PIPELINE_TYPES: dict[str, PipelineType] = {
             "qwen2.5-omni",
             "Any to text and speech: thinker -> talker -> code2wav, streaming.",
             ("Qwen/Qwen2.5-Omni-7B", "tiny://qwen2.5-omni"),
+            "qwen2_5_omni",
         ),
         _omni(
             "qwen3-omni",
             "Qwen3-Omni-MoE: thinker -> talker -> code2wav, streaming.",
             ("Qwen/Qwen3-Omni-30B-A3B-Instruct", "tiny://qwen3-omni"),
+            "qwen3_omni_moe",
         ),
     )
 }
 
 PIPELINE_TYPE_NAMES: tuple[str, ...] = (*PIPELINE_TYPES, CUSTOM)
+
+
+def pipeline_for_checkpoint(kinds: Sequence[str]) -> str | None:
+    """The pipeline type whose checkpoints say they are one of `kinds`."""
+    for kind in kinds:
+        for p in PIPELINE_TYPES.values():
+            if kind in p.checkpoints:
+                return p.name
+    return None
 
 
 def default_stage_names(pipeline: str) -> tuple[str, ...]:

@@ -69,7 +69,9 @@ class Served:
             self.proc.stdout.close()
 
 
-def start_serve(manifest: Path, env: dict[str, str] | None = None, timeout: float = 180) -> Served:
+def start_serve(
+    manifest: Path | str, env: dict[str, str] | None = None, timeout: float = 180
+) -> Served:
     port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "omnipipe.cli", "serve", str(manifest), "--port", str(port)],

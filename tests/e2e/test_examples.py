@@ -31,6 +31,33 @@ def test_make_serve_example_serves_an_image() -> None:
     assert served.proc.returncode == 0
 
 
+def test_serve_model_needs_no_file() -> None:
+    """`omnipipe serve MODEL`, as `vllm serve MODEL`: the checkpoint says it is a
+    Qwen-Image pipeline, and clients name the model as they gave it."""
+    served = start_serve("tiny://qwen-image")
+    try:
+        assert any(
+            "serving tiny://qwen-image as a qwen-image pipeline" in line for line in served.output
+        )
+        with openai.OpenAI(base_url=served.base_url, api_key="any", max_retries=0) as c:
+            [listed] = c.models.list().data
+            assert (listed.id, listed.model_extra) == (
+                "qwen-image",
+                {"root": "tiny://qwen-image", "pipeline": "qwen-image"},
+            )
+            r = c.images.generate(
+                model="tiny://qwen-image",
+                prompt="a lighthouse",
+                size="64x64",
+                extra_body={"num_inference_steps": 2},
+            )
+        img = Image.open(io.BytesIO(base64.b64decode(r.data[0].b64_json or "")))
+        assert img.size == (64, 64)
+    finally:
+        served.stop()
+    assert served.proc.returncode == 0
+
+
 def test_workers_never_outlive_a_killed_serve() -> None:
     import os
     import signal

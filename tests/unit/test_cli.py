@@ -67,3 +67,78 @@ def test_the_real_omni_examples_have_no_stage_serve_cannot_run(example: str) -> 
     pipeline = load_pipeline(REPO / "examples" / example)
     assert pipeline.stage("thinker").engine.value == "vllm"
     assert unimplemented_stages(pipeline) == []
+
+
+def render_model(model: str, capsys: pytest.CaptureFixture[str]) -> dict[str, object]:
+    assert main(["render", model]) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert out.startswith(f"# The OmniPipeline `omnipipe serve {model}` runs")
+    doc = yaml.safe_load(out)
+    assert isinstance(doc, dict)
+    return doc
+
+
+def test_render_model_prints_the_pipeline_its_checkpoint_says(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """tiny:// models are built and then read like any checkpoint: a diffusers pipeline
+    by its model_index.json, a transformers model by its config.json."""
+    doc = render_model("tiny://qwen-image", capsys)
+    assert doc == {
+        "apiVersion": "omnipipe.io/v1alpha1",
+        "kind": "OmniPipeline",
+        "metadata": {"name": "qwen-image"},
+        "spec": {"model": "tiny://qwen-image", "pipeline": "qwen-image"},
+    }
+    kept = tmp_path / "kept.yaml"
+    kept.write_text(yaml.safe_dump(doc))
+    assert main(["render", str(kept)]) == 0  # the printed file is a valid manifest
+    assert "kind: Deployment" in capsys.readouterr().out
+    checkpoint = tmp_path / "Qwen3-Omni-30B-A3B-Instruct"
+    checkpoint.mkdir()
+    (checkpoint / "config.json").write_text('{"model_type": "qwen3_omni_moe"}')
+    doc = render_model(str(checkpoint), capsys)
+    assert doc["metadata"] == {"name": "qwen3-omni-30b-a3b-instruct"}
+    assert doc["spec"] == {"model": str(checkpoint), "pipeline": "qwen3-omni"}
+
+
+def test_render_model_with_an_unknown_architecture_lists_the_known_ones(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "config.json").write_text('{"model_type": "llama"}')
+    assert main(["render", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "no pipeline for this architecture (llama)" in err
+    for known in ("qwen-image (QwenImagePipeline", "qwen2.5-omni (qwen2_5_omni", "qwen3_omni_moe"):
+        assert known in err
+    assert main(["serve", str(tmp_path / "missing")]) == 2
+    assert "neither a pipeline file nor a model directory" in capsys.readouterr().err
+    assert main(["serve", "tiny://nothing"]) == 2
+    assert "unknown tiny model 'tiny://nothing'" in capsys.readouterr().err
+
+
+def test_a_hub_model_that_cannot_be_read_says_why(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path))
+    assert main(["serve", "Qwen/Qwen2.5-Omni-7B"]) == 2
+    err = capsys.readouterr().err
+    assert "Qwen/Qwen2.5-Omni-7B: not a local directory" in err
+    assert "could not be read from the Hugging Face Hub" in err
+
+
+@pytest.mark.parametrize(
+    ("model", "name"),
+    [
+        ("Qwen/Qwen2.5-Omni-7B", "qwen2-5-omni-7b"),
+        ("tiny://qwen2.5-omni", "qwen2-5-omni"),
+        ("/models/2024_image/", "model-2024-image"),
+        ("org/" + "x" * 80, "x" * 54),
+    ],
+)
+def test_a_model_names_its_pipeline_with_a_dns_label(model: str, name: str) -> None:
+    from omnipipe.api.from_model import pipeline_name_for
+    from omnipipe.api.resource import MAX_PIPELINE_NAME
+
+    assert pipeline_name_for(model) == name[:MAX_PIPELINE_NAME]

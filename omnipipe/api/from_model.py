@@ -1,0 +1,99 @@
+"""An OmniPipeline for a model named alone (`omnipipe serve MODEL`, `omnipipe render
+MODEL`): the checkpoint's own files say which pipeline type it is, as `vllm serve MODEL`
+reads a model's config."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from omnipipe.api import constants as c
+from omnipipe.api.pipelines import PIPELINE_TYPES, pipeline_for_checkpoint
+from omnipipe.api.resolve import TINY_SCHEME
+from omnipipe.api.resource import MAX_PIPELINE_NAME, ManifestError, OmniPipeline, parse_resource
+
+# diffusers describes a pipeline in model_index.json, transformers a model in config.json.
+_DESCRIPTORS = (("model_index.json", "_class_name"), ("config.json", "model_type"))
+
+
+def _read_local(directory: Path, filename: str) -> dict[str, Any] | None:
+    path = directory / filename
+    if not path.is_file():
+        return None
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ManifestError(f"{path}: not readable JSON: {exc}") from None
+    return doc if isinstance(doc, dict) else None
+
+
+def _read_hub(repo_id: str, filename: str) -> dict[str, Any] | None:
+    try:
+        from huggingface_hub import hf_hub_download
+        from huggingface_hub.errors import RemoteEntryNotFoundError
+    except ImportError:
+        raise ManifestError(
+            f"{repo_id}: reading a Hub model needs huggingface_hub (pip install "
+            "'omnipipe[models]'), or pass a local checkpoint directory"
+        ) from None
+    try:
+        path = hf_hub_download(repo_id, filename)
+    except RemoteEntryNotFoundError:  # the repository has no such file: try the next
+        return None
+    except Exception as exc:  # offline, unknown repo, gated, bad id: all say why
+        raise ManifestError(
+            f"{repo_id}: not a local directory, and its {filename} could not be read from "
+            f"the Hugging Face Hub ({type(exc).__name__}: {exc})"
+        ) from None
+    return _read_local(Path(path).parent, Path(path).name)
+
+
+def checkpoint_kinds(checkpoint: str) -> list[str]:
+    """What the checkpoint (a local directory or a Hub id) says it is."""
+    local = Path(checkpoint).expanduser()
+    if not local.is_dir() and (checkpoint.startswith((".", "/", "~")) or local.exists()):
+        raise ManifestError(f"{checkpoint}: neither a pipeline file nor a model directory")
+    kinds = []
+    for filename, key in _DESCRIPTORS:
+        doc = _read_local(local, filename) if local.is_dir() else _read_hub(checkpoint, filename)
+        if doc and isinstance(doc.get(key), str):
+            kinds.append(doc[key])
+    return kinds
+
+
+def pipeline_name_for(model: str) -> str:
+    """A DNS label from the model's last path part: Qwen/Qwen2.5-Omni-7B -> qwen2-5-omni-7b."""
+    tail = model.removeprefix(TINY_SCHEME).rstrip("/").rsplit("/", 1)[-1]
+    name = re.sub(r"[^a-z0-9]+", "-", tail.lower()).strip("-")
+    if not name or not name[0].isalpha():
+        name = f"model-{name}".rstrip("-")
+    return name[:MAX_PIPELINE_NAME].rstrip("-")
+
+
+def known_checkpoints() -> str:
+    return "; ".join(
+        f"{p.name} ({', '.join(p.checkpoints)}; e.g. {', '.join(p.example_models)})"
+        for p in PIPELINE_TYPES.values()
+        if p.checkpoints
+    )
+
+
+def manifest_for_model(model: str, kinds: list[str]) -> OmniPipeline:
+    """The OmniPipeline that serves `model`, whose checkpoint says it is `kinds`."""
+    pipeline = pipeline_for_checkpoint(kinds)
+    if pipeline is None:
+        said = ", ".join(kinds) if kinds else "no model_index.json or config.json type"
+        raise ManifestError(
+            f"{model}: omnipipe has no pipeline for this architecture ({said}). "
+            f"Known: {known_checkpoints()}"
+        )
+    return parse_resource(
+        {
+            "apiVersion": c.API_VERSION,
+            "kind": c.KIND,
+            "metadata": {"name": pipeline_name_for(model)},
+            "spec": {"model": model, "pipeline": pipeline},
+        }
+    )
