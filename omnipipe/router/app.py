@@ -20,6 +20,7 @@ from starlette.exceptions import HTTPException
 from omnipipe.api import ResolvedPipeline
 from omnipipe.api.constants import CREDENTIAL_HEADER
 from omnipipe.router.api.chat import ChatRequest, chat_router
+from omnipipe.router.api.generate import GenerateRequest, generate_router
 from omnipipe.router.api.images import ImageGenerationRequest, images_router
 from omnipipe.router.api.models import model_ids, models_router
 from omnipipe.router.api.speech import SpeechRequest, speech_router
@@ -39,7 +40,12 @@ from omnipipe.router.settings import RouterSettings
 
 # The request bodies the /v1 routes parse themselves (leniently); the OpenAPI document
 # describes them under components/schemas.
-BODY_MODELS: tuple[type[BaseModel], ...] = (ImageGenerationRequest, ChatRequest, SpeechRequest)
+BODY_MODELS: tuple[type[BaseModel], ...] = (
+    ImageGenerationRequest,
+    ChatRequest,
+    SpeechRequest,
+    GenerateRequest,
+)
 
 
 def _openapi(app: FastAPI) -> dict[str, Any]:
@@ -135,5 +141,6 @@ def build_app(pipeline: ResolvedPipeline, settings: RouterSettings) -> FastAPI:
     app.include_router(images_router(orchestrator, model_ids(pipeline)))
     app.include_router(chat_router(pipeline, orchestrator, model_ids(pipeline)))
     app.include_router(speech_router(pipeline, orchestrator, model_ids(pipeline)))
+    app.include_router(generate_router(pipeline, orchestrator, model_ids(pipeline)))
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app

@@ -9,7 +9,7 @@ import logging
 import uuid
 from collections.abc import AsyncGenerator, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import aiohttp
 
@@ -67,7 +67,9 @@ class OutputPart:
 
 
 @dataclass(frozen=True)
-class _StageDone:
+class StageDone:
+    """A stage finished this request (from stream_parts(..., stage_done=True))."""
+
     stage: str
 
 
@@ -156,7 +158,7 @@ class Orchestrator:
         stage: str,
         replica: Replica,
         submit: SubmitRequest,
-        sink: asyncio.Queue[Output | OutputPart | _StageDone],
+        sink: asyncio.Queue[Output | OutputPart | StageDone],
         whole: bool,
     ) -> None:
         assert self.session is not None
@@ -183,7 +185,7 @@ class Orchestrator:
                     elif event.type == "error":
                         raise _error_for(stage, event)
                     else:
-                        await sink.put(_StageDone(stage))
+                        await sink.put(StageDone(stage))
                         return
         except OpenAIError:
             raise
@@ -228,17 +230,27 @@ class Orchestrator:
     ) -> AsyncGenerator[Output | OutputPart]:
         """As stream(), but a result's long fields arrive in pieces (OutputParts, in order)
         before its Output, so that no result is ever held whole."""
-        return self._run(params, emitters, whole=False)
+        return cast(AsyncGenerator[Output | OutputPart], self._run(params, emitters, whole=False))
+
+    def stream_stages(
+        self, params: dict[str, dict[str, Any]], emitters: set[str]
+    ) -> AsyncGenerator[Output | OutputPart | StageDone]:
+        """As stream_parts(), and each emitting stage's end is told (StageDone)."""
+        return self._run(params, emitters, whole=False, stage_done=True)
 
     async def _run(
-        self, params: dict[str, dict[str, Any]], emitters: set[str], whole: bool
-    ) -> AsyncGenerator[Output | OutputPart]:
+        self,
+        params: dict[str, dict[str, Any]],
+        emitters: set[str],
+        whole: bool,
+        stage_done: bool = False,
+    ) -> AsyncGenerator[Output | OutputPart | StageDone]:
         stages = self.needed(emitters)
         request_id = uuid.uuid4().hex
         chosen = await self._choose(stages)
-        sink: asyncio.Queue[Output | OutputPart | _StageDone] = asyncio.Queue(SINK_EVENTS)
+        sink: asyncio.Queue[Output | OutputPart | StageDone] = asyncio.Queue(SINK_EVENTS)
         tasks: list[asyncio.Task[None]] = []
-        getter: asyncio.Future[Output | OutputPart | _StageDone] | None = None
+        getter: asyncio.Future[Output | OutputPart | StageDone] | None = None
         finished = False
         for replica in chosen.values():
             replica.dispatched += 1
@@ -281,8 +293,10 @@ class Orchestrator:
                         raise task.exception()  # type: ignore[misc]
                 if getter.done():
                     item, getter = getter.result(), None
-                    if isinstance(item, _StageDone):
+                    if isinstance(item, StageDone):
                         remaining -= 1
+                        if stage_done and item.stage in emitters:
+                            yield item
                     else:
                         yield item
             finished = True

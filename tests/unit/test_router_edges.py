@@ -112,7 +112,12 @@ def test_openapi_describes_every_request_body(client: TestClient) -> None:
     document = client.get("/openapi.json").json()
     schemas = document["components"]["schemas"]
     posts = {p: ops["post"] for p, ops in document["paths"].items() if "post" in ops}
-    assert set(posts) == {"/v1/images/generations", "/v1/chat/completions", "/v1/audio/speech"}
+    assert set(posts) == {
+        "/v1/images/generations",
+        "/v1/chat/completions",
+        "/v1/audio/speech",
+        "/v1/omni/generate",
+    }
     for path, operation in posts.items():
         schema = operation["requestBody"]["content"]["application/json"]["schema"]
         model = schemas[schema["$ref"].removeprefix("#/components/schemas/")]

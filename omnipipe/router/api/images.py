@@ -63,6 +63,21 @@ def parse_size(size: str) -> tuple[int, int]:
     return width, height
 
 
+def image_params(body: ImageGenerationRequest) -> dict[str, object]:
+    """What every stage of a text-to-image graph is given for this request."""
+    width, height = parse_size(body.size)
+    return {
+        "prompt": body.prompt,
+        "negative_prompt": body.negative_prompt,
+        "n": body.n,
+        "width": width,
+        "height": height,
+        "seed": body.seed if body.seed is not None else random.randrange(2**31),
+        "num_inference_steps": body.num_inference_steps,
+        "guidance_scale": body.guidance_scale,
+    }
+
+
 async def image_json(
     created: int, first: Output | OutputPart, rest: AsyncGenerator[Output | OutputPart]
 ) -> AsyncIterator[bytes]:
@@ -115,17 +130,7 @@ def images_router(orchestrator: Orchestrator, model_ids: set[str]) -> APIRouter:
         check_model(body.model, model_ids)
         if body.response_format != "b64_json":
             raise BadRequest("only response_format=b64_json is supported", param="response_format")
-        width, height = parse_size(body.size)
-        params = {
-            "prompt": body.prompt,
-            "negative_prompt": body.negative_prompt,
-            "n": body.n,
-            "width": width,
-            "height": height,
-            "seed": body.seed if body.seed is not None else random.randrange(2**31),
-            "num_inference_steps": body.num_inference_steps,
-            "guidance_scale": body.guidance_scale,
-        }
+        params = image_params(body)
         outputs = orchestrator.stream_parts(
             {stage: params for stage in orchestrator.stages}, set(orchestrator.outputs)
         )

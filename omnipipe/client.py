@@ -1,0 +1,428 @@
+"""The Python API, shaped like vLLM-Omni's `AsyncOmni` and `Omni`:
+
+    async with AsyncOmni(model="tiny://qwen2.5-omni") as omni:
+        async for out in omni.generate("hello", output_modalities=["text", "audio"]):
+            print(out.stage, out.final_output_type, out.text or len(out.audio), out.finished)
+
+`AsyncOmni(model=...)` or `AsyncOmni(stage_configs_path=FILE)` starts the pipeline on this
+machine (`omnipipe serve`: the router and the stage workers as processes);
+`AsyncOmni(base_url=...)` attaches to a running router or a cluster's endpoint. Either
+way a request takes the router's path through the stage workers (/v1/omni/generate),
+not a second engine in this process."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import io
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+import wave
+import weakref
+from collections.abc import AsyncIterator, Awaitable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any, Literal, TypeVar
+
+import httpx
+
+Modality = Literal["text", "audio", "image"]
+Prompt = str | list[dict[str, Any]] | dict[str, Any]
+T = TypeVar("T")
+STOP_SECONDS = 60.0
+
+
+class OmniError(RuntimeError):
+    """The pipeline refused or failed a request, or is not running; `status`, `type`
+    and `code` are the router's OpenAI-shaped error."""
+
+    def __init__(self, message: str, status: int = 0, type: str = "", code: str | None = None):
+        super().__init__(message)
+        self.status, self.type, self.code = status, type, code
+
+
+@dataclass(frozen=True)
+class OmniRequestOutput:
+    """One stage's output for one request, as it is made. A stage's last item for a
+    request has finished=True and carries no new payload."""
+
+    request_id: str
+    stage: str
+    final_output_type: Modality | None
+    text: str = ""  # a text delta
+    audio: bytes = b""  # a chunk of 16-bit mono PCM at sample_rate
+    sample_rate: int = 0
+    image: bytes = b""  # a PNG
+    index: int = 0  # which image, for n > 1
+    finished: bool = False
+    data: dict[str, Any] = field(default_factory=dict)  # every field the stage sent
+
+
+@dataclass
+class OmniResult:
+    """A whole request's outputs, from Omni.generate()."""
+
+    request_id: str
+    text: str = ""
+    audio_wav: bytes = b""
+    images: list[bytes] = field(default_factory=list)
+    outputs: list[OmniRequestOutput] = field(default_factory=list)
+
+
+def _free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def _stop(proc: subprocess.Popen[bytes], log: IO[bytes]) -> None:
+    """SIGTERM to `omnipipe serve` (it drains and stops its workers), SIGKILL to its
+    whole process group if it has not gone within STOP_SECONDS."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(STOP_SECONDS)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    log.close()
+
+
+def _prompt_fields(prompt: Prompt) -> dict[str, Any]:
+    if isinstance(prompt, str):
+        return {"prompt": prompt}
+    if isinstance(prompt, list):
+        return {"messages": prompt}
+    if isinstance(prompt, dict) and set(prompt) <= {"prompt", "messages", "negative_prompt"}:
+        return dict(prompt)
+    raise TypeError("prompt: a string, a list of chat messages, or {'prompt'|'messages': ...}")
+
+
+def _error_of(status: int, body: bytes) -> OmniError:
+    try:
+        error = json.loads(body)["error"]
+        return OmniError(error["message"], status, error.get("type", ""), error.get("code"))
+    except (ValueError, KeyError, TypeError):
+        return OmniError(body[:500].decode(errors="replace") or f"HTTP {status}", status)
+
+
+class AsyncOmni:
+    def __init__(
+        self,
+        model: str | None = None,
+        stage_configs_path: str | os.PathLike[str] | None = None,
+        *,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        host: str = "127.0.0.1",
+        port: int | None = None,
+        request_timeout: float = 600.0,
+    ) -> None:
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._log_path: Path | None = None
+        self._model = model
+        self._active: dict[str, httpx.Response] = {}
+        self._aborted: set[str] = set()
+        self._errored: OmniError | None = None
+        self._closed = False
+        if base_url is None:
+            target = stage_configs_path or model
+            if target is None:
+                raise ValueError("give model, stage_configs_path (a pipeline file) or base_url")
+            port = port or _free_port(host)
+            # Kept open for the process's life (closed by _stop): the serve log, read back
+            # when the pipeline fails to start.
+            log = tempfile.NamedTemporaryFile(  # noqa: SIM115
+                prefix="omnipipe-serve-", suffix=".log", delete=False
+            )
+            self._log_path = Path(log.name)
+            command = [sys.executable, "-m", "omnipipe.cli", "serve", os.fspath(target)]
+            self._proc = subprocess.Popen(
+                [*command, "--host", host, "--port", str(port)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+            # The pipeline's processes never outlive this object, even if shutdown() is
+            # never called.
+            self._finalizer = weakref.finalize(self, _stop, self._proc, log)
+            base_url = f"http://{host}:{port}"
+        self.base_url = base_url.rstrip("/").removesuffix("/v1")
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._http = httpx.AsyncClient(
+            base_url=self.base_url,
+            headers=headers,
+            timeout=httpx.Timeout(request_timeout, connect=10.0),
+        )
+
+    # -- state ------------------------------------------------------------------------
+
+    @property
+    def is_running(self) -> bool:
+        return not self._closed and self._errored is None and self._process_error() is None
+
+    @property
+    def errored(self) -> bool:
+        return self._errored is not None or self._process_error() is not None
+
+    def _process_error(self) -> OmniError | None:
+        if self._proc is None or self._closed or self._proc.poll() is None:
+            return None
+        tail = self._log_path.read_text(errors="replace")[-2000:] if self._log_path else ""
+        return OmniError(f"omnipipe serve exited with status {self._proc.returncode}:\n{tail}")
+
+    async def check_health(self) -> None:
+        """Raises OmniError unless every stage has a ready replica."""
+        if self._closed:
+            raise OmniError("this AsyncOmni is shut down")
+        if (error := self._process_error()) is not None:
+            self._errored = error
+            raise error
+        try:
+            resp = await self._http.get("/ready")
+        except httpx.HTTPError as exc:
+            raise OmniError(f"{self.base_url} is not reachable: {exc!r}") from exc
+        if resp.status_code != 200:
+            raise OmniError(f"{self.base_url} is not ready: {resp.text[:500]}", resp.status_code)
+
+    async def wait_ready(self, seconds: float = 600.0) -> None:
+        """Waits until the pipeline serves (a local one loads its models first)."""
+        deadline = time.monotonic() + seconds
+        while True:
+            try:
+                await self.check_health()
+                break
+            except OmniError:
+                if self._errored is not None or time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.25)
+        if self._model is None:
+            models = (await self._http.get("/v1/models")).json()["data"]
+            self._model = str(models[0]["id"])
+
+    # -- requests ---------------------------------------------------------------------
+
+    async def generate(
+        self,
+        prompt: Prompt,
+        request_id: str | None = None,
+        sampling_params_list: Sequence[dict[str, Any] | None] | dict[str, Any] | None = None,
+        output_modalities: Sequence[Modality] | None = None,
+        **params: Any,
+    ) -> AsyncIterator[OmniRequestOutput]:
+        """Every emitting stage's outputs as they are made. `params` are the router's
+        request fields: max_tokens, temperature, seed, voice; size, n,
+        num_inference_steps, guidance_scale."""
+        if self._model is None:
+            await self.wait_ready()
+        request_id = request_id or uuid.uuid4().hex
+        if request_id in self._active:
+            raise ValueError(f"request {request_id!r} is already running")
+        body = {
+            "model": self._model,
+            "request_id": request_id,
+            **_prompt_fields(prompt),
+            **params,
+        }
+        if sampling_params_list is not None:
+            body["sampling_params_list"] = (
+                list(sampling_params_list)
+                if not isinstance(sampling_params_list, dict)
+                else sampling_params_list
+            )
+        if output_modalities is not None:
+            body["output_modalities"] = list(output_modalities)
+        async with self._http.stream("POST", "/v1/omni/generate", json=body) as resp:
+            self._active[request_id] = resp
+            try:
+                if resp.status_code != 200:
+                    raise _error_of(resp.status_code, await resp.aread())
+                async for out in self._outputs(request_id, resp):
+                    yield out
+            except (httpx.StreamError, httpx.TransportError):
+                if request_id in self._aborted:
+                    return
+                raise
+            finally:
+                self._active.pop(request_id, None)
+                self._aborted.discard(request_id)
+
+    async def _outputs(
+        self, request_id: str, resp: httpx.Response
+    ) -> AsyncIterator[OmniRequestOutput]:
+        parts: dict[tuple[str, int], dict[str, list[str]]] = {}
+        kinds: dict[str, Modality] = {}
+        async for line in resp.aiter_lines():
+            if request_id in self._aborted:
+                return  # lines read before the abort closed the stream
+            if not line:
+                continue
+            event = json.loads(line)
+            kind = event["type"]
+            if kind == "part":
+                pieces = parts.setdefault((event["stage"], event["index"]), {})
+                pieces.setdefault(event["key"], []).append(event["text"])
+            elif kind == "output":
+                key = (event["stage"], event["index"])
+                data = {k: "".join(v) for k, v in parts.pop(key, {}).items()} | event["data"]
+                kinds[event["stage"]] = event["modality"]
+                yield _output(request_id, event["stage"], event["modality"], event["index"], data)
+            elif kind == "finished":
+                stage = event["stage"]
+                yield OmniRequestOutput(request_id, stage, kinds.get(stage), finished=True)
+            elif kind == "error":
+                error = event["error"]
+                raise OmniError(error["message"], 500, error.get("type", ""), error.get("code"))
+            elif kind == "done":
+                return
+        if request_id not in self._aborted:
+            raise OmniError(f"request {request_id}: the stream ended before it was done")
+
+    async def abort(self, request_id: str) -> None:
+        """Stops a running request: its stream ends, and every stage lets it go."""
+        resp = self._active.get(request_id)
+        if resp is not None:
+            self._aborted.add(request_id)
+            await resp.aclose()
+
+    # -- lifetime ---------------------------------------------------------------------
+
+    async def shutdown(self) -> None:
+        if self._closed:
+            return
+        for request_id in list(self._active):
+            await self.abort(request_id)
+        await self._http.aclose()
+        self._closed = True
+        if self._proc is not None:
+            await asyncio.to_thread(self._finalizer)
+
+    async def __aenter__(self) -> AsyncOmni:
+        await self.wait_ready()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.shutdown()
+
+
+def _output(
+    request_id: str, stage: str, modality: Modality, index: int, data: dict[str, Any]
+) -> OmniRequestOutput:
+    if modality == "image":
+        image = base64.b64decode(str(data["b64_json"]))
+        return OmniRequestOutput(request_id, stage, modality, image=image, index=index, data=data)
+    if modality == "audio":
+        audio = base64.b64decode(str(data["audio"]))
+        rate = int(data.get("sample_rate", 0))
+        return OmniRequestOutput(
+            request_id, stage, modality, audio=audio, sample_rate=rate, index=index, data=data
+        )
+    text = str(data.get("text", ""))
+    return OmniRequestOutput(request_id, stage, modality, text=text, index=index, data=data)
+
+
+def _wav(pcm: bytes, rate: int) -> bytes:
+    buf = io.BytesIO()
+    with wave.open(buf, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes(pcm)
+    return buf.getvalue()
+
+
+class Omni:
+    """The synchronous form: Omni(...).generate([...]) returns every request's whole
+    result. It runs an AsyncOmni on an event loop of its own."""
+
+    def __init__(self, *args: Any, ready_timeout: float = 600.0, **kwargs: Any) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._thread.start()
+
+        async def make() -> AsyncOmni:
+            return AsyncOmni(*args, **kwargs)
+
+        self._omni = self._run(make())
+        try:
+            self._run(self._omni.wait_ready(ready_timeout))
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def _run(self, work: Awaitable[T]) -> T:
+        async def wrapped() -> T:
+            return await work
+
+        return asyncio.run_coroutine_threadsafe(wrapped(), self._loop).result()
+
+    def generate(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        sampling_params_list: Sequence[dict[str, Any] | None] | dict[str, Any] | None = None,
+        output_modalities: Sequence[Modality] | None = None,
+        **params: Any,
+    ) -> list[OmniResult]:
+        """One result per prompt, the prompts run concurrently. A list of chat messages
+        is one prompt; pass [messages] for it in a batch."""
+        batch: list[Prompt] = (
+            list(prompts)
+            if isinstance(prompts, list) and prompts and not _is_message(prompts[0])
+            else [prompts]  # type: ignore[list-item]
+        )
+
+        async def one(prompt: Prompt) -> OmniResult:
+            result = OmniResult(request_id=uuid.uuid4().hex)
+            pcm, rate = bytearray(), 0
+            async for out in self._omni.generate(
+                prompt, result.request_id, sampling_params_list, output_modalities, **params
+            ):
+                result.outputs.append(out)
+                result.text += out.text
+                pcm += out.audio
+                rate = out.sample_rate or rate
+                if out.image:
+                    result.images.append(out.image)
+            if pcm:
+                result.audio_wav = _wav(bytes(pcm), rate)
+            return result
+
+        async def every() -> list[OmniResult]:
+            return list(await asyncio.gather(*(one(p) for p in batch)))
+
+        return self._run(every())
+
+    def check_health(self) -> None:
+        self._run(self._omni.check_health())
+
+    @property
+    def is_running(self) -> bool:
+        return self._omni.is_running
+
+    def shutdown(self) -> None:
+        if self._loop.is_running():
+            if hasattr(self, "_omni"):
+                self._run(self._omni.shutdown())
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join()
+            self._loop.close()
+
+    def __enter__(self) -> Omni:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+
+def _is_message(item: object) -> bool:
+    return isinstance(item, dict) and "role" in item

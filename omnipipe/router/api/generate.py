@@ -1,0 +1,198 @@
+"""/v1/omni/generate: every emitting stage's output as it is made, labelled with its
+stage, as vLLM-Omni's AsyncOmni.generate() yields them. The Python API (omnipipe.client)
+reads it; any HTTP client can. One JSON object a line:
+
+  {"type": "part", "stage", "index", "key", "text"}    a piece of a long field, in order
+  {"type": "output", "stage", "index", "modality", "data"}    the rest of one output
+  {"type": "finished", "stage"}                          the stage is done with the request
+  {"type": "error", "error": {"message", "type", "code"}}    then the stream ends
+  {"type": "done"}                                       every stage is done
+
+Every line also carries the request's request_id."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import Any, Literal
+
+from fastapi import APIRouter, Request
+from fastapi.responses import StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from omnipipe.api import ResolvedPipeline
+from omnipipe.api.spec import Role
+from omnipipe.router.api.chat import MESSAGE_SCHEMA, AudioOptions, ChatPlan, ChatRequest
+from omnipipe.router.api.common import (
+    check_model,
+    first_output,
+    json_body,
+    parse_body,
+    stage_with_role,
+)
+from omnipipe.router.api.images import ImageGenerationRequest, image_params
+from omnipipe.router.errors import BadRequest, OpenAIError
+from omnipipe.router.orchestrator import Orchestrator, Output, OutputPart, StageDone
+
+log = logging.getLogger(__name__)
+Modality = Literal["text", "audio", "image"]
+
+
+class GenerateRequest(BaseModel):
+    """A prompt (or chat messages) and what to make of it. Lenient: unknown fields from
+    newer clients are accepted and logged."""
+
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
+
+    model: str
+    prompt: str | None = Field(default=None, min_length=1, max_length=32_000)
+    messages: list[dict[str, Any]] | None = Field(
+        default=None, min_length=1, max_length=256, json_schema_extra={"items": MESSAGE_SCHEMA}
+    )
+    request_id: str | None = Field(default=None, max_length=128, pattern=r"^[A-Za-z0-9._:-]+$")
+    output_modalities: list[Modality] | None = Field(default=None, min_length=1, max_length=3)
+    sampling_params_list: list[dict[str, Any] | None] | dict[str, Any] | None = None
+    # AR stages
+    max_tokens: int | None = Field(default=None, ge=1, le=65536)
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    seed: int | None = Field(default=None, ge=0, lt=2**63)
+    voice: str | None = Field(default=None, max_length=64)
+    # Diffusion stages
+    n: int = Field(default=1, ge=1, le=4)
+    size: str = "1024x1024"
+    negative_prompt: str | None = Field(default=None, max_length=32_000)
+    num_inference_steps: int = Field(default=50, ge=1, le=200)
+    guidance_scale: float = Field(default=4.0, ge=0, le=50)
+
+
+def modality_of(data: dict[str, Any]) -> Modality:
+    if "b64_json" in data:
+        return "image"
+    return "audio" if "audio" in data else "text"
+
+
+def _plan(
+    pipeline: ResolvedPipeline, orchestrator: Orchestrator, body: GenerateRequest
+) -> tuple[dict[str, dict[str, Any]], set[str]]:
+    """Stage params and emitters, as the OpenAI endpoint for this graph would make them."""
+    wanted = set(body.output_modalities or [])
+    if stage_with_role(pipeline, Role.THINKER) is not None:
+        if "image" in wanted:
+            raise BadRequest(
+                f"model {body.model!r} ({pipeline.pipeline}) makes no images",
+                param="output_modalities",
+            )
+        if (body.prompt is None) == (body.messages is None):
+            raise BadRequest("give either prompt or messages", param="prompt")
+        chat = ChatRequest(
+            model=body.model,
+            messages=body.messages or [{"role": "user", "content": body.prompt}],
+            stream=True,
+            modalities=sorted(wanted) or ["text"],
+            audio=AudioOptions(voice=body.voice, format="pcm16"),
+            max_tokens=body.max_tokens,
+            temperature=body.temperature,
+            top_p=body.top_p,
+            seed=body.seed,
+            sampling_params_list=body.sampling_params_list,
+        )
+        plan = ChatPlan(pipeline, chat)
+        return plan.params, plan.emitters
+    if wanted - {"image"}:
+        raise BadRequest(
+            f"model {body.model!r} ({pipeline.pipeline}) makes images only",
+            param="output_modalities",
+        )
+    if body.prompt is None:
+        raise BadRequest(f"model {body.model!r} needs a text prompt", param="prompt")
+    if body.sampling_params_list is not None:
+        raise BadRequest(
+            "sampling_params_list applies to AR stages; this graph has none",
+            param="sampling_params_list",
+        )
+    params = image_params(
+        ImageGenerationRequest(
+            model=body.model,
+            prompt=body.prompt,
+            n=body.n,
+            size=body.size,
+            negative_prompt=body.negative_prompt,
+            seed=body.seed,
+            num_inference_steps=body.num_inference_steps,
+            guidance_scale=body.guidance_scale,
+        )
+    )
+    return {stage: params for stage in orchestrator.stages}, set(orchestrator.outputs)
+
+
+def _line(request_id: str | None, event: dict[str, Any]) -> bytes:
+    return json.dumps({**event, "request_id": request_id}).encode() + b"\n"
+
+
+async def _lines(
+    request_id: str | None,
+    first: Output | OutputPart | StageDone | None,
+    rest: AsyncGenerator[Output | OutputPart | StageDone],
+) -> AsyncIterator[bytes]:
+    async def items() -> AsyncIterator[Output | OutputPart | StageDone]:
+        if first is not None:
+            yield first
+        async for item in rest:
+            yield item
+
+    async with contextlib.aclosing(rest):
+        try:
+            async for item in items():
+                if isinstance(item, OutputPart):
+                    event: dict[str, Any] = {
+                        "type": "part",
+                        "stage": item.stage,
+                        "index": item.index,
+                        "key": item.key,
+                        "text": item.text,
+                    }
+                elif isinstance(item, StageDone):
+                    event = {"type": "finished", "stage": item.stage}
+                else:
+                    event = {
+                        "type": "output",
+                        "stage": item.stage,
+                        "index": item.index,
+                        "modality": modality_of(item.data),
+                        "data": item.data,
+                    }
+                yield _line(request_id, event)
+        except OpenAIError as exc:
+            # The status line is gone: the error is the stream's last line.
+            log.warning("generate stream %s ended by an error: %s", request_id, exc.message)
+            error = {"message": exc.message, "type": exc.type, "code": exc.code}
+            yield _line(request_id, {"type": "error", "error": error})
+            return
+    yield _line(request_id, {"type": "done"})
+
+
+def generate_router(
+    pipeline: ResolvedPipeline, orchestrator: Orchestrator, model_ids: set[str]
+) -> APIRouter:
+    router = APIRouter()
+
+    @router.post("/v1/omni/generate", response_model=None, openapi_extra=json_body(GenerateRequest))
+    async def generate(request: Request) -> StreamingResponse:
+        body = await parse_body(GenerateRequest, request)
+        check_model(body.model, model_ids)
+        try:
+            params, emitters = _plan(pipeline, orchestrator, body)
+        except ValidationError as exc:  # an endpoint's own request, built from this one
+            err = exc.errors()[0]
+            raise BadRequest(f"{'.'.join(map(str, err['loc']))}: {err['msg']}") from None
+        outputs = orchestrator.stream_stages(params, emitters)
+        # The first item before the status line: a request the stages refuse keeps its 4xx.
+        first = await first_output(outputs)
+        return StreamingResponse(
+            _lines(body.request_id, first, outputs), media_type="application/x-ndjson"
+        )
+
+    return router
