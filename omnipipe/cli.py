@@ -133,6 +133,22 @@ def _serve_file(path: Path, args: argparse.Namespace) -> int:
     return serve(pipeline, path, args.host, args.port, args.ready_timeout)
 
 
+def _cmd_fetch(args: argparse.Namespace) -> int:
+    import logging
+
+    from omnipipe.worker.models.fetch import FetchError, fetch
+
+    logging.basicConfig(level=logging.INFO, format="omnipipe fetch: %(message)s")
+    print(f"omnipipe fetch: {args.model} into {args.dir}", file=sys.stderr)
+    try:
+        fetch(args.model, Path(args.dir), args.revision)
+    except FetchError as exc:
+        # The last line names the reason, for whoever runs this (a Job, a script).
+        print(f"omnipipe fetch: {exc}\nreason: {exc.reason}", file=sys.stderr)
+        return 3
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="omnipipe",
@@ -177,6 +193,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds to wait for every process to be ready",
     )
     serve.set_defaults(run=_cmd_serve)
+
+    fetch = sub.add_parser(
+        "fetch",
+        help="put MODEL's files into DIR, whole or not at all (a Hub id or tiny://NAME; "
+        "HF_TOKEN for gated or private models)",
+    )
+    fetch.add_argument("model", metavar="MODEL")
+    fetch.add_argument("dir", metavar="DIR", help="made by renaming a complete download")
+    fetch.add_argument("--revision", help="a Hub branch, tag or commit (default: main)")
+    fetch.set_defaults(run=_cmd_fetch)
 
     worker = sub.add_parser("worker", help="run one stage's worker")
     worker.add_argument("--pipeline", required=True, help="pipeline file")
