@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import io
 import json
 import os
 import signal
@@ -26,7 +25,6 @@ import tempfile
 import threading
 import time
 import uuid
-import wave
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Sequence
 from dataclasses import dataclass, field
@@ -34,6 +32,8 @@ from pathlib import Path
 from typing import IO, Any, Literal, TypeVar
 
 import httpx
+
+from omnipipe.router.api.audio import wav_bytes
 
 Modality = Literal["text", "audio", "image"]
 Prompt = str | list[dict[str, Any]] | dict[str, Any]
@@ -331,16 +331,6 @@ def _output(
     return OmniRequestOutput(request_id, stage, modality, text=text, index=index, data=data)
 
 
-def _wav(pcm: bytes, rate: int) -> bytes:
-    buf = io.BytesIO()
-    with wave.open(buf, "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(rate)
-        w.writeframes(pcm)
-    return buf.getvalue()
-
-
 class Omni:
     """The synchronous form: Omni(...).generate([...]) returns every request's whole
     result. It runs an AsyncOmni on an event loop of its own."""
@@ -394,7 +384,7 @@ class Omni:
                 if out.image:
                     result.images.append(out.image)
             if pcm:
-                result.audio_wav = _wav(bytes(pcm), rate)
+                result.audio_wav = wav_bytes(bytes(pcm), rate)
             return result
 
         async def every() -> list[OmniResult]:

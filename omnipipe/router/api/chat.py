@@ -20,6 +20,7 @@ from omnipipe.api import ResolvedPipeline
 from omnipipe.api.spec import Role
 from omnipipe.router.api.audio import pcm_of, wav_bytes
 from omnipipe.router.api.common import (
+    after,
     check_model,
     first_output,
     json_body,
@@ -272,15 +273,9 @@ def chat_router(
                 }
             )
 
-        async def rest() -> AsyncIterator[Output]:
-            if first is not None:
-                yield first
-            async for output in outputs:
-                yield output
-
         yield chunk({"role": "assistant", "content": ""})
         try:
-            async for output in rest():
+            async for output in after(first, outputs):
                 result.add(output)
                 data = output.data
                 if data.get("text"):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncGenerator, Awaitable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable
 from typing import Any, TypeVar
 
 from fastapi import Request
@@ -113,6 +113,14 @@ async def unless_disconnected(request: Request, work: Awaitable[Result]) -> Resu
         await asyncio.gather(task, return_exceptions=True)
         raise BadRequest("client disconnected")
     return task.result()
+
+
+async def after(first: Item | None, rest: AsyncIterator[Item]) -> AsyncIterator[Item]:
+    """`first` (read before the status line, see first_output), then the rest."""
+    if first is not None:
+        yield first
+    async for item in rest:
+        yield item
 
 
 async def first_output(outputs: AsyncGenerator[Item]) -> Item | None:

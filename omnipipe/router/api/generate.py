@@ -26,6 +26,7 @@ from omnipipe.api import ResolvedPipeline
 from omnipipe.api.spec import Role
 from omnipipe.router.api.chat import MESSAGE_SCHEMA, AudioOptions, ChatPlan, ChatRequest
 from omnipipe.router.api.common import (
+    after,
     check_model,
     first_output,
     json_body,
@@ -137,15 +138,9 @@ async def _lines(
     first: Output | OutputPart | StageDone | None,
     rest: AsyncGenerator[Output | OutputPart | StageDone],
 ) -> AsyncIterator[bytes]:
-    async def items() -> AsyncIterator[Output | OutputPart | StageDone]:
-        if first is not None:
-            yield first
-        async for item in rest:
-            yield item
-
     async with contextlib.aclosing(rest):
         try:
-            async for item in items():
+            async for item in after(first, rest):
                 if isinstance(item, OutputPart):
                     event: dict[str, Any] = {
                         "type": "part",

@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from omnipipe.router.api.common import (
+    after,
     check_model,
     first_output,
     json_body,
@@ -86,14 +87,9 @@ async def image_json(
     yield b'{"created": %d, "data": [' % created
     count, open_key = 0, None
 
-    async def items() -> AsyncIterator[Output | OutputPart]:
-        yield first
-        async for item in rest:
-            yield item
-
     async with contextlib.aclosing(rest):
         try:
-            async for item in items():
+            async for item in after(first, rest):
                 if isinstance(item, OutputPart):
                     key = json.dumps(item.key).encode()
                     if open_key is None:
