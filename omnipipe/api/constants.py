@@ -16,6 +16,8 @@ LABEL_COMPONENT: Final = "app.kubernetes.io/component"
 LABEL_MANAGED_BY: Final = "app.kubernetes.io/managed-by"
 LABEL_PIPELINE: Final = "omnipipe.io/pipeline"
 LABEL_STAGE: Final = "omnipipe.io/stage"
+# The pipeline revision (omnipipe.api.revision) a stage workload and its pods belong to.
+LABEL_REVISION: Final = "omnipipe.io/revision"
 ANNOTATION_CONFIG_HASH: Final = "omnipipe.io/config-hash"
 
 APP_NAME: Final = "omnipipe"

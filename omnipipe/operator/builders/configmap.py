@@ -20,7 +20,9 @@ def build_config_map(ctx: BuildContext) -> Manifest:
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": object_meta(
-            ctx, config_object_name(ctx.name), common_labels(ctx.name, "config")
+            ctx,
+            config_object_name(ctx.name, ctx.revision),
+            {**common_labels(ctx.name, "config"), c.LABEL_REVISION: ctx.revision},
         ),
         "data": {c.CONFIG_FILE: pipeline_yaml(ctx.pipeline)},
     }
