@@ -83,3 +83,6 @@ class WorkerStatus(WireModel):
     waiting: int
     transfer_address: str | None
     message: str = ""
+    revision: str = ""
+    """The pipeline revision (omnipipe.api.revision) the worker runs: the router sends a
+    request only through replicas of one revision."""

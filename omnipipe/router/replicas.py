@@ -15,7 +15,7 @@ import httpx
 from omnipipe.api import ResolvedPipeline
 from omnipipe.api.wire import WorkerStatus
 from omnipipe.router.discovery import Discovery
-from omnipipe.router.routing import ReplicaLoad, choose
+from omnipipe.router.routing import ReplicaLoad, choose, choose_revision
 
 log = logging.getLogger(__name__)
 
@@ -27,10 +27,15 @@ class Replica:
     reported_load: int = 0
     dispatched: int = 0
     transfer_address: str | None = None
+    revision: str = ""
 
     def view(self) -> ReplicaLoad:
         return ReplicaLoad(
-            self.url, self.ready, self.reported_load + self.dispatched, self.transfer_address
+            self.url,
+            self.ready,
+            self.reported_load + self.dispatched,
+            self.transfer_address,
+            self.revision,
         )
 
 
@@ -94,6 +99,7 @@ class ReplicaPool:
         replica.ready = status.ready
         replica.reported_load = status.running + status.waiting
         replica.transfer_address = status.transfer_address
+        replica.revision = status.revision
 
     async def _poll(self) -> None:
         await asyncio.gather(
@@ -104,13 +110,23 @@ class ReplicaPool:
         """Poll one stage's replicas now, rather than answer from a stale view."""
         await asyncio.gather(*(self._poll_one(r) for r in self._replicas[stage].values()))
 
-    def stage_ready(self, stage: str) -> bool:
-        """At least one replica of the stage is ready (it may still be full)."""
-        return any(r.ready for r in self._replicas[stage].values())
+    def stage_ready(self, stage: str, revision: str | None = None) -> bool:
+        """At least one replica of the stage (of that revision) is ready; it may be full."""
+        return any(
+            r.ready and (revision is None or r.revision == revision)
+            for r in self._replicas[stage].values()
+        )
 
-    def pick(self, stage: str, max_load: int) -> Replica | None:
+    def revision_for(self, stages: list[str], max_load: int, preferred: list[str]) -> str | None:
+        """The revision a request over these stages runs on (see choose_revision)."""
+        views = {s: [r.view() for r in self._replicas[s].values()] for s in stages}
+        return choose_revision(views, preferred, max_load)
+
+    def pick(self, stage: str, max_load: int, revision: str | None = None) -> Replica | None:
+        """The least-loaded ready replica of the stage, of that revision when one is given."""
         known = self._replicas[stage]
-        chosen = choose([r.view() for r in known.values()], next(self._rotation), max_load)
+        views = [r.view() for r in known.values() if revision is None or r.revision == revision]
+        chosen = choose(views, next(self._rotation), max_load)
         return known[chosen.url] if chosen else None
 
     def mark_down(self, replica: Replica) -> None:
