@@ -543,7 +543,7 @@ def test_model_change_rolls_out_a_revision_then_rollback_and_in_place_change(
     # rollout can be watched half-way.
     changed = copy.deepcopy(manifest)
     changed["spec"]["model"] = "Qwen/Qwen-Image-2512"
-    changed["spec"]["stages"].append({"name": "encode", "nodeSelector": {"omnipipe.test/x": "y"}})
+    changed["spec"]["stages"].append({"name": "encode", "nodeSelector": {"omnipipe.test/node": "nowhere"}})
     rev2 = revision(changed)
     assert rev2 != REV
     apply(cluster, namespace, changed)
@@ -581,6 +581,7 @@ def test_model_change_rolls_out_a_revision_then_rollback_and_in_place_change(
         config = get_json(cluster, "configmap", f"qwen-image-config-{rev}", "-n", namespace)
         assert f"model: {model}\n" in config["data"]["pipeline.yaml"]
     table = cluster.kubectl("get", "omnip", "-n", namespace).stdout.splitlines()
+    print("\n".join(table))  # the README shows this table (pytest -s)
     assert table[1].split()[1:6] == ["True", "3/3", "True", REV, rev2]
     assert "RolloutStarted" in _reasons(cluster, namespace)
     assert "RevisionSwitched" not in _reasons(cluster, namespace)
@@ -590,6 +591,7 @@ def test_model_change_rolls_out_a_revision_then_rollback_and_in_place_change(
     assert revision(changed) == rev2
     apply(cluster, namespace, changed)
     wait_for("revision 2 to serve alone", lambda: _rolled_to(cluster, namespace, rev2), timeout=90)
+    print(cluster.kubectl("get", "omnip", "-n", namespace).stdout)
     assert not any(name.endswith(REV) for _, name in children(cluster, namespace, "qwen-image")), (
         "the old revision's children were not deleted"
     )
