@@ -543,7 +543,9 @@ def test_model_change_rolls_out_a_revision_then_rollback_and_in_place_change(
     # rollout can be watched half-way.
     changed = copy.deepcopy(manifest)
     changed["spec"]["model"] = "Qwen/Qwen-Image-2512"
-    changed["spec"]["stages"].append({"name": "encode", "nodeSelector": {"omnipipe.test/node": "nowhere"}})
+    changed["spec"]["stages"].append(
+        {"name": "encode", "nodeSelector": {"omnipipe.test/node": "nowhere"}}
+    )
     rev2 = revision(changed)
     assert rev2 != REV
     apply(cluster, namespace, changed)
