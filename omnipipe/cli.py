@@ -73,18 +73,23 @@ def _cmd_router(args: argparse.Namespace) -> int:
 def _cmd_serve(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from omnipipe.api import ResolvedPipeline
     from omnipipe.api.loading import load_pipeline
     from omnipipe.local.supervisor import serve
     from omnipipe.worker.stages import unimplemented_stages
 
+    def load(path: Path) -> ResolvedPipeline:
+        """What serve starts from and what SIGHUP reloads: a pipeline it can run."""
+        pipeline = load_pipeline(path)
+        missing = unimplemented_stages(pipeline)
+        if missing:
+            raise ManifestError(
+                f"{path}: this omnipipe cannot run these stages yet: {', '.join(missing)}"
+            )
+        return pipeline
+
     path = Path(args.file).resolve()
-    pipeline = load_pipeline(path)
-    missing = unimplemented_stages(pipeline)
-    if missing:
-        raise ManifestError(
-            f"{path}: this omnipipe cannot run these stages yet: {', '.join(missing)}"
-        )
-    return serve(pipeline, path, args.host, args.port, args.ready_timeout)
+    return serve(load(path), path, args.host, args.port, args.ready_timeout, load)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -91,12 +91,23 @@ class Orchestrator:
         self.max_load = max_load
         self.metrics = metrics
         self.wake_wait = wake_wait
-        # The revision the router was configured with is the newest it knows of: in
-        # Kubernetes its ConfigMap is the update revision's.
-        self.preferred = [pipeline_revision(pipeline)]
+        # The revision the router was configured with is the newest it knows of (in
+        # Kubernetes its ConfigMap is the update revision's), unless discovery names a
+        # newer one (`omnipipe serve` after a reload).
+        self.own_revision = pipeline_revision(pipeline)
         self._consumers = {
             s.name: [d.name for d in pipeline.stages if s.name in d.inputs] for s in pipeline.stages
         }
+
+    @property
+    def preferred(self) -> list[str]:
+        return self.pool.preferred_revisions(self.own_revision)
+
+    def serving_revision(self) -> str | None:
+        """The revision a request over every stage would start on now."""
+        return self.pool.revision_for(
+            [s.name for s in self.pipeline.stages], self.max_load, self.preferred
+        )
 
     async def _wait_for_replica(self, stage: str, revision: str | None) -> Replica | None:
         """Hold the request while the stage wakes (its demand is exported as

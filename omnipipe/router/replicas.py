@@ -56,6 +56,8 @@ class ReplicaPool:
         self._replicas: dict[str, dict[str, Replica]] = {s.name: {} for s in pipeline.stages}
         self._rotation = itertools.count()
         self._tasks: list[asyncio.Task[None]] = []
+        self.generation = 0
+        """The discovery generation the replica lists were last built from."""
 
     async def start(self) -> None:
         await self._discover()
@@ -82,12 +84,25 @@ class ReplicaPool:
                 log.exception("replica refresh failed")
 
     async def _discover(self) -> None:
+        await self._discovery.refresh()
+        generation = self._discovery.generation()
+        added: list[Replica] = []
         for stage, known in self._replicas.items():
             urls = set(await self._discovery.endpoints(stage))
             for url in urls - known.keys():
                 known[url] = Replica(url)
+                added.append(known[url])
             for url in known.keys() - urls:
                 del known[url]
+        # A new replica is polled before it counts as known, so that a caller who waits
+        # for this generation sees its readiness and revision too.
+        await asyncio.gather(*(self._poll_one(r) for r in added))
+        self.generation = generation
+
+    def preferred_revisions(self, own: str) -> list[str]:
+        """Newest first: the one discovery names (a local reload), then the router's own."""
+        named = self._discovery.preferred_revision()
+        return [named, own] if named and named != own else [own]
 
     async def _poll_one(self, replica: Replica) -> None:
         try:

@@ -2,17 +2,11 @@
 
 from __future__ import annotations
 
-import yaml
-
-from omnipipe.api import ResolvedPipeline
 from omnipipe.api import constants as c
+from omnipipe.api.loading import pipeline_yaml
 from omnipipe.api.names import common_labels, config_object_name
 from omnipipe.operator.builders.common import Manifest, object_meta
 from omnipipe.operator.builders.context import BuildContext
-
-
-def pipeline_yaml(pipeline: ResolvedPipeline) -> str:
-    return yaml.safe_dump(pipeline.model_dump(mode="json"), sort_keys=False)
 
 
 def build_config_map(ctx: BuildContext) -> Manifest:
