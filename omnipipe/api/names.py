@@ -10,7 +10,10 @@ def stage_object_name(pipeline: str, stage: str) -> str:
 
 def stage_deployment_name(pipeline: str, stage: str, revision: str) -> str:
     """Name of one revision's Deployment of a stage. A Deployment name may be a DNS
-    subdomain (253 characters), so the revision suffix needs no room in the 63."""
+    subdomain (253 characters), so the revision suffix needs no room in the 63. The
+    legacy revision's is the name an omnipipe before revisions gave it."""
+    if revision == c.LEGACY_REVISION:
+        return stage_object_name(pipeline, stage)
     return f"{pipeline}-{stage}-{revision}"
 
 

@@ -46,7 +46,8 @@ class ObservedDeployment:
             updated=int(status.get("updatedReplicas", 0)),
             up_to_date=int(status.get("observedGeneration", 0)) >= int(meta.get("generation", 0)),
             stage=labels.get(c.LABEL_STAGE),
-            revision=labels.get(c.LABEL_REVISION),
+            revision=labels.get(c.LABEL_REVISION)
+            or (c.LEGACY_REVISION if c.LABEL_STAGE in labels else None),
         )
 
     @property
@@ -142,6 +143,10 @@ def plan_rollout(
     grouped = by_revision(deployments)
     stages = tuple(s.name for s in pipeline.stages)
     draft = Rollout(update, update, (), grouped, stages)
+    if previous_current not in grouped and c.LEGACY_REVISION in grouped:
+        # An upgrade from before revisions: the unlabelled Deployments serve until the
+        # first real revision is ready, like any old revision.
+        previous_current = c.LEGACY_REVISION
     if draft.revision_ready(update) or previous_current not in grouped:
         # The new revision serves (or nothing else could): everything else goes.
         current = update
@@ -305,9 +310,19 @@ def child_key(obj: Mapping[str, Any]) -> ChildKey:
 
 
 def child_revision(obj: Mapping[str, Any]) -> str | None:
+    """The revision a child belongs to; None for the children every revision shares.
+    A stage Deployment or the pipeline ConfigMap without a revision label was made
+    before revisions: it belongs to the legacy revision."""
     labels = (obj.get("metadata") or {}).get("labels") or {}
     revision = labels.get(c.LABEL_REVISION)
-    return str(revision) if revision is not None else None
+    if revision is not None:
+        return str(revision)
+    kind = obj.get("kind")
+    if (kind == "Deployment" and c.LABEL_STAGE in labels) or (
+        kind == "ConfigMap" and labels.get(c.LABEL_COMPONENT) == "config"
+    ):
+        return c.LEGACY_REVISION
+    return None
 
 
 def orphans(

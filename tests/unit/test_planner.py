@@ -234,3 +234,64 @@ def test_children_of_other_revisions_are_the_rollouts_not_orphans() -> None:
         ("ConfigMap", "p-config-old"),
         ("Deployment", "p-a-old"),
     ]
+
+
+def test_deployments_from_before_revisions_serve_until_the_first_revision_is_ready() -> None:
+    """An upgrade: `p-<stage>` Deployments and `p-config` without a revision label are
+    the serving (legacy) revision, not orphans, and are retired only after the switch."""
+    new = _pipeline("m1")
+    r_new = pipeline_revision(new)
+
+    def legacy_manifest(stage: str) -> dict[str, Any]:
+        return {
+            "kind": "Deployment",
+            "metadata": {
+                "name": f"p-{stage}",
+                "generation": 1,
+                "labels": {"omnipipe.io/pipeline": "p", "omnipipe.io/stage": stage},
+            },
+            "spec": {"replicas": 2},
+            "status": {
+                "replicas": 2,
+                "readyReplicas": 2,
+                "updatedReplicas": 2,
+                "availableReplicas": 2,
+                "observedGeneration": 1,
+            },
+        }
+
+    legacy = [ObservedDeployment.from_manifest(legacy_manifest(s)) for s in STAGES]
+    assert {d.revision for d in legacy} == {"legacy"}
+    # An older operator wrote no currentRevision.
+    starting = plan_rollout(new, None, legacy + _revision(r_new, ready=False))
+    assert (starting.current, starting.update, starting.retire) == ("legacy", r_new, ())
+    assert starting.progressing
+    status = compute_status(
+        new,
+        2,
+        {f"p-{s}": d for s, d in zip(STAGES, legacy, strict=True)},
+        [],
+        "e",
+        "t",
+        rollout=starting,
+    )
+    conds = {c.type: c for c in status.conditions}
+    # The legacy Deployments are what serves: the pipeline stays Ready meanwhile.
+    assert conds["StagesReady"].status is ConditionStatus.TRUE
+    assert status.current_revision == "legacy"
+
+    existing = {("Deployment", f"p-{s}"): legacy_manifest(s) for s in STAGES}
+    existing[("ConfigMap", "p-config")] = {
+        "kind": "ConfigMap",
+        "metadata": {"name": "p-config", "labels": {"app.kubernetes.io/component": "config"}},
+    }
+    existing[("Service", "p-gone")] = {"kind": "Service", "metadata": {"name": "p-gone"}}
+    desired = [("Deployment", f"p-{s}-{r_new}") for s in STAGES]
+    assert orphans(existing, desired, r_new) == [("Service", "p-gone")]
+
+    switched = plan_rollout(new, "legacy", legacy + _revision(r_new))
+    assert (switched.current, switched.retire) == (r_new, ("legacy",))
+    assert revision_children(existing, switched.retire) == [
+        ("ConfigMap", "p-config"),
+        *[("Deployment", f"p-{s}") for s in sorted(STAGES)],
+    ]
