@@ -498,7 +498,11 @@ def _revision_labels(cluster: Cluster, namespace: str, kind: str) -> dict[str, s
     items = get_json(
         cluster, kind, "-n", namespace, "-l", "omnipipe.io/pipeline=qwen-image,omnipipe.io/stage"
     )["items"]
-    return {i["metadata"]["name"]: i["metadata"]["labels"]["omnipipe.io/revision"] for i in items}
+    # "" for what predates revisions (it has no such label).
+    return {
+        i["metadata"]["name"]: i["metadata"]["labels"].get("omnipipe.io/revision", "")
+        for i in items
+    }
 
 
 def _events(cluster: Cluster, namespace: str) -> list[dict[str, Any]]:
@@ -625,3 +629,105 @@ def test_model_change_rolls_out_a_revision_then_rollback_and_in_place_change(
     ready(cluster, namespace, "qwen-image")
     assert _rolled_to(cluster, namespace, REV)
     assert _reasons(cluster, namespace).count("RolloutStarted") == before
+
+
+def _legacy_children(namespace: str) -> list[dict[str, Any]]:
+    """What an omnipipe before revisions made: `P-<stage>` Deployments and `P-config`,
+    labelled as it labelled them, with no revision label."""
+    common = {
+        "app.kubernetes.io/name": "omnipipe",
+        "app.kubernetes.io/instance": "qwen-image",
+        "app.kubernetes.io/managed-by": "omnipipe-operator",
+        "omnipipe.io/pipeline": "qwen-image",
+    }
+    config = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": "qwen-image-config",
+            "namespace": namespace,
+            "labels": {**common, "app.kubernetes.io/component": "config"},
+        },
+        "data": {"pipeline.yaml": "model: Qwen/Qwen-Image\n"},
+    }
+    deployments = []
+    for stage in STAGES:
+        selector = {"omnipipe.io/pipeline": "qwen-image", "omnipipe.io/stage": stage}
+        labels = {**common, "app.kubernetes.io/component": "stage", **selector}
+        deployments.append(
+            {
+                "apiVersion": "apps/v1",
+                "kind": "Deployment",
+                "metadata": {
+                    "name": f"qwen-image-{stage}",
+                    "namespace": namespace,
+                    "labels": labels,
+                },
+                "spec": {
+                    "replicas": 1,
+                    "selector": {"matchLabels": selector},
+                    "template": {
+                        "metadata": {"labels": labels},
+                        "spec": {
+                            "containers": [{"name": "worker", "image": "omnipipe-worker:old"}]
+                        },
+                    },
+                },
+            }
+        )
+    return [config, *deployments]
+
+
+def test_an_upgrade_from_before_revisions_keeps_the_old_deployments_until_the_switch(
+    cluster: Cluster, operator: Operator, namespace: str
+) -> None:
+    legacy = _legacy_children(namespace)
+    for obj in legacy:
+        apply(cluster, namespace, obj)
+    legacy_names = {(o["kind"], o["metadata"]["name"]) for o in legacy}
+    wait_for(
+        "the old stage pods to be ready",
+        lambda: all(
+            get_json(cluster, "deployment", f"qwen-image-{s}", "-n", namespace)
+            .get("status", {})
+            .get("readyReplicas")
+            == 1
+            for s in STAGES
+        ),
+    )
+
+    # The upgraded operator meets them, with encode's new pods held Pending.
+    manifest = example()
+    held = copy.deepcopy(manifest)
+    held["spec"]["stages"].append(
+        {"name": "encode", "nodeSelector": {"omnipipe.test/node": "nowhere"}}
+    )
+    assert revision(held) == REV
+    apply(cluster, namespace, held)
+
+    def serving_legacy() -> dict[str, Any] | None:
+        status = _status(cluster, namespace)
+        revisions = {r["revision"]: r for r in status.get("revisions", [])}
+        ok = (
+            status.get("currentRevision") == "legacy"
+            and status.get("updateRevision") == REV
+            and revisions.get(REV, {}).get("stagesReady") == "2/3"
+        )
+        return status if ok else None
+
+    status = wait_for("the new revision 2/3 ready beside the old Deployments", serving_legacy)
+    conds = _conditions(status)
+    assert conds["Ready"]["status"] == "True", conds
+    assert conds["Progressing"]["reason"] == "RollingOut"
+    # Nothing of the old one was deleted: it still serves.
+    time.sleep(3)
+    assert legacy_names <= set(children(cluster, namespace, "qwen-image"))
+
+    # Released: the new revision becomes ready, takes over, and the old objects go.
+    apply(cluster, namespace, manifest)
+    wait_for("REV to serve alone", lambda: _rolled_to(cluster, namespace, REV), timeout=90)
+    assert set(children(cluster, namespace, "qwen-image")) == EXPECTED
+    reasons = _reasons(cluster, namespace)
+    assert {"RolloutStarted", "RevisionSwitched", "RevisionRetired"} <= set(reasons)
+    messages = [e["message"] for e in _events(cluster, namespace)]
+    assert any("instead of revision legacy" in m for m in messages), messages
