@@ -120,17 +120,22 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _serve_file(path: Path, args: argparse.Namespace) -> int:
+    from omnipipe.api import ResolvedPipeline
     from omnipipe.api.loading import load_pipeline
     from omnipipe.local.supervisor import serve
     from omnipipe.worker.stages import unimplemented_stages
 
-    pipeline = load_pipeline(path)
-    missing = unimplemented_stages(pipeline)
-    if missing:
-        raise ManifestError(
-            f"{path}: this omnipipe cannot run these stages yet: {', '.join(missing)}"
-        )
-    return serve(pipeline, path, args.host, args.port, args.ready_timeout)
+    def load(path: Path) -> ResolvedPipeline:
+        """What serve starts from and what SIGHUP reloads: a pipeline it can run."""
+        pipeline = load_pipeline(path)
+        missing = unimplemented_stages(pipeline)
+        if missing:
+            raise ManifestError(
+                f"{path}: this omnipipe cannot run these stages yet: {', '.join(missing)}"
+            )
+        return pipeline
+
+    return serve(load(path), path, args.host, args.port, args.ready_timeout, load)
 
 
 def _cmd_fetch(args: argparse.Namespace) -> int:

@@ -16,6 +16,13 @@ LABEL_COMPONENT: Final = "app.kubernetes.io/component"
 LABEL_MANAGED_BY: Final = "app.kubernetes.io/managed-by"
 LABEL_PIPELINE: Final = "omnipipe.io/pipeline"
 LABEL_STAGE: Final = "omnipipe.io/stage"
+# The pipeline revision (omnipipe.api.revision) a stage workload and its pods belong to.
+LABEL_REVISION: Final = "omnipipe.io/revision"
+# The revision of what an omnipipe made before revisions existed: stage Deployments
+# `<pipeline>-<stage>` and the ConfigMap `<pipeline>-config`, with no revision label. An
+# upgrade treats them as the serving revision and retires them once a real one is ready.
+# A real revision is hex (api/revision.py), so it never reads "legacy".
+LEGACY_REVISION: Final = "legacy"
 ANNOTATION_CONFIG_HASH: Final = "omnipipe.io/config-hash"
 
 APP_NAME: Final = "omnipipe"

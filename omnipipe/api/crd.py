@@ -245,7 +245,7 @@ def _spec_schema() -> Schema:
 def _status_schema() -> Schema:
     status = _model_schema(OmniPipelineStatus)
     props = status["properties"]
-    for key, field in (("conditions", "type"), ("stages", "name")):
+    for key, field in (("conditions", "type"), ("stages", "name"), ("revisions", "revision")):
         props[key]["x-kubernetes-list-type"] = "map"
         props[key]["x-kubernetes-list-map-keys"] = [field]
     return status
@@ -299,6 +299,23 @@ def build_crd() -> Schema:
                             "jsonPath": '.status.conditions[?(@.type=="Ready")].status',
                         },
                         {"name": "Stages", "type": "string", "jsonPath": ".status.stagesReady"},
+                        {
+                            "name": "Progressing",
+                            "type": "string",
+                            "jsonPath": '.status.conditions[?(@.type=="Progressing")].status',
+                        },
+                        {
+                            "name": "Current",
+                            "type": "string",
+                            "description": "The revision serving requests",
+                            "jsonPath": ".status.currentRevision",
+                        },
+                        {
+                            "name": "Update",
+                            "type": "string",
+                            "description": "The revision the spec asks for",
+                            "jsonPath": ".status.updateRevision",
+                        },
                         {"name": "Endpoint", "type": "string", "jsonPath": ".status.endpoint"},
                         {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
                     ],

@@ -27,3 +27,9 @@ def load_pipeline(path: str | Path) -> ResolvedPipeline:
         return ResolvedPipeline.model_validate(doc)
     except ValidationError as exc:
         raise ManifestError(f"{p}: neither an {c.KIND} nor a resolved pipeline: {exc}") from None
+
+
+def pipeline_yaml(pipeline: ResolvedPipeline) -> str:
+    """The resolved pipeline as a file that load_pipeline reads back unchanged: what the
+    operator's ConfigMap holds and what `omnipipe serve` hands each revision's workers."""
+    return yaml.safe_dump(pipeline.model_dump(mode="json"), sort_keys=False)

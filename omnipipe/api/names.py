@@ -4,8 +4,17 @@ from omnipipe.api import constants as c
 
 
 def stage_object_name(pipeline: str, stage: str) -> str:
-    """Name of a stage's Deployment and headless Service."""
+    """Name of a stage's headless Service (every revision's ready pods) and scaler."""
     return f"{pipeline}-{stage}"
+
+
+def stage_deployment_name(pipeline: str, stage: str, revision: str) -> str:
+    """Name of one revision's Deployment of a stage. A Deployment name may be a DNS
+    subdomain (253 characters), so the revision suffix needs no room in the 63. The
+    legacy revision's is the name an omnipipe before revisions gave it."""
+    if revision == c.LEGACY_REVISION:
+        return stage_object_name(pipeline, stage)
+    return f"{pipeline}-{stage}-{revision}"
 
 
 def router_object_name(pipeline: str) -> str:
@@ -13,9 +22,10 @@ def router_object_name(pipeline: str) -> str:
     return f"{pipeline}-router"
 
 
-def config_object_name(pipeline: str) -> str:
-    """Name of the ConfigMap holding the resolved pipeline."""
-    return f"{pipeline}-config"
+def config_object_name(pipeline: str, revision: str) -> str:
+    """Name of the ConfigMap holding one revision's resolved pipeline: old pods keep
+    reading their own revision's file while a new one rolls out."""
+    return f"{pipeline}-config-{revision}"
 
 
 def credential_secret_name(pipeline: str) -> str:
@@ -40,12 +50,21 @@ def common_labels(pipeline: str, component: str) -> dict[str, str]:
 
 
 def stage_selector(pipeline: str, stage: str) -> dict[str, str]:
-    """Immutable Deployment selector (and Service selector) of one stage's pods."""
+    """Service selector of one stage's pods, of every revision: the router tells the
+    revisions apart by what each replica reports."""
     return {c.LABEL_PIPELINE: pipeline, c.LABEL_STAGE: stage}
 
 
-def stage_labels(pipeline: str, stage: str) -> dict[str, str]:
-    return {**common_labels(pipeline, c.COMPONENT_STAGE), c.LABEL_STAGE: stage}
+def stage_revision_selector(pipeline: str, stage: str, revision: str) -> dict[str, str]:
+    """Immutable Deployment selector of one revision's pods of a stage."""
+    return {**stage_selector(pipeline, stage), c.LABEL_REVISION: revision}
+
+
+def stage_labels(pipeline: str, stage: str, revision: str | None = None) -> dict[str, str]:
+    labels = {**common_labels(pipeline, c.COMPONENT_STAGE), c.LABEL_STAGE: stage}
+    if revision is not None:
+        labels[c.LABEL_REVISION] = revision
+    return labels
 
 
 def stages_selector(pipeline: str) -> dict[str, str]:

@@ -56,11 +56,23 @@ class StageStatus(SpecModel):
     """When the autoscaler last changed the replica count (RFC 3339)."""
 
 
+class RevisionStatus(SpecModel):
+    """One revision whose stage workloads exist."""
+
+    revision: str
+    """The revision: a hash of the model, engines, stage graph and engine arguments."""
+    stages_ready: str
+    """Ready stages of this revision over its stages, e.g. 2/3."""
+    ready: bool = False
+    """Every stage of the revision is ready: it can serve whole requests."""
+
+
 class OmniPipelineStatus(SpecModel):
     """Observed state of the pipeline, computed from its children."""
 
     conditions: list[Condition] = Field(default_factory=list)
-    """Ready rolls up StagesReady, RouterReady and one condition per stage."""
+    """Ready rolls up StagesReady, RouterReady and one condition per stage (of the
+    serving revision). Progressing is True while a new revision rolls out."""
     observed_generation: int | None = None
     """The metadata.generation the operator last reconciled."""
     stages: list[StageStatus] = Field(default_factory=list)
@@ -69,3 +81,10 @@ class OmniPipelineStatus(SpecModel):
     """Ready stages over all stages, e.g. 2/3."""
     endpoint: str | None = None
     """The router's OpenAI-compatible base URL."""
+    current_revision: str | None = None
+    """The revision that serves requests: the newest whose stages were all ready."""
+    update_revision: str | None = None
+    """The revision the spec asks for. It differs from currentRevision while it rolls
+    out beside it."""
+    revisions: list[RevisionStatus] = Field(default_factory=list)
+    """Every revision whose stage workloads exist, with its readiness."""

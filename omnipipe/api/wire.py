@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any, Final, Literal
 
@@ -83,3 +84,28 @@ class WorkerStatus(WireModel):
     waiting: int
     transfer_address: str | None
     message: str = ""
+    revision: str = ""
+    """The pipeline revision (omnipipe.api.revision) the worker runs: the router sends a
+    request only through replicas of one revision."""
+
+
+class StaticReplicas(WireModel):
+    """The replicas file of local mode (`omnipipe router --replicas-file`), which
+    `omnipipe serve` rewrites on a reload and the router re-reads when it changes."""
+
+    stages: dict[str, list[str]]
+    """Stage name -> control-API base URLs of its workers."""
+    revision: str = ""
+    """The newest revision: new requests start on it once every stage has a ready
+    replica of it (empty: the router's own configuration decides)."""
+    generation: int = 0
+    """Bumped on every rewrite; the router reports the last one it applied in /ready, so
+    `omnipipe serve` knows when the router has seen a change."""
+
+    @classmethod
+    def parse(cls, raw: str) -> StaticReplicas:
+        """This model's JSON, or the older plain {stage: [urls]}."""
+        data = json.loads(raw)
+        if isinstance(data, dict) and isinstance(data.get("stages"), dict):
+            return cls.model_validate(data)
+        return cls(stages={str(k): [str(u) for u in v] for k, v in data.items()})

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import json
 import os
 import secrets
 import signal
@@ -13,15 +12,20 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
 from omnipipe.api import ResolvedPipeline
 from omnipipe.api.constants import CREDENTIAL_ENV
+from omnipipe.api.loading import pipeline_yaml
+from omnipipe.api.resource import ManifestError
+from omnipipe.api.revision import pipeline_revision
+from omnipipe.api.wire import StaticReplicas
+from omnipipe.local import control
 from omnipipe.local.ports import free_port
+from omnipipe.local.reload import ReloadPlan, local_replicas, plan_reload
 
 STOP_GRACE_SECONDS = 15.0
 
@@ -46,6 +50,16 @@ def pipeline_credential() -> str:
 
 RESTART_WINDOW_SECONDS = 60.0
 MAX_RESTARTS_IN_WINDOW = 5
+# The local router re-reads its replicas file this often, unless told otherwise: a
+# reload waits for it twice.
+ROUTER_DISCOVERY_SECONDS = "1"
+ROUTER_SWITCH_TIMEOUT = 60.0
+
+Loader = Callable[[Path], ResolvedPipeline]
+
+
+class ReloadFailed(Exception):
+    """A reload gave up; the running revision keeps serving."""
 
 
 @dataclass
@@ -57,6 +71,15 @@ class Child:
     # A crashed worker is restarted like a Deployment would; the router is not.
     restartable: bool
     restarts: list[float] = field(default_factory=list)
+    stage: str | None = None  # None for the router
+    revision: str = ""
+    # Started by a reload that has not switched to it yet: a crash fails the reload
+    # instead of being restarted.
+    pending: bool = False
+
+    @property
+    def url(self) -> str:
+        return self.ready_url.removesuffix("/ready")
 
 
 @dataclass
@@ -68,81 +91,137 @@ class Supervisor:
     children: list[Child] = field(default_factory=list)
     stopping: bool = False
     credential: str = field(default_factory=pipeline_credential, repr=False)
+    load: Loader | None = None
+    ready_timeout: float = 600.0
+    state_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="omnipipe-")))
+    reload_requested: bool = False
+    generation: int = 0
+    snapshots: int = 0
+    started_per_stage: dict[str, int] = field(default_factory=dict)
 
-    def _popen(self, argv: list[str]) -> subprocess.Popen[bytes]:
+    @property
+    def revision(self) -> str:
+        return pipeline_revision(self.pipeline)
+
+    @property
+    def replicas_file(self) -> Path:
+        return self.state_dir / "replicas.json"
+
+    @property
+    def workers(self) -> list[Child]:
+        return [c for c in self.children if c.stage is not None]
+
+    def _popen(
+        self, argv: list[str], extra_env: dict[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
         return subprocess.Popen(
             argv,
             # In the environment, not argv: other users can read a process's arguments.
-            env={**os.environ, "PYTHONUNBUFFERED": "1", CREDENTIAL_ENV: self.credential},
+            env={
+                **(extra_env or {}),
+                **os.environ,
+                "PYTHONUNBUFFERED": "1",
+                CREDENTIAL_ENV: self.credential,
+            },
             preexec_fn=_die_with_parent,
             # Children take signals from us, not from a terminal's Ctrl-C to the group,
             # so they stop in order: drain first, then exit.
             start_new_session=True,
         )
 
-    def _spawn(self, name: str, args: list[str], ready_url: str, restartable: bool) -> None:
-        argv = [sys.executable, "-m", "omnipipe.cli", *args]
-        self.children.append(Child(name, self._popen(argv), ready_url, argv, restartable))
+    def _snapshot(self, pipeline: ResolvedPipeline) -> Path:
+        """The resolved pipeline in a file of its own, as the operator's per-revision
+        ConfigMap: a worker (re)started later reads what its revision was, whatever the
+        user's file says by then."""
+        self.snapshots += 1
+        path = self.state_dir / f"pipeline-{pipeline_revision(pipeline)}-{self.snapshots}.yaml"
+        path.write_text(pipeline_yaml(pipeline))
+        return path
+
+    def _spawn_worker(self, stage: str, snapshot: Path, revision: str, pending: bool) -> Child:
+        index = self.started_per_stage.get(stage, 0)
+        self.started_per_stage[stage] = index + 1
+        control_port, transfer_port = free_port(self.host), free_port(self.host)
+        url = f"http://{self.host}:{control_port}"
+        argv = [
+            sys.executable,
+            "-m",
+            "omnipipe.cli",
+            "worker",
+            "--pipeline",
+            str(snapshot),
+            "--stage",
+            stage,
+            "--host",
+            self.host,
+            "--port",
+            str(control_port),
+            "--transfer-port",
+            str(transfer_port),
+            "--advertise-host",
+            self.host,
+        ]
+        child = Child(
+            f"{stage}-{index}",
+            self._popen(argv),
+            f"{url}/ready",
+            argv,
+            restartable=True,
+            stage=stage,
+            revision=revision,
+            pending=pending,
+        )
+        self.children.append(child)
+        return child
+
+    def _write_replicas(self, routed: list[Child], revision: str) -> int:
+        """Atomically: the router never reads half a file."""
+        self.generation += 1
+        stages: dict[str, list[str]] = {s.name: [] for s in self.pipeline.stages}
+        for child in routed:
+            assert child.stage is not None
+            stages.setdefault(child.stage, []).append(child.url)
+        body = StaticReplicas(stages=stages, revision=revision, generation=self.generation)
+        tmp = self.replicas_file.with_suffix(".tmp")
+        tmp.write_text(body.model_dump_json())
+        tmp.replace(self.replicas_file)
+        return self.generation
 
     def start(self) -> None:
-        replicas: dict[str, list[str]] = {}
+        snapshot = self._snapshot(self.pipeline)
         for stage in self.pipeline.stages:
-            # Local mode has no autoscaler to wake a stage: run at least one replica.
-            for i in range(max(stage.replicas, 1)):
-                control, transfer = free_port(self.host), free_port(self.host)
-                url = f"http://{self.host}:{control}"
-                replicas.setdefault(stage.name, []).append(url)
-                self._spawn(
-                    f"{stage.name}-{i}",
-                    [
-                        "worker",
-                        "--pipeline",
-                        str(self.pipeline_file),
-                        "--stage",
-                        stage.name,
-                        "--host",
-                        self.host,
-                        "--port",
-                        str(control),
-                        "--transfer-port",
-                        str(transfer),
-                        "--advertise-host",
-                        self.host,
-                    ],
-                    f"{url}/ready",
-                    restartable=True,
-                )
-        discovery = Path(tempfile.mkdtemp(prefix="omnipipe-")) / "replicas.json"
-        discovery.write_text(json.dumps(replicas))
-        self._spawn(
+            for _ in range(local_replicas(stage)):
+                self._spawn_worker(stage.name, snapshot, self.revision, pending=False)
+        self._write_replicas(self.workers, self.revision)
+        argv = [
+            sys.executable,
+            "-m",
+            "omnipipe.cli",
             "router",
-            [
+            "--pipeline",
+            str(snapshot),
+            "--host",
+            self.host,
+            "--port",
+            str(self.port),
+            "--replicas-file",
+            str(self.replicas_file),
+        ]
+        env = {"OMNIPIPE_ROUTER_DISCOVERY_INTERVAL_SECONDS": ROUTER_DISCOVERY_SECONDS}
+        self.children.append(
+            Child(
                 "router",
-                "--pipeline",
-                str(self.pipeline_file),
-                "--host",
-                self.host,
-                "--port",
-                str(self.port),
-                "--replicas-file",
-                str(discovery),
-            ],
-            f"http://{self.host}:{self.port}/ready",
-            restartable=False,
+                self._popen(argv, env),
+                f"http://{self.host}:{self.port}/ready",
+                argv,
+                restartable=False,
+            )
         )
-
-    @staticmethod
-    def _is_ready(url: str) -> bool:
-        try:
-            with urllib.request.urlopen(url, timeout=1) as resp:
-                return bool(resp.status == 200)
-        except (urllib.error.URLError, OSError):
-            return False
 
     def _check_alive(self) -> None:
         for child in self.children:
             code = child.proc.poll()
-            if code is None or self.stopping:
+            if code is None or self.stopping or child.pending:
                 continue
             now = time.monotonic()
             child.restarts = [t for t in child.restarts if now - t < RESTART_WINDOW_SECONDS]
@@ -162,72 +241,219 @@ class Supervisor:
                 flush=True,
             )
 
-    def wait_ready(self, timeout: float) -> None:
+    def wait_ready(self, timeout: float, children: list[Child] | None = None) -> None:
+        """Until every one of `children` (all, by default) answers /ready. A pending
+        child that exits fails the wait at once (ReloadFailed)."""
+        group = self.children if children is None else children
         deadline = time.monotonic() + timeout
         shown: set[str] = set()
-        total = len(self.children)
+        total = len(group)
         while time.monotonic() < deadline:
             self._check_alive()
-            for child in self.children:
-                if child.name not in shown and self._is_ready(child.ready_url):
+            for child in group:
+                if child.pending and (code := child.proc.poll()) is not None:
+                    raise ReloadFailed(f"{child.name} exited with code {code} while starting")
+                if child.name not in shown and control.is_ready(child.ready_url):
                     shown.add(child.name)
-                    base = child.ready_url.removesuffix("/ready")
+                    of = f", revision {child.revision}" if child.revision else ""
                     print(
-                        f"  [{len(shown)}/{total}] {child.name} ready at {base} "
-                        f"(pid {child.proc.pid})",
+                        f"  [{len(shown)}/{total}] {child.name} ready at {child.url} "
+                        f"(pid {child.proc.pid}){of}",
                         flush=True,
                     )
             if len(shown) == total:
                 return
             time.sleep(0.25)
-        waiting = [c.name for c in self.children if c.name not in shown]
-        raise RuntimeError(f"not ready after {timeout:.0f}s: {', '.join(waiting)}")
+        waiting = [c.name for c in group if c.name not in shown]
+        message = f"not ready after {timeout:.0f}s: {', '.join(waiting)}"
+        if children is not None:
+            raise ReloadFailed(message)
+        raise RuntimeError(message)
 
-    def stop(self) -> None:
-        self.stopping = True
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        for child in self.children:
+    def _wait_router(self, generation: int, revision: str | None) -> None:
+        """Until the router has applied this replicas-file generation (and, when given,
+        starts new requests on that revision)."""
+        deadline = time.monotonic() + ROUTER_SWITCH_TIMEOUT
+        seen: dict[str, object] = {}
+        while time.monotonic() < deadline:
+            self._check_alive()
+            seen = control.router_state(f"http://{self.host}:{self.port}/ready")
+            applied = seen.get("discovery")
+            if (
+                isinstance(applied, int)
+                and applied >= generation
+                and (revision is None or seen.get("revision") == revision)
+            ):
+                return
+            time.sleep(0.2)
+        raise ReloadFailed(
+            f"the router did not take replicas generation {generation} "
+            f"(revision {revision or '-'}) within {ROUTER_SWITCH_TIMEOUT:.0f}s: {seen}"
+        )
+
+    def _retire(self, old: list[Child]) -> None:
+        """Drain (in-flight requests finish), then stop; the router no longer knows them."""
+        for child, answer in zip(
+            old, control.drain_all([c.url for c in old], self.credential), strict=True
+        ):
+            print(f"  {child.name} drained: {answer}", flush=True)
+        self._terminate(old)
+        self.children = [c for c in self.children if c not in old]
+
+    def _terminate(self, children: list[Child]) -> None:
+        for child in children:
             if child.proc.poll() is None:
                 child.proc.terminate()
         deadline = time.monotonic() + STOP_GRACE_SECONDS
-        for child in self.children:
+        for child in children:
             try:
                 child.proc.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 child.proc.kill()
                 child.proc.wait()
 
+    def reload(self) -> None:
+        """SIGHUP: apply the file as it is now, the way the operator rolls out a change.
+        Whatever goes wrong, the running revision keeps serving."""
+        assert self.load is not None
+        print(f"omnipipe: SIGHUP: reloading {self.pipeline_file}", flush=True)
+        try:
+            new = self.load(self.pipeline_file)
+        except ManifestError as exc:
+            print(
+                f"omnipipe: reload failed, still serving revision {self.revision}: {exc}",
+                flush=True,
+            )
+            return
+        plan = plan_reload(self.pipeline, new)
+        if plan.refused:
+            print(
+                f"omnipipe: reload refused, still serving revision {self.revision}: {plan.refused}",
+                flush=True,
+            )
+            return
+        if not plan.changes_anything:
+            print(f"omnipipe: no change; serving revision {self.revision}", flush=True)
+            return
+        try:
+            self._roll(new, plan)
+        except ReloadFailed as exc:
+            print(
+                f"omnipipe: reload failed, still serving revision {self.revision}: {exc}",
+                flush=True,
+            )
+
+    def _roll(self, new: ResolvedPipeline, plan: ReloadPlan) -> None:
+        rev = plan.new_revision
+        if plan.new_revision_rolls_out:
+            print(
+                f"omnipipe: rolling out revision {rev} beside revision {plan.old_revision}: "
+                "starting its workers",
+                flush=True,
+            )
+        snapshot = self._snapshot(new)
+        started: list[Child] = []
+        retiring: list[Child] = []
+        for stage in new.stages:
+            mine = [c for c in self.workers if c.stage == stage.name]
+            if stage.name in plan.replace:
+                started += [
+                    self._spawn_worker(stage.name, snapshot, rev, pending=True)
+                    for _ in range(local_replicas(stage))
+                ]
+                retiring += mine
+                continue
+            now, want = plan.counts[stage.name]
+            started += [
+                self._spawn_worker(stage.name, snapshot, rev, pending=True)
+                for _ in range(want - now)
+            ]
+            retiring += mine[want:]
+        try:
+            self.wait_ready(self.ready_timeout, started)
+        except ReloadFailed:
+            self._terminate(started)
+            self.children = [c for c in self.children if c not in started]
+            raise
+        for child in started:
+            child.pending = False
+        self.pipeline = new
+        # Route to both, new requests starting on the new revision once the router has
+        # seen it whole; then take the old ones out of the router, and only then drain
+        # them: nothing new is sent to a worker that refuses work.
+        keep = [c for c in self.workers if c not in retiring]
+        self._wait_router(self._write_replicas(self.workers, rev), rev)
+        if plan.new_revision_rolls_out:
+            print(f"omnipipe: switched: new requests start on revision {rev}", flush=True)
+        self._wait_router(self._write_replicas(keep, rev), None)
+        if retiring:
+            what = f"revision {plan.old_revision}" if plan.new_revision_rolls_out else "old"
+            print(
+                f"omnipipe: draining {len(retiring)} {what} worker(s): "
+                f"{', '.join(c.name for c in retiring)}",
+                flush=True,
+            )
+            self._retire(retiring)
+        print(
+            f"omnipipe: reloaded: serving revision {rev} with {len(self.workers)} worker(s)",
+            flush=True,
+        )
+
+    def stop(self) -> None:
+        self.stopping = True
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        self._terminate(self.children)
+
     def run_forever(self) -> None:
         while True:
+            if self.reload_requested and self.load is not None:
+                self.reload_requested = False
+                self.reload()
             self._check_alive()
             time.sleep(0.5)
 
 
 def serve(
-    pipeline: ResolvedPipeline, pipeline_file: Path, host: str, port: int, ready_timeout: float
+    pipeline: ResolvedPipeline,
+    pipeline_file: Path,
+    host: str,
+    port: int,
+    ready_timeout: float,
+    load: Loader | None = None,
 ) -> int:
-    sup = Supervisor(pipeline, pipeline_file, host, port)
+    """Run the pipeline until SIGINT/SIGTERM. With `load`, SIGHUP reloads pipeline_file
+    through it (it raises ManifestError for a file it cannot serve)."""
+    sup = Supervisor(pipeline, pipeline_file, host, port, load=load, ready_timeout=ready_timeout)
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
         raise KeyboardInterrupt
+
+    def on_hangup(signum: int, _frame: FrameType | None) -> None:
+        sup.reload_requested = True
 
     # Installed explicitly: a shell without job control starts background jobs with
     # SIGINT ignored, and Python keeps an inherited "ignore".
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    workers = sum(max(s.replicas, 1) for s in pipeline.stages)
+    # Before anything starts: SIGHUP's default would end us. One that comes while
+    # starting is applied once all is ready.
+    signal.signal(signal.SIGHUP, on_hangup)
+    workers = sum(local_replicas(s) for s in pipeline.stages)
     print(
-        f"omnipipe: serving {pipeline.name} ({pipeline.pipeline}, model {pipeline.model}): "
-        f"{workers} worker(s) for {len(pipeline.stages)} stage(s) + router",
+        f"omnipipe: serving {pipeline.name} ({pipeline.pipeline}, model {pipeline.model}, "
+        f"revision {sup.revision}): {workers} worker(s) for {len(pipeline.stages)} "
+        "stage(s) + router",
         flush=True,
     )
     try:
         sup.start()
         sup.wait_ready(ready_timeout)
+        reload_hint = f"; kill -HUP {os.getpid()} to reload the file" if load else ""
         print(
             f"omnipipe: ready. OpenAI base URL: http://{host}:{port}/v1  "
-            f"(model: {pipeline.name}; Ctrl-C to stop)",
+            f"(model: {pipeline.name}; Ctrl-C to stop{reload_hint})",
             flush=True,
         )
         sup.run_forever()

@@ -7,8 +7,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from omnipipe.api import ResolvedPipeline
-from omnipipe.api.names import router_object_name, stage_condition_type, stage_object_name
-from omnipipe.api.status import Condition, ConditionStatus, OmniPipelineStatus, StageStatus
+from omnipipe.api import constants as c
+from omnipipe.api.names import router_object_name, stage_condition_type, stage_deployment_name
+from omnipipe.api.revision import pipeline_revision
+from omnipipe.api.status import (
+    Condition,
+    ConditionStatus,
+    OmniPipelineStatus,
+    RevisionStatus,
+    StageStatus,
+)
 
 ChildKey = tuple[str, str]  # (kind, name)
 
@@ -22,18 +30,29 @@ class ObservedDeployment:
     ready: int
     updated: int
     up_to_date: bool  # the Deployment controller has seen the latest spec
+    # A stage Deployment's labels: which stage, of which revision (None for the router).
+    stage: str | None = None
+    revision: str | None = None
 
     @classmethod
     def from_manifest(cls, obj: Mapping[str, Any]) -> ObservedDeployment:
         spec, status = obj.get("spec") or {}, obj.get("status") or {}
-        generation = (obj.get("metadata") or {}).get("generation", 0)
+        meta = obj.get("metadata") or {}
+        labels = meta.get("labels") or {}
         return cls(
             desired=int(spec.get("replicas", 1)),
             replicas=int(status.get("replicas", 0)),
             ready=int(status.get("readyReplicas", 0)),
             updated=int(status.get("updatedReplicas", 0)),
-            up_to_date=int(status.get("observedGeneration", 0)) >= int(generation),
+            up_to_date=int(status.get("observedGeneration", 0)) >= int(meta.get("generation", 0)),
+            stage=labels.get(c.LABEL_STAGE),
+            revision=labels.get(c.LABEL_REVISION)
+            or (c.LEGACY_REVISION if c.LABEL_STAGE in labels else None),
         )
+
+    @property
+    def available(self) -> bool:
+        return _deployment_condition("", self)[0] is ConditionStatus.TRUE
 
 
 def _deployment_condition(
@@ -72,6 +91,105 @@ def _condition(
     )
 
 
+@dataclass(frozen=True)
+class Rollout:
+    """Where a pipeline's revisions stand, and what this step does about it.
+
+    At most two revisions keep workloads: the serving (current) one and the one the
+    spec asks for (update). The update revision takes over once every one of its stages
+    is ready; then every other revision is retired (deleted: its pods drain on the way
+    out). A revision superseded before it ever served is retired at once."""
+
+    update: str
+    current: str
+    retire: tuple[str, ...]
+    # revision -> stage -> its Deployment, for every revision that has one.
+    revisions: Mapping[str, Mapping[str, ObservedDeployment]]
+    update_stages: tuple[str, ...]
+
+    @property
+    def progressing(self) -> bool:
+        return self.current != self.update
+
+    def ready_count(self, revision: str) -> tuple[int, int]:
+        """(ready stages, stages) of one revision: the spec's stages for the update
+        revision, the Deployments that exist for an older one."""
+        have = self.revisions.get(revision, {})
+        stages = self.update_stages if revision == self.update else tuple(sorted(have))
+        ready = sum(1 for s in stages if s in have and have[s].available)
+        return ready, len(stages)
+
+    def revision_ready(self, revision: str) -> bool:
+        ready, total = self.ready_count(revision)
+        return total > 0 and ready == total
+
+
+def by_revision(
+    deployments: Iterable[ObservedDeployment],
+) -> dict[str, dict[str, ObservedDeployment]]:
+    grouped: dict[str, dict[str, ObservedDeployment]] = {}
+    for d in deployments:
+        if d.stage is not None and d.revision is not None:
+            grouped.setdefault(d.revision, {})[d.stage] = d
+    return grouped
+
+
+def plan_rollout(
+    pipeline: ResolvedPipeline,
+    previous_current: str | None,
+    deployments: Iterable[ObservedDeployment],
+) -> Rollout:
+    update = pipeline_revision(pipeline)
+    grouped = by_revision(deployments)
+    stages = tuple(s.name for s in pipeline.stages)
+    draft = Rollout(update, update, (), grouped, stages)
+    if previous_current not in grouped and c.LEGACY_REVISION in grouped:
+        # An upgrade from before revisions: the unlabelled Deployments serve until the
+        # first real revision is ready, like any old revision.
+        previous_current = c.LEGACY_REVISION
+    if draft.revision_ready(update) or previous_current not in grouped:
+        # The new revision serves (or nothing else could): everything else goes.
+        current = update
+    else:
+        assert previous_current is not None
+        current = previous_current
+    retire = tuple(sorted(r for r in grouped if r not in (current, update)))
+    return Rollout(update, current, retire, grouped, stages)
+
+
+def initial_replicas(
+    pipeline: ResolvedPipeline,
+    rollout: Rollout,
+    created: Iterable[str],
+) -> dict[str, int]:
+    """Deployment name -> replicas, for the autoscaled stages of a new revision whose
+    Deployments were just created: they start where the serving revision's are now, so
+    a rollout under load does not start from the minimum."""
+    serving = rollout.revisions.get(rollout.current, {})
+    new = set(created)
+    start: dict[str, int] = {}
+    if not rollout.progressing:
+        return start
+    for stage in pipeline.stages:
+        name = stage_deployment_name(pipeline.name, stage.name, rollout.update)
+        if stage.autoscaled and name in new and stage.name in serving:
+            start[name] = serving[stage.name].desired
+    return start
+
+
+def _progressing(rollout: Rollout | None) -> tuple[ConditionStatus, str, str]:
+    if rollout is None or not rollout.progressing:
+        revision = rollout.current if rollout else "the only revision"
+        return ConditionStatus.FALSE, "RolloutComplete", f"serving revision {revision}"
+    ready, total = rollout.ready_count(rollout.update)
+    return (
+        ConditionStatus.TRUE,
+        "RollingOut",
+        f"revision {rollout.update}: {ready}/{total} stages ready; "
+        f"revision {rollout.current} serves until all are",
+    )
+
+
 SCALING_FIELDS = (
     "metric",
     "metric_value",
@@ -79,7 +197,7 @@ SCALING_FIELDS = (
     "last_decision_reason",
     "last_scale_time",
 )
-OWN_CONDITIONS = ("Ready", "StagesReady", "RouterReady")
+OWN_CONDITIONS = ("Ready", "StagesReady", "RouterReady", "Progressing")
 
 
 def compute_status(
@@ -90,16 +208,20 @@ def compute_status(
     endpoint: str,
     now: str,
     previous_stages: Sequence[StageStatus] = (),
+    rollout: Rollout | None = None,
 ) -> OmniPipelineStatus:
     """Roll the children's real status up into conditions: Ready = StagesReady and
-    RouterReady; StagesReady = every Stage<Name>Ready."""
+    RouterReady; StagesReady = every Stage<Name>Ready, of the serving revision (the
+    pipeline's own when no rollout is given). Progressing says whether a new revision
+    is rolling out."""
+    serving = rollout.current if rollout is not None else pipeline_revision(pipeline)
     before = {c.type: c for c in previous}
     before_stages = {s.name: s for s in previous_stages}
     conditions: list[Condition] = []
     stages: list[StageStatus] = []
     not_ready: list[str] = []
     for stage in pipeline.stages:
-        observed = deployments.get(stage_object_name(pipeline.name, stage.name))
+        observed = deployments.get(stage_deployment_name(pipeline.name, stage.name, serving))
         status, reason, message = _deployment_condition(f"stage {stage.name}", observed)
         conditions.append(
             _condition(
@@ -154,16 +276,32 @@ def compute_status(
             "RouterReady", router_status, router_reason, router_msg, before, now, generation
         ),
     ]
+    roll_up.append(_condition("Progressing", *_progressing(rollout), before, now, generation))
     ready_count = len(pipeline.stages) - len(not_ready)
     # Conditions owned by others (the autoscaler's ScalingActive) pass through.
     mine = set(OWN_CONDITIONS) | {c.type for c in conditions}
     foreign = [c for c in previous if c.type not in mine]
+    revisions: list[RevisionStatus] = []
+    if rollout is not None:
+        kept = [r for r in rollout.revisions if r not in rollout.retire]
+        for revision in sorted(kept, key=lambda r: (r != rollout.update, r)):
+            ready_stages, total = rollout.ready_count(revision)
+            revisions.append(
+                RevisionStatus(
+                    revision=revision,
+                    stages_ready=f"{ready_stages}/{total}",
+                    ready=rollout.revision_ready(revision),
+                )
+            )
     return OmniPipelineStatus(
         conditions=roll_up + conditions + foreign,
         observed_generation=generation,
         stages=stages,
         stages_ready=f"{ready_count}/{len(pipeline.stages)}",
         endpoint=endpoint,
+        current_revision=serving,
+        update_revision=rollout.update if rollout else pipeline_revision(pipeline),
+        revisions=revisions,
     )
 
 
@@ -171,6 +309,44 @@ def child_key(obj: Mapping[str, Any]) -> ChildKey:
     return str(obj["kind"]), str(obj["metadata"]["name"])
 
 
-def orphans(existing: Iterable[ChildKey], desired: Iterable[ChildKey]) -> list[ChildKey]:
-    """Children the pipeline no longer wants (a removed stage), in a stable order."""
-    return sorted(set(existing) - set(desired))
+def child_revision(obj: Mapping[str, Any]) -> str | None:
+    """The revision a child belongs to; None for the children every revision shares.
+    A stage Deployment or the pipeline ConfigMap without a revision label was made
+    before revisions: it belongs to the legacy revision."""
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    revision = labels.get(c.LABEL_REVISION)
+    if revision is not None:
+        return str(revision)
+    kind = obj.get("kind")
+    if (kind == "Deployment" and c.LABEL_STAGE in labels) or (
+        kind == "ConfigMap" and labels.get(c.LABEL_COMPONENT) == "config"
+    ):
+        return c.LEGACY_REVISION
+    return None
+
+
+def orphans(
+    existing: Mapping[ChildKey, Mapping[str, Any]] | Iterable[ChildKey],
+    desired: Iterable[ChildKey],
+    update_revision: str | None = None,
+) -> list[ChildKey]:
+    """Children the pipeline no longer wants (a removed stage), in a stable order. A
+    child of another revision than the update one is the rollout's to retire, not an
+    orphan (see plan_rollout)."""
+    wanted = set(desired)
+    if isinstance(existing, Mapping):
+        return sorted(
+            key
+            for key, obj in existing.items()
+            if key not in wanted
+            and (update_revision is None or child_revision(obj) in (None, update_revision))
+        )
+    return sorted(set(existing) - wanted)
+
+
+def revision_children(
+    existing: Mapping[ChildKey, Mapping[str, Any]], revisions: Iterable[str]
+) -> list[ChildKey]:
+    """The children (Deployments, ConfigMaps) of the given revisions, in a stable order."""
+    wanted = set(revisions)
+    return sorted(key for key, obj in existing.items() if child_revision(obj) in wanted)

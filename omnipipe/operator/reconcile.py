@@ -22,9 +22,13 @@ from omnipipe.operator.k8s import Kube, utc_now
 from omnipipe.operator.metrics import OperatorMetrics
 from omnipipe.operator.planner import (
     ObservedDeployment,
+    Rollout,
     child_key,
     compute_status,
+    initial_replicas,
     orphans,
+    plan_rollout,
+    revision_children,
 )
 from omnipipe.operator.settings import OperatorSettings
 
@@ -89,7 +93,8 @@ async def reconcile(
             "resourceVersion"
         ):
             updated.append(_label(key))
-    deleted = orphans(existing, [child_key(m) for m in desired])
+    await _start_from_serving_counts(kube, body, ctx, existing, created)
+    deleted = orphans(existing, [child_key(m) for m in desired], ctx.revision)
     for kind, name in deleted:
         await kube.delete(kind, ctx.namespace, name)
     for reason, items in (
@@ -117,6 +122,65 @@ async def reconcile(
     return ReconcileResult(tuple(created), tuple(updated), tuple(_label(k) for k in deleted), ready)
 
 
+async def _start_from_serving_counts(
+    kube: Kube,
+    body: Mapping[str, Any],
+    ctx: BuildContext,
+    existing: Mapping[tuple[str, str], Mapping[str, Any]],
+    created: list[str],
+) -> None:
+    """A new revision's autoscaled Deployments were applied without replicas (the
+    autoscaler owns them); set them through the scale subresource, as the autoscaler
+    does, to what the serving revision runs now."""
+    previous = (body.get("status") or {}).get("currentRevision")
+    rollout = plan_rollout(
+        ctx.pipeline,
+        previous,
+        [ObservedDeployment.from_manifest(o) for k, o in existing.items() if k[0] == "Deployment"],
+    )
+    new = [label.split("/", 1)[1] for label in created if label.startswith("Deployment/")]
+    for name, replicas in initial_replicas(ctx.pipeline, rollout, new).items():
+        await kube.set_replicas(ctx.namespace, name, replicas)
+
+
+async def _advance_rollout(
+    kube: Kube, body: Mapping[str, Any], namespace: str, rollout: Rollout
+) -> None:
+    """Retire what the rollout leaves behind and say what happened, once."""
+    before = body.get("status") or {}
+    if rollout.progressing and before.get("updateRevision") != rollout.update:
+        await kube.post_event(
+            body,
+            "RolloutStarted",
+            f"rolling out revision {rollout.update} beside revision {rollout.current}; "
+            "traffic switches once all its stages are ready",
+        )
+    previous = before.get("currentRevision")
+    if previous is not None and previous != rollout.current:
+        await kube.post_event(
+            body,
+            "RevisionSwitched",
+            f"all {len(rollout.update_stages)} stages of revision {rollout.current} are "
+            f"ready; requests now start on it instead of revision {previous}",
+        )
+    if not rollout.retire:
+        return
+    existing = {
+        child_key(o): o for o in await kube.list_children(namespace, body["metadata"]["name"])
+    }
+    doomed = revision_children(existing, rollout.retire)
+    for kind, name in doomed:
+        await kube.delete(kind, namespace, name)
+    if doomed:
+        await kube.post_event(
+            body,
+            "RevisionRetired",
+            f"deleted revision {', '.join(rollout.retire)} "
+            f"({', '.join(f'{k}/{n}' for k, n in doomed)}); its workers finish their "
+            "requests before they exit",
+        )
+
+
 async def refresh_status(
     kube: Kube,
     settings: OperatorSettings,
@@ -136,6 +200,10 @@ async def refresh_status(
         d["metadata"]["name"]: ObservedDeployment.from_manifest(d)
         for d in await kube.list_deployments(namespace, name)
     }
+    rollout = plan_rollout(
+        ctx.pipeline, (body.get("status") or {}).get("currentRevision"), deployments.values()
+    )
+    await _advance_rollout(kube, body, namespace, rollout)
     status = compute_status(
         ctx.pipeline,
         generation
@@ -146,6 +214,7 @@ async def refresh_status(
         router_endpoint(ctx),
         utc_now(),
         previous_stages(body),
+        rollout,
     )
     await _write_status(kube, body, status)
     metrics.observe_status(namespace, name, status)

@@ -12,7 +12,8 @@ from collections.abc import Mapping, MutableMapping
 from typing import Any
 
 from omnipipe.api import parse_resource, resolve
-from omnipipe.api.names import stage_object_name
+from omnipipe.api.names import stage_deployment_name
+from omnipipe.api.revision import pipeline_revision
 from omnipipe.api.spec import ScalingMode
 from omnipipe.api.status import Condition, ConditionStatus
 from omnipipe.operator.autoscaler.policy import (
@@ -81,7 +82,8 @@ async def autoscale(
     for stage in stages:
         assert stage.autoscaling is not None
         assert stage.target is not None
-        name = stage_object_name(pipeline.name, stage.name)
+        # The update revision's: an older one keeps its count until it is retired.
+        name = stage_deployment_name(pipeline.name, stage.name, pipeline_revision(pipeline))
         if name not in deployments:
             continue
         observed = ObservedDeployment.from_manifest(deployments[name])

@@ -128,8 +128,16 @@ def build_app(pipeline: ResolvedPipeline, settings: RouterSettings) -> FastAPI:
     @app.get("/ready")
     async def ready() -> JSONResponse:
         stages = {s.name: pool.stage_ready(s.name) for s in pipeline.stages}
+        body = {
+            "ready": all(stages.values()),
+            "stages": stages,
+            # What `omnipipe serve` waits for on a reload: the revision new requests
+            # start on, and the replicas-file generation behind it.
+            "revision": orchestrator.serving_revision(),
+            "discovery": pool.generation,
+        }
         return JSONResponse(
-            {"ready": all(stages.values()), "stages": stages},
+            body,
             status_code=200 if all(stages.values()) else 503,
         )
 

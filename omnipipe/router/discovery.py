@@ -4,7 +4,7 @@ Service in DNS (Kubernetes), which resolves to ready pods only."""
 from __future__ import annotations
 
 import asyncio
-import json
+import logging
 import socket
 from abc import ABC, abstractmethod
 from pathlib import Path
@@ -12,6 +12,9 @@ from pathlib import Path
 from omnipipe.api import ResolvedPipeline
 from omnipipe.api import constants as c
 from omnipipe.api.names import stage_object_name
+from omnipipe.api.wire import StaticReplicas
+
+log = logging.getLogger(__name__)
 
 
 class Discovery(ABC):
@@ -19,18 +22,71 @@ class Discovery(ABC):
     async def endpoints(self, stage: str) -> list[str]:
         """Control-API base URLs of the stage's replicas."""
 
+    async def refresh(self) -> None:
+        """Called before each round of endpoints(): pick up a changed source."""
+        return None  # the DNS answer is fresh on every call already
+
+    def preferred_revision(self) -> str | None:
+        """The revision the source says is newest, if it says (see StaticReplicas)."""
+        return None
+
+    def generation(self) -> int:
+        """Which version of the source the last refresh() read (0 when it has none)."""
+        return 0
+
 
 class StaticDiscovery(Discovery):
-    def __init__(self, replicas: dict[str, list[str]]) -> None:
-        self._replicas = replicas
+    """A fixed list, or a replicas file that is read again whenever it changes (local
+    mode: `omnipipe serve` rewrites it on a reload, always by an atomic rename)."""
+
+    def __init__(
+        self, replicas: StaticReplicas | dict[str, list[str]], path: Path | None = None
+    ) -> None:
+        self._replicas = (
+            replicas if isinstance(replicas, StaticReplicas) else StaticReplicas(stages=replicas)
+        )
+        self._path = path
+        self._seen = self._stamp()
+
+    def _stamp(self) -> tuple[int, int] | None:
+        if self._path is None:
+            return None
+        st = self._path.stat()
+        return st.st_mtime_ns, st.st_ino
 
     @classmethod
     def from_file(cls, path: str) -> StaticDiscovery:
-        data = json.loads(Path(path).read_text())
-        return cls({str(k): [str(u) for u in v] for k, v in data.items()})
+        p = Path(path)
+        return cls(StaticReplicas.parse(p.read_text()), p)
+
+    async def refresh(self) -> None:
+        if self._path is None:
+            return
+        try:
+            stamp = self._stamp()
+            if stamp == self._seen:
+                return
+            replicas = StaticReplicas.parse(self._path.read_text())
+        except (OSError, ValueError) as exc:
+            # Keep routing on what we know; the next refresh tries again.
+            log.warning("replicas file %s unreadable, keeping the last one: %s", self._path, exc)
+            return
+        self._replicas, self._seen = replicas, stamp
+        log.info(
+            "replicas file generation %d: revision %s, %s",
+            replicas.generation,
+            replicas.revision or "-",
+            ", ".join(f"{s} x{len(u)}" for s, u in replicas.stages.items()),
+        )
 
     async def endpoints(self, stage: str) -> list[str]:
-        return list(self._replicas.get(stage, []))
+        return list(self._replicas.stages.get(stage, []))
+
+    def preferred_revision(self) -> str | None:
+        return self._replicas.revision or None
+
+    def generation(self) -> int:
+        return self._replicas.generation
 
 
 class DnsDiscovery(Discovery):

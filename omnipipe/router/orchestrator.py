@@ -14,6 +14,7 @@ from typing import Any, cast
 import aiohttp
 
 from omnipipe.api import ResolvedPipeline
+from omnipipe.api.revision import pipeline_revision
 from omnipipe.api.wire import Destination, StageEvent, SubmitRequest
 from omnipipe.router.errors import (
     BadRequest,
@@ -92,17 +93,31 @@ class Orchestrator:
         self.max_load = max_load
         self.metrics = metrics
         self.wake_wait = wake_wait
+        # The revision the router was configured with is the newest it knows of (in
+        # Kubernetes its ConfigMap is the update revision's), unless discovery names a
+        # newer one (`omnipipe serve` after a reload).
+        self.own_revision = pipeline_revision(pipeline)
         self._consumers = {
             s.name: [d.name for d in pipeline.stages if s.name in d.inputs] for s in pipeline.stages
         }
 
-    async def _wait_for_replica(self, stage: str) -> Replica | None:
+    @property
+    def preferred(self) -> list[str]:
+        return self.pool.preferred_revisions(self.own_revision)
+
+    def serving_revision(self) -> str | None:
+        """The revision a request over every stage would start on now."""
+        return self.pool.revision_for(
+            [s.name for s in self.pipeline.stages], self.max_load, self.preferred
+        )
+
+    async def _wait_for_replica(self, stage: str, revision: str | None) -> Replica | None:
         """Hold the request while the stage wakes (its demand is exported as
         omnipipe_router_pending_requests, which the autoscaler reads), bounded."""
         # Polls lag by up to a second: look again before anything else.
         await self.pool.refresh(stage)
-        replica = self.pool.pick(stage, self.max_load)
-        if replica is not None or self.pool.stage_ready(stage) or self.wake_wait <= 0:
+        replica = self.pool.pick(stage, self.max_load, revision)
+        if replica is not None or self.pool.stage_ready(stage, revision) or self.wake_wait <= 0:
             return replica
         gauge = self.metrics.pending.labels(self.pipeline.name, stage)
         gauge.inc()
@@ -111,7 +126,7 @@ class Orchestrator:
             while asyncio.get_running_loop().time() < deadline:
                 await asyncio.sleep(0.5)
                 await self.pool.refresh(stage)
-                replica = self.pool.pick(stage, self.max_load)
+                replica = self.pool.pick(stage, self.max_load, revision)
                 if replica is not None:
                     return replica
             return None
@@ -136,20 +151,27 @@ class Orchestrator:
         return [s.name for s in self.pipeline.stages if s.name in wanted]
 
     async def _choose(self, stages: list[str]) -> dict[str, Replica]:
+        """One replica per stage, all of one revision: tensors only ever pass between
+        replicas that agree on what they hand each other. With no revision whole yet
+        (a stage waking from zero), the first replica found pins the rest."""
+        revision = self.pool.revision_for(stages, self.max_load, self.preferred)
         chosen: dict[str, Replica] = {}
         for stage in (self.pipeline.stage(name) for name in stages):
-            replica = self.pool.pick(stage.name, self.max_load)
+            replica = self.pool.pick(stage.name, self.max_load, revision)
             if replica is None:
-                replica = await self._wait_for_replica(stage.name)
+                replica = await self._wait_for_replica(stage.name, revision)
             if replica is None:
-                if self.pool.stage_ready(stage.name):
+                of = f" of revision {revision}" if revision else ""
+                if self.pool.stage_ready(stage.name, revision):
                     raise Overloaded(
-                        f"every {stage.name} replica is at capacity; retry later", retry_after=1
+                        f"every {stage.name} replica{of} is at capacity; retry later",
+                        retry_after=1,
                     )
                 raise StageUnavailable(
-                    f"stage {stage.name} has no ready replica (waited {self.wake_wait:g}s)",
+                    f"stage {stage.name} has no ready replica{of} (waited {self.wake_wait:g}s)",
                     retry_after=5,
                 )
+            revision = replica.revision
             chosen[stage.name] = replica
         return chosen
 

@@ -15,7 +15,7 @@ import httpx
 from omnipipe.api import ResolvedPipeline
 from omnipipe.api.wire import WorkerStatus
 from omnipipe.router.discovery import Discovery
-from omnipipe.router.routing import ReplicaLoad, choose
+from omnipipe.router.routing import ReplicaLoad, choose, choose_revision
 
 log = logging.getLogger(__name__)
 
@@ -27,10 +27,15 @@ class Replica:
     reported_load: int = 0
     dispatched: int = 0
     transfer_address: str | None = None
+    revision: str = ""
 
     def view(self) -> ReplicaLoad:
         return ReplicaLoad(
-            self.url, self.ready, self.reported_load + self.dispatched, self.transfer_address
+            self.url,
+            self.ready,
+            self.reported_load + self.dispatched,
+            self.transfer_address,
+            self.revision,
         )
 
 
@@ -51,6 +56,8 @@ class ReplicaPool:
         self._replicas: dict[str, dict[str, Replica]] = {s.name: {} for s in pipeline.stages}
         self._rotation = itertools.count()
         self._tasks: list[asyncio.Task[None]] = []
+        self.generation = 0
+        """The discovery generation the replica lists were last built from."""
 
     async def start(self) -> None:
         await self._discover()
@@ -77,12 +84,25 @@ class ReplicaPool:
                 log.exception("replica refresh failed")
 
     async def _discover(self) -> None:
+        await self._discovery.refresh()
+        generation = self._discovery.generation()
+        added: list[Replica] = []
         for stage, known in self._replicas.items():
             urls = set(await self._discovery.endpoints(stage))
             for url in urls - known.keys():
                 known[url] = Replica(url)
+                added.append(known[url])
             for url in known.keys() - urls:
                 del known[url]
+        # A new replica is polled before it counts as known, so that a caller who waits
+        # for this generation sees its readiness and revision too.
+        await asyncio.gather(*(self._poll_one(r) for r in added))
+        self.generation = generation
+
+    def preferred_revisions(self, own: str) -> list[str]:
+        """Newest first: the one discovery names (a local reload), then the router's own."""
+        named = self._discovery.preferred_revision()
+        return [named, own] if named and named != own else [own]
 
     async def _poll_one(self, replica: Replica) -> None:
         try:
@@ -94,6 +114,7 @@ class ReplicaPool:
         replica.ready = status.ready
         replica.reported_load = status.running + status.waiting
         replica.transfer_address = status.transfer_address
+        replica.revision = status.revision
 
     async def _poll(self) -> None:
         await asyncio.gather(
@@ -104,13 +125,23 @@ class ReplicaPool:
         """Poll one stage's replicas now, rather than answer from a stale view."""
         await asyncio.gather(*(self._poll_one(r) for r in self._replicas[stage].values()))
 
-    def stage_ready(self, stage: str) -> bool:
-        """At least one replica of the stage is ready (it may still be full)."""
-        return any(r.ready for r in self._replicas[stage].values())
+    def stage_ready(self, stage: str, revision: str | None = None) -> bool:
+        """At least one replica of the stage (of that revision) is ready; it may be full."""
+        return any(
+            r.ready and (revision is None or r.revision == revision)
+            for r in self._replicas[stage].values()
+        )
 
-    def pick(self, stage: str, max_load: int) -> Replica | None:
+    def revision_for(self, stages: list[str], max_load: int, preferred: list[str]) -> str | None:
+        """The revision a request over these stages runs on (see choose_revision)."""
+        views = {s: [r.view() for r in self._replicas[s].values()] for s in stages}
+        return choose_revision(views, preferred, max_load)
+
+    def pick(self, stage: str, max_load: int, revision: str | None = None) -> Replica | None:
+        """The least-loaded ready replica of the stage, of that revision when one is given."""
         known = self._replicas[stage]
-        chosen = choose([r.view() for r in known.values()], next(self._rotation), max_load)
+        views = [r.view() for r in known.values() if revision is None or r.revision == revision]
+        chosen = choose(views, next(self._rotation), max_load)
         return known[chosen.url] if chosen else None
 
     def mark_down(self, replica: Replica) -> None:

@@ -20,6 +20,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from omnipipe.api import ResolvedPipeline
 from omnipipe.api.constants import CREDENTIAL_HEADER
+from omnipipe.api.revision import pipeline_revision
 from omnipipe.api.wire import StageEvent, SubmitRequest, WorkerStatus, event_lines
 from omnipipe.transfer import Mailbox, Receiver, TransferStats, make_receiver, make_sender
 from omnipipe.worker.metrics import WorkerMetrics
@@ -29,6 +30,7 @@ from omnipipe.worker.settings import WorkerSettings
 from omnipipe.worker.stages import stage_class, unimplemented_stages
 
 log = logging.getLogger(__name__)
+requests_log = logging.getLogger("omnipipe.worker.requests")
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
@@ -72,6 +74,10 @@ class WorkerState:
     load_error: str = ""
     background: set[asyncio.Task[None]] = field(default_factory=set)
 
+    @property
+    def revision(self) -> str:
+        return pipeline_revision(self.pipeline)
+
     def stalled_for(self) -> float:
         """Seconds the engine has gone without progress, past the watchdog's limit; 0 if
         it is idle or moving."""
@@ -93,6 +99,7 @@ class WorkerState:
             running=rt.running if rt else 0,
             waiting=rt.waiting if rt else 0,
             transfer_address=self.receiver.address if self.receiver else None,
+            revision=self.revision,
             message=self.load_error
             or (f"engine stalled: no progress for {stalled:.0f}s" if stalled else "")
             or ("draining" if self.draining else "ready" if self.loaded else "loading model"),
@@ -224,6 +231,11 @@ def build_app(pipeline: ResolvedPipeline, settings: WorkerSettings) -> FastAPI:
             job = state.runtime.submit(request)
         except DuplicateRequest:
             raise HTTPException(409, detail=f"request {request.request_id} exists") from None
+        # One line per request and stage, with the revision: what shows that no request
+        # ever runs on two revisions.
+        requests_log.info(
+            "request %s stage %s revision %s", request.request_id, spec.name, state.revision
+        )
 
         async def stream() -> AsyncIterator[bytes]:
             finished = False

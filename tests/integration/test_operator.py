@@ -16,19 +16,28 @@ from typing import Any
 import pytest
 import yaml
 
+from omnipipe.api import parse_resource, resolve
+from omnipipe.api.revision import pipeline_revision
 from tests.harness.cluster import Cluster
 from tests.integration.conftest import REPO, Operator, children, get_json, wait_for
 from tests.invalid_manifests import CASES, Invalid
 
 pytestmark = pytest.mark.integration
 EXAMPLE = REPO / "examples/qwen-image.yaml"
+
+
+def revision(manifest: dict[str, Any]) -> str:
+    return pipeline_revision(resolve(parse_resource(manifest)))
+
+
+REV = revision(yaml.safe_load(EXAMPLE.read_text()))
+STAGES = ("encode", "denoise", "decode")
 EXPECTED = {
-    ("ConfigMap", "qwen-image-config"),
-    *(
-        (kind, f"qwen-image-{name}")
-        for name in ("encode", "denoise", "decode", "router")
-        for kind in ("Deployment", "Service")
-    ),
+    ("ConfigMap", f"qwen-image-config-{REV}"),
+    ("Deployment", "qwen-image-router"),
+    ("Service", "qwen-image-router"),
+    *((("Deployment", f"qwen-image-{name}-{REV}")) for name in STAGES),
+    *((("Service", f"qwen-image-{name}")) for name in STAGES),
 }
 
 
@@ -139,6 +148,7 @@ def test_status_becomes_ready_with_kwok_pods_and_printer_columns(
     obj = wait_for("the ScalingActive condition", scaling_reported)
     status = obj["status"]
     conds = {c["type"]: c for c in status["conditions"]}
+    assert conds.pop("Progressing")["status"] == "False"
     for ready_type in (
         "Ready",
         "StagesReady",
@@ -159,12 +169,24 @@ def test_status_becomes_ready_with_kwok_pods_and_printer_columns(
         "decode": 1,
     }
     table = cluster.kubectl("get", "omnip", "-n", namespace).stdout.splitlines()
-    assert table[0].split() == ["NAME", "READY", "STAGES", "ENDPOINT", "AGE"]
+    assert table[0].split() == [
+        "NAME",
+        "READY",
+        "STAGES",
+        "PROGRESSING",
+        "CURRENT",
+        "UPDATE",
+        "ENDPOINT",
+        "AGE",
+    ]
     row = table[1].split()
-    assert row[:4] == [
+    assert row[:7] == [
         "qwen-image",
         "True",
         "3/3",
+        "False",
+        REV,
+        REV,
         f"http://qwen-image-router.{namespace}.svc:8000/v1",
     ]
     events = cluster.kubectl(
@@ -185,7 +207,9 @@ def test_editing_one_stage_rolls_only_that_stage(
         if k[0] == "Deployment"
     }
     edited = copy.deepcopy(manifest)
-    edited["spec"]["stages"][0]["engineArgs"] = {"num_inference_steps": 8}
+    # Resources roll in place: same revision, so only that stage's pods change.
+    edited["spec"]["stages"][0]["resources"] = {"cpu": "3"}
+    assert revision(edited) == REV
     apply(cluster, namespace, edited)
 
     def generations() -> dict[tuple[str, str], int] | None:
@@ -198,9 +222,9 @@ def test_editing_one_stage_rolls_only_that_stage(
 
     after = wait_for("the denoise Deployment to change", generations)
     changed = {k for k in after if after[k] != before[k]}
-    assert changed == {("Deployment", "qwen-image-denoise")}
-    config = get_json(cluster, "configmap", "qwen-image-config", "-n", namespace)
-    assert "num_inference_steps: 8" in config["data"]["pipeline.yaml"]
+    assert changed == {("Deployment", f"qwen-image-denoise-{REV}")}
+    config = get_json(cluster, "configmap", f"qwen-image-config-{REV}", "-n", namespace)
+    assert "cpu: '3'" in config["data"]["pipeline.yaml"]
     ready(cluster, namespace, "qwen-image")
 
 
@@ -223,15 +247,29 @@ def _custom(stages: list[str]) -> dict[str, Any]:
 def test_removing_a_stage_deletes_its_children(
     cluster: Cluster, operator: Operator, namespace: str
 ) -> None:
-    apply(cluster, namespace, _custom(["a", "b", "c"]))
-    wait_for("chain-c", lambda: ("Deployment", "chain-c") in children(cluster, namespace, "chain"))
-    apply(cluster, namespace, _custom(["a", "b"]))
+    three, two = _custom(["a", "b", "c"]), _custom(["a", "b"])
+    apply(cluster, namespace, three)
+    wait_for(
+        "chain-c",
+        lambda: (
+            ("Deployment", f"chain-c-{revision(three)}") in children(cluster, namespace, "chain")
+        ),
+    )
+    # A changed stage graph is a new revision: the old one, c included, goes once the
+    # new one is ready.
+    apply(cluster, namespace, two)
     wait_for(
         "chain-c to be deleted",
-        lambda: not any(name == "chain-c" for _, name in children(cluster, namespace, "chain")),
+        lambda: (
+            not any(
+                name == "chain-c" or name.startswith("chain-c-")
+                for _, name in children(cluster, namespace, "chain")
+            )
+        ),
+        timeout=90,
     )
     left = children(cluster, namespace, "chain")
-    assert {("Deployment", "chain-a"), ("Deployment", "chain-b")} <= set(left)
+    assert {("Deployment", f"chain-{s}-{revision(two)}") for s in "ab"} <= set(left)
     assert ("Service", "chain-c") not in left
 
 
@@ -392,13 +430,13 @@ def test_the_credential_secret_is_created_once_and_every_pod_reads_it(
 
     # An edit (a reconcile) and the drift timer's re-applies (every 3 s here) leave it be.
     edited = copy.deepcopy(manifest)
-    edited["spec"]["stages"][0]["engineArgs"] = {"num_inference_steps": 8}
+    edited["spec"]["stages"][0]["resources"] = {"cpu": "3"}
     apply(cluster, namespace, edited)
     wait_for(
         "the edit to be reconciled",
         lambda: (
-            "num_inference_steps: 8"
-            in get_json(cluster, "configmap", "qwen-image-config", "-n", namespace)["data"][
+            "cpu: '3'"
+            in get_json(cluster, "configmap", f"qwen-image-config-{REV}", "-n", namespace)["data"][
                 "pipeline.yaml"
             ]
         ),
@@ -443,3 +481,253 @@ def test_the_stage_pods_are_fenced_by_a_network_policy(
     ]
     ports = [r.get("ports") for r in policy["spec"]["ingress"]]
     assert ports[0] == [{"port": 8100, "protocol": "TCP"}]
+
+
+# ---- revisions: a model change rolls out beside the old stages, then replaces them ----
+
+
+def _status(cluster: Cluster, namespace: str) -> dict[str, Any]:
+    return dict(get_json(cluster, "omnip", "qwen-image", "-n", namespace).get("status") or {})
+
+
+def _conditions(status: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {c["type"]: c for c in status.get("conditions", [])}
+
+
+def _revision_labels(cluster: Cluster, namespace: str, kind: str) -> dict[str, str]:
+    items = get_json(
+        cluster, kind, "-n", namespace, "-l", "omnipipe.io/pipeline=qwen-image,omnipipe.io/stage"
+    )["items"]
+    # "" for what predates revisions (it has no such label).
+    return {
+        i["metadata"]["name"]: i["metadata"]["labels"].get("omnipipe.io/revision", "")
+        for i in items
+    }
+
+
+def _events(cluster: Cluster, namespace: str) -> list[dict[str, Any]]:
+    items = get_json(
+        cluster, "events", "-n", namespace, "--field-selector", "involvedObject.kind=OmniPipeline"
+    )["items"]
+    return list(items)
+
+
+def _reasons(cluster: Cluster, namespace: str) -> list[str]:
+    return [e["reason"] for e in _events(cluster, namespace)]
+
+
+def _rolled_to(cluster: Cluster, namespace: str, rev: str) -> bool:
+    status = _status(cluster, namespace)
+    return (
+        status.get("currentRevision") == rev
+        and status.get("updateRevision") == rev
+        and _conditions(status).get("Progressing", {}).get("status") == "False"
+        and set(_revision_labels(cluster, namespace, "deployments").values()) == {rev}
+        and set(_revision_labels(cluster, namespace, "pods").values()) == {rev}
+    )
+
+
+def test_model_change_rolls_out_a_revision_then_rollback_and_in_place_change(
+    cluster: Cluster, operator: Operator, namespace: str
+) -> None:
+    manifest = example()
+    apply(cluster, namespace, manifest)
+    ready(cluster, namespace, "qwen-image")
+    wait_for("revision REV to serve", lambda: _rolled_to(cluster, namespace, REV))
+    # The autoscaler owns denoise's count (no Prometheus here, so it holds it).
+    cluster.kubectl(
+        "scale", "-n", namespace, f"deployment/qwen-image-denoise-{REV}", "--replicas=2"
+    )
+    wait_for(
+        "2 denoise pods",
+        lambda: list(_revision_labels(cluster, namespace, "pods").values()).count(REV) == 4,
+    )
+
+    # A model change, with encode's new pods held Pending (a node nobody has) so the
+    # rollout can be watched half-way.
+    changed = copy.deepcopy(manifest)
+    changed["spec"]["model"] = "Qwen/Qwen-Image-2512"
+    changed["spec"]["stages"].append(
+        {"name": "encode", "nodeSelector": {"omnipipe.test/node": "nowhere"}}
+    )
+    rev2 = revision(changed)
+    assert rev2 != REV
+    apply(cluster, namespace, changed)
+
+    def half_way() -> dict[str, Any] | None:
+        status = _status(cluster, namespace)
+        revisions = {r["revision"]: r for r in status.get("revisions", [])}
+        ok = (
+            status.get("currentRevision") == REV
+            and status.get("updateRevision") == rev2
+            and _conditions(status)["Progressing"]["status"] == "True"
+            and revisions.get(rev2, {}).get("stagesReady") == "2/3"
+        )
+        return status if ok else None
+
+    status = wait_for("the new revision to be 2/3 ready beside the old", half_way)
+    conds = _conditions(status)
+    # The old revision still serves: the pipeline stays Ready throughout.
+    assert conds["Ready"]["status"] == "True"
+    assert conds["Progressing"]["reason"] == "RollingOut"
+    assert [(r["revision"], r["stagesReady"], r["ready"]) for r in status["revisions"]] == [
+        (rev2, "2/3", False),
+        (REV, "3/3", True),
+    ]
+    deployments = _revision_labels(cluster, namespace, "deployments")
+    assert deployments == {
+        **{f"qwen-image-{s}-{REV}": REV for s in STAGES},
+        **{f"qwen-image-{s}-{rev2}": rev2 for s in STAGES},
+    }
+    # Autoscaled denoise starts from the old revision's current count, not its minimum.
+    new_denoise = get_json(cluster, "deployment", f"qwen-image-denoise-{rev2}", "-n", namespace)
+    assert new_denoise["spec"]["replicas"] == 2
+    # Each revision reads its own ConfigMap.
+    for rev, model in ((REV, "Qwen/Qwen-Image"), (rev2, "Qwen/Qwen-Image-2512")):
+        config = get_json(cluster, "configmap", f"qwen-image-config-{rev}", "-n", namespace)
+        assert f"model: {model}\n" in config["data"]["pipeline.yaml"]
+    table = cluster.kubectl("get", "omnip", "-n", namespace).stdout.splitlines()
+    print("\n".join(table))  # the README shows this table (pytest -s)
+    assert table[1].split()[1:6] == ["True", "3/3", "True", REV, rev2]
+    assert "RolloutStarted" in _reasons(cluster, namespace)
+    assert "RevisionSwitched" not in _reasons(cluster, namespace)
+
+    # An in-place fix of the new revision (placement is not part of it) lets it finish.
+    del changed["spec"]["stages"][-1]
+    assert revision(changed) == rev2
+    apply(cluster, namespace, changed)
+    wait_for("revision 2 to serve alone", lambda: _rolled_to(cluster, namespace, rev2), timeout=90)
+    print(cluster.kubectl("get", "omnip", "-n", namespace).stdout)
+    assert not any(name.endswith(REV) for _, name in children(cluster, namespace, "qwen-image")), (
+        "the old revision's children were not deleted"
+    )
+    reasons = _reasons(cluster, namespace)
+    assert {"RevisionSwitched", "RevisionRetired"} <= set(reasons)
+    messages = [e["message"] for e in _events(cluster, namespace)]
+    assert any(f"requests now start on it instead of revision {REV}" in m for m in messages)
+
+    # Rolling back is the same rollout in reverse, to a fresh set of REV workloads.
+    apply(cluster, namespace, manifest)
+    wait_for("the rollback to REV", lambda: _rolled_to(cluster, namespace, REV), timeout=90)
+    assert set(children(cluster, namespace, "qwen-image")) == EXPECTED
+    assert reasons.count("RolloutStarted") < _reasons(cluster, namespace).count("RolloutStarted")
+
+    # An in-place change (a fixed replica count) keeps the revision and its Deployment.
+    before = _reasons(cluster, namespace).count("RolloutStarted")
+    scaled = copy.deepcopy(manifest)
+    scaled["spec"]["stages"].append({"name": "encode", "replicas": 2})
+    apply(cluster, namespace, scaled)
+    wait_for(
+        "encode at 2 replicas in place",
+        lambda: (
+            get_json(cluster, "deployment", f"qwen-image-encode-{REV}", "-n", namespace)["spec"][
+                "replicas"
+            ]
+            == 2
+        ),
+    )
+    ready(cluster, namespace, "qwen-image")
+    assert _rolled_to(cluster, namespace, REV)
+    assert _reasons(cluster, namespace).count("RolloutStarted") == before
+
+
+def _legacy_children(namespace: str) -> list[dict[str, Any]]:
+    """What an omnipipe before revisions made: `P-<stage>` Deployments and `P-config`,
+    labelled as it labelled them, with no revision label."""
+    common = {
+        "app.kubernetes.io/name": "omnipipe",
+        "app.kubernetes.io/instance": "qwen-image",
+        "app.kubernetes.io/managed-by": "omnipipe-operator",
+        "omnipipe.io/pipeline": "qwen-image",
+    }
+    config = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": "qwen-image-config",
+            "namespace": namespace,
+            "labels": {**common, "app.kubernetes.io/component": "config"},
+        },
+        "data": {"pipeline.yaml": "model: Qwen/Qwen-Image\n"},
+    }
+    deployments = []
+    for stage in STAGES:
+        selector = {"omnipipe.io/pipeline": "qwen-image", "omnipipe.io/stage": stage}
+        labels = {**common, "app.kubernetes.io/component": "stage", **selector}
+        deployments.append(
+            {
+                "apiVersion": "apps/v1",
+                "kind": "Deployment",
+                "metadata": {
+                    "name": f"qwen-image-{stage}",
+                    "namespace": namespace,
+                    "labels": labels,
+                },
+                "spec": {
+                    "replicas": 1,
+                    "selector": {"matchLabels": selector},
+                    "template": {
+                        "metadata": {"labels": labels},
+                        "spec": {
+                            "containers": [{"name": "worker", "image": "omnipipe-worker:old"}]
+                        },
+                    },
+                },
+            }
+        )
+    return [config, *deployments]
+
+
+def test_an_upgrade_from_before_revisions_keeps_the_old_deployments_until_the_switch(
+    cluster: Cluster, operator: Operator, namespace: str
+) -> None:
+    legacy = _legacy_children(namespace)
+    for obj in legacy:
+        apply(cluster, namespace, obj)
+    legacy_names = {(o["kind"], o["metadata"]["name"]) for o in legacy}
+    wait_for(
+        "the old stage pods to be ready",
+        lambda: all(
+            get_json(cluster, "deployment", f"qwen-image-{s}", "-n", namespace)
+            .get("status", {})
+            .get("readyReplicas")
+            == 1
+            for s in STAGES
+        ),
+    )
+
+    # The upgraded operator meets them, with encode's new pods held Pending.
+    manifest = example()
+    held = copy.deepcopy(manifest)
+    held["spec"]["stages"].append(
+        {"name": "encode", "nodeSelector": {"omnipipe.test/node": "nowhere"}}
+    )
+    assert revision(held) == REV
+    apply(cluster, namespace, held)
+
+    def serving_legacy() -> dict[str, Any] | None:
+        status = _status(cluster, namespace)
+        revisions = {r["revision"]: r for r in status.get("revisions", [])}
+        ok = (
+            status.get("currentRevision") == "legacy"
+            and status.get("updateRevision") == REV
+            and revisions.get(REV, {}).get("stagesReady") == "2/3"
+        )
+        return status if ok else None
+
+    status = wait_for("the new revision 2/3 ready beside the old Deployments", serving_legacy)
+    conds = _conditions(status)
+    assert conds["Ready"]["status"] == "True", conds
+    assert conds["Progressing"]["reason"] == "RollingOut"
+    # Nothing of the old one was deleted: it still serves.
+    time.sleep(3)
+    assert legacy_names <= set(children(cluster, namespace, "qwen-image"))
+
+    # Released: the new revision becomes ready, takes over, and the old objects go.
+    apply(cluster, namespace, manifest)
+    wait_for("REV to serve alone", lambda: _rolled_to(cluster, namespace, REV), timeout=90)
+    assert set(children(cluster, namespace, "qwen-image")) == EXPECTED
+    reasons = _reasons(cluster, namespace)
+    assert {"RolloutStarted", "RevisionSwitched", "RevisionRetired"} <= set(reasons)
+    messages = [e["message"] for e in _events(cluster, namespace)]
+    assert any("instead of revision legacy" in m for m in messages), messages

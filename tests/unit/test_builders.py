@@ -33,7 +33,18 @@ def children(
         "spec": resource_body,
     }
     ctx = build_context(parse_resource(body), SETTINGS)
-    return {(m["kind"], m["metadata"]["name"]): m for m in build_children(ctx)}
+    return {(m["kind"], _unversioned(m["metadata"]["name"])): m for m in build_children(ctx)}
+
+
+def _unversioned(name: str) -> str:
+    """A revision's Deployment or ConfigMap by the name it has without its revision
+    suffix (p-denoise-<revision> -> p-denoise); the golden files show the real names."""
+    head, _, tail = name.rpartition("-")
+    return head if len(tail) == 10 and all(ch in "0123456789abcdef" for ch in tail) else name
+
+
+def revision_of(spec: dict[str, Any]) -> str:
+    return str(next(iter(children(spec).values()))["metadata"]["labels"]["omnipipe.io/revision"])
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.stem)
@@ -135,9 +146,69 @@ def test_autoscaled_stage_leaves_replicas_to_the_autoscaler() -> None:
 def test_editing_one_stage_changes_only_its_pod_template() -> None:
     spec: dict[str, Any] = {"model": "m", "pipeline": "qwen-image"}
     before = children(spec)
-    after = children({**spec, "stages": [{"name": "denoise", "engineArgs": {"steps": 8}}]})
+    after = children({**spec, "stages": [{"name": "denoise", "resources": {"cpu": "2"}}]})
     changed = {k for k in before if k[0] == "Deployment" and before[k] != after[k]}
     assert changed == {("Deployment", "p-denoise")}
+    assert revision_of(spec) == revision_of(
+        {**spec, "stages": [{"name": "denoise", "resources": {"cpu": "2"}}]}
+    )
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        {"model": "m2"},
+        {"stages": [{"name": "denoise", "engineArgs": {"steps": 8}}]},
+        {"stages": [{"name": "denoise", "engine": "transformers"}]},
+        {"transfer": {"backend": "tcp"}},
+    ],
+    ids=["model", "engine-args", "engine", "transfer"],
+)
+def test_a_compatibility_change_is_a_new_revision_of_every_stage(edit: dict[str, Any]) -> None:
+    spec: dict[str, Any] = {"model": "m", "pipeline": "qwen-image"}
+    old, new = revision_of(spec), revision_of({**spec, **edit})
+    assert old != new
+    after = build_children(
+        build_context(
+            parse_resource(
+                {
+                    "apiVersion": "omnipipe.io/v1alpha1",
+                    "kind": "OmniPipeline",
+                    "metadata": {"name": "p", "namespace": "ns", "uid": "u"},
+                    "spec": {**spec, **edit},
+                }
+            ),
+            SETTINGS,
+        )
+    )
+    names = {(m["kind"], m["metadata"]["name"]) for m in after}
+    for stage in ("encode", "denoise", "decode"):
+        assert ("Deployment", f"p-{stage}-{new}") in names
+        # The headless Service spans revisions: the router tells them apart.
+        assert ("Service", f"p-{stage}") in names
+    assert ("ConfigMap", f"p-config-{new}") in names
+    for m in after:
+        if m["kind"] == "Deployment" and m["metadata"]["name"] != "p-router":
+            template = m["spec"]["template"]["metadata"]["labels"]
+            assert template["omnipipe.io/revision"] == new
+            assert m["spec"]["selector"]["matchLabels"]["omnipipe.io/revision"] == new
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        {"stages": [{"name": "denoise", "replicas": 3}]},
+        {"stages": [{"name": "denoise", "autoscaling": {"maxReplicas": 9}}]},
+        {"stages": [{"name": "encode", "sampling": {"temperature": 0.5}}]},
+        {"stages": [{"name": "decode", "resources": {"memory": "2Gi"}}]},
+        {"stages": [{"name": "decode", "env": [{"name": "X", "value": "1"}]}]},
+        {"router": {"replicas": 2}},
+    ],
+    ids=["replicas", "autoscaling", "sampling", "resources", "env", "router"],
+)
+def test_an_in_place_change_keeps_the_revision(edit: dict[str, Any]) -> None:
+    spec: dict[str, Any] = {"model": "m", "pipeline": "qwen-image"}
+    assert revision_of(spec) == revision_of({**spec, **edit})
 
 
 def test_router_api_key_comes_from_the_secret_and_service_type_applies() -> None:
@@ -183,7 +254,8 @@ def test_keda_mode_emits_a_scaled_object_with_the_same_policy() -> None:
     )
     so = deps[("ScaledObject", "p-denoise")]
     spec = so["spec"]
-    assert spec["scaleTargetRef"]["name"] == "p-denoise"
+    revision = revision_of({"model": "m", "pipeline": "qwen-image"})
+    assert spec["scaleTargetRef"]["name"] == f"p-denoise-{revision}"
     assert (spec["minReplicaCount"], spec["maxReplicaCount"]) == (0, 6)
     [trigger] = spec["triggers"]
     assert trigger["type"] == "prometheus"

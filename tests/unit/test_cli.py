@@ -14,15 +14,16 @@ def test_render_prints_every_child(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["render", str(REPO / "examples/qwen-image.yaml"), "-n", "team-a"]) == 0
     docs = list(yaml.safe_load_all(capsys.readouterr().out))
     kinds = sorted((d["kind"], d["metadata"]["name"]) for d in docs)
+    [rev] = {d["metadata"]["labels"].get("omnipipe.io/revision") for d in docs} - {None}
+    stages = ("encode", "denoise", "decode")
     assert kinds == sorted(
         [
-            ("ConfigMap", "qwen-image-config"),
+            ("ConfigMap", f"qwen-image-config-{rev}"),
             ("NetworkPolicy", "qwen-image-stages"),
-            *[
-                (k, f"qwen-image-{s}")
-                for s in ("encode", "denoise", "decode", "router")
-                for k in ("Deployment", "Service")
-            ],
+            ("Deployment", "qwen-image-router"),
+            ("Service", "qwen-image-router"),
+            *[("Deployment", f"qwen-image-{s}-{rev}") for s in stages],
+            *[("Service", f"qwen-image-{s}") for s in stages],
         ]
     )
     assert {d["metadata"]["namespace"] for d in docs} == {"team-a"}

@@ -50,6 +50,9 @@ def test_crd_shape() -> None:
     assert [c["name"] for c in version["additionalPrinterColumns"]] == [
         "Ready",
         "Stages",
+        "Progressing",
+        "Current",
+        "Update",
         "Endpoint",
         "Age",
     ]

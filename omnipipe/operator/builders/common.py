@@ -48,7 +48,7 @@ def container_security_context(read_only_root: bool) -> Manifest:
 
 
 def config_volume(ctx: BuildContext) -> Manifest:
-    return {"name": "config", "configMap": {"name": config_object_name(ctx.name)}}
+    return {"name": "config", "configMap": {"name": config_object_name(ctx.name, ctx.revision)}}
 
 
 def credential_env(ctx: BuildContext) -> Manifest:

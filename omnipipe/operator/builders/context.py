@@ -7,6 +7,7 @@ from typing import Any
 
 from omnipipe.api import OmniPipeline, ResolvedPipeline, resolve
 from omnipipe.api import constants as c
+from omnipipe.api.revision import pipeline_revision
 from omnipipe.operator.settings import OperatorSettings
 
 
@@ -46,6 +47,11 @@ class BuildContext:
     @property
     def namespace(self) -> str:
         return self.pipeline.namespace
+
+    @property
+    def revision(self) -> str:
+        """The revision these children build: the pipeline's update revision."""
+        return pipeline_revision(self.pipeline)
 
 
 def build_context(resource: OmniPipeline, settings: OperatorSettings) -> BuildContext:

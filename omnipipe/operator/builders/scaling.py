@@ -4,7 +4,7 @@ the operator's own loop. Same signal, target, bounds, windows and step."""
 from __future__ import annotations
 
 from omnipipe.api import ResolvedStage
-from omnipipe.api.names import stage_labels, stage_object_name
+from omnipipe.api.names import stage_deployment_name, stage_labels, stage_object_name
 from omnipipe.api.spec import ScalingMode
 from omnipipe.operator.autoscaler.queries import SignalKind, signal_queries
 from omnipipe.operator.builders.common import Manifest, object_meta
@@ -39,13 +39,15 @@ def build_scaled_object(ctx: BuildContext, stage: ResolvedStage, prometheus_url:
     scaling = stage.autoscaling
     assert scaling is not None
     name = stage_object_name(ctx.name, stage.name)
+    # The update revision's Deployment: an old revision keeps its count until it goes.
+    target = stage_deployment_name(ctx.name, stage.name, ctx.revision)
     queries = signal_queries(ctx.namespace, ctx.name, stage.name, scaling)
     return {
         "apiVersion": "keda.sh/v1alpha1",
         "kind": "ScaledObject",
         "metadata": object_meta(ctx, name, stage_labels(ctx.name, stage.name)),
         "spec": {
-            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": name},
+            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": target},
             "minReplicaCount": scaling.min_replicas,
             "maxReplicaCount": scaling.max_replicas,
             "pollingInterval": SYNC_SECONDS,
@@ -71,6 +73,8 @@ def build_hpa(ctx: BuildContext, stage: ResolvedStage) -> Manifest:
     scaling = stage.autoscaling
     assert scaling is not None
     name = stage_object_name(ctx.name, stage.name)
+    # The update revision's Deployment: an old revision keeps its count until it goes.
+    deployment = stage_deployment_name(ctx.name, stage.name, ctx.revision)
     kind = signal_queries(ctx.namespace, ctx.name, stage.name, scaling).kind
     target: Manifest = (
         {"type": "AverageValue", "averageValue": _target(stage)}
@@ -82,7 +86,7 @@ def build_hpa(ctx: BuildContext, stage: ResolvedStage) -> Manifest:
         "kind": "HorizontalPodAutoscaler",
         "metadata": object_meta(ctx, name, stage_labels(ctx.name, stage.name)),
         "spec": {
-            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": name},
+            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": deployment},
             # An HPA cannot go below one replica without the HPAScaleToZero gate.
             "minReplicas": max(1, scaling.min_replicas),
             "maxReplicas": scaling.max_replicas,

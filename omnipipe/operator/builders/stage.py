@@ -6,7 +6,13 @@ from typing import Any
 
 from omnipipe.api import ResolvedStage
 from omnipipe.api import constants as c
-from omnipipe.api.names import stage_labels, stage_object_name, stage_selector
+from omnipipe.api.names import (
+    stage_deployment_name,
+    stage_labels,
+    stage_object_name,
+    stage_revision_selector,
+    stage_selector,
+)
 from omnipipe.api.spec import Engine
 from omnipipe.operator.builders.common import (
     Manifest,
@@ -132,10 +138,10 @@ def _pod_spec(ctx: BuildContext, stage: ResolvedStage) -> Manifest:
 
 
 def build_stage_deployment(ctx: BuildContext, stage: ResolvedStage) -> Manifest:
-    name = stage_object_name(ctx.name, stage.name)
-    labels = stage_labels(ctx.name, stage.name)
+    name = stage_deployment_name(ctx.name, stage.name, ctx.revision)
+    labels = stage_labels(ctx.name, stage.name, ctx.revision)
     spec: Manifest = {
-        "selector": {"matchLabels": stage_selector(ctx.name, stage.name)},
+        "selector": {"matchLabels": stage_revision_selector(ctx.name, stage.name, ctx.revision)},
         "revisionHistoryLimit": 3,
         "strategy": {
             "type": "RollingUpdate",

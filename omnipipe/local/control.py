@@ -1,0 +1,60 @@
+"""The few HTTP calls `omnipipe serve` makes to its own processes: readiness, the
+router's view of the revisions, and draining a worker."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+
+from omnipipe.api.constants import CREDENTIAL_HEADER
+
+# A drain returns once the worker's in-flight requests are done; the worker bounds that
+# wait itself (drain_timeout_seconds), this only guards against a hung worker.
+DRAIN_TIMEOUT_SECONDS = 180.0
+
+
+def is_ready(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=1) as resp:
+            return bool(resp.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def router_state(url: str) -> dict[str, object]:
+    """The router's /ready body, whether it is ready (200) or not (503); {} if it is
+    not answering."""
+    try:
+        with urllib.request.urlopen(url, timeout=2) as resp:
+            raw = resp.read()
+    except urllib.error.HTTPError as exc:
+        raw = exc.read()
+    except (urllib.error.URLError, OSError):
+        return {}
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        return {}
+    return body if isinstance(body, dict) else {}
+
+
+def drain(url: str, credential: str) -> str:
+    """POST /drain: the worker stops taking work and answers once it holds none."""
+    request = urllib.request.Request(
+        f"{url}/drain", method="POST", headers={CREDENTIAL_HEADER: credential}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=DRAIN_TIMEOUT_SECONDS) as resp:
+            return str(resp.read().decode(errors="replace"))
+    except (urllib.error.URLError, OSError) as exc:
+        return f"no answer ({exc})"
+
+
+def drain_all(urls: list[str], credential: str) -> list[str]:
+    """Drain every worker at once; their answers, in order."""
+    if not urls:
+        return []
+    with ThreadPoolExecutor(max_workers=len(urls)) as pool:
+        return list(pool.map(lambda u: drain(u, credential), urls))

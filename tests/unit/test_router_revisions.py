@@ -1,0 +1,91 @@
+"""The router pins each request to one pipeline revision for every stage it uses."""
+
+from __future__ import annotations
+
+import asyncio
+
+import httpx
+import pytest
+
+from omnipipe.api import parse_resource, resolve
+from omnipipe.api.revision import pipeline_revision
+from omnipipe.router.discovery import StaticDiscovery
+from omnipipe.router.errors import StageUnavailable
+from omnipipe.router.metrics import RouterMetrics
+from omnipipe.router.orchestrator import Orchestrator
+from omnipipe.router.replicas import ReplicaPool
+from omnipipe.router.routing import ReplicaLoad, choose_revision
+
+STAGES = ("encode", "denoise", "decode")
+PIPELINE = resolve(
+    parse_resource(
+        {
+            "apiVersion": "omnipipe.io/v1alpha1",
+            "kind": "OmniPipeline",
+            "metadata": {"name": "p"},
+            "spec": {"model": "tiny://qwen-image", "pipeline": "qwen-image"},
+        }
+    )
+)
+NEW = pipeline_revision(PIPELINE)
+
+
+def rl(url: str, revision: str, load: int = 0, ready: bool = True) -> ReplicaLoad:
+    return ReplicaLoad(url, ready, load, f"tcp://{url}", revision)
+
+
+def test_prefers_the_newest_whole_revision() -> None:
+    stages = {s: [rl(f"{s}-old", "old"), rl(f"{s}-new", "new")] for s in STAGES}
+    assert choose_revision(stages, ["new"], 8) == "new"
+    assert choose_revision(stages, ["old"], 8) == "old"
+
+
+def test_a_revision_missing_a_stage_is_not_whole() -> None:
+    stages = {s: [rl(f"{s}-old", "old"), rl(f"{s}-new", "new")] for s in STAGES}
+    stages["decode"] = [rl("decode-old", "old"), rl("decode-new", "new", ready=False)]
+    assert choose_revision(stages, ["new"], 8) == "old"
+    stages["decode"] = [rl("decode-new", "new", ready=False)]
+    assert choose_revision(stages, ["new"], 8) is None  # nothing whole: the caller waits
+
+
+def test_a_full_preferred_revision_gives_way_to_one_with_room() -> None:
+    stages = {s: [rl(f"{s}-old", "old"), rl(f"{s}-new", "new")] for s in STAGES}
+    stages["denoise"] = [rl("denoise-old", "old"), rl("denoise-new", "new", load=8)]
+    assert choose_revision(stages, ["new"], 8) == "old"
+
+
+def _orchestrator(replicas: dict[str, list[tuple[str, str]]], wake_wait: float = 0) -> Orchestrator:
+    discovery = StaticDiscovery({s: [url for url, _ in rs] for s, rs in replicas.items()})
+    pool = ReplicaPool(PIPELINE, discovery, httpx.AsyncClient(), 1.0, 1.0)
+    asyncio.run(pool._discover())
+    for stage, rs in replicas.items():
+        for url, revision in rs:
+            replica = pool._replicas[stage][url]
+            replica.ready, replica.revision = True, revision
+            replica.transfer_address = f"tcp://{url}"
+    return Orchestrator(PIPELINE, pool, 5.0, 8, RouterMetrics.create(), wake_wait)
+
+
+def test_every_stage_of_a_request_is_chosen_from_one_revision() -> None:
+    both = {s: [(f"http://{s}-old", "old"), (f"http://{s}-new", NEW)] for s in STAGES}
+    orch = _orchestrator(both)
+    for _ in range(20):
+        chosen = asyncio.run(orch._choose(list(STAGES)))
+        assert {r.revision for r in chosen.values()} == {NEW}
+    # The router's own revision gone from one stage: whole requests go to the old one.
+    only_old = {**both, "decode": [("http://decode-old", "old")]}
+    orch = _orchestrator(only_old)
+    for _ in range(20):
+        chosen = asyncio.run(orch._choose(list(STAGES)))
+        assert {r.revision for r in chosen.values()} == {"old"}
+
+
+def test_no_whole_revision_is_a_clean_503_never_a_mix() -> None:
+    split = {
+        "encode": [("http://encode-new", NEW)],
+        "denoise": [("http://denoise-new", NEW)],
+        "decode": [("http://decode-old", "old")],
+    }
+    orch = _orchestrator(split)
+    with pytest.raises(StageUnavailable, match=f"no ready replica of revision {NEW}"):
+        asyncio.run(orch._choose(list(STAGES)))
