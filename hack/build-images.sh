@@ -38,6 +38,6 @@ for target in "${targets[@]}"; do
   start=$SECONDS
   "${BUILDAH[@]}" bud --isolation chroot --pull-never --layers --network host \
     --target "$target" "${args[@]}" -t "$image" -f Dockerfile . >&2
-  size=$("${BUILDAH[@]}" images --format '{{.Size}}' "$image" | head -1)
+  size=$("${BUILDAH[@]}" images --format '{{.Size}}' "$image" | awk 'NR == 1')
   log "image $image: $size, built in $((SECONDS - start)) s"
 done
