@@ -31,7 +31,6 @@ from tests.integration.conftest import REPO, children, wait_for
 # The first test builds the image: about 1-2 min cold, seconds from the layer cache.
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 BUILDAH = str(REPO / "hack/buildah")
-IMAGE = "localhost/omnipipe/operator:test"
 NAMESPACE = "omnipipe-system"
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 KUBE_DIR = "/etc/omnipipe-kube"
@@ -59,23 +58,28 @@ def buildah(*args: str, timeout: float = 120) -> str:
     return proc.stdout.strip()
 
 
-@pytest.fixture(scope="module")
-def image() -> str:
-    if shutil.which("buildah") is None:
-        pytest.skip("buildah is not installed (make system-deps installs it)")
+def build(target: str, timeout: float) -> str:
+    """hack/build-images.sh TARGET, tagged :test; the image's name."""
     started = time.monotonic()
     proc = subprocess.run(
-        ["bash", str(REPO / "hack/build-images.sh"), "operator"],
+        ["bash", str(REPO / "hack/build-images.sh"), target],
         capture_output=True,
         text=True,
-        timeout=840,
+        timeout=timeout,
         env={**os.environ, "OMNIPIPE_IMAGE_TAG": "test"},
         cwd=REPO,
         check=False,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    print(f"operator image built in {time.monotonic() - started:.0f} s")
-    return IMAGE
+    print(f"{target} image built in {time.monotonic() - started:.0f} s")
+    return f"localhost/omnipipe/{target}:test"
+
+
+@pytest.fixture(scope="module")
+def image() -> str:
+    if shutil.which("buildah") is None:
+        pytest.skip("buildah is not installed (make system-deps installs it)")
+    return build("operator", timeout=840)
 
 
 @contextmanager
@@ -268,7 +272,7 @@ def test_router_in_the_image_answers_the_openai_client(image: str, tmp_path: Pat
             )  # fmt: skip
             try:
                 base = f"http://127.0.0.1:{port}"
-                wait_for("the router in the image", lambda: _ready(base, router), timeout=60)
+                wait_for("the router in the image", lambda: http_ok(base, router), timeout=60)
                 with openai.OpenAI(base_url=f"{base}/v1", api_key="any", max_retries=0) as c:
                     r = c.images.generate(
                         model="tiny-image",
@@ -285,11 +289,12 @@ def test_router_in_the_image_answers_the_openai_client(image: str, tmp_path: Pat
         served.stop()
 
 
-def _ready(base: str, router: InContainer) -> bool:
+def http_ok(base: str, served: InContainer) -> bool:
+    """`base`/ready answers 200; fails at once if the process in the container exited."""
     import urllib.error
     import urllib.request
 
-    assert router.proc.poll() is None, "router exited:\n" + router.output()[-4000:]
+    assert served.proc.poll() is None, "it exited:\n" + served.output()[-4000:]
     try:
         with urllib.request.urlopen(f"{base}/ready", timeout=2) as resp:
             return bool(resp.status == 200)
