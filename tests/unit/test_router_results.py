@@ -4,6 +4,7 @@ wrong in a stage's stream becomes an OpenAI-shaped error."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import os
@@ -138,7 +139,10 @@ class FakeWorker:
 
             async def events() -> AsyncIterator[bytes]:
                 if body.emit:
-                    for line in self.emit(body):
+                    # In a thread: an `emit` that sleeps stalls its stream, not this fake
+                    # worker's loop, which still answers cancels and readiness at once.
+                    lines = self.emit(body)
+                    while (line := await asyncio.to_thread(next, lines, None)) is not None:
                         yield line
                 else:
                     yield StageEvent(type="done").model_dump_json().encode() + b"\n"
@@ -335,7 +339,7 @@ def test_a_stream_that_stalls_after_its_first_output_ends_in_a_timeout_event(
 
     def stall(_body: SubmitRequest) -> Iterator[bytes]:
         yield from event_lines(StageEvent(type="result", data=text))
-        time.sleep(3)  # holds this fake worker's loop; the router's timeout is 1 s
+        time.sleep(3)  # stalls this stream; the router's timeout is 1 s
         yield StageEvent(type="done").model_dump_json().encode() + b"\n"
 
     worker = FakeWorker(stall)
