@@ -136,7 +136,8 @@ class EditDenoiseStage(Stage):
         embeds, mask = stack("prompt_embeds"), mask_of("prompt_mask")
         neg_embeds, neg_mask = stack("negative_prompt_embeds"), mask_of("negative_prompt_mask")
         image_latents = stack("image_latents")
-        assert embeds is not None and image_latents is not None
+        assert embeds is not None
+        assert image_latents is not None
         dtype = embeds.dtype
         image_latents = pack(image_latents.to(dtype))
         do_cfg = neg_embeds is not None and guidance > 1
