@@ -85,10 +85,16 @@ def test_openai_list_form_and_bad_images(client: openai.OpenAI) -> None:
 def test_curl_multipart_edit(served: Served, tmp_path: Path) -> None:
     source = tmp_path / "in.png"
     source.write_bytes(png())
+    form = {
+        "model": MODEL,
+        "prompt": "blue",
+        "image": f"@{source};type=image/png",
+        "size": "32x32",
+        "num_inference_steps": "2",
+    }
+    fields = [arg for key, value in form.items() for arg in ("-F", f"{key}={value}")]
     out = subprocess.run(
-        ["curl", "-s", "-w", "\n%{http_code}", "-F", f"model={MODEL}", "-F", "prompt=blue"]
-        + ["-F", f"image=@{source};type=image/png", "-F", "size=32x32"]
-        + ["-F", "num_inference_steps=2", f"{served.base_url}/images/edits"],
+        ["curl", "-s", "-w", "\n%{http_code}", *fields, f"{served.base_url}/images/edits"],
         capture_output=True,
         text=True,
         check=True,
