@@ -71,6 +71,23 @@ PIPELINE_TYPES: dict[str, PipelineType] = {
                 StageDefaults("decode", Role.VAE_DECODER, Engine.DIFFUSERS, inputs=("denoise",)),
             ),
         ),
+        PipelineType(
+            name="qwen-image-edit",
+            description=(
+                "Image editing: vision-language encoder (input image and edit prompt) and "
+                "VAE encoder (input image) -> DiT denoiser (true CFG) -> VAE."
+            ),
+            example_models=("Qwen/Qwen-Image-Edit", "tiny://qwen-image-edit"),
+            checkpoints=("QwenImageEditPipeline",),
+            stages=(
+                StageDefaults("encode", Role.TEXT_ENCODER, Engine.TRANSFORMERS),
+                StageDefaults("encode-image", Role.VAE_ENCODER, Engine.DIFFUSERS),
+                StageDefaults(
+                    "denoise", Role.DENOISER, Engine.DIFFUSERS, inputs=("encode", "encode-image")
+                ),
+                StageDefaults("decode", Role.VAE_DECODER, Engine.DIFFUSERS, inputs=("denoise",)),
+            ),
+        ),
         _omni(
             "qwen2.5-omni",
             "Any to text and speech: thinker -> talker -> code2wav, streaming.",

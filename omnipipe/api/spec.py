@@ -44,6 +44,7 @@ class Role(StrEnum):
     TEXT_ENCODER = "text-encoder"
     DENOISER = "denoiser"
     VAE_DECODER = "vae-decoder"
+    VAE_ENCODER = "vae-encoder"
     THINKER = "thinker"
     TALKER = "talker"
     CODE2WAV = "code2wav"

@@ -20,6 +20,7 @@ from starlette.exceptions import HTTPException
 from omnipipe.api import ResolvedPipeline
 from omnipipe.api.constants import CREDENTIAL_HEADER
 from omnipipe.router.api.chat import ChatRequest, chat_router
+from omnipipe.router.api.edits import ImageEditRequest, edits_router
 from omnipipe.router.api.generate import GenerateRequest, generate_router
 from omnipipe.router.api.images import ImageGenerationRequest, images_router
 from omnipipe.router.api.models import model_ids, models_router
@@ -42,6 +43,7 @@ from omnipipe.router.settings import RouterSettings
 # describes them under components/schemas.
 BODY_MODELS: tuple[type[BaseModel], ...] = (
     ImageGenerationRequest,
+    ImageEditRequest,
     ChatRequest,
     SpeechRequest,
     GenerateRequest,
@@ -147,6 +149,7 @@ def build_app(pipeline: ResolvedPipeline, settings: RouterSettings) -> FastAPI:
 
     app.include_router(models_router(pipeline, int(time.time())))
     app.include_router(images_router(orchestrator, model_ids(pipeline)))
+    app.include_router(edits_router(orchestrator, model_ids(pipeline)))
     app.include_router(chat_router(pipeline, orchestrator, model_ids(pipeline)))
     app.include_router(speech_router(pipeline, orchestrator, model_ids(pipeline)))
     app.include_router(generate_router(pipeline, orchestrator, model_ids(pipeline)))

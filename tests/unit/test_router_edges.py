@@ -114,12 +114,15 @@ def test_openapi_describes_every_request_body(client: TestClient) -> None:
     posts = {p: ops["post"] for p, ops in document["paths"].items() if "post" in ops}
     assert set(posts) == {
         "/v1/images/generations",
+        "/v1/images/edits",
         "/v1/chat/completions",
         "/v1/audio/speech",
         "/v1/omni/generate",
     }
     for path, operation in posts.items():
-        schema = operation["requestBody"]["content"]["application/json"]["schema"]
+        # The image edit is OpenAI's multipart form; every other body is JSON.
+        kind = "multipart/form-data" if path == "/v1/images/edits" else "application/json"
+        schema = operation["requestBody"]["content"][kind]["schema"]
         model = schemas[schema["$ref"].removeprefix("#/components/schemas/")]
         assert "model" in model["required"], path
         assert model["properties"], path
@@ -129,6 +132,9 @@ def test_openapi_describes_every_request_body(client: TestClient) -> None:
     chat = schemas["ChatRequest"]["properties"]
     assert chat["messages"]["items"]["properties"]["role"]["enum"]
     assert schemas["ImageGenerationRequest"]["properties"]["n"]["maximum"] == 4
+    edit = schemas["ImageEditRequest"]
+    assert edit["properties"]["image"]["format"] == "binary"
+    assert {"model", "image", "prompt"} <= set(edit["required"])
 
 
 def _refs(node: Any) -> Iterator[str]:

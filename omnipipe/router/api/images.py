@@ -14,12 +14,14 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from omnipipe.api.spec import Role
 from omnipipe.router.api.common import (
     after,
     check_model,
     first_output,
     json_body,
     parse_body,
+    stage_with_role,
     unless_disconnected,
 )
 from omnipipe.router.errors import BadRequest, OpenAIError
@@ -64,9 +66,11 @@ def parse_size(size: str) -> tuple[int, int]:
     return width, height
 
 
-def image_params(body: ImageGenerationRequest) -> dict[str, object]:
+def image_params(
+    body: ImageGenerationRequest, size: tuple[int, int] | None = None
+) -> dict[str, object]:
     """What every stage of a text-to-image graph is given for this request."""
-    width, height = parse_size(body.size)
+    width, height = size or parse_size(body.size)
     return {
         "prompt": body.prompt,
         "negative_prompt": body.negative_prompt,
@@ -113,6 +117,24 @@ async def image_json(
     yield b"]}"
 
 
+async def respond_with_images(
+    request: Request, orchestrator: Orchestrator, params: dict[str, dict[str, object]]
+) -> Response:
+    """Run every stage with its params; answer with the output stages' images."""
+    outputs = orchestrator.stream_parts(params, set(orchestrator.outputs))
+    # Wait for the first piece before the status line, so errors keep their status.
+    first = await unless_disconnected(request, first_output(outputs))
+    created = int(time.time())
+    if first is None:
+        return JSONResponse({"created": created, "data": []})
+    return StreamingResponse(image_json(created, first, outputs), media_type="application/json")
+
+
+def edits_images(orchestrator: Orchestrator) -> bool:
+    """An image-edit graph: it has a stage that encodes the input image."""
+    return stage_with_role(orchestrator.pipeline, Role.VAE_ENCODER) is not None
+
+
 def images_router(orchestrator: Orchestrator, model_ids: set[str]) -> APIRouter:
     router = APIRouter()
 
@@ -126,15 +148,11 @@ def images_router(orchestrator: Orchestrator, model_ids: set[str]) -> APIRouter:
         check_model(body.model, model_ids)
         if body.response_format != "b64_json":
             raise BadRequest("only response_format=b64_json is supported", param="response_format")
+        if edits_images(orchestrator):
+            raise BadRequest("this pipeline edits images: send the image to POST /v1/images/edits")
         params = image_params(body)
-        outputs = orchestrator.stream_parts(
-            {stage: params for stage in orchestrator.stages}, set(orchestrator.outputs)
+        return await respond_with_images(
+            request, orchestrator, {stage: params for stage in orchestrator.stages}
         )
-        # Wait for the first piece before the status line, so errors keep their status.
-        first = await unless_disconnected(request, first_output(outputs))
-        created = int(time.time())
-        if first is None:
-            return JSONResponse({"created": created, "data": []})
-        return StreamingResponse(image_json(created, first, outputs), media_type="application/json")
 
     return router

@@ -9,6 +9,7 @@ import binascii
 import io
 import math
 import struct
+import warnings
 import wave
 from typing import Any
 
@@ -105,3 +106,38 @@ def check_sampling(values: dict[str, Any], prefix: str = "") -> None:
         value = values.get(key)
         if value is not None and value < MIN_POSITIVE_SAMPLING:
             raise refuse(key, f"must be at least {MIN_POSITIVE_SAMPLING:g}")
+
+
+EDIT_IMAGE_FORMATS = ("PNG", "JPEG", "WEBP")
+MAX_EDIT_IMAGE_BYTES = 16 * 1024 * 1024
+MAX_EDIT_IMAGE_PIXELS = 4096 * 4096
+
+
+def check_edit_image(raw: bytes, param: str = "image") -> tuple[int, int]:
+    """(width, height) from the image's header: the format and the pixel count are
+    checked here; the worker decodes the pixels."""
+    if len(raw) > MAX_EDIT_IMAGE_BYTES:
+        raise BadRequest(f"{param}: larger than {MAX_EDIT_IMAGE_BYTES} bytes", param=param)
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with warnings.catch_warnings():
+            # PIL only warns below its own bomb limit; a warning is a refusal here.
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(io.BytesIO(raw)) as image:
+                kind, (width, height) = image.format, image.size
+    except (
+        UnidentifiedImageError,
+        OSError,
+        ValueError,
+        Image.DecompressionBombError,
+        Image.DecompressionBombWarning,
+    ):
+        raise BadRequest(f"{param}: not a PNG, JPEG or WebP image", param=param) from None
+    if kind not in EDIT_IMAGE_FORMATS:
+        raise BadRequest(f"{param}: must be PNG, JPEG or WebP, got {kind}", param=param)
+    if width < 1 or height < 1 or width * height > MAX_EDIT_IMAGE_PIXELS:
+        raise BadRequest(
+            f"{param}: {width}x{height} is over {MAX_EDIT_IMAGE_PIXELS} pixels", param=param
+        )
+    return width, height

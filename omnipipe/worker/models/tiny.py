@@ -26,20 +26,12 @@ def default_cache_dir() -> Path:
     return Path(base) / "tiny"
 
 
-def _build_qwen_image(target: Path) -> None:
+def tiny_qwen_image_transformer() -> Any:
     import torch
-    from diffusers import (
-        AutoencoderKLQwenImage,
-        FlowMatchEulerDiscreteScheduler,
-        QwenImagePipeline,
-        QwenImageTransformer2DModel,
-    )
-    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
-
-    from omnipipe.worker.models.tokenizer import save_byte_tokenizer
+    from diffusers import QwenImageTransformer2DModel
 
     torch.manual_seed(0)
-    transformer = QwenImageTransformer2DModel(
+    return QwenImageTransformer2DModel(
         patch_size=2,
         in_channels=16,
         out_channels=4,
@@ -50,11 +42,17 @@ def _build_qwen_image(target: Path) -> None:
         guidance_embeds=False,
         axes_dims_rope=(8, 4, 4),
     )
+
+
+def tiny_qwen_image_vae() -> Any:
+    import torch
+    from diffusers import AutoencoderKLQwenImage
+
     torch.manual_seed(0)
     # The released VAE's shape (8x down, three stages, temporal downsampling as released)
     # with few channels: the DiT then sees as many tokens as the real model at a size, and
     # a 2048x2048 decode stays seconds on a CPU.
-    vae = AutoencoderKLQwenImage(
+    return AutoencoderKLQwenImage(
         base_dim=4,
         z_dim=4,
         dim_mult=[1, 2, 4, 4],
@@ -63,6 +61,17 @@ def _build_qwen_image(target: Path) -> None:
         latents_mean=[0.0] * 4,
         latents_std=[1.0] * 4,
     )
+
+
+def _build_qwen_image(target: Path) -> None:
+    import torch
+    from diffusers import FlowMatchEulerDiscreteScheduler, QwenImagePipeline
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    from omnipipe.worker.models.tokenizer import save_byte_tokenizer
+
+    transformer = tiny_qwen_image_transformer()
+    vae = tiny_qwen_image_vae()
     torch.manual_seed(0)
     text_encoder = Qwen2_5_VLForConditionalGeneration(
         Qwen2_5_VLConfig(
@@ -96,6 +105,12 @@ def _build_qwen_image(target: Path) -> None:
     cast(Any, pipe).save_pretrained(str(target))
 
 
+def _build_qwen_image_edit(target: Path) -> None:
+    from omnipipe.worker.models.tiny_image_edit import build_qwen_image_edit
+
+    build_qwen_image_edit(target)
+
+
 def _build_qwen25_omni(target: Path) -> None:
     from omnipipe.worker.models.tiny_omni import build_qwen25_omni
 
@@ -110,6 +125,7 @@ def _build_qwen3_omni(target: Path) -> None:
 
 BUILDERS: dict[str, Callable[[Path], None]] = {
     "qwen-image": _build_qwen_image,
+    "qwen-image-edit": _build_qwen_image_edit,
     "qwen2.5-omni": _build_qwen25_omni,
     "qwen3-omni": _build_qwen3_omni,
 }

@@ -11,6 +11,7 @@ IMPLEMENTED = frozenset(
         (Role.TEXT_ENCODER, Engine.TRANSFORMERS),
         (Role.DENOISER, Engine.DIFFUSERS),
         (Role.VAE_DECODER, Engine.DIFFUSERS),
+        (Role.VAE_ENCODER, Engine.DIFFUSERS),
         (Role.THINKER, Engine.TRANSFORMERS),
         (Role.THINKER, Engine.VLLM),
         (Role.TALKER, Engine.TRANSFORMERS),
@@ -28,6 +29,30 @@ def unimplemented_stages(pipeline: ResolvedPipeline) -> list[str]:
     ]
 
 
+def image_stage_class(spec: ResolvedStage, model_path: str) -> type[Stage]:
+    """The checkpoint's pipeline class picks the family: Qwen-Image or Qwen-Image-Edit."""
+    from omnipipe.worker.engines.diffusers import QWEN_IMAGE_EDIT, pipeline_class_name
+    from omnipipe.worker.stages import qwen_image, qwen_image_edit
+
+    if pipeline_class_name(model_path) == QWEN_IMAGE_EDIT:
+        return {
+            Role.TEXT_ENCODER: qwen_image_edit.EditTextEncodeStage,
+            Role.VAE_ENCODER: qwen_image_edit.ImageEncodeStage,
+            Role.DENOISER: qwen_image_edit.EditDenoiseStage,
+            Role.VAE_DECODER: qwen_image.DecodeStage,
+        }[spec.role]
+    if spec.role is Role.VAE_ENCODER:
+        raise NotImplementedError(
+            f"stage {spec.name}: a {QWEN_IMAGE_EDIT} checkpoint is needed for role "
+            f"{spec.role.value}; {model_path} is not one"
+        )
+    return {
+        Role.TEXT_ENCODER: qwen_image.TextEncodeStage,
+        Role.DENOISER: qwen_image.DenoiseStage,
+        Role.VAE_DECODER: qwen_image.DecodeStage,
+    }[spec.role]
+
+
 OMNI_ROLES = frozenset({Role.THINKER, Role.TALKER, Role.CODE2WAV})
 
 
@@ -40,13 +65,7 @@ def stage_class(spec: ResolvedStage, model_path: str) -> type[Stage]:
             "implemented by this worker"
         )
     if spec.role not in OMNI_ROLES:
-        from omnipipe.worker.stages import qwen_image
-
-        return {
-            Role.TEXT_ENCODER: qwen_image.TextEncodeStage,
-            Role.DENOISER: qwen_image.DenoiseStage,
-            Role.VAE_DECODER: qwen_image.DecodeStage,
-        }[spec.role]
+        return image_stage_class(spec, model_path)
     if spec.engine is Engine.VLLM:
         from omnipipe.worker.stages.vllm_thinker import vllm_thinker_class
 

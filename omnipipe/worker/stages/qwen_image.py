@@ -23,6 +23,13 @@ def _int(params: dict[str, Any], key: str, default: int) -> int:
     return value
 
 
+def prompt_of(params: dict[str, Any]) -> str:
+    prompt = params.get("prompt")
+    if not isinstance(prompt, str) or not prompt:
+        raise StageInputError("prompt must be a non-empty string")
+    return prompt
+
+
 class TextEncodeStage(Stage):
     """Prompt (and negative prompt, for CFG) -> embeddings and masks."""
 
@@ -30,9 +37,7 @@ class TextEncodeStage(Stage):
         self.pipe = load_qwen_image(self.model_path, self.device, {"text_encoder", "tokenizer"})
 
     def run(self, job: StageJob) -> StageResult:
-        prompt = job.params.get("prompt")
-        if not isinstance(prompt, str) or not prompt:
-            raise StageInputError("prompt must be a non-empty string")
+        prompt = prompt_of(job.params)
         negative = job.params.get("negative_prompt")
         prompts = [prompt] if not negative else [prompt, str(negative)]
         with torch.inference_mode():

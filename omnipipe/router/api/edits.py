@@ -1,0 +1,150 @@
+"""/v1/images/edits: OpenAI's image-edit API (a multipart form) on an image-edit stage
+graph. The router reads the image's header only; the encoders decode it."""
+
+from __future__ import annotations
+
+import base64
+import logging
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.datastructures import FormData, UploadFile
+from starlette.exceptions import HTTPException
+
+from omnipipe.api.edit import condition_size
+from omnipipe.api.spec import Role
+from omnipipe.router.api.common import check_model
+from omnipipe.router.api.images import (
+    MAX_SIDE,
+    SIZE_MULTIPLE,
+    ImageGenerationRequest,
+    edits_images,
+    image_params,
+    parse_size,
+    respond_with_images,
+)
+from omnipipe.router.api.inputs import MAX_EDIT_IMAGE_BYTES, check_edit_image
+from omnipipe.router.errors import BadRequest
+from omnipipe.router.orchestrator import Orchestrator
+
+log = logging.getLogger(__name__)
+# The openai client sends a list of images as `image[]`; one image is `image`.
+IMAGE_FIELDS = ("image", "image[]")
+# Stages that see the input image; the rest get the request without it.
+IMAGE_ROLES = (Role.TEXT_ENCODER, Role.VAE_ENCODER)
+MAX_FORM_FIELDS = 32
+
+
+class ImageEditRequest(BaseModel):
+    """The multipart form's fields. Lenient: unknown fields are accepted and logged."""
+
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
+
+    model: str
+    image: bytes = Field(max_length=MAX_EDIT_IMAGE_BYTES)
+    """The image to edit: one PNG, JPEG or WebP file, at most 4096x4096 pixels."""
+    prompt: str = Field(min_length=1, max_length=32_000)
+    n: int = Field(default=1, ge=1, le=4)
+    size: str = Field(default="auto", examples=["auto", "1024x1024"])
+    """WIDTHxHEIGHT (sides multiples of 16 from 16 to 2048), or auto: the input's aspect
+    ratio at about a megapixel."""
+    response_format: str = "b64_json"
+    negative_prompt: str | None = None
+    seed: int | None = Field(default=None, ge=0, lt=2**63)
+    num_inference_steps: int = Field(default=50, ge=1, le=200)
+    guidance_scale: float = Field(default=4.0, ge=0, le=50)
+
+
+def form_body(model: type[BaseModel]) -> dict[str, Any]:
+    """openapi_extra for a route that parses a multipart form itself."""
+    schema = {"$ref": f"#/components/schemas/{model.__name__}"}
+    content = {"multipart/form-data": {"schema": schema}}
+    return {"requestBody": {"required": True, "content": content}}
+
+
+async def read_form(request: Request) -> FormData:
+    try:
+        return await request.form(max_files=len(IMAGE_FIELDS) * 2, max_fields=MAX_FORM_FIELDS)
+    except HTTPException as exc:  # starlette's word for a malformed multipart body
+        raise BadRequest(f"malformed multipart form: {exc.detail}") from None
+
+
+async def parse_edit(form: FormData) -> ImageEditRequest:
+    images = [v for key in IMAGE_FIELDS for v in form.getlist(key)]
+    if not images:
+        raise BadRequest("image: a file is required (multipart field image)", param="image")
+    if len(images) > 1:
+        raise BadRequest(f"image: one image per edit, got {len(images)}", param="image")
+    [image] = images
+    if not isinstance(image, UploadFile):
+        raise BadRequest("image: must be a file part, not a text field", param="image")
+    if "mask" in form:
+        raise BadRequest("mask: masked edits are not supported; the prompt says what changes")
+    fields: dict[str, Any] = {}
+    for key in form:
+        if key in IMAGE_FIELDS:
+            continue
+        values = form.getlist(key)
+        if len(values) > 1 or not isinstance(values[0], str):
+            raise BadRequest(f"{key}: expected one text field", param=key)
+        fields[key] = values[0]
+    raw = await image.read(MAX_EDIT_IMAGE_BYTES + 1)
+    try:
+        body = ImageEditRequest.model_validate({**fields, "image": raw})
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        param = ".".join(str(p) for p in err["loc"]) or None
+        raise BadRequest(f"{param}: {err['msg']}" if param else err["msg"], param=param) from None
+    if body.model_extra:
+        log.info("ignoring unknown image edit fields: %s", sorted(body.model_extra))
+    return body
+
+
+def edit_size(body: ImageEditRequest, width: int, height: int) -> tuple[int, int]:
+    """The output size; checks that the input's conditioning size is one the graph runs."""
+    cond_w, cond_h = condition_size(width, height)
+    for side in (cond_w, cond_h):
+        if not SIZE_MULTIPLE <= side <= MAX_SIDE:
+            raise BadRequest(
+                f"image: {width}x{height} is too far from square (at most 4:1)", param="image"
+            )
+    if body.size == "auto":
+        return cond_w, cond_h
+    return parse_size(body.size)
+
+
+def edits_router(orchestrator: Orchestrator, model_ids: set[str]) -> APIRouter:
+    router = APIRouter()
+
+    @router.post("/v1/images/edits", response_model=None, openapi_extra=form_body(ImageEditRequest))
+    async def edit(request: Request) -> Response:
+        form = await read_form(request)
+        try:
+            body = await parse_edit(form)
+        finally:
+            await form.close()
+        check_model(body.model, model_ids)
+        if body.response_format != "b64_json":
+            raise BadRequest("only response_format=b64_json is supported", param="response_format")
+        if not edits_images(orchestrator):
+            raise BadRequest(
+                f"pipeline {orchestrator.pipeline.name} generates images from text and does "
+                "not edit them: use POST /v1/images/generations"
+            )
+        width, height = check_edit_image(body.image)
+        size = edit_size(body, width, height)
+        fields = body.model_dump(exclude={"image", "size"})
+        params = image_params(ImageGenerationRequest(**fields), size)
+        image = base64.b64encode(body.image).decode()
+        return await respond_with_images(
+            request,
+            orchestrator,
+            {
+                s.name: {**params, "image": image} if s.role in IMAGE_ROLES else params
+                for s in orchestrator.pipeline.stages
+            },
+        )
+
+    return router

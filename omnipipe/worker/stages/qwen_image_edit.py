@@ -1,0 +1,219 @@
+"""Qwen-Image-Edit split into stages, reproducing QwenImageEditPipeline.__call__:
+encode (the edit prompt and the negative prompt, each beside the input image) and
+encode-image (the VAE's latents of the input image) -> denoise (true CFG, the image
+latents joined to the noise in sequence) -> decode (qwen_image.DecodeStage)."""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+
+from omnipipe.api.edit import condition_size
+from omnipipe.worker.engines.diffusers import load_qwen_image
+from omnipipe.worker.stages.base import Stage, StageJob, StageResult, Tensors
+from omnipipe.worker.stages.media import decode_image
+from omnipipe.worker.stages.qwen_image import _int, prompt_of
+
+# diffusers' calculate_shift defaults, used when the scheduler config names none.
+SHIFT_DEFAULTS = {
+    "base_image_seq_len": 256,
+    "max_image_seq_len": 4096,
+    "base_shift": 0.5,
+    "max_shift": 1.15,
+}
+
+
+def condition_image(pipe: Any, params: dict[str, Any]) -> Image.Image:
+    """The request's input image at the conditioning size, as the pipeline resizes it."""
+    image = decode_image(params.get("image"), "image")
+    width, height = condition_size(image.width, image.height)
+    resized: Image.Image = pipe.image_processor.resize(image, height, width)
+    return resized
+
+
+class EditTextEncodeStage(Stage):
+    """Input image + edit prompt (and negative prompt) -> embeddings and masks.
+
+    Each prompt is encoded on its own beside the image, as the pipeline does: a batch of
+    two would need the image twice and pad the shorter prompt."""
+
+    def load(self) -> None:
+        self.pipe = load_qwen_image(
+            self.model_path, self.device, {"text_encoder", "tokenizer", "processor"}
+        )
+
+    def run(self, job: StageJob) -> StageResult:
+        prompt = prompt_of(job.params)
+        image = condition_image(self.pipe, job.params)
+        negative = job.params.get("negative_prompt")
+        out: Tensors = {}
+        for prefix, text in (("prompt", prompt), ("negative_prompt", negative)):
+            if not text:
+                continue
+            with torch.inference_mode():
+                embeds, mask = self.pipe.encode_prompt(
+                    prompt=[str(text)], image=image, device=self.device
+                )
+            if mask is None:  # the pipeline's way of saying "no padding"
+                mask = torch.ones(embeds.shape[:2], dtype=torch.long, device=embeds.device)
+            out[f"{prefix}_embeds"], out[f"{prefix}_mask"] = embeds, mask
+        return StageResult(tensors=out)
+
+
+class ImageEncodeStage(Stage):
+    """Input image -> the VAE's normalised latents (the distribution's mode), the
+    denoiser's conditioning."""
+
+    def load(self) -> None:
+        self.pipe = load_qwen_image(self.model_path, self.device, {"vae"})
+
+    def run(self, job: StageJob) -> StageResult:
+        pipe = self.pipe
+        image = condition_image(pipe, job.params)
+        pixels = pipe.image_processor.preprocess(image, image.height, image.width)
+        pixels = pixels.unsqueeze(2).to(self.device, pipe.vae.dtype)
+        with torch.inference_mode():
+            latents = pipe.vae.encode(pixels).latent_dist.mode()
+            z = pipe.vae.config.z_dim
+            mean = torch.tensor(pipe.vae.config.latents_mean).view(1, z, 1, 1, 1)
+            std = torch.tensor(pipe.vae.config.latents_std).view(1, z, 1, 1, 1)
+            latents = (latents - mean.to(latents)) / std.to(latents)
+        return StageResult(tensors={"image_latents": latents})
+
+
+def pack(latents: torch.Tensor) -> torch.Tensor:
+    """(batch, channels, 1, h, w) -> (batch, h/2 * w/2, channels * 4): 2x2 patches."""
+    b, c, _, h, w = latents.shape
+    latents = latents.view(b, c, h // 2, 2, w // 2, 2).permute(0, 2, 4, 1, 3, 5)
+    return latents.reshape(b, (h // 2) * (w // 2), c * 4)
+
+
+class EditDenoiseStage(Stage):
+    """Flow-matching DiT denoising of noise latents followed in sequence by the input
+    image's latents, with true CFG over the two embeddings -> latents of the edit."""
+
+    def load(self) -> None:
+        self.pipe = load_qwen_image(self.model_path, self.device, {"transformer", "scheduler"})
+
+    @staticmethod
+    def _geometry(params: dict[str, Any]) -> tuple[int, int, int, float]:
+        width, height = _int(params, "width", 1024), _int(params, "height", 1024)
+        steps = _int(params, "num_inference_steps", 50)
+        return width, height, steps, float(params.get("guidance_scale", 4.0))
+
+    def batch_key(self, job: StageJob) -> Hashable | None:
+        enc, img = job.inputs.get("encode", {}), job.inputs.get("encode-image", {})
+        shapes = tuple((k, tuple(v.shape)) for k, v in sorted({**enc, **img}.items()))
+        return (self._geometry(job.params), shapes)
+
+    def run(self, job: StageJob) -> StageResult:
+        return self.run_batch([job])[0]
+
+    def run_batch(self, jobs: Sequence[StageJob]) -> list[StageResult]:
+        pipe, device = self.pipe, self.device
+        width, height, steps, guidance = self._geometry(jobs[0].params)
+        counts = [_int(job.params, "n", 1) for job in jobs]
+        encs = [{**job.inputs["encode"], **job.inputs["encode-image"]} for job in jobs]
+
+        def stack(key: str) -> torch.Tensor | None:
+            if key not in encs[0]:
+                return None
+            rows = [
+                e[key].to(device).repeat_interleave(n, dim=0)
+                for e, n in zip(encs, counts, strict=True)
+            ]
+            return torch.cat(rows)
+
+        def mask_of(key: str) -> torch.Tensor | None:
+            # An all-ones mask is None to the pipeline, and to its attention path.
+            mask = stack(key)
+            return None if mask is None or bool(mask.all()) else mask
+
+        embeds, mask = stack("prompt_embeds"), mask_of("prompt_mask")
+        neg_embeds, neg_mask = stack("negative_prompt_embeds"), mask_of("negative_prompt_mask")
+        image_latents = stack("image_latents")
+        assert embeds is not None
+        assert image_latents is not None
+        dtype = embeds.dtype
+        image_latents = pack(image_latents.to(dtype))
+        do_cfg = neg_embeds is not None and guidance > 1
+
+        scale = pipe.vae_scale_factor
+        channels = pipe.transformer.config.in_channels // 4
+        lat_h, lat_w = 2 * (height // (scale * 2)), 2 * (width // (scale * 2))
+        # One generator per image, seeded as in text to image: seed, seed + 1, ...
+        noise = [
+            torch.randn(
+                (1, 1, channels, lat_h, lat_w),
+                generator=torch.Generator(device="cpu").manual_seed(
+                    _int(job.params, "seed", 0) + i
+                ),
+                dtype=dtype,
+            )
+            for job, n in zip(jobs, counts, strict=True)
+            for i in range(n)
+        ]
+        # (n, 1, channels, h, w) noise read as (n, channels, 1, h, w), as the pipeline packs it.
+        latents = pack(torch.cat(noise).reshape(-1, channels, 1, lat_h, lat_w)).to(device)
+        cond_h, cond_w = jobs[0].inputs["encode-image"]["image_latents"].shape[3:]
+        img_shapes = [[(1, lat_h // 2, lat_w // 2), (1, cond_h // 2, cond_w // 2)]] * len(latents)
+
+        scheduler = pipe.scheduler
+        sigmas = np.linspace(1.0, 1 / steps, steps)
+        shift = {k: scheduler.config.get(k, v) for k, v in SHIFT_DEFAULTS.items()}
+        slope = (shift["max_shift"] - shift["base_shift"]) / (
+            shift["max_image_seq_len"] - shift["base_image_seq_len"]
+        )
+        mu = latents.shape[1] * slope + (shift["base_shift"] - slope * shift["base_image_seq_len"])
+        scheduler.set_timesteps(sigmas=sigmas, device=device, mu=mu)
+        scheduler.set_begin_index(0)
+
+        def predict(
+            model_input: torch.Tensor,
+            timestep: torch.Tensor,
+            text: torch.Tensor,
+            text_mask: torch.Tensor | None,
+            context: str,
+        ) -> torch.Tensor:
+            with pipe.transformer.cache_context(context):
+                out = pipe.transformer(
+                    hidden_states=model_input,
+                    timestep=timestep / 1000,
+                    guidance=None,
+                    encoder_hidden_states_mask=text_mask,
+                    encoder_hidden_states=text,
+                    img_shapes=img_shapes,
+                    attention_kwargs={},
+                    return_dict=False,
+                )[0]
+            # The transformer answers for the image latents too; only the noise's count.
+            return out[:, : latents.size(1)]  # type: ignore[no-any-return]
+
+        with torch.inference_mode():
+            for t in scheduler.timesteps:
+                # Stop between steps once nobody waits for this batch.
+                if all(job.cancelled.is_set() for job in jobs):
+                    break
+                model_input = torch.cat([latents, image_latents], dim=1)
+                timestep = t.expand(latents.shape[0]).to(latents.dtype)
+                pred = predict(model_input, timestep, embeds, mask, "cond")
+                if do_cfg:
+                    assert neg_embeds is not None
+                    neg = predict(model_input, timestep, neg_embeds, neg_mask, "uncond")
+                    combined = neg + guidance * (pred - neg)
+                    # Rescale to the conditional prediction's norm, as the pipeline does.
+                    pred = combined * (
+                        torch.norm(pred, dim=-1, keepdim=True)
+                        / torch.norm(combined, dim=-1, keepdim=True)
+                    )
+                latents = scheduler.step(pred, t, latents, return_dict=False)[0]
+                self.progress()
+        results, start = [], 0
+        for n in counts:
+            results.append(StageResult(tensors={"latents": latents[start : start + n]}))
+            start += n
+        return results

@@ -1,0 +1,117 @@
+"""Image editing through the official openai client (images.edit) and curl's multipart
+form against `omnipipe serve examples/tiny-image-edit.yaml`."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import openai
+import pytest
+from PIL import Image
+
+from tests.e2e.conftest import Served, start_serve, stop_cleanly
+
+pytestmark = pytest.mark.timeout(600)
+REPO = Path(__file__).resolve().parents[2]
+MODEL = "tiny-image-edit"
+FAST = {"num_inference_steps": 2}
+
+
+@pytest.fixture(scope="module")
+def served() -> Iterator[Served]:
+    s = start_serve(REPO / "examples/tiny-image-edit.yaml", timeout=300)
+    yield s
+    stop_cleanly(s)
+
+
+@pytest.fixture
+def client(served: Served) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=served.base_url, api_key="unused", max_retries=0) as c:
+        yield c
+
+
+def png(width: int = 80, height: int = 48) -> bytes:
+    image = Image.new("RGB", (width, height), (200, 30, 30))
+    buf = io.BytesIO()
+    image.save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def decode(b64: str | None) -> Image.Image:
+    assert b64
+    return Image.open(io.BytesIO(base64.b64decode(b64)))
+
+
+def test_openai_images_edit_at_a_small_size(client: openai.OpenAI) -> None:
+    r = client.images.edit(
+        model=MODEL,
+        image=("in.png", png(), "image/png"),
+        prompt="make it blue",
+        size="64x48",  # type: ignore[arg-type]
+        n=2,
+        extra_body={**FAST, "negative_prompt": "blurry", "seed": 7},
+    )
+    images = [decode(d.b64_json) for d in r.data or []]
+    assert [(i.format, i.size) for i in images] == [("PNG", (64, 48))] * 2
+    # Two seeds, two different images.
+    assert images[0].tobytes() != images[1].tobytes()
+
+
+def test_openai_list_form_and_bad_images(client: openai.OpenAI) -> None:
+    # A list of one image goes out as image[]; auto size keeps the input's aspect ratio.
+    r = client.images.edit(
+        model=MODEL,
+        image=[("in.png", png(64, 64), "image/png")],
+        prompt="make it blue",
+        extra_body=FAST,
+    )
+    [item] = r.data or []
+    assert decode(item.b64_json).size == (1024, 1024)
+    with pytest.raises(openai.BadRequestError, match="not a PNG, JPEG or WebP"):
+        client.images.edit(model=MODEL, image=("x.png", b"nope", "image/png"), prompt="x")
+    with pytest.raises(openai.BadRequestError, match="one image per edit"):
+        client.images.edit(
+            model=MODEL,
+            image=[("a.png", png(), "image/png"), ("b.png", png(), "image/png")],
+            prompt="x",
+        )
+
+
+def test_curl_multipart_edit(served: Served, tmp_path: Path) -> None:
+    source = tmp_path / "in.png"
+    source.write_bytes(png())
+    form = {
+        "model": MODEL,
+        "prompt": "blue",
+        "image": f"@{source};type=image/png",
+        "size": "32x32",
+        "num_inference_steps": "2",
+    }
+    fields = [arg for key, value in form.items() for arg in ("-F", f"{key}={value}")]
+    out = subprocess.run(
+        ["curl", "-s", "-w", "\n%{http_code}", *fields, f"{served.base_url}/images/edits"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    body, code = out.rsplit("\n", 1)
+    assert code == "200", body
+    [item] = json.loads(body)["data"]
+    assert decode(item["b64_json"]).size == (32, 32)
+
+
+def test_an_edit_at_1024(client: openai.OpenAI) -> None:
+    r = client.images.edit(
+        model=MODEL,
+        image=("in.png", png(), "image/png"),
+        prompt="make it blue",
+        size="1024x1024",
+        extra_body={**FAST, "negative_prompt": "blurry"},
+    )
+    [item] = r.data or []
+    assert decode(item.b64_json).size == (1024, 1024)

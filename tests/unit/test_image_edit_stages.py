@@ -1,0 +1,142 @@
+"""The Qwen-Image-Edit stages on tiny://qwen-image-edit, driven by hand (no processes):
+encode, encode-image and denoise give the latents diffusers' QwenImageEditPipeline gives
+run whole, with the same model, image, prompts and seeds."""
+
+from __future__ import annotations
+
+import base64
+import io
+from typing import Any
+
+import pytest
+import torch
+import yaml
+from PIL import Image
+
+from omnipipe.api import ResolvedPipeline, parse_resource, resolve
+from omnipipe.api.spec import Role
+from omnipipe.worker.models.tiny import resolve_model_path
+from omnipipe.worker.stages import stage_class
+from omnipipe.worker.stages.base import Stage, StageInputError, StageJob
+from omnipipe.worker.stages.qwen_image import DecodeStage
+from omnipipe.worker.stages.qwen_image_edit import (
+    EditDenoiseStage,
+    EditTextEncodeStage,
+    ImageEncodeStage,
+)
+
+pytestmark = pytest.mark.timeout(600)
+MANIFEST = """
+apiVersion: omnipipe.io/v1alpha1
+kind: OmniPipeline
+metadata: {name: edit}
+spec: {model: "tiny://qwen-image-edit", pipeline: qwen-image-edit}
+"""
+
+
+def _png() -> bytes:
+    image = Image.new("RGB", (80, 48), (200, 30, 30))
+    for x in range(80):
+        image.putpixel((x, x % 48), (0, 255, 0))
+    buf = io.BytesIO()
+    image.save(buf, format="PNG")
+    return buf.getvalue()
+
+
+PNG = _png()
+PARAMS: dict[str, Any] = {
+    "prompt": "make it blue",
+    "negative_prompt": "blurry",
+    "image": base64.b64encode(PNG).decode(),
+    "width": 96,
+    "height": 64,
+    "n": 2,
+    "seed": 3,
+    "num_inference_steps": 2,
+    "guidance_scale": 4.0,
+}
+
+
+@pytest.fixture(scope="module")
+def path() -> str:
+    return resolve_model_path("tiny://qwen-image-edit")
+
+
+@pytest.fixture(scope="module")
+def stages(path: str) -> dict[str, Stage]:
+    pipeline: ResolvedPipeline = resolve(parse_resource(yaml.safe_load(MANIFEST)))
+    out = {}
+    for spec in pipeline.stages:
+        stage = stage_class(spec, path)(spec, path, "cpu")
+        stage.load()
+        out[spec.name] = stage
+    return out
+
+
+def test_the_checkpoint_picks_the_edit_stages(stages: dict[str, Stage]) -> None:
+    assert {name: type(s) for name, s in stages.items()} == {
+        "encode": EditTextEncodeStage,
+        "encode-image": ImageEncodeStage,
+        "denoise": EditDenoiseStage,
+        "decode": DecodeStage,
+    }
+    assert stages["encode-image"].spec.role is Role.VAE_ENCODER
+
+
+def test_stages_equal_the_whole_diffusers_pipeline(path: str, stages: dict[str, Stage]) -> None:
+    from diffusers import QwenImageEditPipeline
+
+    pipe: Any = QwenImageEditPipeline.from_pretrained(path)
+    pipe.set_progress_bar_config(disable=True)
+    with torch.inference_mode():
+        expected = pipe(
+            image=Image.open(io.BytesIO(PNG)),
+            prompt=PARAMS["prompt"],
+            negative_prompt=PARAMS["negative_prompt"],
+            true_cfg_scale=PARAMS["guidance_scale"],
+            height=PARAMS["height"],
+            width=PARAMS["width"],
+            num_inference_steps=PARAMS["num_inference_steps"],
+            num_images_per_prompt=2,
+            generator=[torch.Generator().manual_seed(3), torch.Generator().manual_seed(4)],
+            output_type="latent",
+        ).images
+
+    encoded = stages["encode"].run(StageJob(PARAMS, {})).tensors
+    image_latents = stages["encode-image"].run(StageJob(PARAMS, {})).tensors
+    # The VAE sees the image at about a megapixel, whatever size the edit asks for.
+    assert tuple(image_latents["image_latents"].shape) == (1, 4, 1, 100, 164)
+    steps: list[int] = []
+    denoise = stages["denoise"]
+    denoise.progress = lambda: steps.append(1)
+    job = StageJob(PARAMS, {"encode": encoded, "encode-image": image_latents})
+    [result] = denoise.run_batch([job])
+    latents = result.tensors["latents"]
+    assert latents.shape == expected.shape == (2, 24, 16)
+    torch.testing.assert_close(latents, expected, rtol=1e-5, atol=1e-5)
+    assert len(steps) == 2
+    # The two images have their own seeds, and CFG changed the result.
+    assert not torch.allclose(latents[0], latents[1])
+
+    [decoded] = [stages["decode"].run(StageJob(PARAMS, {"denoise": {"latents": latents}}))]
+    sizes = [Image.open(io.BytesIO(base64.b64decode(o["b64_json"]))).size for o in decoded.outputs]
+    assert sizes == [(96, 64), (96, 64)]
+
+
+def test_a_cancelled_edit_stops_before_its_first_step(stages: dict[str, Stage]) -> None:
+    enc = {"prompt_embeds": torch.zeros(1, 3, 16), "prompt_mask": torch.ones(1, 3)}
+    image = {"image_latents": torch.zeros(1, 4, 1, 100, 164)}
+    job = StageJob({**PARAMS, "n": 1}, {"encode": enc, "encode-image": image})
+    job.cancelled.set()
+    steps: list[int] = []
+    stages["denoise"].progress = lambda: steps.append(1)
+    [result] = stages["denoise"].run_batch([job])
+    assert steps == []
+    assert result.tensors["latents"].shape == (1, 24, 16)
+
+
+@pytest.mark.parametrize("data", ["", "not base64!", base64.b64encode(b"not an image").decode()])
+def test_a_bad_input_image_is_the_clients_error(stages: dict[str, Stage], data: str) -> None:
+    for name in ("encode", "encode-image"):
+        with pytest.raises(StageInputError, match="image"):
+            stages[name].run(StageJob({**PARAMS, "image": data}, {}))
