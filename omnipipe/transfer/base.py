@@ -180,6 +180,18 @@ class Mailbox:
             # discard() ran while we waited for room: nobody will ever take it.
             self.release(charge)
 
+    def has_room_now(self, request_id: str) -> bool:
+        """put_nowait() would queue a message for this request without waiting."""
+        queue = self._queues.get(request_id)
+        return queue is None or not queue.full()
+
+    def put_nowait(self, message: Message, charge: Charge) -> None:
+        """put() for a caller that checked has_room_now(): never waits."""
+        if message.request_id in self._closed:
+            self.release(charge)
+            return
+        self._queue(message.request_id).put_nowait((message, charge))
+
     def claim(self, request_id: str) -> None:
         """A job will take this request's inputs (get() claims too): from now on they
         neither count against the unclaimed share nor expire. Call it when the job is
