@@ -28,7 +28,7 @@ KIB, MIB = 1024, 1024 * 1024
 SIZES = {"4KiB": 4 * KIB, "1MiB": MIB, "64MiB": 64 * MIB}
 ITERATIONS = {"4KiB": 2000, "1MiB": 200, "64MiB": 20}
 QUICK_ITERATIONS = {"4KiB": 100, "1MiB": 10, "64MiB": 3}
-ENV = {**os.environ, "UCX_NET_DEVICES": "lo"}
+ENV = {**os.environ, "UCX_NET_DEVICES": "lo", "UCX_WARN_UNUSED_ENV_VARS": "n"}
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -63,7 +63,7 @@ async def _send_omnipipe(backend: str, address: str, size: int, n: int) -> list[
     from omnipipe.transfer import Message, make_sender
 
     sender = make_sender(backend)
-    payload = {"x": torch.ones(size, dtype=torch.uint8)}
+    payload = {"x": torch.randint(0, 256, (size,), dtype=torch.uint8)}
     times = []
     try:
         for i in range(n):
@@ -91,6 +91,78 @@ def omnipipe_run(backend: str, size_name: str, n: int) -> list[float]:
         return times[warmup:]
     finally:
         proc.terminate()
+        proc.wait(timeout=30)
+
+
+# ---- raw ucxx: the library's own ping-pong, no framing ---------------------------------
+
+
+def _raw_ucxx() -> tuple[object, object]:
+    os.environ.update(UCX_NET_DEVICES="lo", UCX_WARN_UNUSED_ENV_VARS="n")
+    import ucxx._lib.libucxx as lib
+
+    context = lib.UCXContext(feature_flags=(lib.Feature.TAG,))
+    return lib, lib.UCXWorker(context)
+
+
+def _raw_wait(worker: object, requests: list[object]) -> None:
+    while not all(r.completed for r in requests):  # type: ignore[attr-defined]
+        worker.progress()  # type: ignore[attr-defined]
+    for r in requests:
+        r.check_error()  # type: ignore[attr-defined]
+
+
+def _serve_raw_ucxx(size: int) -> None:
+    """Receiver: worker addresses swapped over stdin/stdout, then each round receives
+    `size` bytes into one preallocated buffer and answers an 8-byte ack, busy-polling."""
+    import numpy as np
+    from ucxx._lib.arr import Array
+
+    lib, worker = _raw_ucxx()
+    print(worker.address.tobytes().hex(), flush=True)  # type: ignore[attr-defined]
+    peer = lib.UCXAddress.create_from_buffer(bytes.fromhex(sys.stdin.readline()))  # type: ignore[attr-defined]
+    ep = lib.UCXEndpoint.create_from_worker_address(worker, peer, False)  # type: ignore[attr-defined]
+    buf, ack = Array(np.empty(size, dtype=np.uint8)), Array(np.zeros(8, dtype=np.uint8))
+    while True:
+        _raw_wait(worker, [ep.tag_recv(buf, lib.UCXXTag(1))])  # type: ignore[attr-defined]
+        _raw_wait(worker, [ep.tag_send(ack, lib.UCXXTag(2))])  # type: ignore[attr-defined]
+
+
+def raw_ucxx_run(size_name: str, n: int) -> list[float]:
+    """A hand-off's shape with nothing of ours: `size` random bytes one way, 8 back."""
+    import numpy as np
+    from ucxx._lib.arr import Array
+
+    size = SIZES[size_name]
+    proc = subprocess.Popen(
+        [sys.executable, __file__, "--serve", f"raw-ucxx:{size}"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=ENV,
+        cwd=REPO,
+    )
+    try:
+        assert proc.stdin is not None and proc.stdout is not None
+        lib, worker = _raw_ucxx()
+        line = proc.stdout.readline()
+        while line.startswith("["):  # UCX's own warnings go to stdout
+            line = proc.stdout.readline()
+        peer = lib.UCXAddress.create_from_buffer(bytes.fromhex(line.strip()))  # type: ignore[attr-defined]
+        proc.stdin.write(worker.address.tobytes().hex() + "\n")  # type: ignore[attr-defined]
+        proc.stdin.flush()
+        ep = lib.UCXEndpoint.create_from_worker_address(worker, peer, False)  # type: ignore[attr-defined]
+        data = Array(np.random.default_rng(0).integers(0, 256, size, dtype=np.uint8))
+        ack = Array(np.empty(8, dtype=np.uint8))
+        times = []
+        for _ in range(n + 3):
+            started = time.perf_counter()
+            reply = ep.tag_recv(ack, lib.UCXXTag(2))  # type: ignore[attr-defined]
+            _raw_wait(worker, [ep.tag_send(data, lib.UCXXTag(1)), reply])  # type: ignore[attr-defined]
+            times.append(time.perf_counter() - started)
+        return times[3:]
+    finally:
+        proc.kill()
         proc.wait(timeout=30)
 
 
@@ -144,7 +216,7 @@ def socket_run(size_name: str, n: int) -> list[float]:
 def memcpy_run(size_name: str, n: int) -> list[float]:
     import torch
 
-    src = torch.ones(SIZES[size_name], dtype=torch.uint8)
+    src = torch.randint(0, 256, (SIZES[size_name],), dtype=torch.uint8)
     dst = torch.empty_like(src)
     times = []
     for _ in range(n + 3):
@@ -212,6 +284,9 @@ def main() -> None:
     if args.serve == "socket":
         _serve_socket()
         return
+    if args.serve and args.serve.startswith("raw-ucxx:"):
+        _serve_raw_ucxx(int(args.serve.partition(":")[2]))
+        return
     if args.serve:
         asyncio.run(_serve_omnipipe(args.serve))
         return
@@ -223,6 +298,7 @@ def main() -> None:
         results[size_name] = {
             "memcpy": timed_row(memcpy_run(size_name, n), size),
             "ucx_perftest": perftest_row(size_name, n),
+            "raw-ucxx": timed_row(raw_ucxx_run(size_name, n), size),
             "socket": timed_row(socket_run(size_name, n), size),
             "omnipipe-ucx": timed_row(omnipipe_run("ucx", size_name, n), size),
             "omnipipe-tcp": timed_row(omnipipe_run("tcp", size_name, n), size),
@@ -230,7 +306,7 @@ def main() -> None:
     rows = []
     for size_name, paths in results.items():
         for path, r in paths.items():
-            anchor = {"omnipipe-ucx": "ucx_perftest", "omnipipe-tcp": "socket"}.get(path)
+            anchor = {"omnipipe-ucx": "raw-ucxx", "omnipipe-tcp": "socket"}.get(path)
             ratio = f"{r['gbps'] / paths[anchor]['gbps']:.2g}x {anchor}" if anchor else ""
             rows.append(
                 [
@@ -254,9 +330,12 @@ def main() -> None:
         for key in ("gbps", "p50_us")
     }
     summary |= {
-        f"ucx_vs_perftest_{s.lower()}": results[s]["omnipipe-ucx"]["gbps"]
-        / results[s]["ucx_perftest"]["gbps"]
+        f"ucx_vs_{anchor.replace('-', '_').replace('omnipipe_', '')}_{s.lower()}": results[s][
+            "omnipipe-ucx"
+        ]["gbps"]
+        / results[s][anchor]["gbps"]
         for s in results
+        for anchor in ("raw-ucxx", "ucx_perftest", "omnipipe-tcp")
     }
     summary |= {
         f"tcp_vs_socket_{s.lower()}": results[s]["omnipipe-tcp"]["gbps"]

@@ -37,13 +37,14 @@ import numpy as np
 
 from omnipipe.transfer import ucx_worker
 from omnipipe.transfer.auth import HANDSHAKE_TIMEOUT_SECONDS, REFUSED, TransferRefused, prove_peer
-from omnipipe.transfer.base import MailboxFull, Message, Sender, split_address
+from omnipipe.transfer.base import BlockTableFull, MailboxFull, Message, Sender, split_address
 from omnipipe.transfer.codec import MAX_HEADER, CodecError, decode_header, encode_header
 from omnipipe.transfer.tcp import (
     ACK,
     ListeningReceiver,
     _recv_bytes,
     _tune,
+    block_buffers,
     declared_bytes,
     frame_header,
     message_from,
@@ -56,6 +57,8 @@ log = logging.getLogger(__name__)
 INLINE_MAX = 64 * 1024
 CTRL_MAX = MAX_HEADER + 4 + 4 * INLINE_MAX
 GO = b"\x11"
+# The request already ended here: the sender keeps its large tensors (nothing to move).
+DROPPED = b"\x12"
 CTRL, DATA, REPLY = 1, 2, 3
 KIND_MASK = 0xFF
 REPLY_MAX = 1 + 4 + 4096
@@ -66,6 +69,7 @@ _WILDCARDS = frozenset({"", "0.0.0.0", "::"})
 _SIOCGIFADDR = 0x8915
 _ACK = np.frombuffer(bytearray(ACK), dtype=np.uint8)
 _GO = np.frombuffer(bytearray(GO), dtype=np.uint8)
+_DROPPED = np.frombuffer(bytearray(DROPPED), dtype=np.uint8)
 
 
 def _tag(conn: int, kind: int) -> int:
@@ -253,7 +257,7 @@ class UcxReceiver(ListeningReceiver):
         except Exception:
             return False
         request_id = str(header.get("request_id"))
-        if large or not self.mailbox.has_room_now(request_id):
+        if large or header.get("blocks") or not self.mailbox.has_room_now(request_id):
             return False
         started = time.perf_counter()
         try:
@@ -280,6 +284,7 @@ class UcxReceiver(ListeningReceiver):
         ucx = self._ucx
         assert ucx is not None
         charge = None
+        ids: list[int] = []
         posted: list[Any] = []
         try:
             await ucx.until(lambda: bool(request.completed), state.is_alive)
@@ -295,21 +300,31 @@ class UcxReceiver(ListeningReceiver):
                 state.reply(_refusal(str(exc)))
                 return
             if charge is None:  # the request already ended here: a late chunk, dropped
-                state.reply(_ACK if not large else _refusal("request already ended"))
+                state.reply(_DROPPED)
                 return
-            if large:
+            try:
+                ids = self._allocate_blocks(header)
+            except BlockTableFull as exc:
+                state.reply(_refusal(str(exc)))
+                return
+            rows = self.block_table.rows(ids) if self.block_table is not None else []
+            if large or rows:
+                # Receives go in the order the sender sends: tensors, then blocks, each
+                # straight into the memory it ends up in.
                 data_tag = UcxWorker.tag(_tag(state.conn, DATA))
                 for i, b in enumerate(buffers):
                     if b is None:
                         buffers[i] = ucx.pool.take(int(header["tensors"][i]["nbytes"]))
                         posted.append(state.endpoint.tag_recv(array(buffers[i]), data_tag))
+                for row in rows:
+                    posted.append(state.endpoint.tag_recv(array(row.numpy()), data_tag))
                 state.reply(_GO)
                 await ucx.until(lambda: all(r.completed for r in posted), state.is_alive)
                 for r in posted:
                     r.check_error()
-            message = message_from(header, buffers)
+            message = message_from(header, buffers, ids, rows)
             await self.mailbox.put(message, charge)
-            charge = None
+            charge, ids = None, []
             self.stats.on_transfer(message.nbytes, time.perf_counter() - started)
             state.reply(_ACK)
         except (CodecError, ConnectionError) as exc:
@@ -323,6 +338,9 @@ class UcxReceiver(ListeningReceiver):
         finally:
             if charge is not None:
                 self.mailbox.release(charge)
+            # A receive still posted may yet write into its rows: they stay out of use.
+            if ids and self.block_table is not None and all(r.completed for r in posted):
+                self.block_table.free(ids)
 
     async def close(self) -> None:
         await super().close()
@@ -456,12 +474,15 @@ class UcxSender(Sender):
             )
             if verdict == GO:
                 data_tag = UcxWorker.tag(_tag(peer.conn, DATA))
+                blocks = [np.frombuffer(b, dtype=np.uint8) for b in block_buffers(message)]
                 verdict = await self._exchange(
                     ucx,
                     peer,
-                    [peer.endpoint.tag_send(array(b), data_tag) for b in large],
+                    [peer.endpoint.tag_send(array(b), data_tag) for b in [*large, *blocks]],
                     reply_tag,
                 )
+            if verdict == DROPPED:
+                verdict = ACK
             if verdict == REFUSED:
                 (size,) = _LEN.unpack(peer.reply[1 : 1 + _LEN.size].tobytes())
                 reason = peer.reply[1 + _LEN.size : 1 + _LEN.size + size].tobytes()

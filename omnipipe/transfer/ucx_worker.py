@@ -28,7 +28,7 @@ os.environ.setdefault("UCX_WARN_UNUSED_ENV_VARS", "n")
 
 # Poll (yielding to the event loop between polls) for this long after the last sign of
 # life; then sleep on the event fd.
-SPIN_SECONDS = 0.02
+SPIN_SECONDS = float(os.environ.get("OMNIPIPE_UCX_SPIN_US", "2000")) * 1e-6
 # Sleepers re-check at least this often, should an event ever be missed.
 SLEEP_SECONDS = 0.1
 # Buffers below this are cheap to allocate; the pool keeps at most POOL_BYTES.
