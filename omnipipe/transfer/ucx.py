@@ -9,7 +9,7 @@ pipeline credential (transfer/auth.py), then exchange UCX worker addresses; the 
 also names a random 56-bit connection id. The socket then carries nothing: it stays open
 so that either end sees the other die (the UCX endpoints run without error handling).
 
-Tags are the connection id shifted left 8 bits plus a kind. One message goes:
+Tags are the connection id (see RECEIVER_MASK) shifted left 8 bits plus a kind. One message goes:
     sender -> CTRL: u32 header length, msgpack header, the tensors that fit inline
     receiver reserves room in its mailbox, then
     receiver -> REPLY: ACK (all inline), REFUSED u32 reason, or GO once it has posted a
@@ -60,7 +60,9 @@ GO = b"\x11"
 # The request already ended here: the sender keeps its large tensors (nothing to move).
 DROPPED = b"\x12"
 CTRL, DATA, REPLY = 1, 2, 3
-KIND_MASK = 0xFF
+# A connection id is 40 random bits over the receiver's 16-bit index in its process:
+# receivers sharing a UCX worker each probe for their own connections' CTRL messages.
+RECEIVER_MASK = 0xFFFFFF
 REPLY_MAX = 1 + 4 + 4096
 _LEN = struct.Struct("!I")
 _CONN = struct.Struct("!Q")
@@ -143,10 +145,12 @@ class UcxReceiver(ListeningReceiver):
         super().__init__(*args, **kwargs)
         self._ucx: UcxWorker | None = None
         self._conns: dict[int, _Connection] = {}
+        self._index = 0
 
     async def start(self) -> None:
         restrict_net_devices(self._host)
         self._ucx = ucx_worker.acquire()
+        self._index = self._ucx.next_receiver_index()
         await super().start()
         self._track(asyncio.create_task(self._dispatch()))
 
@@ -155,7 +159,7 @@ class UcxReceiver(ListeningReceiver):
         its socket (or dies): that ends the UCX side too."""
         ucx = self._ucx
         assert ucx is not None
-        conn_id = secrets.randbits(56)
+        conn_id = (secrets.randbits(40) << 16) | self._index
         address = ucx.address
         await loop.sock_sendall(conn, _LEN.pack(len(address)) + address + _CONN.pack(conn_id))
         async with asyncio.timeout(HANDSHAKE_TIMEOUT_SECONDS):
@@ -195,7 +199,7 @@ class UcxReceiver(ListeningReceiver):
         def arrived() -> bool:
             nonlocal probed
             if probed is None:
-                probed = ucx.probe(CTRL, KIND_MASK)
+                probed = ucx.probe(_tag(self._index, CTRL), RECEIVER_MASK)
             return probed is not None
 
         while True:

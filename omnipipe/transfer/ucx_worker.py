@@ -101,6 +101,11 @@ class UcxWorker:
         self._reading = False
         self._last_activity = time.monotonic()
         self.users = 0
+        self._receivers = 0
+
+    def next_receiver_index(self) -> int:
+        self._receivers = (self._receivers + 1) & 0xFFFF
+        return self._receivers
 
     # ---- endpoints and requests ------------------------------------------------------
 
