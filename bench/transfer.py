@@ -48,7 +48,7 @@ async def _serve_omnipipe(backend: str) -> None:
     from omnipipe.transfer import BlockTable, Mailbox, make_receiver
 
     mailbox = Mailbox()
-    table = BlockTable(2 * KV_BLOCKS, KV_BLOCK_BYTES)
+    table = BlockTable(8 * KV_BLOCKS, KV_BLOCK_BYTES)  # room while the loop catches up
     receiver = make_receiver(backend, mailbox, block_table=table)
     await receiver.start()
     print(receiver.address, flush=True)

@@ -3,10 +3,10 @@
 progresses the worker itself, so a completion is seen on the next poll rather than after
 a hop through another thread and the event loop.
 
-Waiting polls the worker while something moved within the last `SPIN_SECONDS`, then arms
-the worker and sleeps on its event file descriptor (asyncio's selector), so an idle
-process burns no core. The price is one event-loop wake-up on the first message after a
-quiet spell (bench/transfer.py measures it).
+A wait polls the worker for `SPIN_SECONDS`, then arms the worker and sleeps on its event
+file descriptor (watched by asyncio's selector for the worker's life), so an idle process
+burns no core. The price is an event-loop wake-up for replies slower than the spin
+(bench/transfer.py measures it).
 
 Large receive buffers come from a pool and return to it when the tensors built on them
 are freed: a reused buffer is already mapped and registered in UCX's cache, where a fresh
@@ -26,9 +26,10 @@ import numpy as np
 
 os.environ.setdefault("UCX_WARN_UNUSED_ENV_VARS", "n")
 
-# Poll (yielding to the event loop between polls) for this long after the last sign of
-# life; then sleep on the event fd.
-SPIN_SECONDS = float(os.environ.get("OMNIPIPE_UCX_SPIN_US", "2000")) * 1e-6
+# A wait polls (yielding to the event loop between polls) for this long, then sleeps on
+# the event fd. Short: on a machine with more runnable processes than cores, a polling
+# process takes the CPU its peer needs to answer (bench/transfer.py, README).
+SPIN_SECONDS = float(os.environ.get("OMNIPIPE_UCX_SPIN_US", "50")) * 1e-6
 # Sleepers re-check at least this often, should an event ever be missed.
 SLEEP_SECONDS = 0.1
 # Buffers below this are cheap to allocate; the pool keeps at most POOL_BYTES.
@@ -98,8 +99,6 @@ class UcxWorker:
         self.pool = BufferPool()
         self._fd: int = self.worker.epoll_file_descriptor
         self._sleepers: list[tuple[Callable[[], bool], asyncio.Future[None]]] = []
-        self._reading = False
-        self._last_activity = time.monotonic()
         self.users = 0
         self._receivers = 0
 
@@ -137,42 +136,33 @@ class UcxWorker:
         if self._sleepers:
             self._wake_ready()
 
-    def touched(self) -> None:
-        """Something moved: keep polling a while rather than sleeping."""
-        self._last_activity = time.monotonic()
-
     async def until(self, ready: Callable[[], bool], alive: Callable[[], bool]) -> None:
-        """Returns once ready() holds; raises PeerGone once alive() does not."""
+        """Returns once ready() holds; raises PeerGone once alive() does not. Polls for
+        SPIN_SECONDS, then sleeps until the worker's event fd (or a liveness change)
+        wakes it."""
+        spin_until = time.monotonic() + SPIN_SECONDS
         while True:
             self.poll()
             if ready():
-                self.touched()
                 return
             if not alive():
                 raise PeerGone("the peer closed the transfer connection")
-            if time.monotonic() - self._last_activity < SPIN_SECONDS:
+            if time.monotonic() < spin_until:
                 await asyncio.sleep(0)
             else:
                 await self._sleep(lambda: ready() or not alive())
 
     async def _sleep(self, wake: Callable[[], bool]) -> None:
         future: asyncio.Future[None] = self.loop.create_future()
-        self._sleepers.append((wake, future))
-        if not self._reading:
-            self._reading = True
-            self.loop.add_reader(self._fd, self._on_event)
-        self._arm()
+        entry = (wake, future)
+        self._sleepers.append(entry)
+        timer = self.loop.call_later(SLEEP_SECONDS, _settle, future)
         try:
-            async with asyncio.timeout(SLEEP_SECONDS):
-                await future
-        except TimeoutError:
-            pass
+            self._arm()
+            await future
         finally:
-            with contextlib.suppress(ValueError):
-                self._sleepers.remove((wake, future))
-            if not self._sleepers and self._reading:
-                self._reading = False
-                self.loop.remove_reader(self._fd)
+            timer.cancel()
+            self._sleepers.remove(entry)
 
     def _arm(self) -> None:
         # arm() fails while events are pending: progress them first, then try again.
@@ -183,11 +173,15 @@ class UcxWorker:
                 return
 
     def _on_event(self) -> None:
-        self.touched()
-        self.worker.progress()
-        self._wake_ready()
-        if self._sleepers:
-            self._arm()
+        self._arm()
+
+    def start_reading(self) -> None:
+        """The event fd stays watched for the worker's life: an event wakes the sleepers
+        it concerns, and the worker is armed again (else the fd stays readable)."""
+        self.loop.add_reader(self._fd, self._on_event)
+
+    def stop_reading(self) -> None:
+        self.loop.remove_reader(self._fd)
 
     def _wake_ready(self) -> None:
         for wake, future in self._sleepers:
@@ -199,6 +193,11 @@ class UcxWorker:
         self._wake_ready()
 
 
+def _settle(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
 _workers: dict[asyncio.AbstractEventLoop, UcxWorker] = {}
 
 
@@ -207,6 +206,7 @@ def acquire() -> UcxWorker:
     worker = _workers.get(loop)
     if worker is None:
         worker = _workers[loop] = UcxWorker(loop)
+        worker.start_reading()
     worker.users += 1
     return worker
 
@@ -215,6 +215,8 @@ def release(worker: UcxWorker) -> None:
     worker.users -= 1
     if worker.users == 0 and _workers.get(worker.loop) is worker:
         del _workers[worker.loop]
+        with contextlib.suppress(Exception):
+            worker.stop_reading()
         with contextlib.suppress(Exception):
             worker.worker.cancel_inflight_requests()
 
