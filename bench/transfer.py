@@ -1,6 +1,9 @@
 """Stage-to-stage hand-off between two processes on loopback: omnipipe's ucx and tcp
-backends beside a single-process memcpy (the physical limit), UCX's own ucx_perftest
-(tag_bw / tag_lat, from Debian's ucx-utils) and a plain Python socket send.
+backends beside a single-process memcpy (the physical limit), raw ucxx (the library's
+low-level API with no framing, busy-polling: the ucx backend's anchor), UCX's own
+ucx_perftest (tag_bw / tag_lat, from Debian's ucx-utils) and a plain Python socket send.
+Then KV blocks (256 scattered 64 KiB blocks into the receiver's block table, against one
+16 MiB tensor), and each backend's idle CPU and wake-up cost after idle.
 
 A hand-off is what a stage does: send one message (msgpack header + raw tensor bytes)
 and wait until the receiver has it in its mailbox (the ack). The receiver process takes
