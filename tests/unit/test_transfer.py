@@ -544,7 +544,8 @@ async def test_kv_blocks_land_in_the_receivers_block_table(backend: str) -> None
             ),
         )
         got = await asyncio.wait_for(mailbox.get("kv"), 10)
-        assert len(got.block_ids) == 64 and len(set(got.block_ids)) == 64
+        assert len(got.block_ids) == 64
+        assert len(set(got.block_ids)) == 64
         assert table.free_blocks == 96 - 64
         for row, i, block in zip(got.block_ids, picked, got.blocks, strict=True):
             assert torch.equal(table.storage[row].view(torch.float32), cache[i])
@@ -580,7 +581,8 @@ async def test_kv_blocks_that_do_not_fit_are_refused_and_the_connection_stays_us
             await sender.send(receiver.address, Message("r", "s", {}, blocks=[torch.zeros(8)]))
         with pytest.raises(TransferRefused, match="no block table"):
             await sender.send(bare.address, Message("r", "s", {}, blocks=blocks[:1]))
-        assert mailbox.bytes_held == 0 and table.free_blocks == 4
+        assert mailbox.bytes_held == 0
+        assert table.free_blocks == 4
         await sender.send(receiver.address, Message("r", "s", {}, blocks=blocks[:4]))
         assert len((await asyncio.wait_for(mailbox.get("r"), 10)).block_ids) == 4
     finally:
@@ -612,6 +614,7 @@ async def test_ucx_receive_buffers_are_reused_once_their_tensors_are_gone() -> N
         await receiver.close()
 
 
+_REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _BLOCKED_RECEIVER = """
 import asyncio, sys
 from omnipipe.transfer import Mailbox, make_receiver
@@ -633,18 +636,16 @@ async def test_a_receiver_that_dies_mid_transfer_is_a_clean_error(backend: str) 
     receiver is killed (-9): the send raises a ConnectionError at once, no hang."""
     import subprocess
     import sys
-    from pathlib import Path
 
-    proc = subprocess.Popen(
-        [sys.executable, "-c", _BLOCKED_RECEIVER, backend],
+    proc = await asyncio.create_subprocess_exec(
+        *(sys.executable, "-c", _BLOCKED_RECEIVER, backend),
         stdout=subprocess.PIPE,
-        text=True,
-        cwd=Path(__file__).resolve().parents[2],
+        cwd=_REPO_ROOT,
     )
     sender = make_sender(backend, credential="c")
     try:
         assert proc.stdout is not None
-        address = (await asyncio.to_thread(proc.stdout.readline)).strip()
+        address = (await proc.stdout.readline()).decode().strip()
         payload = {"x": torch.randn(1 << 20)}
         await sender.send(address, Message("r", "s", payload))
         pending = asyncio.create_task(sender.send(address, Message("r", "s", payload)))
@@ -654,8 +655,7 @@ async def test_a_receiver_that_dies_mid_transfer_is_a_clean_error(backend: str) 
         with pytest.raises(ConnectionError):
             await asyncio.wait_for(pending, 10)
     finally:
-        proc.kill()
-        proc.wait()
-        if proc.stdout is not None:
-            proc.stdout.close()
+        if proc.returncode is None:
+            proc.kill()
+        await proc.wait()
         await sender.close()
