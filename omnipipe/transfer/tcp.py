@@ -57,11 +57,22 @@ def _tune(sock: socket.socket) -> None:
 _LEN = struct.Struct("!I")
 
 
-def frame_header(message: Message) -> tuple[dict[str, object], list[memoryview]]:
-    specs, buffers = [], []
+def frame_header(
+    message: Message, device_direct: bool = False
+) -> tuple[dict[str, object], list[Any]]:
+    """The header and each tensor's bytes (a memoryview of host memory). With
+    `device_direct`, a CUDA tensor's buffer is the tensor itself (flat uint8, still on
+    the device) and its spec says "direct"."""
+    specs: list[dict[str, Any]] = []
+    buffers: list[Any] = []
     for name, tensor in message.tensors.items():
-        specs.append(tensor_spec(name, tensor))
-        buffers.append(tensor_bytes(tensor))
+        spec = tensor_spec(name, tensor)
+        if device_direct and tensor.is_cuda:
+            spec["direct"] = True
+            buffers.append(tensor.detach().contiguous().reshape(-1).view(torch.uint8))
+        else:
+            buffers.append(tensor_bytes(tensor))
+        specs.append(spec)
     header = {
         "request_id": message.request_id,
         "source": message.source,

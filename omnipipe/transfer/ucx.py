@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import torch
 
 from omnipipe.transfer import ucx_worker
 from omnipipe.transfer.auth import HANDSHAKE_TIMEOUT_SECONDS, REFUSED, TransferRefused, prove_peer
@@ -64,6 +65,7 @@ CTRL, DATA, REPLY = 1, 2, 3
 # receivers sharing a UCX worker each probe for their own connections' CTRL messages.
 RECEIVER_MASK = 0xFFFFFF
 REPLY_MAX = 1 + 4 + 4096
+DEVICE_ACK = b"\x07"
 _LEN = struct.Struct("!I")
 _CONN = struct.Struct("!Q")
 MAX_WORKER_ADDRESS = 1 << 16
@@ -170,7 +172,9 @@ class UcxReceiver(ListeningReceiver):
         state = _Connection(conn_id, ucx.endpoint(peer_address))
         self._conns[conn_id] = state
         try:
-            await loop.sock_sendall(conn, ACK)  # registered: messages may come
+            # Registered: messages may come. DEVICE_ACK: CUDA tensors may come from
+            # device memory and are received into device memory here.
+            await loop.sock_sendall(conn, DEVICE_ACK if ucx.device_memory else ACK)
             while await loop.sock_recv(conn, 1):
                 pass  # nothing travels here after the handshake
         except OSError:
@@ -284,6 +288,16 @@ class UcxReceiver(ListeningReceiver):
         state.reply(_ACK)
         return True
 
+    def _receive_buffer(self, spec: dict[str, Any]) -> Any:
+        """Device memory for a tensor sent from it, when this worker takes it (untested
+        here: no GPU); else a pooled host buffer."""
+        ucx = self._ucx
+        assert ucx is not None
+        nbytes = int(spec["nbytes"])
+        if spec.get("direct") and ucx.device_memory:
+            return torch.empty(nbytes, dtype=torch.uint8, device=str(spec["device"]))
+        return ucx.pool.take(nbytes)
+
     async def _handle(self, state: _Connection, buf: Any, request: Any) -> None:
         ucx = self._ucx
         assert ucx is not None
@@ -318,7 +332,7 @@ class UcxReceiver(ListeningReceiver):
                 data_tag = UcxWorker.tag(_tag(state.conn, DATA))
                 for i, b in enumerate(buffers):
                     if b is None:
-                        buffers[i] = ucx.pool.take(int(header["tensors"][i]["nbytes"]))
+                        buffers[i] = self._receive_buffer(header["tensors"][i])
                         posted.append(state.endpoint.tag_recv(array(buffers[i]), data_tag))
                 for row in rows:
                     posted.append(state.endpoint.tag_recv(array(row.numpy()), data_tag))
@@ -364,6 +378,8 @@ class _Peer:
     conn: int
     reply: Any = field(default_factory=lambda: np.empty(REPLY_MAX, dtype=np.uint8))
     alive: bool = True
+    # Both ends take CUDA memory: device tensors go without a host bounce.
+    device: bool = False
 
     def is_alive(self) -> bool:
         return self.alive
@@ -419,7 +435,8 @@ class UcxSender(Sender):
                 (conn,) = _CONN.unpack(await read(_CONN.size))
                 ucx = self._worker()
                 await loop.sock_sendall(sock, _LEN.pack(len(ucx.address)) + ucx.address)
-                if await read(1) != ACK:
+                ready = await read(1)
+                if ready not in (ACK, DEVICE_ACK):
                     raise TransferRefused(f"{address} did not take this worker's address")
             endpoint = ucx.endpoint(worker_address)
         except asyncio.IncompleteReadError as exc:
@@ -428,7 +445,7 @@ class UcxSender(Sender):
         except BaseException:
             sock.close()
             raise
-        peer = _Peer(sock, endpoint, conn)
+        peer = _Peer(sock, endpoint, conn, device=ready == DEVICE_ACK and ucx.device_memory)
         loop.add_reader(sock.fileno(), self._watch, loop, peer)
         return peer
 
@@ -444,10 +461,16 @@ class UcxSender(Sender):
             self._ucx.wake_sleepers()
 
     async def send(self, address: str, message: Message) -> None:
-        header, buffers = frame_header(message)
+        loop = asyncio.get_running_loop()
+        peer = await self._connection(address)
+        header, buffers = frame_header(message, device_direct=peer.device)
         inline, ctrl_size = [], 0
         for buf in buffers:
-            here = len(buf) <= INLINE_MAX and ctrl_size + len(buf) <= CTRL_MAX - MAX_HEADER - 4
+            here = (
+                not isinstance(buf, torch.Tensor)
+                and len(buf) <= INLINE_MAX
+                and ctrl_size + len(buf) <= CTRL_MAX - MAX_HEADER - 4
+            )
             inline.append(here)
             ctrl_size += len(buf) if here else 0
         header["inline"] = inline
@@ -457,11 +480,11 @@ class UcxSender(Sender):
             if here:
                 ctrl += buf
         large = [
-            np.frombuffer(b, dtype=np.uint8) for b, h in zip(buffers, inline, strict=True) if not h
+            b if isinstance(b, torch.Tensor) else np.frombuffer(b, dtype=np.uint8)
+            for b, h in zip(buffers, inline, strict=True)
+            if not h
         ]
         started = time.perf_counter()
-        loop = asyncio.get_running_loop()
-        peer = await self._connection(address)
         ucx = self._worker()
         reply_tag = UcxWorker.tag(_tag(peer.conn, REPLY))
         try:

@@ -43,6 +43,12 @@ def _lib() -> Any:
     return libucxx
 
 
+def _cuda_available() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available())
+
+
 def array(buffer: Any) -> Any:
     """ucxx's buffer wrapper for a numpy array or anything with the buffer protocol."""
     from ucxx._lib.arr import Array
@@ -97,6 +103,8 @@ class UcxWorker:
         self.worker.init_blocking_progress_mode()
         self.address: bytes = self.worker.address.tobytes()
         self.pool = BufferPool()
+        # CUDA tensors move from and into device memory (UCX built with CUDA, and a GPU).
+        self.device_memory = bool(self.context.cuda_support) and _cuda_available()
         self._fd: int = self.worker.epoll_file_descriptor
         self._sleepers: list[tuple[Callable[[], bool], asyncio.Future[None]]] = []
         self.users = 0

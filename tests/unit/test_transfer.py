@@ -659,3 +659,23 @@ async def test_a_receiver_that_dies_mid_transfer_is_a_clean_error(backend: str) 
             proc.kill()
         await proc.wait()
         await sender.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+async def test_ucx_moves_cuda_tensors_device_to_device() -> None:
+    """Where UCX has CUDA and a GPU is present, a CUDA tensor is sent from and received
+    into device memory (no host bounce) and arrives on the device."""
+    mailbox = Mailbox()
+    receiver = make_receiver("ucx", mailbox)
+    await receiver.start()
+    sender = make_sender("ucx")
+    x = torch.randn(1 << 20, device="cuda")
+    try:
+        await sender.send(receiver.address, Message("gpu", "s", {"x": x}))
+        got = (await asyncio.wait_for(mailbox.get("gpu"), 30)).tensors["x"]
+        assert got.is_cuda
+        assert torch.equal(got, x)
+    finally:
+        await sender.close()
+        await receiver.close()
