@@ -25,7 +25,7 @@ def make_receiver(
 
         return TcpReceiver(mailbox, host, port, advertise_host, stats, credential, block_table)
     if backend == "ucx":
-        from omnipipe.transfer.ucx import UcxReceiver
+        from omnipipe.transfer.ucx_receiver import UcxReceiver
 
         return UcxReceiver(mailbox, host, port, advertise_host, stats, credential, block_table)
     raise ValueError(f"unknown transfer backend {backend!r}: use ucx or tcp")
