@@ -1,6 +1,9 @@
 """Stage-to-stage hand-off between two processes on loopback: omnipipe's ucx and tcp
-backends beside a single-process memcpy (the physical limit), UCX's own ucx_perftest
-(tag_bw / tag_lat, from Debian's ucx-utils) and a plain Python socket send.
+backends beside a single-process memcpy (the physical limit), raw ucxx (the library's
+low-level API with no framing, busy-polling: the ucx backend's anchor), UCX's own
+ucx_perftest (tag_bw / tag_lat, from Debian's ucx-utils) and a plain Python socket send.
+Then KV blocks (256 scattered 64 KiB blocks into the receiver's block table, against one
+16 MiB tensor), and each backend's idle CPU and wake-up cost after idle.
 
 A hand-off is what a stage does: send one message (msgpack header + raw tensor bytes)
 and wait until the receiver has it in its mailbox (the ack). The receiver process takes
@@ -28,7 +31,7 @@ KIB, MIB = 1024, 1024 * 1024
 SIZES = {"4KiB": 4 * KIB, "1MiB": MIB, "64MiB": 64 * MIB}
 ITERATIONS = {"4KiB": 2000, "1MiB": 200, "64MiB": 20}
 QUICK_ITERATIONS = {"4KiB": 100, "1MiB": 10, "64MiB": 3}
-ENV = {**os.environ, "UCX_NET_DEVICES": "lo"}
+ENV = {**os.environ, "UCX_NET_DEVICES": "lo", "UCX_WARN_UNUSED_ENV_VARS": "n"}
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -39,43 +42,61 @@ def percentile(values: list[float], q: float) -> float:
 # ---- omnipipe backends --------------------------------------------------------------
 
 
+KV_BLOCKS, KV_BLOCK_BYTES = 256, 64 * KIB
+
+
 async def _serve_omnipipe(backend: str) -> None:
-    """Receiver process: print the address, then empty the mailbox in request order."""
-    from omnipipe.transfer import Mailbox, make_receiver
+    """Receiver process: print the address, then empty the mailbox in request order
+    (freeing the KV blocks each message brought into the block table)."""
+    from omnipipe.transfer import BlockTable, Mailbox, make_receiver
 
     mailbox = Mailbox()
-    receiver = make_receiver(backend, mailbox)
+    table = BlockTable(8 * KV_BLOCKS, KV_BLOCK_BYTES)  # room while the loop catches up
+    receiver = make_receiver(backend, mailbox, block_table=table)
     await receiver.start()
     print(receiver.address, flush=True)
     i = 0
     try:
         while True:
-            await mailbox.get(f"r{i}")
+            message = await mailbox.get(f"r{i}")
+            table.free(message.block_ids)
             mailbox.discard(f"r{i}")
             i += 1
     finally:
         await receiver.close()
 
 
-async def _send_omnipipe(backend: str, address: str, size: int, n: int) -> list[float]:
+async def _send_omnipipe(
+    backend: str, address: str, size: int, n: int, blocks: bool = False, gap: float = 0.0
+) -> list[float]:
+    """n hand-offs of `size` bytes: one tensor, or (blocks) KV_BLOCKS blocks picked at
+    random from a paged cache twice as large; `gap`: seconds idle before each."""
     import torch
 
     from omnipipe.transfer import Message, make_sender
 
     sender = make_sender(backend)
-    payload = {"x": torch.ones(size, dtype=torch.uint8)}
+    payload = {"x": torch.randint(0, 256, (size,), dtype=torch.uint8)}
+    cache = torch.randint(0, 256, (4 * KV_BLOCKS, KV_BLOCK_BYTES), dtype=torch.uint8)
     times = []
     try:
         for i in range(n):
+            if blocks:
+                picked = torch.randperm(len(cache))[:KV_BLOCKS].tolist()
+                message = Message(f"r{i}", "bench", {}, blocks=[cache[j] for j in picked])
+            else:
+                message = Message(f"r{i}", "bench", payload)
+            if gap:
+                await asyncio.sleep(gap)
             started = time.perf_counter()
-            await sender.send(address, Message(f"r{i}", "bench", payload))
+            await sender.send(address, message)
             times.append(time.perf_counter() - started)
     finally:
         await sender.close()
     return times
 
 
-def omnipipe_run(backend: str, size_name: str, n: int) -> list[float]:
+def _start_receiver(backend: str) -> tuple[subprocess.Popen[str], str]:
     proc = subprocess.Popen(
         [sys.executable, __file__, "--serve", backend],
         stdout=subprocess.PIPE,
@@ -83,14 +104,161 @@ def omnipipe_run(backend: str, size_name: str, n: int) -> list[float]:
         env=ENV,
         cwd=REPO,
     )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    while line.startswith("["):  # UCX's own warnings go to stdout
+        line = proc.stdout.readline()
+    return proc, line.strip()
+
+
+def kv_run(backend: str, n: int, blocks: bool) -> list[float]:
+    proc, address = _start_receiver(backend)
     try:
-        assert proc.stdout is not None
-        address = proc.stdout.readline().strip()
+        size = KV_BLOCKS * KV_BLOCK_BYTES
+        times = asyncio.run(_send_omnipipe(backend, address, size, n + 3, blocks=blocks))
+        return times[3:]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def _idle_and_wake(backend: str, address: str, pid: int, n: int) -> dict[str, float]:
+    """Idle CPU of both ends over IDLE_SECONDS after a hand-off, then 4 KiB hand-offs
+    back to back (hot) and each after WAKE_GAP idle (cold): the difference is what
+    sleeping on the event fd costs the first message."""
+    import resource
+
+    import torch
+
+    from omnipipe.transfer import Message, make_sender
+
+    sender = make_sender(backend)
+    payload = {"x": torch.randint(0, 256, (4 * KIB,), dtype=torch.uint8)}
+    try:
+        for i in range(3):
+            await sender.send(address, Message(f"r{i}", "bench", payload))
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        own, theirs, started = usage.ru_utime + usage.ru_stime, _cpu_seconds(pid), time.monotonic()
+        await asyncio.sleep(IDLE_SECONDS)
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        elapsed = time.monotonic() - started
+        sender_cpu = (usage.ru_utime + usage.ru_stime - own) / elapsed
+        receiver_cpu = (_cpu_seconds(pid) - theirs) / elapsed
+        hot, cold = [], []
+        for i in range(3, 3 + 2 * n):
+            if i % 2:
+                await asyncio.sleep(WAKE_GAP)
+            started_send = time.perf_counter()
+            await sender.send(address, Message(f"r{i}", "bench", payload))
+            (cold if i % 2 else hot).append(time.perf_counter() - started_send)
+    finally:
+        await sender.close()
+    return {
+        "sender_idle_cpu": sender_cpu,
+        "receiver_idle_cpu": receiver_cpu,
+        "hot_p50_us": median(hot) * 1e6,
+        "after_idle_p50_us": median(cold) * 1e6,
+    }
+
+
+IDLE_SECONDS, WAKE_GAP = 3.0, 0.1
+
+
+def idle_run(backend: str, n: int) -> dict[str, float]:
+    proc, address = _start_receiver(backend)
+    try:
+        return asyncio.run(_idle_and_wake(backend, address, proc.pid, n))
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def omnipipe_run(backend: str, size_name: str, n: int) -> list[float]:
+    proc, address = _start_receiver(backend)
+    try:
         warmup = 3
         times = asyncio.run(_send_omnipipe(backend, address, SIZES[size_name], n + warmup))
         return times[warmup:]
     finally:
         proc.terminate()
+        proc.wait(timeout=30)
+
+
+# ---- raw ucxx: the library's own ping-pong, no framing ---------------------------------
+
+
+def _raw_ucxx() -> tuple[object, object]:
+    os.environ.update(UCX_NET_DEVICES="lo", UCX_WARN_UNUSED_ENV_VARS="n")
+    import ucxx._lib.libucxx as lib
+
+    context = lib.UCXContext(feature_flags=(lib.Feature.TAG,))
+    return lib, lib.UCXWorker(context)
+
+
+def _raw_wait(worker: object, requests: list[object]) -> None:
+    while not all(r.completed for r in requests):  # type: ignore[attr-defined]
+        worker.progress()  # type: ignore[attr-defined]
+    for r in requests:
+        r.check_error()  # type: ignore[attr-defined]
+
+
+def _serve_raw_ucxx(size: int) -> None:
+    """Receiver: worker addresses swapped over stdin/stdout, then each round receives
+    `size` bytes into one preallocated buffer and answers an 8-byte ack, busy-polling."""
+    import numpy as np
+    from ucxx._lib.arr import Array
+
+    lib, worker = _raw_ucxx()
+    print(worker.address.tobytes().hex(), flush=True)  # type: ignore[attr-defined]
+    peer = lib.UCXAddress.create_from_buffer(bytes.fromhex(sys.stdin.readline()))  # type: ignore[attr-defined]
+    ep = lib.UCXEndpoint.create_from_worker_address(worker, peer, False)  # type: ignore[attr-defined]
+    buf, ack = Array(np.empty(size, dtype=np.uint8)), Array(np.zeros(8, dtype=np.uint8))
+    while True:
+        _raw_wait(worker, [ep.tag_recv(buf, lib.UCXXTag(1))])  # type: ignore[attr-defined]
+        _raw_wait(worker, [ep.tag_send(ack, lib.UCXXTag(2))])  # type: ignore[attr-defined]
+
+
+def raw_ucxx_run(size_name: str, n: int) -> list[float]:
+    """A hand-off's shape with nothing of ours: `size` random bytes one way, 8 back."""
+    import numpy as np
+    from ucxx._lib.arr import Array
+
+    size = SIZES[size_name]
+    proc = subprocess.Popen(
+        [sys.executable, __file__, "--serve", f"raw-ucxx:{size}"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=ENV,
+        cwd=REPO,
+    )
+    try:
+        assert proc.stdin is not None
+        assert proc.stdout is not None
+        lib, worker = _raw_ucxx()
+        line = proc.stdout.readline()
+        while line.startswith("["):  # UCX's own warnings go to stdout
+            line = proc.stdout.readline()
+        peer = lib.UCXAddress.create_from_buffer(bytes.fromhex(line.strip()))  # type: ignore[attr-defined]
+        proc.stdin.write(worker.address.tobytes().hex() + "\n")  # type: ignore[attr-defined]
+        proc.stdin.flush()
+        ep = lib.UCXEndpoint.create_from_worker_address(worker, peer, False)  # type: ignore[attr-defined]
+        data = Array(np.random.default_rng(0).integers(0, 256, size, dtype=np.uint8))
+        ack = Array(np.empty(8, dtype=np.uint8))
+        times = []
+        for _ in range(n + 3):
+            started = time.perf_counter()
+            reply = ep.tag_recv(ack, lib.UCXXTag(2))  # type: ignore[attr-defined]
+            _raw_wait(worker, [ep.tag_send(data, lib.UCXXTag(1)), reply])  # type: ignore[attr-defined]
+            times.append(time.perf_counter() - started)
+        return times[3:]
+    finally:
+        proc.kill()
         proc.wait(timeout=30)
 
 
@@ -144,7 +312,7 @@ def socket_run(size_name: str, n: int) -> list[float]:
 def memcpy_run(size_name: str, n: int) -> list[float]:
     import torch
 
-    src = torch.ones(SIZES[size_name], dtype=torch.uint8)
+    src = torch.randint(0, 256, (SIZES[size_name],), dtype=torch.uint8)
     dst = torch.empty_like(src)
     times = []
     for _ in range(n + 3):
@@ -212,6 +380,9 @@ def main() -> None:
     if args.serve == "socket":
         _serve_socket()
         return
+    if args.serve and args.serve.startswith("raw-ucxx:"):
+        _serve_raw_ucxx(int(args.serve.partition(":")[2]))
+        return
     if args.serve:
         asyncio.run(_serve_omnipipe(args.serve))
         return
@@ -223,6 +394,7 @@ def main() -> None:
         results[size_name] = {
             "memcpy": timed_row(memcpy_run(size_name, n), size),
             "ucx_perftest": perftest_row(size_name, n),
+            "raw-ucxx": timed_row(raw_ucxx_run(size_name, n), size),
             "socket": timed_row(socket_run(size_name, n), size),
             "omnipipe-ucx": timed_row(omnipipe_run("ucx", size_name, n), size),
             "omnipipe-tcp": timed_row(omnipipe_run("tcp", size_name, n), size),
@@ -230,7 +402,7 @@ def main() -> None:
     rows = []
     for size_name, paths in results.items():
         for path, r in paths.items():
-            anchor = {"omnipipe-ucx": "ucx_perftest", "omnipipe-tcp": "socket"}.get(path)
+            anchor = {"omnipipe-ucx": "raw-ucxx", "omnipipe-tcp": "socket"}.get(path)
             ratio = f"{r['gbps'] / paths[anchor]['gbps']:.2g}x {anchor}" if anchor else ""
             rows.append(
                 [
@@ -246,7 +418,46 @@ def main() -> None:
     print()
     print(table(["size", "path", "GB/s", "p50 us", "p99 us", "vs memcpy", "GB/s vs anchor"], rows))
     print("(ucx_perftest p50 is 2x its tag_lat half-round-trip; its p99 is not reported)")
-    record("transfer", results, args.quick)
+    kv_n = 5 if args.quick else 40
+    print(f"[KV] {kv_n} hand-offs of {KV_BLOCKS} scattered {KV_BLOCK_BYTES // KIB} KiB blocks ...")
+    kv_size = KV_BLOCKS * KV_BLOCK_BYTES
+    kv = {
+        f"{backend}-{shape}": timed_row(kv_run(backend, kv_n, shape == "blocks"), kv_size)
+        for backend in ("ucx", "tcp")
+        for shape in ("blocks", "contiguous")
+    }
+    print(
+        table(
+            ["KV 16 MiB", "GB/s", "p50 us", "blocks vs contiguous"],
+            [
+                [
+                    path,
+                    f"{r['gbps']:.3f}",
+                    f"{r['p50_us']:.1f}",
+                    f"{r['gbps'] / kv[path.replace('blocks', 'contiguous')]['gbps']:.2f}x",
+                ]
+                for path, r in kv.items()
+            ],
+        )
+    )
+    idle_n = 5 if args.quick else 30
+    idle = {backend: idle_run(backend, idle_n) for backend in ("ucx", "tcp")}
+    print(
+        table(
+            ["idle", "sender CPU", "receiver CPU", "4KiB hot p50 us", f"after {WAKE_GAP}s idle"],
+            [
+                [
+                    b,
+                    f"{r['sender_idle_cpu']:.1%}",
+                    f"{r['receiver_idle_cpu']:.1%}",
+                    f"{r['hot_p50_us']:.1f}",
+                    f"{r['after_idle_p50_us']:.1f}",
+                ]
+                for b, r in idle.items()
+            ],
+        )
+    )
+    record("transfer", {**results, "kv-16MiB": kv, "idle": idle}, args.quick)
     summary = {
         f"{path.replace('omnipipe-', '')}_{size_name.lower()}_{key}": paths[path][key]
         for size_name, paths in results.items()
@@ -254,15 +465,20 @@ def main() -> None:
         for key in ("gbps", "p50_us")
     }
     summary |= {
-        f"ucx_vs_perftest_{s.lower()}": results[s]["omnipipe-ucx"]["gbps"]
-        / results[s]["ucx_perftest"]["gbps"]
+        f"ucx_vs_{anchor.replace('-', '_').replace('omnipipe_', '')}_{s.lower()}": results[s][
+            "omnipipe-ucx"
+        ]["gbps"]
+        / results[s][anchor]["gbps"]
         for s in results
+        for anchor in ("raw-ucxx", "ucx_perftest", "omnipipe-tcp")
     }
     summary |= {
         f"tcp_vs_socket_{s.lower()}": results[s]["omnipipe-tcp"]["gbps"]
         / results[s]["socket"]["gbps"]
         for s in results
     }
+    summary |= {f"kv_{path.replace('-', '_')}_gbps": r["gbps"] for path, r in kv.items()}
+    summary |= {f"{b}_{k}": v for b, r in idle.items() for k, v in r.items()}
     print("transfer: " + " ".join(f"{k}={v:.3g}" for k, v in summary.items()))
 
 

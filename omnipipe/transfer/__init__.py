@@ -7,6 +7,8 @@ from omnipipe.transfer.auth import CREDENTIAL_ENV, TransferRefused
 from omnipipe.transfer.base import (
     DEFAULT_MAX_BYTES,
     UNCLAIMED_SHARE,
+    BlockTable,
+    BlockTableFull,
     Charge,
     Mailbox,
     MailboxFull,
@@ -21,6 +23,8 @@ __all__ = [
     "CREDENTIAL_ENV",
     "DEFAULT_MAX_BYTES",
     "UNCLAIMED_SHARE",
+    "BlockTable",
+    "BlockTableFull",
     "Charge",
     "Mailbox",
     "MailboxFull",

@@ -24,10 +24,49 @@ class Message:
     chunk: int = 0
     final: bool = True
     meta: dict[str, Any] = field(default_factory=dict)
+    # KV blocks (paged-cache layout): sent, each a contiguous tensor of the same size,
+    # from wherever they lie; received, views of the receiver's BlockTable rows that
+    # the transport wrote straight into, with their ids in `block_ids`.
+    blocks: list[torch.Tensor] = field(default_factory=list)
+    block_ids: list[int] = field(default_factory=list)
 
     @property
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.tensors.values())
+
+
+class BlockTableFull(Exception):
+    """The receiver has fewer free blocks than a message brings: it is refused."""
+
+
+class BlockTable:
+    """A receiver's preallocated block pool (a paged KV cache's layout): `num_blocks`
+    rows of `block_bytes`. A message's blocks are received straight into free rows; the
+    consumer owns the ids it gets in Message.block_ids and frees them when done."""
+
+    def __init__(self, num_blocks: int, block_bytes: int) -> None:
+        self.block_bytes = block_bytes
+        self.storage = torch.empty((num_blocks, block_bytes), dtype=torch.uint8)
+        self._free = list(range(num_blocks - 1, -1, -1))
+
+    @property
+    def free_blocks(self) -> int:
+        return len(self._free)
+
+    def allocate(self, count: int, block_bytes: int) -> list[int]:
+        if block_bytes != self.block_bytes:
+            raise BlockTableFull(
+                f"blocks of {block_bytes} bytes do not fit this table's {self.block_bytes}"
+            )
+        if count > len(self._free):
+            raise BlockTableFull(f"block table full: {count} blocks asked, {len(self._free)} free")
+        return [self._free.pop() for _ in range(count)]
+
+    def free(self, ids: list[int]) -> None:
+        self._free.extend(ids)
+
+    def rows(self, ids: list[int]) -> list[torch.Tensor]:
+        return [self.storage[i] for i in ids]
 
 
 @dataclass
@@ -180,6 +219,18 @@ class Mailbox:
             # discard() ran while we waited for room: nobody will ever take it.
             self.release(charge)
 
+    def has_room_now(self, request_id: str) -> bool:
+        """put_nowait() would queue a message for this request without waiting."""
+        queue = self._queues.get(request_id)
+        return queue is None or not queue.full()
+
+    def put_nowait(self, message: Message, charge: Charge) -> None:
+        """put() for a caller that checked has_room_now(): never waits."""
+        if message.request_id in self._closed:
+            self.release(charge)
+            return
+        self._queue(message.request_id).put_nowait((message, charge))
+
     def claim(self, request_id: str) -> None:
         """A job will take this request's inputs (get() claims too): from now on they
         neither count against the unclaimed share nor expire. Call it when the job is
@@ -236,8 +287,11 @@ class Receiver(ABC):
         advertise_host: str | None = None,
         stats: TransferStats | None = None,
         credential: str | None = None,
+        block_table: BlockTable | None = None,
     ) -> None:
         self.mailbox = mailbox
+        # Where messages' KV blocks land; a receiver without one refuses them.
+        self.block_table = block_table
         self.stats = stats or TransferStats()
         self._host, self._port = host, port
         self._advertise = advertise_host or host
@@ -250,6 +304,17 @@ class Receiver(ABC):
     def address(self) -> str:
         """Where senders reach this receiver, e.g. tcp://10.0.0.5:8101."""
         return f"{self.scheme}://{self._advertise}:{self._port}"
+
+    def _allocate_blocks(self, header: dict[str, Any]) -> list[int]:
+        """Rows for a message's blocks (none when it has none); BlockTableFull if they
+        do not fit."""
+        blocks = header.get("blocks") or {}
+        count, nbytes = int(blocks.get("count", 0)), int(blocks.get("nbytes", 0))
+        if count == 0:
+            return []
+        if self.block_table is None:
+            raise BlockTableFull("this receiver has no block table for KV blocks")
+        return self.block_table.allocate(count, nbytes)
 
     @abstractmethod
     async def start(self) -> None: ...

@@ -79,5 +79,7 @@ def rebuild(spec: dict[str, Any], buf: Any, device: str = "cpu") -> torch.Tensor
         )
     if len(buf) == 0:
         return torch.empty(shape, dtype=dtype, device=device)
+    if isinstance(buf, torch.Tensor):  # received straight into device memory
+        return buf.view(dtype).reshape(shape)
     t = torch.frombuffer(buf, dtype=torch.uint8).view(dtype).reshape(shape)
     return t if device == "cpu" else t.to(device)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from omnipipe.transfer.auth import resolve_credential, warn_if_open
-from omnipipe.transfer.base import Mailbox, Receiver, Sender, TransferStats
+from omnipipe.transfer.base import BlockTable, Mailbox, Receiver, Sender, TransferStats
 
 
 def make_receiver(
@@ -14,18 +14,20 @@ def make_receiver(
     advertise_host: str | None = None,
     stats: TransferStats | None = None,
     credential: str | None = None,
+    block_table: BlockTable | None = None,
 ) -> Receiver:
-    """`credential`: what senders must prove; None takes $OMNIPIPE_PIPELINE_CREDENTIAL."""
+    """`credential`: what senders must prove; None takes $OMNIPIPE_PIPELINE_CREDENTIAL.
+    `block_table`: where messages' KV blocks land (a receiver without one refuses them)."""
     credential = resolve_credential(credential)
     warn_if_open(credential, "the transfer listener")
     if backend == "tcp":
         from omnipipe.transfer.tcp import TcpReceiver
 
-        return TcpReceiver(mailbox, host, port, advertise_host, stats, credential)
+        return TcpReceiver(mailbox, host, port, advertise_host, stats, credential, block_table)
     if backend == "ucx":
-        from omnipipe.transfer.ucx import UcxReceiver
+        from omnipipe.transfer.ucx_receiver import UcxReceiver
 
-        return UcxReceiver(mailbox, host, port, advertise_host, stats, credential)
+        return UcxReceiver(mailbox, host, port, advertise_host, stats, credential, block_table)
     raise ValueError(f"unknown transfer backend {backend!r}: use ucx or tcp")
 
 

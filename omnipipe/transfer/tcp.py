@@ -13,6 +13,7 @@ from abc import abstractmethod
 from typing import Any
 
 import numpy as np
+import torch
 
 from omnipipe.transfer.auth import (
     HANDSHAKE_TIMEOUT_SECONDS,
@@ -22,6 +23,7 @@ from omnipipe.transfer.auth import (
     prove_peer,
 )
 from omnipipe.transfer.base import (
+    BlockTableFull,
     MailboxFull,
     Message,
     Receiver,
@@ -55,11 +57,22 @@ def _tune(sock: socket.socket) -> None:
 _LEN = struct.Struct("!I")
 
 
-def frame_header(message: Message) -> tuple[dict[str, object], list[memoryview]]:
-    specs, buffers = [], []
+def frame_header(
+    message: Message, device_direct: bool = False
+) -> tuple[dict[str, object], list[Any]]:
+    """The header and each tensor's bytes (a memoryview of host memory). With
+    `device_direct`, a CUDA tensor's buffer is the tensor itself (flat uint8, still on
+    the device) and its spec says "direct"."""
+    specs: list[dict[str, Any]] = []
+    buffers: list[Any] = []
     for name, tensor in message.tensors.items():
-        specs.append(tensor_spec(name, tensor))
-        buffers.append(tensor_bytes(tensor))
+        spec = tensor_spec(name, tensor)
+        if device_direct and tensor.is_cuda:
+            spec["direct"] = True
+            buffers.append(tensor.detach().contiguous().reshape(-1).view(torch.uint8))
+        else:
+            buffers.append(tensor_bytes(tensor))
+        specs.append(spec)
     header = {
         "request_id": message.request_id,
         "source": message.source,
@@ -68,15 +81,43 @@ def frame_header(message: Message) -> tuple[dict[str, object], list[memoryview]]
         "meta": message.meta,
         "tensors": specs,
     }
+    if message.blocks:
+        sizes = {b.numel() * b.element_size() for b in message.blocks}
+        if len(sizes) != 1:
+            raise CodecError(f"KV blocks of different sizes: {sorted(sizes)}")
+        header["blocks"] = {"count": len(message.blocks), "nbytes": sizes.pop()}
     return header, buffers
 
 
-def message_from(header: dict[str, object], buffers: list[Any]) -> Message:
+def block_buffers(message: Message) -> list[memoryview]:
+    """Each KV block's bytes, from its own memory (blocks need not be adjacent)."""
+    return [tensor_bytes(b) for b in message.blocks]
+
+
+def block_bytes(header: dict[str, Any]) -> int:
+    blocks = header.get("blocks") or {}
+    try:
+        count, nbytes = int(blocks.get("count", 0)), int(blocks.get("nbytes", 0))
+    except (AttributeError, TypeError, ValueError) as exc:
+        raise CodecError(f"bad block spec {blocks!r}") from exc
+    if count < 0 or nbytes < 0:
+        raise CodecError(f"bad block spec {blocks!r}")
+    return count * nbytes
+
+
+def message_from(
+    header: dict[str, object],
+    buffers: list[Any],
+    block_ids: list[int] | None = None,
+    blocks: list[torch.Tensor] | None = None,
+) -> Message:
     specs = header["tensors"]
     assert isinstance(specs, list)
     tensors = {s["name"]: rebuild(s, b) for s, b in zip(specs, buffers, strict=True)}
     meta = header.get("meta") or {}
     return Message(
+        blocks=blocks or [],
+        block_ids=block_ids or [],
         request_id=str(header["request_id"]),
         source=str(header["source"]),
         tensors=tensors,
@@ -231,21 +272,34 @@ class TcpReceiver(ListeningReceiver):
         started = time.perf_counter()
         header = decode_header(await _recv_bytes(loop, conn, size))
         nbytes = declared_bytes(header)
+        in_blocks = block_bytes(header)
         try:
             charge = self.mailbox.reserve(str(header.get("request_id")), nbytes + size)
         except MailboxFull as exc:
-            await _drain(loop, conn, nbytes)
+            await _drain(loop, conn, nbytes + in_blocks)
             await loop.sock_sendall(conn, refusal(str(exc)))
             return
         if charge is None:  # the request already ended here: a late chunk
-            await _drain(loop, conn, nbytes)
+            await _drain(loop, conn, nbytes + in_blocks)
             await loop.sock_sendall(conn, ACK)
             return
         try:
+            ids = self._allocate_blocks(header)
+        except BlockTableFull as exc:
+            self.mailbox.release(charge)
+            await _drain(loop, conn, nbytes + in_blocks)
+            await loop.sock_sendall(conn, refusal(str(exc)))
+            return
+        try:
             buffers = [await _recv_exact(loop, conn, int(s["nbytes"])) for s in header["tensors"]]
-            message = message_from(header, buffers)
+            rows = self.block_table.rows(ids) if self.block_table is not None else []
+            for row in rows:
+                await _recv_into(loop, conn, tensor_bytes(row))
+            message = message_from(header, buffers, ids, rows)
         except BaseException:
             self.mailbox.release(charge)
+            if ids and self.block_table is not None:
+                self.block_table.free(ids)
             raise
         await self.mailbox.put(message, charge)
         self.stats.on_transfer(message.nbytes, time.perf_counter() - started)
@@ -297,7 +351,7 @@ class TcpSender(Sender):
         sock = await self._connection(address)
         try:
             await loop.sock_sendall(sock, _LEN.pack(len(raw)) + raw)
-            for buf in buffers:
+            for buf in [*buffers, *block_buffers(message)]:
                 if len(buf):
                     await loop.sock_sendall(sock, buf)
             ack = await loop.sock_recv(sock, 1)

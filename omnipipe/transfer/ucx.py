@@ -1,16 +1,22 @@
-"""UCX backend (ucxx): tensors travel as UCX tagged messages over persistent endpoints,
-which pick shared memory, CMA, TCP or RDMA as the hardware allows. Imported only when
-selected.
+"""UCX backend: tensors travel as UCX tagged messages between two processes' UCX workers
+(transfer/ucx_worker.py), which pick CMA, shared memory, TCP or RDMA as the hardware
+allows. Imported only when selected.
 
-ucxx's sockaddr listener takes a port only and listens on every interface, so it is not
-used. Instead a TCP socket bound to exactly the given host is the rendezvous: a sender
-connects, both ends prove the pipeline credential (transfer/auth.py), and the receiver
-answers its UCX worker address and a random 64-bit tag for this connection; the sender
-opens a UCX endpoint from that address. Each message then goes: frame (u32 header length,
-msgpack header, tensors up to INLINE_MAX) over the socket; the receiver reserves room in
-its mailbox and answers GO (larger tensors follow as tagged UCX messages, each received
-straight into the buffer its tensor is built on), ACK, or REFUSED with a reason. No UCX
-receive is posted while idle, so an idle worker burns no CPU."""
+ucxx's sockaddr listener takes a port only and listens on every interface, and UCX
+endpoints made through it are restricted to TCP, so it is not used. Instead a TCP socket
+bound to exactly the given host is the rendezvous: a sender connects, both ends prove the
+pipeline credential (transfer/auth.py), then exchange UCX worker addresses; the receiver
+also names a random 56-bit connection id. The socket then carries nothing: it stays open
+so that either end sees the other die (the UCX endpoints run without error handling).
+
+Tags are the connection id (see RECEIVER_MASK) shifted left 8 bits plus a kind. One message goes:
+    sender -> CTRL: u32 header length, msgpack header, the tensors that fit inline
+    receiver reserves room in its mailbox, then
+    receiver -> REPLY: ACK (all inline), REFUSED u32 reason, or GO once it has posted a
+        receive for each large tensor straight into the buffer its tensor is built on
+    sender -> DATA: each large tensor, from its own memory; receiver -> REPLY: ACK
+Nothing is set up per message: endpoints live as long as the connection, the reply buffer
+is the connection's, and large receive buffers come from a pool."""
 
 from __future__ import annotations
 
@@ -20,78 +26,54 @@ import fcntl
 import ipaddress
 import logging
 import os
-import secrets
 import socket
 import struct
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import torch
 
-from omnipipe.transfer.auth import (
-    HANDSHAKE_TIMEOUT_SECONDS,
-    REFUSED,
-    TransferRefused,
-    prove_peer,
-)
-from omnipipe.transfer.base import MailboxFull, Message, Sender, split_address
-from omnipipe.transfer.codec import MAX_HEADER, CodecError, decode_header, encode_header
+from omnipipe.transfer import ucx_worker
+from omnipipe.transfer.auth import HANDSHAKE_TIMEOUT_SECONDS, REFUSED, TransferRefused, prove_peer
+from omnipipe.transfer.base import Message, Sender, split_address
+from omnipipe.transfer.codec import MAX_HEADER, encode_header
 from omnipipe.transfer.tcp import (
     ACK,
-    ListeningReceiver,
-    _drain,
     _recv_bytes,
-    _recv_exact,
     _tune,
-    declared_bytes,
+    block_buffers,
     frame_header,
-    message_from,
-    refusal,
 )
+from omnipipe.transfer.ucx_worker import PeerGone, UcxWorker, array
 
 log = logging.getLogger(__name__)
 
-# Small tensors travel inside the frame (one socket write carries a whole small hand-off);
-# larger ones follow as their own UCX messages, sent from their memory.
+# Tensors up to this size ride in the CTRL message, while it stays under CTRL_MAX.
 INLINE_MAX = 64 * 1024
+CTRL_MAX = MAX_HEADER + 4 + 4 * INLINE_MAX
 GO = b"\x11"
+# The request already ended here: the sender keeps its large tensors (nothing to move).
+DROPPED = b"\x12"
+CTRL, DATA, REPLY = 1, 2, 3
+# A connection id is 40 random bits over the receiver's 16-bit index in its process:
+# receivers sharing a UCX worker each probe for their own connections' CTRL messages.
+RECEIVER_MASK = 0xFFFFFF
+REPLY_MAX = 1 + 4 + 4096
+DEVICE_ACK = b"\x07"
 _LEN = struct.Struct("!I")
-_TAG = struct.Struct("!Q")
+_CONN = struct.Struct("!Q")
 MAX_WORKER_ADDRESS = 1 << 16
 _WILDCARDS = frozenset({"", "0.0.0.0", "::"})
 _SIOCGIFADDR = 0x8915
-
-os.environ.setdefault("UCX_WARN_UNUSED_ENV_VARS", "n")
-# Without it ucxx awaits a request by polling it from the event loop, so a pending
-# receive burns a core; with it a notifier thread completes Python futures.
-os.environ.setdefault("UCXPY_ENABLE_PYTHON_FUTURE", "1")
+_ACK = np.frombuffer(bytearray(ACK), dtype=np.uint8)
+_GO = np.frombuffer(bytearray(GO), dtype=np.uint8)
+_DROPPED = np.frombuffer(bytearray(DROPPED), dtype=np.uint8)
 
 
-def _ucxx() -> Any:
-    import ucxx
-
-    return ucxx
-
-
-class _Context:
-    """ucxx's context (and its notifier thread) belongs to the event loop that made it and
-    keeps the process alive until stopped: reset it when the last user closes, so that
-    process exit never hangs and a later event loop starts afresh."""
-
-    users = 0
-
-    @classmethod
-    def acquire(cls) -> Any:
-        cls.users += 1
-        return _ucxx()
-
-    @classmethod
-    def release(cls) -> None:
-        cls.users -= 1
-        if cls.users == 0:
-            with contextlib.suppress(Exception):
-                _ucxx().reset()
+def _tag(conn: int, kind: int) -> int:
+    return (conn << 8) | kind
 
 
 def _interface_of(host: str) -> str | None:
@@ -118,8 +100,8 @@ def _interface_of(host: str) -> str | None:
 def restrict_net_devices(host: str) -> None:
     """UCX's own transports listen on every network device unless told otherwise: a
     worker given one address uses only the device that holds it (unless UCX_NET_DEVICES
-    is set, or a UCX context already exists in this process)."""
-    if host in _WILDCARDS or "UCX_NET_DEVICES" in os.environ or _Context.users:
+    is set, or a UCX worker already exists in this process)."""
+    if host in _WILDCARDS or "UCX_NET_DEVICES" in os.environ or ucx_worker.active_workers():
         return
     device = _interface_of(host)
     if device is None:
@@ -128,94 +110,28 @@ def restrict_net_devices(host: str) -> None:
     os.environ["UCX_NET_DEVICES"] = device
 
 
-def _closed_errors() -> tuple[type[BaseException], ...]:
-    errors = _ucxx().exceptions
-    return (errors.UCXError, errors.UCXCanceled, ConnectionError)
-
-
-class UcxReceiver(ListeningReceiver):
-    scheme = "ucx"
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self._worker_address = b""
-        self._acquired = False
-
-    async def start(self) -> None:
-        restrict_net_devices(self._host)
-        ucxx = _Context.acquire()
-        self._acquired = True
-        ucxx.continuous_ucx_progress()
-        self._worker_address = bytes(ucxx.get_worker_address())
-        await super().start()
-
-    async def _opened(self, loop: asyncio.AbstractEventLoop, conn: socket.socket) -> int:
-        """Hands the sender this worker's UCX address and the connection's message tag."""
-        tag = secrets.randbits(64)
-        await loop.sock_sendall(
-            conn, _LEN.pack(len(self._worker_address)) + self._worker_address + _TAG.pack(tag)
-        )
-        return tag
-
-    def _peer_errors(self) -> tuple[type[BaseException], ...]:
-        return (*_closed_errors(), CodecError, asyncio.IncompleteReadError)
-
-    async def _receive_one(
-        self, loop: asyncio.AbstractEventLoop, conn: socket.socket, size: int, tag: Any
-    ) -> None:
-        if size > MAX_HEADER:
-            raise CodecError(f"header of {size} bytes exceeds {MAX_HEADER}")
-        started = time.perf_counter()
-        header = decode_header(await _recv_bytes(loop, conn, size))
-        nbytes = declared_bytes(header)
-        sizes = [int(spec["nbytes"]) for spec in header["tensors"]]
-        inline = sum(n for n in sizes if n <= INLINE_MAX)
-        try:
-            charge = self.mailbox.reserve(str(header.get("request_id")), nbytes + size)
-        except MailboxFull as exc:
-            await _drain(loop, conn, inline)
-            await loop.sock_sendall(conn, refusal(str(exc)))
-            return
-        if charge is None:  # the request already ended here: a late chunk, dropped
-            await _drain(loop, conn, inline)
-            await loop.sock_sendall(conn, ACK)
-            return
-        try:
-            buffers: list[Any] = [
-                await _recv_exact(loop, conn, n) if n <= INLINE_MAX else None for n in sizes
-            ]
-            if inline < nbytes:
-                await loop.sock_sendall(conn, GO)
-                ucxx = _ucxx()
-                for i, n in enumerate(sizes):
-                    if buffers[i] is None:
-                        buffers[i] = np.empty(n, dtype=np.uint8)
-                        await ucxx.recv(buffers[i], tag)
-            message = message_from(header, buffers)
-        except BaseException:
-            self.mailbox.release(charge)
-            raise
-        await self.mailbox.put(message, charge)
-        self.stats.on_transfer(message.nbytes, time.perf_counter() - started)
-        await loop.sock_sendall(conn, ACK)
-
-    async def close(self) -> None:
-        await super().close()
-        if self._acquired:
-            self._acquired = False
-            _Context.release()
-
-
 @dataclass
 class _Peer:
+    """The sender's side of one connection: its socket, endpoint, id and reply buffer."""
+
     sock: socket.socket
     endpoint: Any
-    tag: int
+    conn: int
+    reply: Any = field(default_factory=lambda: np.empty(REPLY_MAX, dtype=np.uint8))
+    alive: bool = True
+    # Both ends take CUDA memory: device tensors go without a host bounce.
+    device: bool = False
 
-    async def close(self) -> None:
+    def is_alive(self) -> bool:
+        return self.alive
+
+    def close(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.alive = False
+        with contextlib.suppress(Exception):
+            loop.remove_reader(self.sock.fileno())
         self.sock.close()
         with contextlib.suppress(Exception):
-            await self.endpoint.close()
+            self.endpoint.close()
 
 
 class UcxSender(Sender):
@@ -225,12 +141,19 @@ class UcxSender(Sender):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._idle: dict[str, list[_Peer]] = {}
-        self._acquired = False
+        self._ucx: UcxWorker | None = None
+
+    def _worker(self) -> UcxWorker:
+        if self._ucx is None:
+            self._ucx = ucx_worker.acquire()
+        return self._ucx
 
     async def _connection(self, address: str) -> _Peer:
         idle = self._idle.get(address)
-        if idle:
-            return idle.pop()
+        while idle:
+            peer = idle.pop()
+            if peer.alive:
+                return peer
         host, port = split_address(address, "ucx")
         loop = asyncio.get_running_loop()
         family, kind, proto, _, target = (
@@ -250,59 +173,122 @@ class UcxSender(Sender):
                 if size > MAX_WORKER_ADDRESS:
                     raise TransferRefused(f"{address} sent a worker address of {size} bytes")
                 worker_address = await read(size)
-                (tag,) = _TAG.unpack(await read(_TAG.size))
-            if not self._acquired:
-                _Context.acquire()
-                self._acquired = True
-            ucxx = _ucxx()
-            endpoint = await ucxx.create_endpoint_from_worker_address(
-                ucxx.get_ucx_address_from_buffer(worker_address)
-            )
+                (conn,) = _CONN.unpack(await read(_CONN.size))
+                ucx = self._worker()
+                await loop.sock_sendall(sock, _LEN.pack(len(ucx.address)) + ucx.address)
+                ready = await read(1)
+                if ready not in (ACK, DEVICE_ACK):
+                    raise TransferRefused(f"{address} did not take this worker's address")
+            endpoint = ucx.endpoint(worker_address)
         except asyncio.IncompleteReadError as exc:
             sock.close()
             raise TransferRefused(f"{address} closed the connection in the handshake") from exc
         except BaseException:
             sock.close()
             raise
-        return _Peer(sock, endpoint, tag)
+        peer = _Peer(sock, endpoint, conn, device=ready == DEVICE_ACK and ucx.device_memory)
+        loop.add_reader(sock.fileno(), self._watch, loop, peer)
+        return peer
+
+    def _watch(self, loop: asyncio.AbstractEventLoop, peer: _Peer) -> None:
+        """The receiver never writes on the socket after the handshake: readable means
+        it closed (or died)."""
+        with contextlib.suppress(OSError):
+            if peer.sock.recv(1, socket.MSG_PEEK):
+                return
+        peer.alive = False
+        loop.remove_reader(peer.sock.fileno())
+        if self._ucx is not None:
+            self._ucx.wake_sleepers()
 
     async def send(self, address: str, message: Message) -> None:
-        header, buffers = frame_header(message)
-        raw = encode_header(header)
-        inline = [b for b in buffers if len(b) <= INLINE_MAX]
-        large = [b for b in buffers if len(b) > INLINE_MAX]
-        started = time.perf_counter()
         loop = asyncio.get_running_loop()
         peer = await self._connection(address)
+        header, buffers = frame_header(message, device_direct=peer.device)
+        inline, ctrl_size = [], 0
+        for buf in buffers:
+            here = (
+                not isinstance(buf, torch.Tensor)
+                and len(buf) <= INLINE_MAX
+                and ctrl_size + len(buf) <= CTRL_MAX - MAX_HEADER - 4
+            )
+            inline.append(here)
+            ctrl_size += len(buf) if here else 0
+        header["inline"] = inline
+        raw = encode_header(header)
+        ctrl = bytearray(_LEN.pack(len(raw)) + raw)
+        for buf, here in zip(buffers, inline, strict=True):
+            if here:
+                ctrl += buf
+        large = [
+            b if isinstance(b, torch.Tensor) else np.frombuffer(b, dtype=np.uint8)
+            for b, h in zip(buffers, inline, strict=True)
+            if not h
+        ]
+        started = time.perf_counter()
+        ucx = self._worker()
+        reply_tag = UcxWorker.tag(_tag(peer.conn, REPLY))
         try:
-            await loop.sock_sendall(peer.sock, b"".join([_LEN.pack(len(raw)), raw, *inline]))
-            verdict = await _recv_bytes(loop, peer.sock, 1)
-            if verdict == GO:
-                for buf in large:
-                    await peer.endpoint.send(
-                        np.frombuffer(buf, dtype=np.uint8), tag=peer.tag, force_tag=True
+            verdict = await self._exchange(
+                ucx,
+                peer,
+                [
+                    peer.endpoint.tag_send(
+                        array(np.frombuffer(ctrl, dtype=np.uint8)),
+                        UcxWorker.tag(_tag(peer.conn, CTRL)),
                     )
-                verdict = await _recv_bytes(loop, peer.sock, 1)
+                ],
+                reply_tag,
+            )
+            if verdict == GO:
+                data_tag = UcxWorker.tag(_tag(peer.conn, DATA))
+                blocks = [np.frombuffer(b, dtype=np.uint8) for b in block_buffers(message)]
+                verdict = await self._exchange(
+                    ucx,
+                    peer,
+                    [peer.endpoint.tag_send(array(b), data_tag) for b in [*large, *blocks]],
+                    reply_tag,
+                )
+            if verdict == DROPPED:
+                verdict = ACK
             if verdict == REFUSED:
-                (size,) = _LEN.unpack(await _recv_bytes(loop, peer.sock, _LEN.size))
-                reason = (await _recv_bytes(loop, peer.sock, size)).decode(errors="replace")
+                (size,) = _LEN.unpack(peer.reply[1 : 1 + _LEN.size].tobytes())
+                reason = peer.reply[1 + _LEN.size : 1 + _LEN.size + size].tobytes()
                 self._idle.setdefault(address, []).append(peer)
-                raise TransferRefused(f"{address} refused request {message.request_id}: {reason}")
+                raise TransferRefused(
+                    f"{address} refused request {message.request_id}: "
+                    + reason.decode(errors="replace")
+                )
             if verdict != ACK:
                 raise ConnectionError(f"{address} did not acknowledge")
         except TransferRefused:
             raise
         except BaseException:
-            await peer.close()
+            peer.close(loop)
             raise
         self._idle.setdefault(address, []).append(peer)
         self.stats.on_transfer(message.nbytes, time.perf_counter() - started)
 
+    @staticmethod
+    async def _exchange(ucx: UcxWorker, peer: _Peer, sends: list[Any], reply_tag: Any) -> bytes:
+        """Waits for the sends and the receiver's one-byte verdict that follows them."""
+        reply = peer.endpoint.tag_recv(array(peer.reply), reply_tag)
+        try:
+            await ucx.until(
+                lambda: bool(reply.completed) and all(s.completed for s in sends), peer.is_alive
+            )
+        except PeerGone as exc:
+            raise ConnectionError(f"the receiver went away mid-transfer: {exc}") from exc
+        for request in (*sends, reply):
+            request.check_error()
+        return bytes(peer.reply[:1].tobytes())
+
     async def close(self) -> None:
+        loop = asyncio.get_running_loop()
         for peers in self._idle.values():
             for peer in peers:
-                await peer.close()
+                peer.close(loop)
         self._idle.clear()
-        if self._acquired:
-            self._acquired = False
-            _Context.release()
+        if self._ucx is not None:
+            ucx_worker.release(self._ucx)
+            self._ucx = None

@@ -51,10 +51,18 @@ def test_transfer_quick(tmp_path: Path) -> None:
     out, results = run_quick("transfer", tmp_path)
     for size in ("4KiB", "1MiB", "64MiB"):
         paths = results[size]
-        assert set(paths) == {"memcpy", "ucx_perftest", "socket", "omnipipe-ucx", "omnipipe-tcp"}  # type: ignore[arg-type]
+        assert set(paths) == {  # type: ignore[arg-type]
+            *("memcpy", "ucx_perftest", "raw-ucxx", "socket", "omnipipe-ucx", "omnipipe-tcp")
+        }
         assert all(p["gbps"] > 0 for p in paths.values())  # type: ignore[index, union-attr]
-    assert "x ucx_perftest" in out
+    assert "x raw-ucxx" in out
     assert "x socket" in out
+    kv = results["kv-16MiB"]
+    assert set(kv) == {"ucx-blocks", "ucx-contiguous", "tcp-blocks", "tcp-contiguous"}  # type: ignore[arg-type]
+    assert all(r["gbps"] > 0 for r in kv.values())  # type: ignore[index, union-attr]
+    for idle in results["idle"].values():  # type: ignore[union-attr]
+        assert idle["hot_p50_us"] > 0
+        assert idle["receiver_idle_cpu"] >= 0
 
 
 def test_router_overhead_quick(tmp_path: Path) -> None:

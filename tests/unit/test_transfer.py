@@ -514,3 +514,168 @@ def test_the_device_that_holds_an_address() -> None:
     assert _interface_of("127.0.0.1") == "lo"
     assert _interface_of("localhost") == "lo"
     assert _interface_of("203.0.113.77") is None  # TEST-NET-3: held by no device here
+
+
+# ---- KV blocks, buffer reuse, a peer that dies -----------------------------------------
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+async def test_kv_blocks_land_in_the_receivers_block_table(backend: str) -> None:
+    """Blocks scattered through a paged cache arrive, in order, in free rows of the
+    receiver's table, beside ordinary tensors; freed rows are used again."""
+    from omnipipe.transfer import BlockTable
+
+    table = BlockTable(num_blocks=96, block_bytes=16 * 1024)
+    mailbox = Mailbox()
+    receiver = make_receiver(backend, mailbox, block_table=table)
+    await receiver.start()
+    sender = make_sender(backend)
+    cache = torch.randn(200, 4096)  # 200 blocks of 16 KiB, float32
+    picked = [int(i) for i in torch.randperm(200)[:64]]
+    big = torch.randn(1 << 18)  # 1 MiB: travels outside the control message
+    try:
+        await sender.send(
+            receiver.address,
+            Message(
+                "kv",
+                "thinker",
+                {"big": big, "len": torch.tensor([64])},
+                blocks=[cache[i] for i in picked],
+            ),
+        )
+        got = await asyncio.wait_for(mailbox.get("kv"), 10)
+        assert len(got.block_ids) == 64
+        assert len(set(got.block_ids)) == 64
+        assert table.free_blocks == 96 - 64
+        for row, i, block in zip(got.block_ids, picked, got.blocks, strict=True):
+            assert torch.equal(table.storage[row].view(torch.float32), cache[i])
+            assert block.data_ptr() == table.storage[row].data_ptr()  # no copy out
+        assert torch.equal(got.tensors["big"], big)
+        table.free(got.block_ids)
+        await sender.send(receiver.address, Message("kv2", "thinker", {}, blocks=[cache[0]]))
+        again = await asyncio.wait_for(mailbox.get("kv2"), 10)
+        assert again.block_ids[0] in got.block_ids
+    finally:
+        await sender.close()
+        await receiver.close()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+async def test_kv_blocks_that_do_not_fit_are_refused_and_the_connection_stays_usable(
+    backend: str,
+) -> None:
+    from omnipipe.transfer import BlockTable, TransferRefused
+
+    table = BlockTable(num_blocks=4, block_bytes=1024)
+    mailbox = Mailbox()
+    receiver = make_receiver(backend, mailbox, block_table=table)
+    await receiver.start()
+    bare = make_receiver(backend, Mailbox())  # no block table at all
+    await bare.start()
+    sender = make_sender(backend)
+    blocks = [torch.zeros(256) for _ in range(5)]
+    try:
+        with pytest.raises(TransferRefused, match="block table full"):
+            await sender.send(receiver.address, Message("r", "s", {}, blocks=blocks))
+        with pytest.raises(TransferRefused, match="1024"):
+            await sender.send(receiver.address, Message("r", "s", {}, blocks=[torch.zeros(8)]))
+        with pytest.raises(TransferRefused, match="no block table"):
+            await sender.send(bare.address, Message("r", "s", {}, blocks=blocks[:1]))
+        assert mailbox.bytes_held == 0
+        assert table.free_blocks == 4
+        await sender.send(receiver.address, Message("r", "s", {}, blocks=blocks[:4]))
+        assert len((await asyncio.wait_for(mailbox.get("r"), 10)).block_ids) == 4
+    finally:
+        await sender.close()
+        await bare.close()
+        await receiver.close()
+
+
+async def test_ucx_receive_buffers_are_reused_once_their_tensors_are_gone() -> None:
+    """Large tensors are received into pooled buffers: the next message of the same
+    size lands in the memory the freed tensor had (no fresh pages to fault in)."""
+    mailbox = Mailbox()
+    receiver = make_receiver("ucx", mailbox)
+    await receiver.start()
+    sender = make_sender("ucx")
+    x = torch.randn(1 << 20)  # 4 MiB
+    try:
+        await sender.send(receiver.address, Message("a", "s", {"x": x}))
+        first = (await asyncio.wait_for(mailbox.get("a"), 10)).tensors["x"]
+        assert torch.equal(first, x)
+        address = first.data_ptr()
+        del first
+        await sender.send(receiver.address, Message("b", "s", {"x": x + 1}))
+        second = (await asyncio.wait_for(mailbox.get("b"), 10)).tensors["x"]
+        assert torch.equal(second, x + 1)
+        assert second.data_ptr() == address
+    finally:
+        await sender.close()
+        await receiver.close()
+
+
+_REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_BLOCKED_RECEIVER = """
+import asyncio, sys
+from omnipipe.transfer import Mailbox, make_receiver
+
+async def main() -> None:
+    receiver = make_receiver(sys.argv[1], Mailbox(per_request=1), credential="c")
+    await receiver.start()
+    print(receiver.address, flush=True)
+    await asyncio.sleep(3600)  # never takes anything out: the second message waits
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("backend", BACKENDS)
+async def test_a_receiver_that_dies_mid_transfer_is_a_clean_error(backend: str) -> None:
+    """The sender waits on a receiver that holds its message (back-pressure); the
+    receiver is killed (-9): the send raises a ConnectionError at once, no hang."""
+    import subprocess
+    import sys
+
+    proc = await asyncio.create_subprocess_exec(
+        *(sys.executable, "-c", _BLOCKED_RECEIVER, backend),
+        stdout=subprocess.PIPE,
+        cwd=_REPO_ROOT,
+    )
+    sender = make_sender(backend, credential="c")
+    try:
+        assert proc.stdout is not None
+        address = (await proc.stdout.readline()).decode().strip()
+        payload = {"x": torch.randn(1 << 20)}
+        await sender.send(address, Message("r", "s", payload))
+        pending = asyncio.create_task(sender.send(address, Message("r", "s", payload)))
+        await asyncio.sleep(1.0)
+        assert not pending.done()  # held by back-pressure
+        proc.kill()
+        with pytest.raises(ConnectionError):
+            await asyncio.wait_for(pending, 10)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+        await proc.wait()
+        await sender.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+async def test_ucx_moves_cuda_tensors_device_to_device() -> None:
+    """Where UCX has CUDA and a GPU is present, a CUDA tensor is sent from and received
+    into device memory (no host bounce) and arrives on the device."""
+    mailbox = Mailbox()
+    receiver = make_receiver("ucx", mailbox)
+    await receiver.start()
+    sender = make_sender("ucx")
+    x = torch.randn(1 << 20, device="cuda")
+    try:
+        await sender.send(receiver.address, Message("gpu", "s", {"x": x}))
+        got = (await asyncio.wait_for(mailbox.get("gpu"), 30)).tensors["x"]
+        assert got.is_cuda
+        assert torch.equal(got, x)
+    finally:
+        await sender.close()
+        await receiver.close()
