@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -29,6 +30,9 @@ class Message:
     # the transport wrote straight into, with their ids in `block_ids`.
     blocks: list[torch.Tensor] = field(default_factory=list)
     block_ids: list[int] = field(default_factory=list)
+    # What gives back a received message's KV rows if the mailbox drops it unread (its
+    # request cancelled or expired); a consumer that takes it frees them itself.
+    on_drop: Callable[[], None] | None = field(default=None, repr=False, compare=False)
 
     @property
     def nbytes(self) -> int:
@@ -207,17 +211,22 @@ class Mailbox:
             if charge is None:
                 return
         if message.request_id in self._closed:
-            self.release(charge)
+            self._drop(message, charge)
             return
         queue = self._queue(message.request_id)
         try:
             await queue.put((message, charge))
         except BaseException:
-            self.release(charge)
+            self._drop(message, charge)
             raise
         if self._queues.get(message.request_id) is not queue:
             # discard() ran while we waited for room: nobody will ever take it.
-            self.release(charge)
+            self._drop(message, charge)
+
+    def _drop(self, message: Message, charge: Charge) -> None:
+        self.release(charge)
+        if message.on_drop is not None:
+            message.on_drop()
 
     def has_room_now(self, request_id: str) -> bool:
         """put_nowait() would queue a message for this request without waiting."""
@@ -227,7 +236,7 @@ class Mailbox:
     def put_nowait(self, message: Message, charge: Charge) -> None:
         """put() for a caller that checked has_room_now(): never waits."""
         if message.request_id in self._closed:
-            self.release(charge)
+            self._drop(message, charge)
             return
         self._queue(message.request_id).put_nowait((message, charge))
 
@@ -257,8 +266,8 @@ class Mailbox:
         self._unclaim_bytes(request_id)
         self._closed[request_id] = time.monotonic()
         while queue is not None and not queue.empty():
-            _, charge = queue.get_nowait()  # frees a receiver blocked on the full queue
-            self.release(charge)
+            message, charge = queue.get_nowait()  # frees a receiver blocked on a full queue
+            self._drop(message, charge)
 
     def sweep(self) -> int:
         """Drop inputs nobody claimed in time (a cancelled or failed request)."""
@@ -304,6 +313,12 @@ class Receiver(ABC):
     def address(self) -> str:
         """Where senders reach this receiver, e.g. tcp://10.0.0.5:8101."""
         return f"{self.scheme}://{self._advertise}:{self._port}"
+
+    def _owning_rows(self, message: Message) -> Message:
+        """The message gives its KV rows back to the table if it is dropped unread."""
+        if message.block_ids and self.block_table is not None:
+            message.on_drop = functools.partial(self.block_table.free, list(message.block_ids))
+        return message
 
     def _allocate_blocks(self, header: dict[str, Any]) -> list[int]:
         """Rows for a message's blocks (none when it has none); BlockTableFull if they

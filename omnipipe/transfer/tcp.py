@@ -295,7 +295,7 @@ class TcpReceiver(ListeningReceiver):
             rows = self.block_table.rows(ids) if self.block_table is not None else []
             for row in rows:
                 await _recv_into(loop, conn, tensor_bytes(row))
-            message = message_from(header, buffers, ids, rows)
+            message = self._owning_rows(message_from(header, buffers, ids, rows))
         except BaseException:
             self.mailbox.release(charge)
             if ids and self.block_table is not None:

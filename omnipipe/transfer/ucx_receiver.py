@@ -267,7 +267,7 @@ class UcxReceiver(ListeningReceiver):
                 await ucx.until(lambda: all(r.completed for r in posted), state.is_alive)
                 for r in posted:
                     r.check_error()
-            message = message_from(header, buffers, ids, rows)
+            message = self._owning_rows(message_from(header, buffers, ids, rows))
             await self.mailbox.put(message, charge)
             charge, ids = None, []
             self.stats.on_transfer(message.nbytes, time.perf_counter() - started)

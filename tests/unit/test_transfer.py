@@ -591,6 +591,31 @@ async def test_kv_blocks_that_do_not_fit_are_refused_and_the_connection_stays_us
         await receiver.close()
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+async def test_kv_rows_of_messages_dropped_unread_go_back_to_the_table(backend: str) -> None:
+    """A request cancelled or expired before its job took its KV blocks: discarding it
+    frees the rows, and so does a late chunk for a request already over here."""
+    from omnipipe.transfer import BlockTable
+
+    table = BlockTable(num_blocks=8, block_bytes=1024)
+    mailbox = Mailbox()
+    receiver = make_receiver(backend, mailbox, block_table=table)
+    await receiver.start()
+    sender = make_sender(backend)
+    blocks = [torch.zeros(256) for _ in range(3)]
+    try:
+        await sender.send(receiver.address, Message("gone", "s", {}, blocks=blocks))
+        assert table.free_blocks == 5
+        mailbox.discard("gone")
+        assert table.free_blocks == 8
+        await sender.send(receiver.address, Message("gone", "s", {}, blocks=blocks, chunk=1))
+        assert table.free_blocks == 8
+        assert mailbox.bytes_held == 0
+    finally:
+        await sender.close()
+        await receiver.close()
+
+
 async def test_ucx_receive_buffers_are_reused_once_their_tensors_are_gone() -> None:
     """Large tensors are received into pooled buffers: the next message of the same
     size lands in the memory the freed tensor had (no fresh pages to fault in)."""
