@@ -63,17 +63,14 @@ def tiny_qwen_image_vae() -> Any:
     )
 
 
-def _build_qwen_image(target: Path) -> None:
+def tiny_qwen_image_text_encoder(**vision_token_ids: Any) -> Any:
+    """Qwen2.5-VL at the size both tiny Qwen-Image checkpoints use; the edit encoder,
+    which sees images, names its tokenizer's vision tokens."""
     import torch
-    from diffusers import FlowMatchEulerDiscreteScheduler, QwenImagePipeline
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
-    from omnipipe.worker.models.tokenizer import save_byte_tokenizer
-
-    transformer = tiny_qwen_image_transformer()
-    vae = tiny_qwen_image_vae()
     torch.manual_seed(0)
-    text_encoder = Qwen2_5_VLForConditionalGeneration(
+    return Qwen2_5_VLForConditionalGeneration(
         Qwen2_5_VLConfig(
             text_config={
                 "hidden_size": 16,
@@ -92,8 +89,19 @@ def _build_qwen_image(target: Path) -> None:
                 "num_heads": 2,
                 "out_hidden_size": 16,
             },
+            **vision_token_ids,
         )
     )
+
+
+def _build_qwen_image(target: Path) -> None:
+    from diffusers import FlowMatchEulerDiscreteScheduler, QwenImagePipeline
+
+    from omnipipe.worker.models.tokenizer import save_byte_tokenizer
+
+    transformer = tiny_qwen_image_transformer()
+    vae = tiny_qwen_image_vae()
+    text_encoder = tiny_qwen_image_text_encoder()
     tokenizer = save_byte_tokenizer(target / "tokenizer")
     pipe = QwenImagePipeline(
         transformer=transformer,

@@ -17,47 +17,28 @@ VISION_TOKENS = ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision
 
 
 def build_qwen_image_edit(target: Path) -> None:
-    import torch
     from diffusers import FlowMatchEulerDiscreteScheduler, QwenImageEditPipeline
     from transformers import (
-        Qwen2_5_VLConfig,
-        Qwen2_5_VLForConditionalGeneration,
         Qwen2VLImageProcessor,
         Qwen2VLProcessor,
         Qwen2VLVideoProcessor,
     )
 
-    from omnipipe.worker.models.tiny import tiny_qwen_image_transformer, tiny_qwen_image_vae
+    from omnipipe.worker.models.tiny import (
+        tiny_qwen_image_text_encoder,
+        tiny_qwen_image_transformer,
+        tiny_qwen_image_vae,
+    )
 
     tokenizer = save_byte_tokenizer(target / "tokenizer")
     image_pad, video_pad, vision_start, vision_end = (
         int(str(tokenizer.convert_tokens_to_ids(t))) for t in VISION_TOKENS
     )
-    torch.manual_seed(0)
-    text_encoder = Qwen2_5_VLForConditionalGeneration(
-        Qwen2_5_VLConfig(
-            text_config={
-                "hidden_size": 16,
-                "intermediate_size": 16,
-                "num_hidden_layers": 2,
-                "num_attention_heads": 2,
-                "num_key_value_heads": 2,
-                "rope_scaling": {"mrope_section": [1, 1, 2], "rope_type": "default"},
-                "rope_theta": 1000000.0,
-                "vocab_size": 512,
-            },
-            vision_config={
-                "depth": 2,
-                "hidden_size": 16,
-                "intermediate_size": 16,
-                "num_heads": 2,
-                "out_hidden_size": 16,
-            },
-            image_token_id=image_pad,
-            video_token_id=video_pad,
-            vision_start_token_id=vision_start,
-            vision_end_token_id=vision_end,
-        )
+    text_encoder = tiny_qwen_image_text_encoder(
+        image_token_id=image_pad,
+        video_token_id=video_pad,
+        vision_start_token_id=vision_start,
+        vision_end_token_id=vision_end,
     )
     processor = Qwen2VLProcessor(
         # The edit pipeline hands the encoder the image at about a megapixel; the tiny
