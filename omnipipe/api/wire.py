@@ -101,6 +101,10 @@ class StaticReplicas(WireModel):
     generation: int = 0
     """Bumped on every rewrite; the router reports the last one it applied in /ready, so
     `omnipipe serve` knows when the router has seen a change."""
+    pipeline_file: str = ""
+    """The resolved pipeline of `revision` (`omnipipe serve`'s per-revision snapshot):
+    once new requests start on that revision, the router answers for the model it names
+    (/v1/models, the model ids requests may give). Empty: the router's own file."""
 
     @classmethod
     def parse(cls, raw: str) -> StaticReplicas:

@@ -16,12 +16,13 @@ def local_replicas(stage: ResolvedStage) -> int:
 
 
 def router_view(pipeline: ResolvedPipeline) -> dict[str, Any]:
-    """What the local router itself reads from its pipeline: the model ids it answers
-    to and the stage graph it plans requests over. The router is one process bound to
-    the port the clients use, so these cannot change under it."""
+    """What the local router fixes at its start: the pipeline's name (its model id, its
+    metrics' label), its type and the stage graph it plans requests over. The router is
+    one process bound to the port the clients use, so these cannot change under it. The
+    model is not here: the router learns each revision's from its snapshot, named in the
+    replicas file, and answers for it once new requests start on that revision."""
     return {
         "name": pipeline.name,
-        "model": pipeline.model,
         "pipeline": pipeline.pipeline,
         "outputs": list(pipeline.outputs),
         "stages": [(s.name, s.role.value, list(s.inputs)) for s in pipeline.stages],
@@ -64,8 +65,9 @@ def plan_reload(old: ResolvedPipeline, new: ResolvedPipeline) -> ReloadPlan:
             new_rev,
             (),
             {},
-            refused=f"it changes what the router serves ({', '.join(changed)}); "
-            "restart `omnipipe serve` to apply it",
+            refused=f"it changes {', '.join(changed)}: the running router is built on the "
+            "pipeline's name, type and stage graph (a model change reloads, these do "
+            "not); restart `omnipipe serve` to apply it",
         )
     old_stages = {s.name: s for s in old.stages}
     if old_rev != new_rev:

@@ -98,6 +98,9 @@ class Supervisor:
     generation: int = 0
     snapshots: int = 0
     started_per_stage: dict[str, int] = field(default_factory=dict)
+    # The serving revision's snapshot: the replicas file names it, so that the router
+    # answers for that revision's model.
+    snapshot: Path | None = None
 
     @property
     def revision(self) -> str:
@@ -181,14 +184,19 @@ class Supervisor:
         for child in routed:
             assert child.stage is not None
             stages.setdefault(child.stage, []).append(child.url)
-        body = StaticReplicas(stages=stages, revision=revision, generation=self.generation)
+        body = StaticReplicas(
+            stages=stages,
+            revision=revision,
+            generation=self.generation,
+            pipeline_file=str(self.snapshot or ""),
+        )
         tmp = self.replicas_file.with_suffix(".tmp")
         tmp.write_text(body.model_dump_json())
         tmp.replace(self.replicas_file)
         return self.generation
 
     def start(self) -> None:
-        snapshot = self._snapshot(self.pipeline)
+        snapshot = self.snapshot = self._snapshot(self.pipeline)
         for stage in self.pipeline.stages:
             for _ in range(local_replicas(stage)):
                 self._spawn_worker(stage.name, snapshot, self.revision, pending=False)
@@ -377,7 +385,7 @@ class Supervisor:
             raise
         for child in started:
             child.pending = False
-        self.pipeline = new
+        self.pipeline, self.snapshot = new, snapshot
         # Route to both, new requests starting on the new revision once the router has
         # seen it whole; then take the old ones out of the router, and only then drain
         # them: nothing new is sent to a worker that refuses work.
@@ -395,7 +403,8 @@ class Supervisor:
             )
             self._retire(retiring)
         print(
-            f"omnipipe: reloaded: serving revision {rev} with {len(self.workers)} worker(s)",
+            f"omnipipe: reloaded: serving revision {rev} with {len(self.workers)} worker(s)"
+            f" (model: {new.name} or {new.model})",
             flush=True,
         )
 

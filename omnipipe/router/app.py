@@ -147,11 +147,15 @@ def build_app(pipeline: ResolvedPipeline, settings: RouterSettings) -> FastAPI:
     async def metrics() -> Response:
         return Response(generate_latest(router_metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    app.include_router(models_router(pipeline, int(time.time())))
-    app.include_router(images_router(orchestrator, model_ids(pipeline)))
-    app.include_router(edits_router(orchestrator, model_ids(pipeline)))
-    app.include_router(chat_router(pipeline, orchestrator, model_ids(pipeline)))
-    app.include_router(speech_router(pipeline, orchestrator, model_ids(pipeline)))
-    app.include_router(generate_router(pipeline, orchestrator, model_ids(pipeline)))
+    def serving_ids() -> set[str]:
+        # Those of the revision new requests start on: a reload may change the model.
+        return model_ids(orchestrator.serving_pipeline())
+
+    app.include_router(models_router(orchestrator.serving_pipeline, int(time.time())))
+    app.include_router(images_router(orchestrator, serving_ids))
+    app.include_router(edits_router(orchestrator, serving_ids))
+    app.include_router(chat_router(pipeline, orchestrator, serving_ids))
+    app.include_router(speech_router(pipeline, orchestrator, serving_ids))
+    app.include_router(generate_router(pipeline, orchestrator, serving_ids))
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app

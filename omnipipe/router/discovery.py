@@ -11,7 +11,10 @@ from pathlib import Path
 
 from omnipipe.api import ResolvedPipeline
 from omnipipe.api import constants as c
+from omnipipe.api.loading import load_pipeline
 from omnipipe.api.names import stage_object_name
+from omnipipe.api.resource import ManifestError
+from omnipipe.api.revision import pipeline_revision
 from omnipipe.api.wire import StaticReplicas
 
 log = logging.getLogger(__name__)
@@ -34,6 +37,24 @@ class Discovery(ABC):
         """Which version of the source the last refresh() read (0 when it has none)."""
         return 0
 
+    def preferred_pipeline(self) -> ResolvedPipeline | None:
+        """The resolved pipeline of preferred_revision(), if the source names one."""
+        return None
+
+
+def _revision_pipeline(replicas: StaticReplicas) -> ResolvedPipeline | None:
+    """The pipeline file a replicas file names, checked against the revision it names:
+    ManifestError when it cannot be read or is not that revision."""
+    if not replicas.pipeline_file:
+        return None
+    pipeline = load_pipeline(replicas.pipeline_file)
+    if replicas.revision and pipeline_revision(pipeline) != replicas.revision:
+        raise ManifestError(
+            f"{replicas.pipeline_file} is revision {pipeline_revision(pipeline)}, "
+            f"not {replicas.revision}"
+        )
+    return pipeline
+
 
 class StaticDiscovery(Discovery):
     """A fixed list, or a replicas file that is read again whenever it changes (local
@@ -47,6 +68,7 @@ class StaticDiscovery(Discovery):
         )
         self._path = path
         self._seen = self._stamp()
+        self._pipeline = _revision_pipeline(self._replicas)
 
     def _stamp(self) -> tuple[int, int] | None:
         if self._path is None:
@@ -67,11 +89,17 @@ class StaticDiscovery(Discovery):
             if stamp == self._seen:
                 return
             replicas = StaticReplicas.parse(self._path.read_text())
-        except (OSError, ValueError) as exc:
+            pipeline = (
+                self._pipeline
+                if (replicas.pipeline_file, replicas.revision)
+                == (self._replicas.pipeline_file, self._replicas.revision)
+                else _revision_pipeline(replicas)
+            )
+        except (OSError, ValueError, ManifestError) as exc:
             # Keep routing on what we know; the next refresh tries again.
             log.warning("replicas file %s unreadable, keeping the last one: %s", self._path, exc)
             return
-        self._replicas, self._seen = replicas, stamp
+        self._replicas, self._seen, self._pipeline = replicas, stamp, pipeline
         log.info(
             "replicas file generation %d: revision %s, %s",
             replicas.generation,
@@ -87,6 +115,9 @@ class StaticDiscovery(Discovery):
 
     def generation(self) -> int:
         return self._replicas.generation
+
+    def preferred_pipeline(self) -> ResolvedPipeline | None:
+        return self._pipeline
 
 
 class DnsDiscovery(Discovery):

@@ -111,6 +111,14 @@ class Orchestrator:
             [s.name for s in self.pipeline.stages], self.max_load, self.preferred
         )
 
+    def serving_pipeline(self) -> ResolvedPipeline:
+        """The resolved pipeline of the revision new requests start on (with none whole,
+        the newest): the model /v1/models lists and requests may name. A reload of
+        `omnipipe serve` may change the model, never the stage graph, so requests are
+        planned over self.pipeline's graph whichever revision they run on."""
+        revision = self.serving_revision() or self.preferred[0]
+        return self.pool.pipelines.get(revision, self.pipeline)
+
     async def _wait_for_replica(self, stage: str, revision: str | None) -> Replica | None:
         """Hold the request while the stage wakes (its demand is exported as
         omnipipe_router_pending_requests, which the autoscaler reads), bounded."""

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import httpx
 
 from omnipipe.api import ResolvedPipeline
+from omnipipe.api.revision import pipeline_revision
 from omnipipe.api.wire import WorkerStatus
 from omnipipe.router.discovery import Discovery
 from omnipipe.router.routing import ReplicaLoad, choose, choose_revision
@@ -58,6 +59,9 @@ class ReplicaPool:
         self._tasks: list[asyncio.Task[None]] = []
         self.generation = 0
         """The discovery generation the replica lists were last built from."""
+        self.pipelines: dict[str, ResolvedPipeline] = {pipeline_revision(pipeline): pipeline}
+        """Revision -> its resolved pipeline, for the revisions the router knows one of:
+        its own and the one discovery names (see Orchestrator.serving_pipeline)."""
 
     async def start(self) -> None:
         await self._discover()
@@ -97,6 +101,14 @@ class ReplicaPool:
         # A new replica is polled before it counts as known, so that a caller who waits
         # for this generation sees its readiness and revision too.
         await asyncio.gather(*(self._poll_one(r) for r in added))
+        own = pipeline_revision(self._pipeline)
+        pipelines = {own: self._pipeline}
+        if (named := self._discovery.preferred_pipeline()) is not None:
+            pipelines[pipeline_revision(named)] = named
+        # Kept while a replica still runs it: a rollout that has not switched yet.
+        running = {r.revision for known in self._replicas.values() for r in known.values()}
+        pipelines.update({r: p for r, p in self.pipelines.items() if r in running})
+        self.pipelines = pipelines
         self.generation = generation
 
     def preferred_revisions(self, own: str) -> list[str]:

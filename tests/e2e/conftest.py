@@ -138,12 +138,19 @@ def tmp_module(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("e2e")
 
 
-def write_pipeline(directory: Path, name: str, stages: str = "", transfer: str = "ucx") -> Path:
-    path = directory / f"{name}.yaml"
+def write_pipeline(
+    directory: Path,
+    name: str,
+    stages: str = "",
+    transfer: str = "ucx",
+    model: str = "tiny://qwen-image",
+    file: str = "",
+) -> Path:
+    path = directory / f"{file or name}.yaml"
     path.write_text(
         "apiVersion: omnipipe.io/v1alpha1\nkind: OmniPipeline\n"
         f"metadata: {{name: {name}}}\n"
-        f"spec:\n  model: tiny://qwen-image\n  pipeline: qwen-image\n"
+        f"spec:\n  model: {model}\n  pipeline: qwen-image\n"
         f"  transfer: {{backend: {transfer}}}\n{stages}"
     )
     return path

@@ -17,6 +17,7 @@ import pytest
 
 from omnipipe.api.loading import load_pipeline
 from omnipipe.api.revision import pipeline_revision
+from omnipipe.worker.models.fetch import fetch
 from tests.e2e.conftest import Served, start_serve, stop_cleanly, write_pipeline
 
 pytestmark = pytest.mark.timeout(420)
@@ -172,5 +173,88 @@ def test_sighup_with_an_invalid_manifest_keeps_serving(tmp_path: Path) -> None:
             r = c.images.generate(model="reload", prompt="a fox", size="32x32", extra_body=FAST)
         assert r.data[0].b64_json
         assert served.proc.poll() is None
+    finally:
+        stop_cleanly(served)
+
+
+def served_model(served: Served) -> dict[str, object]:
+    with openai.OpenAI(base_url=served.base_url, api_key="unused", max_retries=0) as c:
+        (entry,) = c.models.list().data
+    return entry.model_dump()
+
+
+def test_sighup_applies_a_model_change_and_its_rollback(tmp_path: Path) -> None:
+    # A second real checkpoint: the same tiny model, fetched into a directory of its own.
+    checkpoint = str(fetch("tiny://qwen-image", tmp_path / "qwen-image-v2"))
+    manifest = write_pipeline(tmp_path, "reload", transfer="tcp")
+    old = pipeline_revision(load_pipeline(manifest))
+    served = start_serve(manifest)
+    try:
+        assert served_model(served)["root"] == "tiny://qwen-image"
+        with Stream(served) as stream:
+            stream.wait_for(5)
+
+            # The headline case: bump the model and reload.
+            write_pipeline(tmp_path, "reload", transfer="tcp", model=checkpoint)
+            new = pipeline_revision(load_pipeline(manifest))
+            assert new != old
+            mark = len(served.output)
+            served.proc.send_signal(signal.SIGHUP)
+            rolling = wait_line(served, f"rolling out revision {new} beside revision {old}", mark)
+            switched = wait_line(served, f"switched: new requests start on revision {new}", mark)
+            reloaded = wait_line(served, f"reloaded: serving revision {new}", mark)
+            assert checkpoint in served.output[reloaded]
+            stream.wait_for(5)
+            entry = served_model(served)
+            assert (entry["id"], entry["root"]) == ("reload", checkpoint)
+            with openai.OpenAI(base_url=served.base_url, api_key="unused", max_retries=0) as c:
+                r = c.images.generate(
+                    model=checkpoint, prompt="a fox", size="32x32", extra_body=FAST
+                )
+                assert r.data[0].b64_json
+                # The old model is no longer what this pipeline serves.
+                with pytest.raises(openai.NotFoundError, match="tiny://qwen-image"):
+                    c.images.generate(
+                        model="tiny://qwen-image", prompt="a fox", size="32x32", extra_body=FAST
+                    )
+
+            # A rename is still refused, with the reason, and the new model keeps serving.
+            write_pipeline(tmp_path, "renamed", transfer="tcp", model=checkpoint, file="reload")
+            mark = len(served.output)
+            served.proc.send_signal(signal.SIGHUP)
+            refused = wait_line(served, f"reload refused, still serving revision {new}", mark)
+            assert "it changes name:" in served.output[refused]
+            assert "restart `omnipipe serve`" in served.output[refused]
+            stream.wait_for(5)
+
+            # Rollback: the old model, as a new rollout of the old revision.
+            write_pipeline(tmp_path, "reload", transfer="tcp")
+            mark = len(served.output)
+            served.proc.send_signal(signal.SIGHUP)
+            back = wait_line(served, f"rolling out revision {old} beside revision {new}", mark)
+            back_switched = wait_line(
+                served, f"switched: new requests start on revision {old}", mark
+            )
+            back_done = wait_line(served, f"reloaded: serving revision {old}", mark)
+            stream.wait_for(5)
+            assert served_model(served)["root"] == "tiny://qwen-image"
+
+        assert stream.failures == [], stream.failures
+        lines = served.output
+        runs = requests_by_revision(lines)
+        assert len(runs) >= stream.ok
+        for request, stages in runs.items():
+            assert set(stages) == STAGES, f"request {request} ran only {stages}"
+            assert len(set(stages.values())) == 1, f"request {request} crossed: {stages}"
+        assert all(set(s.values()) == {old} for s in requests_by_revision(lines[:rolling]).values())
+        assert requests_by_revision(lines[rolling:switched]), "no request while v2 started"
+        on_new = requests_by_revision(lines[reloaded:back])
+        assert on_new
+        assert all(set(s.values()) == {new} for s in on_new.values())
+        assert requests_by_revision(lines[back:back_switched]), "no request during rollback"
+        after = requests_by_revision(lines[back_done:])
+        assert after
+        assert all(set(s.values()) == {old} for s in after.values())
+        assert all(f"revision {new}" not in line for line in lines[back_done:])
     finally:
         stop_cleanly(served)

@@ -53,9 +53,31 @@ def test_an_in_place_change_adjusts_counts_and_replaces_only_changed_stages() ->
     assert not plan_reload(old, pipeline()).changes_anything
 
 
-def test_a_change_to_what_the_router_serves_is_refused() -> None:
-    plan = plan_reload(pipeline(), pipeline(model="tiny://qwen-image-other"))
-    assert "model" in plan.refused
+def test_a_model_change_rolls_out_a_new_revision() -> None:
+    plan = plan_reload(pipeline(), pipeline(model="/models/qwen-image-v2"))
+    assert not plan.refused
+    assert plan.new_revision_rolls_out
+    assert plan.replace == ("encode", "denoise", "decode")
+    staged = plan_reload(pipeline(), pipeline(stages=[{"name": "encode", "model": "/m/enc"}]))
+    assert not staged.refused
+    assert staged.new_revision_rolls_out
+
+
+def test_a_change_to_what_the_router_is_built_on_is_refused() -> None:
+    renamed = resolve(
+        parse_resource(
+            {
+                "apiVersion": "omnipipe.io/v1alpha1",
+                "kind": "OmniPipeline",
+                "metadata": {"name": "q"},
+                "spec": {"model": "tiny://qwen-image", "pipeline": "qwen-image"},
+            }
+        )
+    )
+    plan = plan_reload(pipeline(), renamed)
+    assert plan.refused.startswith("it changes name:")
+    assert "restart `omnipipe serve`" in plan.refused
+    assert not plan.changes_anything
 
 
 def test_the_router_rereads_a_changed_replicas_file(tmp_path: Path) -> None:

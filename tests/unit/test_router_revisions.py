@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import os
+from pathlib import Path
 
 import httpx
 import pytest
 
 from omnipipe.api import parse_resource, resolve
+from omnipipe.api.loading import pipeline_yaml
 from omnipipe.api.revision import pipeline_revision
+from omnipipe.api.wire import StaticReplicas
 from omnipipe.router.discovery import StaticDiscovery
 from omnipipe.router.errors import StageUnavailable
 from omnipipe.router.metrics import RouterMetrics
@@ -89,3 +93,47 @@ def test_no_whole_revision_is_a_clean_503_never_a_mix() -> None:
     orch = _orchestrator(split)
     with pytest.raises(StageUnavailable, match=f"no ready replica of revision {NEW}"):
         asyncio.run(orch._choose(list(STAGES)))
+
+
+def test_the_served_model_follows_the_revision_new_requests_start_on(tmp_path: Path) -> None:
+    # `omnipipe serve` after a model change: the replicas file names the new revision and
+    # its snapshot; the router answers for that model once the revision is whole.
+    v2 = PIPELINE.model_copy(update={"model": "/models/qwen-image-v2"})
+    snapshot = tmp_path / "pipeline-v2.yaml"
+    snapshot.write_text(pipeline_yaml(v2))
+    v2_rev = pipeline_revision(v2)
+    replicas = {s: [(f"http://{s}-old", NEW), (f"http://{s}-new", v2_rev)] for s in STAGES}
+    path = tmp_path / "replicas.json"
+    path.write_text(
+        StaticReplicas(
+            stages={s: [u for u, _ in rs] for s, rs in replicas.items()},
+            revision=v2_rev,
+            generation=1,
+            pipeline_file=str(snapshot),
+        ).model_dump_json()
+    )
+    pool = ReplicaPool(PIPELINE, StaticDiscovery.from_file(str(path)), httpx.AsyncClient(), 1, 1)
+    asyncio.run(pool._discover())
+    for stage, rs in replicas.items():
+        for url, revision in rs:
+            replica = pool._replicas[stage][url]
+            replica.ready, replica.revision = True, revision
+            replica.transfer_address = f"tcp://{url}"
+    orch = Orchestrator(PIPELINE, pool, 5.0, 8, RouterMetrics.create(), 0)
+    assert orch.serving_pipeline().model == "/models/qwen-image-v2"
+    # Not whole yet: new requests still start on the old revision, with the old model.
+    pool._replicas["decode"]["http://decode-new"].ready = False
+    assert orch.serving_pipeline().model == "tiny://qwen-image"
+    # A snapshot that is not the revision the file names is refused: the last file stays.
+    path.write_text(
+        StaticReplicas(
+            stages={s: [f"http://{s}-old"] for s in STAGES},
+            revision="0123456789",
+            generation=2,
+            pipeline_file=str(snapshot),
+        ).model_dump_json()
+    )
+    os.utime(path, ns=(1, 1))
+    asyncio.run(pool._discover())
+    assert pool.generation == 1
+    assert pool._discovery.preferred_pipeline() == v2

@@ -9,7 +9,7 @@ import json
 import random
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any, Literal
 
 from fastapi import APIRouter, Request
@@ -214,7 +214,7 @@ def _sse(payload: dict[str, Any]) -> bytes:
 
 
 def chat_router(
-    pipeline: ResolvedPipeline, orchestrator: Orchestrator, model_ids: set[str]
+    pipeline: ResolvedPipeline, orchestrator: Orchestrator, model_ids: Callable[[], set[str]]
 ) -> APIRouter:
     router = APIRouter()
 
@@ -307,7 +307,7 @@ def chat_router(
     @router.post("/v1/chat/completions", response_model=None, openapi_extra=json_body(ChatRequest))
     async def chat(request: Request) -> JSONResponse | StreamingResponse:
         body = await parse_body(ChatRequest, request)
-        check_model(body.model, model_ids)
+        check_model(body.model, model_ids())
         plan = ChatPlan(pipeline, body)
         outputs = orchestrator.stream(plan.params, plan.emitters)
         if not body.stream:

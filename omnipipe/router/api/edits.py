@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -115,7 +116,7 @@ def edit_size(body: ImageEditRequest, width: int, height: int) -> tuple[int, int
     return parse_size(body.size)
 
 
-def edits_router(orchestrator: Orchestrator, model_ids: set[str]) -> APIRouter:
+def edits_router(orchestrator: Orchestrator, model_ids: Callable[[], set[str]]) -> APIRouter:
     router = APIRouter()
 
     @router.post("/v1/images/edits", response_model=None, openapi_extra=form_body(ImageEditRequest))
@@ -125,7 +126,7 @@ def edits_router(orchestrator: Orchestrator, model_ids: set[str]) -> APIRouter:
             body = await parse_edit(form)
         finally:
             await form.close()
-        check_model(body.model, model_ids)
+        check_model(body.model, model_ids())
         if body.response_format != "b64_json":
             raise BadRequest("only response_format=b64_json is supported", param="response_format")
         if not edits_images(orchestrator):

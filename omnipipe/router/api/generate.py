@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any, Literal
 
 from fastapi import APIRouter, Request
@@ -170,14 +170,14 @@ async def _lines(
 
 
 def generate_router(
-    pipeline: ResolvedPipeline, orchestrator: Orchestrator, model_ids: set[str]
+    pipeline: ResolvedPipeline, orchestrator: Orchestrator, model_ids: Callable[[], set[str]]
 ) -> APIRouter:
     router = APIRouter()
 
     @router.post("/v1/omni/generate", response_model=None, openapi_extra=json_body(GenerateRequest))
     async def generate(request: Request) -> StreamingResponse:
         body = await parse_body(GenerateRequest, request)
-        check_model(body.model, model_ids)
+        check_model(body.model, model_ids())
         try:
             params, emitters = _plan(pipeline, orchestrator, body)
         except ValidationError as exc:  # an endpoint's own request, built from this one

@@ -8,7 +8,7 @@ import logging
 import random
 import re
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -135,7 +135,7 @@ def edits_images(orchestrator: Orchestrator) -> bool:
     return stage_with_role(orchestrator.pipeline, Role.VAE_ENCODER) is not None
 
 
-def images_router(orchestrator: Orchestrator, model_ids: set[str]) -> APIRouter:
+def images_router(orchestrator: Orchestrator, model_ids: Callable[[], set[str]]) -> APIRouter:
     router = APIRouter()
 
     @router.post(
@@ -145,7 +145,7 @@ def images_router(orchestrator: Orchestrator, model_ids: set[str]) -> APIRouter:
     )
     async def generate(request: Request) -> Response:
         body = await parse_body(ImageGenerationRequest, request)
-        check_model(body.model, model_ids)
+        check_model(body.model, model_ids())
         if body.response_format != "b64_json":
             raise BadRequest("only response_format=b64_json is supported", param="response_format")
         if edits_images(orchestrator):

@@ -1,7 +1,9 @@
-"""/v1/models: the pipeline, listed whether or not its stages are awake."""
+"""/v1/models: the pipeline, listed whether or not its stages are awake, with the model
+of the revision new requests start on."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter
@@ -14,11 +16,12 @@ def model_ids(pipeline: ResolvedPipeline) -> set[str]:
     return {pipeline.name, pipeline.model}
 
 
-def models_router(pipeline: ResolvedPipeline, created: int) -> APIRouter:
+def models_router(serving: Callable[[], ResolvedPipeline], created: int) -> APIRouter:
     router = APIRouter()
 
     @router.get("/v1/models")
     async def list_models() -> dict[str, Any]:
+        pipeline = serving()
         return {
             "object": "list",
             "data": [

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import random
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any, Literal
 
 from fastapi import APIRouter, Request
@@ -45,7 +45,7 @@ class SpeechRequest(BaseModel):
 
 
 def speech_router(
-    pipeline: ResolvedPipeline, orchestrator: Orchestrator, model_ids: set[str]
+    pipeline: ResolvedPipeline, orchestrator: Orchestrator, model_ids: Callable[[], set[str]]
 ) -> APIRouter:
     router = APIRouter()
 
@@ -75,7 +75,7 @@ def speech_router(
     @router.post("/v1/audio/speech", response_model=None, openapi_extra=json_body(SpeechRequest))
     async def speech(request: Request) -> Response:
         body = await parse_body(SpeechRequest, request)
-        check_model(body.model, model_ids)
+        check_model(body.model, model_ids())
         params, emitters = plan(body)
         outputs = orchestrator.stream(params, emitters)
         if body.response_format == "wav":
