@@ -113,7 +113,6 @@ def decode_video(
 
 
 def _decode(container: Any, where: str, limits: VideoLimits, audio_rate: int | None) -> Video:
-    import av
 
     if not container.streams.video:
         raise StageInputError(f"{where}: the file has no video stream")
@@ -146,12 +145,10 @@ def _decode(container: Any, where: str, limits: VideoLimits, audio_rate: int | N
     out_width, out_height = frame_size(width, height, count, limits)
     container.seek(0)
     frames: list[np.ndarray] = []
-    index = 0
-    for frame in container.decode(stream):
+    for index, frame in enumerate(container.decode(stream)):
         if index in keep:
             frames.append(frame.to_ndarray(width=out_width, height=out_height, format="rgb24"))
-        index += 1
-        if index >= total:
+        if index + 1 >= total:
             break
     if len(frames) < min(count, FRAME_FACTOR):
         raise StageInputError(f"{where}: the video's frames could not be decoded")
@@ -186,4 +183,5 @@ def _audio_track(container: Any, where: str, rate: int, limits: VideoLimits) -> 
         parts.append(out.to_ndarray().reshape(-1))
     if not parts or sum(p.shape[0] for p in parts) == 0:
         raise StageInputError(f"{where}: the video's audio track holds no samples")
-    return np.concatenate(parts).astype(np.float32)
+    track: np.ndarray = np.concatenate(parts).astype(np.float32)
+    return track
