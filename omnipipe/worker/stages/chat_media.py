@@ -3,6 +3,9 @@ frames, and the processor keyword arguments the request may set (mm_processor_kw
 
 from __future__ import annotations
 
+import contextlib
+import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -83,3 +86,12 @@ class ChatMedia:
         if not self.videos:
             return {}
         return {"fps": self.fps, "use_audio_in_video": self.use_audio_in_video}
+
+
+@contextlib.contextmanager
+def processor_warnings_silenced() -> Iterator[None]:
+    """transformers' use_audio_in_video path (5.19) calls np.arange on a torch scalar,
+    which NumPy 2 warns about on every call; both engines run that processor."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "__array__ implementation", DeprecationWarning)
+        yield

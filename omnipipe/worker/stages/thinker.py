@@ -24,7 +24,11 @@ from omnipipe.worker.stages.base import (
     StreamingStage,
     Tensors,
 )
-from omnipipe.worker.stages.chat_media import ChatMedia, processor_options
+from omnipipe.worker.stages.chat_media import (
+    ChatMedia,
+    processor_options,
+    processor_warnings_silenced,
+)
 from omnipipe.worker.stages.media import decode_image, decode_wav
 from omnipipe.worker.stages.sampling import Sampling, next_token
 from omnipipe.worker.stages.video import decode_video
@@ -178,15 +182,16 @@ class ThinkerStage(StreamingStage):
     def process(self, text: str, media: ChatMedia) -> Any:
         """The processor's model inputs; media it cannot take is the client's error."""
         try:
-            inputs = self.processor(
-                text=[text],
-                images=media.images or None,
-                audio=media.audios or None,
-                videos=media.videos or None,
-                return_tensors="pt",
-                padding=True,
-                **media.processor_kwargs(),
-            )
+            with processor_warnings_silenced():
+                inputs = self.processor(
+                    text=[text],
+                    images=media.images or None,
+                    audio=media.audios or None,
+                    videos=media.videos or None,
+                    return_tensors="pt",
+                    padding=True,
+                    **media.processor_kwargs(),
+                )
         except (ValueError, TypeError, IndexError, StopIteration) as exc:
             raise StageInputError(f"the processor rejected the input: {exc}") from None
         if media.videos:

@@ -23,6 +23,7 @@ from omnipipe.worker.engines.omni import QWEN25_OMNI, omni_model_type
 from omnipipe.worker.engines.vllm import VllmEngine
 from omnipipe.worker.engines.vllm_tap import FINAL
 from omnipipe.worker.stages.base import Chunk, Session, StageInputError, StageJob, StepResult
+from omnipipe.worker.stages.chat_media import processor_warnings_silenced
 from omnipipe.worker.stages.qwen3_omni import Qwen3ThinkerStage
 from omnipipe.worker.stages.sampling import Sampling
 from omnipipe.worker.stages.thinker import (
@@ -203,7 +204,8 @@ class VllmThinkerSession(Session):
         from vllm.exceptions import VLLMClientError
 
         try:
-            self.engine_id = llm.add_request(self.request_id, prompt, params)  # type: ignore[arg-type]
+            with processor_warnings_silenced():
+                self.engine_id = llm.add_request(self.request_id, prompt, params)  # type: ignore[arg-type]
         except (ValueError, TypeError, VLLMClientError) as exc:
             # Too long for the context, an image or clip the processor rejects: vLLM
             # refuses before the request takes any engine time.
@@ -327,7 +329,8 @@ class VllmThinkerSession(Session):
         if self.mm_kwargs:
             prompt["mm_processor_kwargs"] = self.mm_kwargs
         params = SamplingParams(max_tokens=1, detokenize=False)
-        engine_id = llm.add_request(request_id, prompt, params)  # type: ignore[arg-type]
+        with processor_warnings_silenced():
+            engine_id = llm.add_request(request_id, prompt, params)  # type: ignore[arg-type]
         stage.engine.tap.want(engine_id)
         try:
             # Other requests advance too; their outputs still reach their sessions.
