@@ -160,6 +160,10 @@ def test_audio_in_video_runs_on_both_engines(
     transformers gives each pair one position, so the states agree only up to the block
     (README: Limits)."""
     reference, vllm_stage = engines
+    if reference.config.model_type != "qwen2_5_omni":
+        # Qwen3-Omni: vLLM 0.32 cuts the video's frames and sound into chunks differently
+        # from transformers' processor, so even the token layouts differ (README: Limits).
+        pytest.xfail("vLLM 0.32 and transformers interleave Qwen3-Omni's audio in video apart")
     params = {
         "messages": video_message(),
         "audio": True,

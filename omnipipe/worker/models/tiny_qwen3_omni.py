@@ -76,6 +76,8 @@ def _config(ids: dict[str, int]) -> Any:
         "image_token_id": ids["<|image_pad|>"],
         "video_token_id": ids["<|video_pad|>"],
         "audio_start_token_id": ids["<|audio_start|>"],
+        # As the released config has it; vLLM's use_audio_in_video reads it.
+        "audio_end_token_id": ids["<|audio_end|>"],
     }
     return Qwen3OmniMoeConfig(
         thinker_config={
