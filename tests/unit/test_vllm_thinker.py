@@ -182,7 +182,8 @@ def test_audio_in_video_runs_on_both_engines(
     )
     assert int((ids == audio_token).sum()) > 0  # the track's tokens are in the prompt
     assert int((plain_prompt["input_ids"] == audio_token).sum()) == 0
-    assert bool(want_prompt["use_audio_in_video"]) and bool(got_prompt["use_audio_in_video"])
+    assert bool(want_prompt["use_audio_in_video"])
+    assert bool(got_prompt["use_audio_in_video"])
     video_token = int(
         reference.processor.tokenizer.convert_tokens_to_ids(reference.processor.video_token)
     )
