@@ -97,6 +97,10 @@ def test_async_omni_streams_each_stage_and_aborts() -> None:
                 await anext(omni.generate("x", output_modalities=["image"]))
             assert (refused.value.status, refused.value.type) == (400, "invalid_request_error")
             assert "makes no images" in str(refused.value)
+            # mm_processor_kwargs reach the chat plan's own checks.
+            with pytest.raises(OmniError, match="use_audio_in_video") as refused:
+                await anext(omni.generate("x", mm_processor_kwargs={"bogus": 1}))
+            assert refused.value.status == 400
         assert not omni.is_running
         pids = [pid for _, pid in workers.values()]
         assert pids_alive(pids) == []

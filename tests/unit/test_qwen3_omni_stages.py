@@ -119,13 +119,16 @@ def reference(path: str, inputs: dict[str, Any], thinker_tokens: int, talker_tok
 
 
 def processed(thinker: Qwen3ThinkerStage, messages: list[dict[str, Any]]) -> dict[str, Any]:
-    conversation, images, audios = thinker.conversation(messages)
+    conversation, media = thinker.conversation(messages)
     text = thinker.processor.apply_chat_template(
         conversation, add_generation_prompt=True, tokenize=False
     )
     return dict(
         thinker.processor(
-            text=[text], images=images or None, audio=audios or None, return_tensors="pt"
+            text=[text],
+            images=media.images or None,
+            audio=media.audios or None,
+            return_tensors="pt",
         )
     )
 

@@ -29,7 +29,14 @@ from omnipipe.router.api.common import (
     stage_with_role,
     unless_disconnected,
 )
-from omnipipe.router.api.inputs import audio_part, check_sampling, image_part
+from omnipipe.router.api.inputs import (
+    MAX_VIDEOS,
+    audio_part,
+    check_processor_kwargs,
+    check_sampling,
+    image_part,
+    video_part,
+)
 from omnipipe.router.errors import BadRequest, OpenAIError
 from omnipipe.router.orchestrator import Orchestrator, Output
 
@@ -43,11 +50,17 @@ _PART_SCHEMA: dict[str, Any] = {
     "type": "object",
     "required": ["type"],
     "properties": {
-        "type": {"enum": ["text", "image_url", "input_audio"]},
+        "type": {"enum": ["text", "image_url", "input_audio", "video_url"]},
         "text": {"type": "string"},
         "image_url": {
             "type": "object",
             "properties": {"url": {"type": "string", "description": "a data: URL, base64"}},
+        },
+        "video_url": {
+            "type": "object",
+            "properties": {
+                "url": {"type": "string", "description": "a data: URL, base64 mp4 or webm"}
+            },
         },
         "input_audio": {
             "type": "object",
@@ -98,11 +111,16 @@ class ChatRequest(BaseModel):
     seed: int | None = Field(default=None, ge=0, lt=2**63)
     n: int = Field(default=1, ge=1, le=1)
     sampling_params_list: list[dict[str, Any] | None] | dict[str, Any] | None = None
+    mm_processor_kwargs: dict[str, Any] | None = Field(
+        default=None,
+        description="passed to the thinker's processor: use_audio_in_video (bool), fps",
+    )
 
 
 def thinker_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """OpenAI messages -> the thinker's: text, inline images and WAV clips, nothing else."""
     converted: list[dict[str, Any]] = []
+    videos = 0
     for i, message in enumerate(messages):
         param = f"messages[{i}]"
         role = ROLES.get(str(message.get("role")))
@@ -127,6 +145,13 @@ def thinker_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 parts.append(image_part(part, where))
             elif kind == "input_audio":
                 parts.append(audio_part(part, where))
+            elif kind == "video_url":
+                videos += 1
+                if videos > MAX_VIDEOS:
+                    raise BadRequest(
+                        f"{where}: at most {MAX_VIDEOS} video per request", param=where
+                    )
+                parts.append(video_part(part, where))
             else:
                 raise BadRequest(f"{where}.type: unsupported content part {kind!r}", param=where)
         converted.append({"role": role, "content": parts})
@@ -174,6 +199,7 @@ class ChatPlan:
         self.params[thinker] = {
             **common,
             "messages": thinker_messages(body.messages),
+            "mm_processor_kwargs": check_processor_kwargs(body.mm_processor_kwargs),
             "audio": self.want_audio,
             "sampling": {
                 **{k: v for k, v in text_sampling.items() if v is not None},

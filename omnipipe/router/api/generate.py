@@ -55,6 +55,7 @@ class GenerateRequest(BaseModel):
     request_id: str | None = Field(default=None, max_length=128, pattern=r"^[A-Za-z0-9._:-]+$")
     output_modalities: list[Modality] | None = Field(default=None, min_length=1, max_length=3)
     sampling_params_list: list[dict[str, Any] | None] | dict[str, Any] | None = None
+    mm_processor_kwargs: dict[str, Any] | None = None  # as in chat: use_audio_in_video, fps
     # AR stages
     max_tokens: int | None = Field(default=None, ge=1, le=65536)
     temperature: float | None = Field(default=None, ge=0, le=2)
@@ -99,6 +100,7 @@ def _plan(
             top_p=body.top_p,
             seed=body.seed,
             sampling_params_list=body.sampling_params_list,
+            mm_processor_kwargs=body.mm_processor_kwargs,
         )
         plan = ChatPlan(pipeline, chat)
         return plan.params, plan.emitters

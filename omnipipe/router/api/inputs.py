@@ -18,6 +18,14 @@ from omnipipe.router.errors import BadRequest
 # The thinker's limit on an input clip (worker/stages/media.py holds the same).
 MAX_AUDIO_SECONDS = 300
 WAV_SAMPLE_WIDTHS = (1, 2, 3, 4)
+# The thinker's limits on a video (worker/stages/video.py holds the same); its length is
+# checked where it is demuxed.
+MAX_VIDEO_BYTES = 16 * 1024 * 1024
+MAX_VIDEO_SECONDS = 300
+MAX_VIDEOS = 1
+VIDEO_TYPES = ("video/mp4", "video/webm")
+MAX_SAMPLING_FPS = 8.0
+PROCESSOR_KWARGS = ("use_audio_in_video", "fps")
 # Below this a positive temperature, top_p or repetition penalty turns into zero or
 # infinity in an engine's float32 arithmetic (a subnormal top_p is 0.0 there), and the
 # sampler has nothing left to pick from. Temperature 0 stays: it means greedy.
@@ -48,6 +56,71 @@ def image_part(part: dict[str, Any], param: str) -> dict[str, Any]:
         raise BadRequest(f"{param}.image_url: the data: URL must be base64", param=param)
     base64_data(data, f"{param}.image_url")
     return {"type": "image", "data": data}
+
+
+def _is_container(raw: bytes, mime: str) -> bool:
+    """The container's signature: an ISO BMFF box ('ftyp' first) or an EBML header."""
+    if mime == "video/mp4":
+        return raw[4:8] == b"ftyp"
+    return raw[:4] == b"\x1a\x45\xdf\xa3"
+
+
+def video_part(part: dict[str, Any], param: str) -> dict[str, Any]:
+    """A video_url part: an inline mp4 or webm within the byte limit; the thinker decodes
+    it (and refuses what is corrupt or longer than MAX_VIDEO_SECONDS)."""
+    video = part.get("video_url")
+    url = video.get("url") if isinstance(video, dict) else video
+    where = f"{param}.video_url"
+    if not isinstance(url, str) or not url.startswith("data:"):
+        raise BadRequest(
+            f"{where}: send the video inline as a data: URL "
+            "(data:video/mp4;base64,...); the router fetches no URLs",
+            param=param,
+        )
+    header, _, data = url.partition(",")
+    mime = header.removeprefix("data:").split(";")[0].lower()
+    if mime not in VIDEO_TYPES:
+        raise BadRequest(
+            f"{where}: only {' and '.join(VIDEO_TYPES)} are supported, got {mime or 'none'!r}",
+            param=param,
+        )
+    if not header.endswith(";base64"):
+        raise BadRequest(f"{where}: the data: URL must be base64", param=param)
+    if len(data) // 4 * 3 > MAX_VIDEO_BYTES + 3:
+        raise BadRequest(f"{where}: video larger than {MAX_VIDEO_BYTES} bytes", param=param)
+    raw = base64_data(data, where)
+    if len(raw) > MAX_VIDEO_BYTES:
+        raise BadRequest(f"{where}: video larger than {MAX_VIDEO_BYTES} bytes", param=param)
+    if not _is_container(raw, mime):
+        raise BadRequest(f"{where}: not a decodable {mime} file", param=param)
+    return {"type": "video", "data": data}
+
+
+def check_processor_kwargs(raw: object) -> dict[str, Any]:
+    """mm_processor_kwargs the thinker's processor may be given: use_audio_in_video (bool)
+    and fps (the video's sampling rate, 0 < fps <= 8)."""
+    param = "mm_processor_kwargs"
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise BadRequest(f"{param}: expected an object", param=param)
+    unknown = sorted(set(raw) - set(PROCESSOR_KWARGS))
+    if unknown:
+        raise BadRequest(
+            f"{param}: {', '.join(unknown)} not supported; "
+            f"supported: {', '.join(PROCESSOR_KWARGS)}",
+            param=param,
+        )
+    if "use_audio_in_video" in raw and not isinstance(raw["use_audio_in_video"], bool):
+        raise BadRequest(f"{param}.use_audio_in_video: expected a boolean", param=param)
+    fps = raw.get("fps")
+    if "fps" in raw and (
+        isinstance(fps, bool)
+        or not isinstance(fps, (int, float))
+        or not 0 < fps <= MAX_SAMPLING_FPS
+    ):
+        raise BadRequest(f"{param}.fps: must be in (0, {MAX_SAMPLING_FPS:g}]", param=param)
+    return dict(raw)
 
 
 def check_wav(raw: bytes, param: str) -> None:

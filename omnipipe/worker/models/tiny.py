@@ -18,7 +18,7 @@ from typing import Any, cast
 log = logging.getLogger(__name__)
 TINY_SCHEME = "tiny://"
 # Bump when a builder changes, so stale caches are rebuilt.
-TINY_FORMAT = "7"
+TINY_FORMAT = "8-video"
 
 
 def default_cache_dir() -> Path:

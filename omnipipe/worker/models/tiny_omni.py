@@ -45,6 +45,7 @@ CHAT_TEMPLATE = (
     "{% for c in m['content'] %}"
     "{% if c['type'] == 'text' %}{{ c['text'] }}"
     "{% elif c['type'] == 'image' %}<|vision_bos|><|IMAGE|><|vision_eos|>"
+    "{% elif c['type'] == 'video' %}<|vision_bos|><|VIDEO|><|vision_eos|>"
     "{% elif c['type'] == 'audio' %}<|audio_bos|><|AUDIO|><|audio_eos|>{% endif %}"
     "{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
@@ -189,7 +190,8 @@ def build_qwen25_omni(target: Path) -> None:
     processor = Qwen2_5OmniProcessor(
         # Small images keep the tiny vision tower fast: at most 4 patches of 28x28.
         image_processor=Qwen2VLImageProcessor(min_pixels=28 * 28, max_pixels=56 * 56),
-        video_processor=Qwen2VLVideoProcessor(),
+        # Video frames likewise: at most 4 patches of 28x28 a frame pair.
+        video_processor=Qwen2VLVideoProcessor(min_pixels=28 * 28, max_pixels=56 * 56),
         feature_extractor=WhisperFeatureExtractor(feature_size=128),
         tokenizer=tokenizer,
         chat_template=CHAT_TEMPLATE,

@@ -44,6 +44,7 @@ CHAT_TEMPLATE = (
     "{% for c in m['content'] %}"
     "{% if c['type'] == 'text' %}{{ c['text'] }}"
     "{% elif c['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif c['type'] == 'video' %}<|vision_start|><|video_pad|><|vision_end|>"
     "{% elif c['type'] == 'audio' %}<|audio_start|><|audio_pad|><|audio_end|>{% endif %}"
     "{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
@@ -75,6 +76,8 @@ def _config(ids: dict[str, int]) -> Any:
         "image_token_id": ids["<|image_pad|>"],
         "video_token_id": ids["<|video_pad|>"],
         "audio_start_token_id": ids["<|audio_start|>"],
+        # As the released config has it; vLLM's use_audio_in_video reads it.
+        "audio_end_token_id": ids["<|audio_end|>"],
     }
     return Qwen3OmniMoeConfig(
         thinker_config={
@@ -207,7 +210,9 @@ def build_qwen3_omni(target: Path) -> None:
         image_processor=Qwen2VLImageProcessor(
             patch_size=16, merge_size=2, min_pixels=32 * 32, max_pixels=64 * 64
         ),
-        video_processor=Qwen2VLVideoProcessor(patch_size=16, merge_size=2),
+        video_processor=Qwen2VLVideoProcessor(
+            patch_size=16, merge_size=2, min_pixels=32 * 32, max_pixels=64 * 64
+        ),
         feature_extractor=WhisperFeatureExtractor(feature_size=128),
         tokenizer=tokenizer,
         chat_template=CHAT_TEMPLATE,

@@ -34,7 +34,13 @@ from omnipipe.worker.stages.codec import (
     CodecTalkerStage,
 )
 from omnipipe.worker.stages.sampling import Sampling, next_token
-from omnipipe.worker.stages.thinker import HiddenStates, ThinkerStage, media_layout, pick_voice
+from omnipipe.worker.stages.thinker import (
+    HiddenStates,
+    ThinkerStage,
+    layout_kwargs,
+    media_layout,
+    pick_voice,
+)
 
 # transformers' defaults (Qwen3OmniMoeForConditionalGeneration.generate).
 TALKER_SAMPLING = Sampling(
@@ -258,8 +264,7 @@ class Qwen3TalkerSession(CodecTalkerSession):
             inputs_embeds=embeds,
             talker_input_ids=talker_ids,
             attention_mask=torch.ones_like(talker_ids),
-            image_grid_thw=p.get("image_grid_thw"),
-            audio_feature_lengths=p.get("audio_feature_lengths"),
+            **layout_kwargs(p),
             past_key_values=self.cache,
             use_cache=True,
             output_hidden_states=True,

@@ -26,7 +26,7 @@ from omnipipe.worker.stages.codec import (
     CodecTalkerStage,
 )
 from omnipipe.worker.stages.sampling import Sampling, next_token
-from omnipipe.worker.stages.thinker import pick_voice
+from omnipipe.worker.stages.thinker import layout_kwargs, pick_voice
 
 # transformers' defaults (Qwen2_5OmniForConditionalGeneration.generate).
 TALKER_SAMPLING = Sampling(
@@ -127,8 +127,7 @@ class TalkerSession(CodecTalkerSession):
             input_text_ids=text_ids,
             inputs_embeds=embeds,
             attention_mask=torch.ones_like(codec_ids),
-            image_grid_thw=p.get("image_grid_thw"),
-            audio_feature_lengths=p.get("audio_feature_lengths"),
+            **layout_kwargs(p),
             past_key_values=self.cache,
             use_cache=True,
         )

@@ -24,8 +24,14 @@ from omnipipe.worker.stages.base import (
     StreamingStage,
     Tensors,
 )
+from omnipipe.worker.stages.chat_media import (
+    ChatMedia,
+    processor_options,
+    processor_warnings_silenced,
+)
 from omnipipe.worker.stages.media import decode_image, decode_wav
 from omnipipe.worker.stages.sampling import Sampling, next_token
+from omnipipe.worker.stages.video import decode_video
 
 DEFAULT_VOICE = "Chelsie"
 # transformers' hidden_states tuple (0: embeddings, -1: final), or the layers of it that
@@ -36,14 +42,41 @@ HiddenStates = tuple[torch.Tensor, ...] | Mapping[int, torch.Tensor]
 THINKER_SAMPLING = Sampling(temperature=1.0, top_p=1.0, top_k=0, max_tokens=2048)
 
 
+# The processor outputs the talker's rope index reads (see media_layout).
+LAYOUT_INPUTS = (
+    "image_grid_thw",
+    "video_grid_thw",
+    "video_second_per_grid",
+    "use_audio_in_video",
+    "feature_attention_mask",
+)
+
+
 def media_layout(inputs: Tensors) -> Tensors:
-    """What the talker's rope index needs of the prompt's media: image grids, audio lengths."""
+    """What the talker's rope index needs of the prompt's media: image and video grids, the
+    video's seconds per grid, audio lengths, and whether the video's audio is interleaved."""
     layout: Tensors = {}
-    if "image_grid_thw" in inputs:
-        layout["image_grid_thw"] = inputs["image_grid_thw"]
+    for key in ("image_grid_thw", "video_grid_thw", "video_second_per_grid"):
+        if key in inputs:
+            layout[key] = inputs[key]
+    if "video_grid_thw" in inputs and "use_audio_in_video" in inputs:
+        layout["use_audio_in_video"] = inputs["use_audio_in_video"]
     if "feature_attention_mask" in inputs:
         layout["audio_feature_lengths"] = inputs["feature_attention_mask"].sum(-1)
     return layout
+
+
+def layout_kwargs(layout: Mapping[str, torch.Tensor]) -> dict[str, Any]:
+    """media_layout as the talker's forward takes it (and the thinker's rope index)."""
+    return {
+        "image_grid_thw": layout.get("image_grid_thw"),
+        "video_grid_thw": layout.get("video_grid_thw"),
+        "video_second_per_grid": layout.get("video_second_per_grid"),
+        "use_audio_in_video": bool(layout["use_audio_in_video"])
+        if "use_audio_in_video" in layout
+        else False,
+        "audio_feature_lengths": layout.get("audio_feature_lengths"),
+    }
 
 
 def rope_index(thinker: Any) -> Any:
@@ -146,27 +179,34 @@ class ThinkerStage(StreamingStage):
         )
         return text
 
-    def process(self, text: str, images: list[Any], audios: list[Any]) -> Any:
+    def process(self, text: str, media: ChatMedia) -> Any:
         """The processor's model inputs; media it cannot take is the client's error."""
         try:
-            return self.processor(
-                text=[text],
-                images=images or None,
-                audio=audios or None,
-                return_tensors="pt",
-                padding=True,
-            )
-        except (ValueError, TypeError) as exc:
+            with processor_warnings_silenced():
+                inputs = self.processor(
+                    text=[text],
+                    images=media.images or None,
+                    audio=media.audios or None,
+                    videos=media.videos or None,
+                    return_tensors="pt",
+                    padding=True,
+                    **media.processor_kwargs(),
+                )
+        except (ValueError, TypeError, IndexError, StopIteration) as exc:
             raise StageInputError(f"the processor rejected the input: {exc}") from None
+        if media.videos:
+            inputs["use_audio_in_video"] = torch.tensor(media.use_audio_in_video)
+        return inputs
 
-    def conversation(self, messages: Any) -> tuple[list[dict[str, Any]], list[Any], list[Any]]:
-        """Router messages -> the processor's conversation, images and audio clips."""
+    def conversation(
+        self, messages: Any, mm_processor_kwargs: Any = None
+    ) -> tuple[list[dict[str, Any]], ChatMedia]:
+        """Router messages -> the processor's conversation and its media."""
         if not isinstance(messages, list) or not messages:
             raise StageInputError("messages must be a non-empty list")
         rate = self.processor.feature_extractor.sampling_rate
         conversation: list[dict[str, Any]] = []
-        images: list[Any] = []
-        audios: list[Any] = []
+        media = ChatMedia.from_options(processor_options(mm_processor_kwargs))
         for i, message in enumerate(messages):
             content = message.get("content") if isinstance(message, dict) else None
             role = message.get("role") if isinstance(message, dict) else None
@@ -182,15 +222,20 @@ class ThinkerStage(StreamingStage):
                 if kind == "text":
                     parts.append({"type": "text", "text": str(part.get("text", ""))})
                 elif kind == "image":
-                    images.append(decode_image(part.get("data"), where))
+                    media.images.append(decode_image(part.get("data"), where))
                     parts.append({"type": "image"})
                 elif kind == "audio":
-                    audios.append(decode_wav(part.get("data"), where, rate))
+                    media.audios.append(decode_wav(part.get("data"), where, rate))
                     parts.append({"type": "audio"})
+                elif kind == "video":
+                    track = rate if media.use_audio_in_video else None
+                    video = decode_video(part.get("data"), where, media.limits, track)
+                    media.add_video(video, where)
+                    parts.append({"type": "video"})
                 else:
                     raise StageInputError(f"{where}: unsupported content type {kind!r}")
             conversation.append({"role": role, "content": parts})
-        return conversation, images, audios
+        return conversation, media
 
 
 class ReplyText:
@@ -218,8 +263,10 @@ class ThinkerSession(Session):
             self.voice = pick_voice(params, stage.voices)
         self.sampling = Sampling.from_params(stage.sampling, params.get("sampling"))
         self.generator = self.sampling.generator(stage.device)
-        conversation, images, audios = stage.conversation(params.get("messages"))
-        inputs = stage.process(stage.prompt_text(conversation), images, audios)
+        conversation, media = stage.conversation(
+            params.get("messages"), params.get("mm_processor_kwargs")
+        )
+        inputs = stage.process(stage.prompt_text(conversation), media)
         length = int(inputs["input_ids"].shape[1])
         if length >= stage.context_length:
             # Refused before it takes the engine: a prompt past the context would run
@@ -267,18 +314,21 @@ class ThinkerSession(Session):
         from transformers import DynamicCache
 
         thinker = self.stage.thinker
-        feature_mask = self.inputs.get("feature_attention_mask")
+        layout = layout_kwargs(media_layout(self.inputs))
         positions, self.rope_deltas = rope_index(thinker)(
             self.inputs["input_ids"],
-            self.inputs.get("image_grid_thw"),
-            None,
+            layout["image_grid_thw"],
+            layout["video_grid_thw"],
             self.inputs["attention_mask"],
-            False,
-            feature_mask.sum(-1) if feature_mask is not None else None,
+            layout["use_audio_in_video"],
+            layout["audio_feature_lengths"],
+            layout["video_second_per_grid"],
         )
         self.cache = DynamicCache()
+        inputs = {k: v for k, v in self.inputs.items() if k != "use_audio_in_video"}
         out = thinker(
-            **self.inputs,
+            **inputs,
+            use_audio_in_video=layout["use_audio_in_video"],
             position_ids=positions,
             past_key_values=self.cache,
             use_cache=True,

@@ -23,17 +23,16 @@ from omnipipe.worker.engines.omni import QWEN25_OMNI, omni_model_type
 from omnipipe.worker.engines.vllm import VllmEngine
 from omnipipe.worker.engines.vllm_tap import FINAL
 from omnipipe.worker.stages.base import Chunk, Session, StageInputError, StageJob, StepResult
+from omnipipe.worker.stages.chat_media import processor_warnings_silenced
 from omnipipe.worker.stages.qwen3_omni import Qwen3ThinkerStage
 from omnipipe.worker.stages.sampling import Sampling
 from omnipipe.worker.stages.thinker import (
+    LAYOUT_INPUTS,
     THINKER_SAMPLING,
     ReplyText,
     ThinkerStage,
     pick_voice,
 )
-
-# The processor outputs talker_prompt reads the media layout from (see media_layout).
-MEDIA_INPUTS = ("image_grid_thw", "feature_attention_mask")
 
 
 class VllmThinkerMixin(ThinkerStage):
@@ -152,23 +151,30 @@ class VllmThinkerSession(Session):
         if self.want_audio:
             self.voice = pick_voice(params, stage.voices)
         self.sampling = Sampling.from_params(stage.sampling, params.get("sampling"))
-        conversation, images, audios = stage.conversation(params.get("messages"))
+        conversation, chat_media = stage.conversation(
+            params.get("messages"), params.get("mm_processor_kwargs")
+        )
         text = stage.prompt_text(conversation)
         self.media_inputs: dict[str, torch.Tensor] = {}
-        if self.want_audio and (images or audios):
-            # The talker's rope index needs the image grids and audio lengths, which vLLM
-            # keeps to itself: the processor works them out again for audio requests.
-            processed = stage.process(text, images, audios)
+        if self.want_audio and chat_media:
+            # The talker's rope index needs the image and video grids and audio lengths,
+            # which vLLM keeps to itself: the processor works them out again for audio
+            # requests.
+            processed = stage.process(text, chat_media)
             self.media_inputs = {
-                k: processed[k] for k in MEDIA_INPUTS if processed.get(k) is not None
+                k: processed[k] for k in LAYOUT_INPUTS if processed.get(k) is not None
             }
         rate = stage.processor.feature_extractor.sampling_rate
         media: dict[str, Any] = {}
         self.media = media
-        if images:
-            media["image"] = images
-        if audios:
-            media["audio"] = [(clip, rate) for clip in audios]
+        if chat_media.images:
+            media["image"] = chat_media.images
+        if chat_media.audios:
+            media["audio"] = [(clip, rate) for clip in chat_media.audios]
+        if chat_media.videos:
+            media["video"] = chat_media.videos
+        # The same processor arguments the transformers engine uses (fps, use_audio_in_video).
+        self.mm_kwargs = chat_media.processor_kwargs()
         forced = params.get("forced_reply")
         self.forced: list[int] | None = None
         prompt: dict[str, Any]
@@ -185,7 +191,11 @@ class VllmThinkerSession(Session):
             prompt = {"prompt_token_ids": ids + self.forced}
             max_tokens = 1
         else:
-            prompt = {"prompt": text, "multi_modal_data": media} if media else {"prompt": text}
+            prompt = {"prompt": text}
+            if media:
+                prompt["multi_modal_data"] = media
+            if self.mm_kwargs:
+                prompt["mm_processor_kwargs"] = self.mm_kwargs
             max_tokens = self.sampling.max_tokens
             self.prompt_length = 0  # known once vLLM has processed the prompt
         self.request_id = f"thinker-{uuid.uuid4().hex}"
@@ -194,7 +204,8 @@ class VllmThinkerSession(Session):
         from vllm.exceptions import VLLMClientError
 
         try:
-            self.engine_id = llm.add_request(self.request_id, prompt, params)  # type: ignore[arg-type]
+            with processor_warnings_silenced():
+                self.engine_id = llm.add_request(self.request_id, prompt, params)  # type: ignore[arg-type]
         except (ValueError, TypeError, VLLMClientError) as exc:
             # Too long for the context, an image or clip the processor rejects: vLLM
             # refuses before the request takes any engine time.
@@ -315,8 +326,11 @@ class VllmThinkerSession(Session):
         prompt: dict[str, Any] = {"prompt_token_ids": [*self.prompt_ids, self._first_token()]}
         if self.media:
             prompt["multi_modal_data"] = self.media
+        if self.mm_kwargs:
+            prompt["mm_processor_kwargs"] = self.mm_kwargs
         params = SamplingParams(max_tokens=1, detokenize=False)
-        engine_id = llm.add_request(request_id, prompt, params)  # type: ignore[arg-type]
+        with processor_warnings_silenced():
+            engine_id = llm.add_request(request_id, prompt, params)  # type: ignore[arg-type]
         stage.engine.tap.want(engine_id)
         try:
             # Other requests advance too; their outputs still reach their sessions.
