@@ -68,7 +68,8 @@ def test_openai_parts_become_thinker_parts() -> None:
         ({"type": "image_url", "image_url": {"url": "data:image/png;base64,!!"}}, "base64"),
         ({"type": "input_audio", "input_audio": {"data": "aGk=", "format": "mp3"}}, "only wav"),
         ({"type": "input_audio"}, "expected"),
-        ({"type": "video_url"}, "unsupported content part"),
+        ({"type": "video_url"}, r"content\[0\]\.video_url: send the video inline as a data: URL"),
+        ({"type": "file", "file": {"file_id": "f"}}, "unsupported content part 'file'"),
     ],
 )
 def test_bad_parts_are_400_naming_the_part(part: dict[str, object], message: str) -> None:
