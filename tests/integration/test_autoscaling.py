@@ -60,18 +60,22 @@ def apply_pipeline(
 
 
 def replicas(cluster: Cluster, namespace: str, name: str, stage: str = "denoise") -> int | None:
-    """The stage Deployment's spec.replicas; None while the operator has not created it."""
+    """The stage Deployment's spec.replicas; None while the operator has not created it.
+    Found by its labels: its name carries the pipeline's revision."""
     proc = cluster.kubectl(
         "get",
         "deployment",
-        f"{name}-{stage}",
+        "-l",
+        f"omnipipe.io/pipeline={name},omnipipe.io/stage={stage}",
         "-n",
         namespace,
         "-o",
-        "jsonpath={.spec.replicas}",
+        "jsonpath={.items[*].spec.replicas}",
         check=False,
     )
-    return int(proc.stdout) if proc.returncode == 0 and proc.stdout else None
+    counts = proc.stdout.split() if proc.returncode == 0 else []
+    assert len(counts) <= 1, f"one revision expected, found {len(counts)} {stage} Deployments"
+    return int(counts[0]) if counts else None
 
 
 def stage_status(
