@@ -3,7 +3,9 @@ real Qwen-Image weights; clients are the official openai package and curl."""
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import io
 import os
 import re
 import signal
@@ -15,7 +17,9 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import openai
 import pytest
+from PIL import Image
 
 from omnipipe.local.ports import free_port
 
@@ -154,3 +158,18 @@ def write_pipeline(
         f"  transfer: {{backend: {transfer}}}\n{stages}"
     )
     return path
+
+
+def assert_serves_a_small_image(base_url: str, model: str, steps: int = 2) -> None:
+    """The official openai client gets a 64x64 image from the router at base_url (its
+    /v1 URL, or the root)."""
+    url = base_url if base_url.endswith("/v1") else f"{base_url}/v1"
+    with openai.OpenAI(base_url=url, api_key="any", max_retries=0) as c:
+        r = c.images.generate(
+            model=model,
+            prompt="a lighthouse",
+            size="64x64",
+            extra_body={"num_inference_steps": steps},
+        )
+    img = Image.open(io.BytesIO(base64.b64decode(r.data[0].b64_json or "")))
+    assert img.size == (64, 64)

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import base64
-import io
 
 import openai
 import pytest
-from PIL import Image
 
-from tests.e2e.conftest import REPO, start_serve
+from tests.e2e.conftest import REPO, assert_serves_a_small_image, start_serve
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -17,15 +15,7 @@ pytestmark = pytest.mark.timeout(300)
 def test_make_serve_example_serves_an_image() -> None:
     served = start_serve(REPO / "examples/tiny-text-to-image.yaml")
     try:
-        with openai.OpenAI(base_url=served.base_url, api_key="any", max_retries=0) as c:
-            r = c.images.generate(
-                model="tiny-image",
-                prompt="a lighthouse",
-                size="64x64",
-                extra_body={"num_inference_steps": 4},
-            )
-        img = Image.open(io.BytesIO(base64.b64decode(r.data[0].b64_json or "")))
-        assert img.size == (64, 64)
+        assert_serves_a_small_image(served.base_url, "tiny-image", steps=4)
     finally:
         served.stop()
     assert served.proc.returncode == 0
@@ -45,14 +35,7 @@ def test_serve_model_needs_no_file() -> None:
                 "qwen-image",
                 {"root": "tiny://qwen-image", "pipeline": "qwen-image"},
             )
-            r = c.images.generate(
-                model="tiny://qwen-image",
-                prompt="a lighthouse",
-                size="64x64",
-                extra_body={"num_inference_steps": 2},
-            )
-        img = Image.open(io.BytesIO(base64.b64decode(r.data[0].b64_json or "")))
-        assert img.size == (64, 64)
+        assert_serves_a_small_image(served.base_url, "tiny://qwen-image")
     finally:
         served.stop()
     assert served.proc.returncode == 0

@@ -5,8 +5,6 @@ answers the openai client in front of local workers, and the image itself runs a
 
 from __future__ import annotations
 
-import base64
-import io
 import json
 import os
 import re
@@ -18,13 +16,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import openai
 import pytest
-from PIL import Image
 
 from omnipipe.api.constants import CREDENTIAL_ENV
 from omnipipe.local.ports import free_port
-from tests.e2e.conftest import start_serve
+from tests.e2e.conftest import assert_serves_a_small_image, start_serve
 from tests.harness.cluster import BIN, Cluster, control_plane, kubeconfig_text
 from tests.integration.conftest import REPO, children, wait_for
 
@@ -273,15 +269,7 @@ def test_router_in_the_image_answers_the_openai_client(image: str, tmp_path: Pat
             try:
                 base = f"http://127.0.0.1:{port}"
                 wait_for("the router in the image", lambda: http_ok(base, router), timeout=60)
-                with openai.OpenAI(base_url=f"{base}/v1", api_key="any", max_retries=0) as c:
-                    r = c.images.generate(
-                        model="tiny-image",
-                        prompt="a lighthouse",
-                        size="64x64",
-                        extra_body={"num_inference_steps": 2},
-                    )
-                img = Image.open(io.BytesIO(base64.b64decode(r.data[0].b64_json or "")))
-                assert img.size == (64, 64)
+                assert_serves_a_small_image(base, "tiny-image")
             finally:
                 router.stop()
         assert " ERROR " not in router.output(), router.output()[-4000:]

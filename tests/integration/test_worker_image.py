@@ -4,18 +4,15 @@ several GB: `make test-worker-image` (OMNIPIPE_TEST_WORKER_IMAGE=1) builds and r
 
 from __future__ import annotations
 
-import base64
-import io
 import os
 import shutil
 import time
 from pathlib import Path
 
-import openai
 import pytest
-from PIL import Image
 
 from omnipipe.local.ports import free_port
+from tests.e2e.conftest import assert_serves_a_small_image
 from tests.integration.conftest import REPO, wait_for
 from tests.integration.test_container_images import InContainer, build, container, http_ok
 
@@ -53,15 +50,7 @@ def test_tiny_pipeline_runs_inside_the_worker_image(worker_image: str, tmp_path:
             started = time.monotonic()
             wait_for("the pipeline in the worker image", lambda: http_ok(base, served), 300)
             print(f"tiny pipeline ready in the worker image in {time.monotonic() - started:.0f} s")
-            with openai.OpenAI(base_url=f"{base}/v1", api_key="any", max_retries=0) as c:
-                r = c.images.generate(
-                    model="tiny-image",
-                    prompt="a lighthouse",
-                    size="64x64",
-                    extra_body={"num_inference_steps": 2},
-                )
-            img = Image.open(io.BytesIO(base64.b64decode(r.data[0].b64_json or "")))
-            assert img.size == (64, 64)
+            assert_serves_a_small_image(base, "tiny-image")
             assert "ready at" in served.output()
         finally:
             served.stop()
