@@ -15,12 +15,23 @@ from omnipipe.api.constants import CREDENTIAL_HEADER
 DRAIN_TIMEOUT_SECONDS = 180.0
 
 
-def is_ready(url: str) -> bool:
+def is_ready(url: str, stage: str | None = None) -> bool:
+    """/ready answers 200, and, given a stage, from a worker of that stage: a port
+    another process took would otherwise pass for the worker's."""
     try:
         with urllib.request.urlopen(url, timeout=1) as resp:
-            return bool(resp.status == 200)
+            if resp.status != 200:
+                return False
+            raw = resp.read()
     except (urllib.error.URLError, OSError):
         return False
+    if stage is None:
+        return True
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        return False
+    return isinstance(body, dict) and body.get("stage") == stage
 
 
 def router_state(url: str) -> dict[str, object]:

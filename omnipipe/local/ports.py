@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import socket
+from collections.abc import Collection
 from pathlib import Path
 
 EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
@@ -29,8 +30,9 @@ def _bindable(host: str, port: int) -> bool:
         return True
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port nobody holds, taken from below the kernel's ephemeral range.
+def free_port(host: str = "127.0.0.1", avoid: Collection[int] = ()) -> int:
+    """A port nobody holds, taken from below the kernel's ephemeral range, and none of
+    `avoid`: ports already handed to children that have not bound them yet.
 
     Binding port 0 would hand out an ephemeral port, and the kernel gives the same
     ports to outgoing connections: one of them can take it between our picking it
@@ -41,9 +43,12 @@ def free_port(host: str = "127.0.0.1") -> int:
     if low > LOWEST_PORT + 1000:
         for _ in range(200):
             port = random.randrange(LOWEST_PORT, low)
-            if _bindable(host, port):
+            if port not in avoid and _bindable(host, port):
                 return port
-    with socket.socket() as s:
-        s.bind((host, 0))
-        picked: int = s.getsockname()[1]
-        return picked
+    for _ in range(200):
+        with socket.socket() as s:
+            s.bind((host, 0))
+            picked: int = s.getsockname()[1]
+        if picked not in avoid:
+            return picked
+    raise OSError(f"no free port on {host}")

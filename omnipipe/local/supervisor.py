@@ -101,10 +101,18 @@ class Supervisor:
     # The serving revision's snapshot: the replicas file names it, so that the router
     # answers for that revision's model.
     snapshot: Path | None = None
+    # Every port handed to a child, and the router's: a child binds its ports a while
+    # after they are picked, so the same free port could otherwise be picked twice.
+    ports_given: set[int] = field(default_factory=set)
 
     @property
     def revision(self) -> str:
         return pipeline_revision(self.pipeline)
+
+    def _free_port(self) -> int:
+        port = free_port(self.host, avoid=self.ports_given | {self.port})
+        self.ports_given.add(port)
+        return port
 
     @property
     def replicas_file(self) -> Path:
@@ -144,7 +152,7 @@ class Supervisor:
     def _spawn_worker(self, stage: str, snapshot: Path, revision: str, pending: bool) -> Child:
         index = self.started_per_stage.get(stage, 0)
         self.started_per_stage[stage] = index + 1
-        control_port, transfer_port = free_port(self.host), free_port(self.host)
+        control_port, transfer_port = self._free_port(), self._free_port()
         url = f"http://{self.host}:{control_port}"
         argv = [
             sys.executable,
@@ -240,7 +248,7 @@ class Supervisor:
                 # UCX cannot rebind a port its predecessor just held; the router learns
                 # the new transfer address from the worker's /ready.
                 at = child.argv.index("--transfer-port") + 1
-                child.argv[at] = str(free_port(self.host))
+                child.argv[at] = str(self._free_port())
             child.proc = self._popen(child.argv)
             print(
                 f"omnipipe: {child.name} exited with code {code}; restarting as pid "
@@ -261,7 +269,7 @@ class Supervisor:
             for child in group:
                 if child.pending and (code := child.proc.poll()) is not None:
                     raise ReloadFailed(f"{child.name} exited with code {code} while starting")
-                if child.name not in shown and control.is_ready(child.ready_url):
+                if child.name not in shown and control.is_ready(child.ready_url, child.stage):
                     shown.add(child.name)
                     of = f", revision {child.revision}" if child.revision else ""
                     print(

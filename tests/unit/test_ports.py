@@ -38,3 +38,43 @@ def test_without_a_range_to_pick_from_the_kernel_picks(
     monkeypatch.setattr(ports, "EPHEMERAL_RANGE_FILE", narrow)
     port = ports.free_port()
     assert 1024 <= port <= 65535
+
+
+def test_a_port_already_handed_out_is_not_picked_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Seen in CI: two children of one `omnipipe serve` given the same port (a worker's
+    and the router's), since neither had bound it yet; the router answered the worker's
+    /ready and the worker never got work."""
+    picks = iter([20001, 20001, 20002])
+    monkeypatch.setattr(ports.random, "randrange", lambda a, b: next(picks))
+    monkeypatch.setattr(ports, "_ephemeral_low", lambda: 65536)
+    assert ports.free_port(avoid={20001}) == 20002
+
+
+def test_a_ready_answer_from_another_stage_is_not_that_workers() -> None:
+    import http.server
+    import json
+    import threading
+
+    from omnipipe.local import control
+
+    class Answer(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = json.dumps({"stage": "encode", "ready": True}).encode()
+            self.send_response(200)
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Answer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/ready"
+        assert control.is_ready(url, "encode")
+        assert not control.is_ready(url, "denoise")
+        assert control.is_ready(url)
+    finally:
+        server.shutdown()
+        server.server_close()
