@@ -88,6 +88,21 @@ PIPELINE_TYPES: dict[str, PipelineType] = {
                 StageDefaults("decode", Role.VAE_DECODER, Engine.DIFFUSERS, inputs=("denoise",)),
             ),
         ),
+        PipelineType(
+            name="bagel",
+            description=(
+                "BAGEL (AR main, DiT generator): think (vLLM; text answers, and the KV "
+                "cache of an image's context and its CFG companions) -> generate (the "
+                "generation expert over those caches, flow matching) -> decode (VAE)."
+            ),
+            example_models=("ByteDance-Seed/BAGEL-7B-MoT", "tiny://bagel"),
+            checkpoints=("bagel",),
+            stages=(
+                StageDefaults("think", Role.THINKER, Engine.VLLM),
+                StageDefaults("generate", Role.DENOISER, Engine.DIFFUSERS, inputs=("think",)),
+                StageDefaults("decode", Role.VAE_DECODER, Engine.DIFFUSERS, inputs=("generate",)),
+            ),
+        ),
         _omni(
             "qwen2.5-omni",
             "Any to text and speech: thinker -> talker -> code2wav, streaming.",

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from omnipipe.api import ResolvedPipeline
 from omnipipe.api.spec import Role
 from omnipipe.router.api.audio import pcm_of, wav_bytes
+from omnipipe.router.api.bagel import bagel_chat_image_params, is_bagel
 from omnipipe.router.api.common import (
     after,
     check_model,
@@ -29,6 +30,7 @@ from omnipipe.router.api.common import (
     stage_with_role,
     unless_disconnected,
 )
+from omnipipe.router.api.images import parse_size
 from omnipipe.router.api.inputs import (
     MAX_VIDEOS,
     audio_part,
@@ -102,7 +104,9 @@ class ChatRequest(BaseModel):
     )
     stream: bool = False
     stream_options: StreamOptions | None = None
-    modalities: list[Literal["text", "audio"]] = ["text"]
+    modalities: list[Literal["text", "audio", "image"]] = ["text"]
+    """"image" (BAGEL): the answer text, then an image made over the conversation and
+    the answer; see omnipipe/router/api/bagel.py for the image's request extensions."""
     audio: AudioOptions | None = None
     max_tokens: int | None = Field(default=None, ge=1, le=65536)
     max_completion_tokens: int | None = Field(default=None, ge=1, le=65536)
@@ -171,6 +175,12 @@ class ChatPlan:
             )
         self.thinker = thinker
         self.want_audio = "audio" in body.modalities
+        self.want_image = "image" in body.modalities
+        if self.want_image and not is_bagel(pipeline):
+            raise BadRequest(
+                f"model {body.model!r} ({pipeline.pipeline}) makes no images in chat",
+                param="modalities",
+            )
         self.audio = body.audio or AudioOptions()
         code2wav = stage_with_role(pipeline, Role.CODE2WAV)
         if self.want_audio and code2wav is None:
@@ -206,6 +216,23 @@ class ChatPlan:
                 **overrides.get(thinker, {}),
             },
         }
+        if is_bagel(pipeline):
+            self._bagel(pipeline, body, seed)
+
+    def _bagel(self, pipeline: ResolvedPipeline, body: ChatRequest, seed: int) -> None:
+        """BAGEL's think stage answers when text is asked for; with an image, the
+        decode stage emits it and every stage gets the image's parameters."""
+        self.params[self.thinker]["text"] = "text" in body.modalities
+        self.params[self.thinker]["image"] = self.want_image
+        if not self.want_image:
+            return
+        decode = stage_with_role(pipeline, Role.VAE_DECODER)
+        if decode is None:
+            raise BadRequest(f"model {body.model!r} has no image output stage", param="modalities")
+        self.emitters.add(decode)
+        image = {**bagel_chat_image_params(body.model_extra, parse_size), "seed": seed, "n": 1}
+        for params in self.params.values():
+            params.update(image)
 
 
 class ChatResult:
@@ -215,9 +242,13 @@ class ChatResult:
         self.sample_rate = 0
         self.finish_reason = "stop"
         self.usage: dict[str, int] = {}
+        self.images: list[dict[str, Any]] = []
 
     def add(self, output: Output) -> None:
         data = output.data
+        if "b64_json" in data:
+            self.images.append(image_content(str(data["b64_json"])))
+            return
         if "text" in data:
             self.text += str(data["text"])
         if "audio" in data:
@@ -233,6 +264,11 @@ class ChatResult:
                 "completion_tokens": completion,
                 "total_tokens": prompt + completion,
             }
+
+
+def image_content(b64_png: str) -> dict[str, Any]:
+    """An image in a chat message or delta, as an image_url content part."""
+    return {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{b64_png}"}}
 
 
 def _sse(payload: dict[str, Any]) -> bytes:
@@ -256,6 +292,8 @@ def chat_router(
         await unless_disconnected(request, collect())
         created = int(time.time())
         message: dict[str, Any] = {"role": "assistant", "content": result.text}
+        if result.images:
+            message["images"] = result.images
         if plan.want_audio:
             audio = (
                 wav_bytes(bytes(result.pcm), result.sample_rate or 24_000)
@@ -300,12 +338,26 @@ def chat_router(
             )
 
         yield chunk({"role": "assistant", "content": ""})
+        # Text, then image: an image that arrives before the answer's end waits for it.
+        held: list[Output] = []
+        answered = not plan.want_image
         try:
             async for output in after(first, outputs):
-                result.add(output)
                 data = output.data
+                if "b64_json" in data and not answered:
+                    held.append(output)
+                    continue
+                result.add(output)
+                if "b64_json" in data:
+                    yield chunk({"images": result.images[-1:]})
                 if data.get("text"):
                     yield chunk({"content": data["text"]})
+                if "finish_reason" in data and output.stage == plan.thinker:
+                    answered = True
+                    for image in held:
+                        result.add(image)
+                        yield chunk({"images": result.images[-1:]})
+                    held = []
                 if "audio" in data:
                     yield chunk({"audio": {"id": audio_id, "data": data["audio"]}})
         except OpenAIError as exc:
@@ -313,6 +365,9 @@ def chat_router(
             yield _sse({"error": {"message": exc.message, "type": exc.type, "code": exc.code}})
             yield b"data: [DONE]\n\n"
             return
+        for image in held:  # text-less requests: the image is all there is
+            result.add(image)
+            yield chunk({"images": result.images[-1:]})
         finish: dict[str, Any] = {}
         if plan.want_audio:
             finish["audio"] = {"id": audio_id, "transcript": result.text}

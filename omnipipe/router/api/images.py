@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from omnipipe.api.spec import Role
+from omnipipe.router.api.bagel import bagel_image_params, is_bagel
 from omnipipe.router.api.common import (
     after,
     check_model,
@@ -151,6 +152,8 @@ def images_router(orchestrator: Orchestrator, model_ids: Callable[[], set[str]])
         if edits_images(orchestrator):
             raise BadRequest("this pipeline edits images: send the image to POST /v1/images/edits")
         params = image_params(body)
+        if is_bagel(orchestrator.pipeline):
+            params.update(bagel_image_params(body.model_extra))
         return await respond_with_images(
             request, orchestrator, {stage: params for stage in orchestrator.stages}
         )

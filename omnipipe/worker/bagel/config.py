@@ -52,9 +52,7 @@ class BagelConfig:
                 intermediate_size=int(llm["intermediate_size"]),
                 num_hidden_layers=int(llm["num_hidden_layers"]),
                 num_attention_heads=int(llm["num_attention_heads"]),
-                num_key_value_heads=int(
-                    llm.get("num_key_value_heads", llm["num_attention_heads"])
-                ),
+                num_key_value_heads=int(llm.get("num_key_value_heads", llm["num_attention_heads"])),
                 vocab_size=int(llm["vocab_size"]),
                 rms_norm_eps=float(llm.get("rms_norm_eps", 1e-6)),
                 rope_theta=float(llm.get("rope_theta", rope.get("rope_theta", 10000.0))),
@@ -70,3 +68,13 @@ class BagelConfig:
     def from_pretrained(cls, path: str | Path) -> BagelConfig:
         with (Path(path) / "config.json").open() as f:
             return cls.from_dict(json.load(f))
+
+
+def is_bagel(path: str | Path) -> bool:
+    """A local checkpoint whose config.json says model_type bagel."""
+    config = Path(path) / "config.json"
+    if not config.is_file():
+        return False
+    with config.open() as f:
+        raw = json.load(f)
+    return isinstance(raw, dict) and raw.get("model_type") == "bagel"

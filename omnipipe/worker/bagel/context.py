@@ -66,6 +66,15 @@ def image_contexts(
     return contexts
 
 
+def token_id(tokenizer: Any, token: str) -> int:
+    return int(str(tokenizer.convert_tokens_to_ids(token)))
+
+
+def image_markers(tokenizer: Any) -> tuple[int, int]:
+    """The ids of the tokens around the generation query."""
+    return token_id(tokenizer, IMAGE_START), token_id(tokenizer, IMAGE_END)
+
+
 def answer_prompt(turns: list[Turn], images: list[Any]) -> Prompt:
     """The prompt the think stage answers in text."""
     prompt = render(turns, images, True, True)

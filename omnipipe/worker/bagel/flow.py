@@ -114,4 +114,5 @@ def guided(
     if out is v:
         return v
     scale = (v.norm() / (out.norm() + 1e-8)).clamp(min=params.cfg_renorm_min, max=1.0)
-    return out * scale
+    renormed: torch.Tensor = out * scale
+    return renormed

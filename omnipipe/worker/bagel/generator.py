@@ -50,7 +50,8 @@ class TimestepEmbedder(nn.Module):
         freqs = torch.exp(-math.log(10000) * torch.arange(half, dtype=torch.float32) / half)
         args = t.float()[:, None] * freqs[None]
         emb = torch.cat([torch.cos(args), torch.sin(args)], dim=-1)
-        out: torch.Tensor = self.mlp(emb.to(self.mlp[0].weight.dtype))
+        dtype = next(self.mlp.parameters()).dtype
+        out: torch.Tensor = self.mlp(emb.to(dtype))
         return out
 
 
@@ -75,7 +76,9 @@ class BagelGenerator(nn.Module):
         self.latent_pos_embed = LatentPositionEmbedding(config.max_latent_size, hidden)
 
     @classmethod
-    def from_pretrained(cls, path: str | Path, dtype: torch.dtype = torch.float32) -> BagelGenerator:
+    def from_pretrained(
+        cls, path: str | Path, dtype: torch.dtype = torch.float32
+    ) -> BagelGenerator:
         from safetensors.torch import load_file
 
         model = cls(BagelConfig.from_pretrained(path))

@@ -195,7 +195,7 @@ class MoTModel(nn.Module):
         for i, layer in enumerate(self.layers):
             past = (context.keys[i].to(x.dtype), context.values[i].to(x.dtype))
             x, _, _ = layer(x, positions, gen, past)
-        out = self.norm(x)
+        out: torch.Tensor = self.norm(x)
         out[gen] = self.norm_moe_gen(x[gen])
         return out
 

@@ -10,12 +10,11 @@ import torch
 
 from omnipipe.worker.bagel.context import (
     FULL,
-    IMAGE_END,
-    IMAGE_START,
     NO_IMAGE,
     NO_TEXT,
     Turn,
     image_contexts,
+    image_markers,
 )
 from omnipipe.worker.bagel.flow import Conditions, FlowParams, denoise
 from omnipipe.worker.bagel.generator import BagelGenerator
@@ -53,10 +52,7 @@ def text_to_image(model_path: str, prompt: str, params: FlowParams) -> bytes:
         no_text=caches.get(NO_TEXT),
         no_image=caches.get(NO_IMAGE, full) if params.uses_image_cfg else None,
     )
-    markers = (
-        int(tokenizer.convert_tokens_to_ids(IMAGE_START)),
-        int(tokenizer.convert_tokens_to_ids(IMAGE_END)),
-    )
+    markers = image_markers(tokenizer)
     tokens = denoise(generator, conditions, params, markers)
     config = BagelConfig.from_pretrained(model_path)
     rows, cols = generator.latent_grid(params.height, params.width)

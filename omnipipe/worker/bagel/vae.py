@@ -37,7 +37,7 @@ def decode_latents(vae: Any, latents: torch.Tensor) -> torch.Tensor:
     cfg = vae.config
     z = latents.to(vae.dtype) / cfg.scaling_factor + (cfg.shift_factor or 0.0)
     with torch.inference_mode():
-        image = vae.decode(z, return_dict=False)[0]
+        image: torch.Tensor = vae.decode(z, return_dict=False)[0]
     return (image.float() * 0.5 + 0.5).clamp(0, 1)
 
 

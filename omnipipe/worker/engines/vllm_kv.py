@@ -10,8 +10,8 @@ the engine runs in this process (the "uni" executor), so no copy crosses a proce
 
 The paged layouts read here are PINNED_VLLM's (engines/vllm_tap.py): the CPU backend's
 (see read_slots) and the flash-attention layout (2, num_blocks, block_size, kv_heads,
-head_dim); the latter is unchecked here (no GPU). tests/unit/test_bagel_kv.py checks the export against a one-process
-prefill and fails the day either changes.
+head_dim); the latter is unchecked here (no GPU). tests/unit/test_bagel_kv.py checks the
+export against a one-process prefill and fails the day the CPU layout changes.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ class _Slots:
 
 
 @dataclass
-class ExportMetadata(KVConnectorMetadata):  # type: ignore[misc]
+class ExportMetadata(KVConnectorMetadata):
     block_size: int
     saves: list[_Slots] = field(default_factory=list)
 
@@ -69,9 +69,9 @@ class _Saved:
     chunks: dict[int, list[tuple[int, torch.Tensor, torch.Tensor]]] = field(default_factory=dict)
 
 
-def read_slots(kv_layer: torch.Tensor, slots: torch.Tensor, block_size: int) -> tuple[
-    torch.Tensor, torch.Tensor
-]:
+def read_slots(
+    kv_layer: torch.Tensor, slots: torch.Tensor, block_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Keys and values (tokens, kv_heads, head_dim) of these slots of a paged layer."""
     blocks, offsets = slots // block_size, slots % block_size
     if kv_layer.dim() == 4:
@@ -90,7 +90,7 @@ def read_slots(kv_layer: torch.Tensor, slots: torch.Tensor, block_size: int) -> 
     return kv_layer[0, blocks, offsets], kv_layer[1, blocks, offsets]
 
 
-class OmnipipeKVExport(KVConnectorBase_V1):  # type: ignore[misc]
+class OmnipipeKVExport(KVConnectorBase_V1):
     def __init__(self, vllm_config: Any, role: KVConnectorRole, kv_cache_config: Any = None):
         super().__init__(vllm_config, role, kv_cache_config)
         self._block_size = int(vllm_config.cache_config.block_size)
@@ -100,7 +100,9 @@ class OmnipipeKVExport(KVConnectorBase_V1):  # type: ignore[misc]
 
     # Scheduler side.
 
-    def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int, bool]:
+    def get_num_new_matched_tokens(
+        self, request: Any, num_computed_tokens: int
+    ) -> tuple[int, bool]:
         return 0, False  # this connector only exports, it never loads
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
@@ -129,9 +131,10 @@ class OmnipipeKVExport(KVConnectorBase_V1):  # type: ignore[misc]
             self._plan(meta, new.req_id, prompt, scheduled.get(new.req_id, 0))
         cached = scheduler_output.scheduled_cached_reqs
         for i, request_id in enumerate(cached.req_ids):
-            prompt = self._prompts.get(request_id)
-            if prompt is None:
+            known = self._prompts.get(request_id)
+            if known is None:
                 continue
+            prompt = known
             new_blocks = cached.new_block_ids[i]
             if new_blocks is not None:
                 if request_id in cached.resumed_req_ids:  # preempted: all blocks anew

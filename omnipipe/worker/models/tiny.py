@@ -131,11 +131,18 @@ def _build_qwen3_omni(target: Path) -> None:
     build_qwen3_omni(target)
 
 
+def _build_bagel(target: Path) -> None:
+    from omnipipe.worker.models.tiny_bagel import build_bagel
+
+    build_bagel(target)
+
+
 BUILDERS: dict[str, Callable[[Path], None]] = {
     "qwen-image": _build_qwen_image,
     "qwen-image-edit": _build_qwen_image_edit,
     "qwen2.5-omni": _build_qwen25_omni,
     "qwen3-omni": _build_qwen3_omni,
+    "bagel": _build_bagel,
 }
 
 

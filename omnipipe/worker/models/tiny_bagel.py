@@ -92,10 +92,10 @@ def build_bagel(target: Path) -> None:
     save_file(weights, str(target / WEIGHTS_FILE), metadata={"format": "pt"})
     (target / "config.json").write_text(json.dumps(raw, indent=2))
     save_byte_tokenizer(target)
-    SiglipImageProcessor(
-        size={"height": VIT_IMAGE_SIZE, "width": VIT_IMAGE_SIZE}
-    ).save_pretrained(str(target))
-    AutoencoderKL(
+    SiglipImageProcessor(size={"height": VIT_IMAGE_SIZE, "width": VIT_IMAGE_SIZE}).save_pretrained(
+        str(target)
+    )
+    vae: Any = AutoencoderKL(
         in_channels=3,
         out_channels=3,
         down_block_types=("DownEncoderBlock2D",) * 4,
@@ -109,4 +109,5 @@ def build_bagel(target: Path) -> None:
         shift_factor=0.1159,
         use_quant_conv=False,
         use_post_quant_conv=False,
-    ).save_pretrained(str(target / "vae"))
+    )
+    vae.save_pretrained(str(target / "vae"))

@@ -53,6 +53,25 @@ def image_stage_class(spec: ResolvedStage, model_path: str) -> type[Stage]:
     }[spec.role]
 
 
+def bagel_stage_class(spec: ResolvedStage, model_path: str) -> type[Stage]:
+    from omnipipe.worker.stages.bagel_image import BagelDecodeStage, BagelGenerateStage
+    from omnipipe.worker.stages.bagel_think import BagelThinkStage
+
+    classes: dict[tuple[Role, Engine], type[Stage]] = {
+        (Role.THINKER, Engine.VLLM): BagelThinkStage,
+        (Role.DENOISER, Engine.DIFFUSERS): BagelGenerateStage,
+        (Role.VAE_DECODER, Engine.DIFFUSERS): BagelDecodeStage,
+    }
+    found = classes.get((spec.role, spec.engine))
+    if found is None:
+        raise NotImplementedError(
+            f"stage {spec.name}: a BAGEL checkpoint ({model_path}) runs roles thinker on "
+            f"vllm, denoiser and vae-decoder on diffusers, not {spec.role.value} on "
+            f"{spec.engine.value}"
+        )
+    return found
+
+
 OMNI_ROLES = frozenset({Role.THINKER, Role.TALKER, Role.CODE2WAV})
 
 
@@ -64,6 +83,10 @@ def stage_class(spec: ResolvedStage, model_path: str) -> type[Stage]:
             f"stage {spec.name}: role {spec.role.value} on engine {spec.engine.value} is not "
             "implemented by this worker"
         )
+    from omnipipe.worker.bagel.config import is_bagel
+
+    if is_bagel(model_path):
+        return bagel_stage_class(spec, model_path)
     if spec.role not in OMNI_ROLES:
         return image_stage_class(spec, model_path)
     if spec.engine is Engine.VLLM:

@@ -4,52 +4,18 @@ KV caches) and decode stage (the FLUX VAE)."""
 from __future__ import annotations
 
 import base64
-from typing import Any
 
 import torch
 
-from omnipipe.worker.bagel.context import FULL, IMAGE_END, IMAGE_START, NO_IMAGE, NO_TEXT
+from omnipipe.worker.bagel.context import FULL, NO_IMAGE, NO_TEXT, image_markers
 from omnipipe.worker.bagel.flow import Conditions, FlowParams, denoise
 from omnipipe.worker.bagel.generator import BagelGenerator
 from omnipipe.worker.bagel.mot import ContextKV
 from omnipipe.worker.bagel.vae import decode_latents, load_vae, to_png, unpatchify
+from omnipipe.worker.stages.bagel_params import flow_params, int_param
 from omnipipe.worker.stages.base import Stage, StageInputError, StageJob, StageResult, Tensors
-from omnipipe.worker.stages.bagel_think import cfg_scale
 
 UPSTREAM = "think"
-MAX_STEPS = 200
-
-
-def _int(params: dict[str, Any], key: str, default: int, low: int, high: int) -> int:
-    value = params.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise StageInputError(f"{key} must be an integer from {low} to {high}")
-    return value
-
-
-def flow_params(params: dict[str, Any], index: int = 0) -> FlowParams:
-    """A request's sampling for its index-th image (seed + index)."""
-    interval = params.get("cfg_interval", (0.4, 1.0))
-    if (
-        not isinstance(interval, (list, tuple))
-        or len(interval) != 2
-        or not all(isinstance(x, (int, float)) and 0 <= x <= 1 for x in interval)
-    ):
-        raise StageInputError("cfg_interval must be two numbers in [0, 1]")
-    shift = cfg_scale(params, "timestep_shift", 3.0)
-    if shift <= 0:
-        raise StageInputError("timestep_shift must be > 0")
-    return FlowParams(
-        height=_int(params, "height", 1024, 16, 2048),
-        width=_int(params, "width", 1024, 16, 2048),
-        steps=_int(params, "num_inference_steps", 50, 2, MAX_STEPS),
-        timestep_shift=shift,
-        cfg_text_scale=cfg_scale(params, "cfg_text_scale", 4.0),
-        cfg_img_scale=cfg_scale(params, "cfg_img_scale", 1.0),
-        cfg_interval=(float(interval[0]), float(interval[1])),
-        cfg_renorm_min=cfg_scale(params, "cfg_renorm_min", 0.0),
-        seed=_int(params, "seed", 0, 0, 2**63 - 1) + index,
-    )
 
 
 def conditions(tensors: Tensors, params: FlowParams, empty: ContextKV) -> Conditions:
@@ -75,15 +41,12 @@ class BagelGenerateStage(Stage):
 
         self.generator = BagelGenerator.from_pretrained(self.model_path).to(self.device)
         tokenizer = AutoTokenizer.from_pretrained(self.model_path)
-        self.markers = (
-            int(tokenizer.convert_tokens_to_ids(IMAGE_START)),
-            int(tokenizer.convert_tokens_to_ids(IMAGE_END)),
-        )
+        self.markers = image_markers(tokenizer)
         llm = self.generator.config.llm
         self.empty = ContextKV.empty(llm, llm.num_hidden_layers, torch.float32)
 
     def run(self, job: StageJob) -> StageResult:
-        n = _int(job.params, "n", 1, 1, 4)
+        n = int_param(job.params, "n", 1, 1, 4)
         latents = []
         for i in range(n):
             params = flow_params(job.params, i)
@@ -93,9 +56,7 @@ class BagelGenerateStage(Stage):
                 raise StageInputError(str(exc)) from None
             conds = conditions(job.inputs.get(UPSTREAM, {}), params, self.empty)
             latents.append(
-                denoise(
-                    self.generator, conds, params, self.markers, self.progress, job.cancelled
-                )
+                denoise(self.generator, conds, params, self.markers, self.progress, job.cancelled)
             )
         return StageResult(tensors={"latents": torch.stack(latents)})
 
@@ -109,8 +70,8 @@ class BagelDecodeStage(Stage):
 
     def run(self, job: StageJob) -> StageResult:
         step = self.config.pixels_per_token
-        rows = _int(job.params, "height", 1024, 16, 2048) // step
-        cols = _int(job.params, "width", 1024, 16, 2048) // step
+        rows = int_param(job.params, "height", 1024, 16, 2048) // step
+        cols = int_param(job.params, "width", 1024, 16, 2048) // step
         outputs = []
         for tokens in job.inputs["generate"]["latents"]:
             if job.cancelled.is_set():

@@ -23,9 +23,11 @@ from omnipipe.worker.bagel.context import (
     Turn,
     answer_prompt,
     image_contexts,
+    token_id,
 )
 from omnipipe.worker.engines.vllm import VllmEngine
 from omnipipe.worker.engines.vllm_kv import EXPORT_PREFIX, kv_transfer_config, take_exported
+from omnipipe.worker.stages.bagel_params import cfg_scale
 from omnipipe.worker.stages.base import (
     Chunk,
     Session,
@@ -42,13 +44,6 @@ from omnipipe.worker.stages.vllm_thinker import sampling_params
 MAX_IMAGES = 4
 
 
-def cfg_scale(params: dict[str, Any], key: str, default: float) -> float:
-    value = params.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-        raise StageInputError(f"{key} must be a number >= 0")
-    return float(value)
-
-
 def conversation(params: dict[str, Any]) -> tuple[list[Turn], list[Any]]:
     """Router messages (or an image request's prompt) -> turns and decoded images."""
     messages = params.get("messages")
@@ -59,7 +54,8 @@ def conversation(params: dict[str, Any]) -> tuple[list[Turn], list[Any]]:
         return [Turn("user", (prompt,))], []
     if not isinstance(messages, list) or not messages:
         raise StageInputError("messages must be a non-empty list")
-    turns, images = [], []
+    turns: list[Turn] = []
+    images: list[Any] = []
     for i, message in enumerate(messages):
         role = message.get("role") if isinstance(message, dict) else None
         content = message.get("content") if isinstance(message, dict) else None
@@ -91,7 +87,7 @@ class BagelThinkStage(StreamingStage):
         from transformers import AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
-        self.eos = frozenset([int(self.tokenizer.convert_tokens_to_ids("<|im_end|>"))])
+        self.eos = frozenset([token_id(self.tokenizer, "<|im_end|>")])
         self.sampling = Sampling.from_params(THINKER_SAMPLING, self.spec.sampling)
         args = {**dict(self.spec.engine_args), "kv_transfer_config": kv_transfer_config()}
         self.engine = VllmEngine(self.model_path, args, self.device, [])
