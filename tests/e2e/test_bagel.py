@@ -75,7 +75,8 @@ def test_chat_answers_text_then_an_image(client: openai.OpenAI) -> None:
     )
     message = r.choices[0].message
     assert message.content is not None
-    assert r.usage is not None and r.usage.completion_tokens >= 1
+    assert r.usage is not None
+    assert r.usage.completion_tokens >= 1
     [image] = (message.model_extra or {})["images"]
     assert from_data_url(image).shape == (64, 64, 3)
 
@@ -114,7 +115,8 @@ def test_chat_understands_and_edits_an_input_image(client: openai.OpenAI) -> Non
         model=MODEL, messages=[{"role": "user", "content": content}], max_tokens=4
     )
     assert (text.choices[0].message.model_extra or {}).get("images") is None
-    assert text.usage is not None and text.usage.prompt_tokens > 16  # the ViT's tokens
+    assert text.usage is not None
+    assert text.usage.prompt_tokens > 16  # the ViT's tokens
     edit = client.chat.completions.create(
         model=MODEL,
         messages=[{"role": "user", "content": content}],
