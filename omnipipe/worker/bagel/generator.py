@@ -20,8 +20,15 @@ from omnipipe.worker.bagel.mot import ContextKV, LanguageModel
 
 TIMESTEP_FREQUENCIES = 256
 # Checkpoint weights the generator does not hold: vLLM's understanding side (ViT,
-# connector, lm_head) and the VAE.
-NOT_GENERATOR = ("vit_model.", "connector.", "vit_pos_embed.", "language_model.lm_head.")
+# connector, lm_head) and the VAE (FLUX's encoder./decoder. names, as vLLM skips them).
+NOT_GENERATOR = (
+    "vit_model.",
+    "connector.",
+    "vit_pos_embed.",
+    "language_model.lm_head.",
+    "encoder.",
+    "decoder.",
+)
 WEIGHTS_FILE = "model.safetensors"
 
 
@@ -82,11 +89,13 @@ class BagelGenerator(nn.Module):
         from safetensors.torch import load_file
 
         model = cls(BagelConfig.from_pretrained(path))
-        weights = {
-            k: v
-            for k, v in load_file(str(Path(path) / WEIGHTS_FILE)).items()
-            if not k.startswith(NOT_GENERATOR)
-        }
+        weights = {}
+        # Every *.safetensors at the top, as vLLM's loader reads them: tiny://bagel's
+        # model.safetensors, the release's ema.safetensors (and ae.safetensors, the VAE).
+        for file in sorted(Path(path).glob("*.safetensors")):
+            for k, v in load_file(str(file)).items():
+                if not k.startswith(NOT_GENERATOR):
+                    weights[k] = v
         model.load_state_dict(weights, strict=True)
         return model.to(dtype).eval()
 
