@@ -98,6 +98,8 @@ class StageRuntime:
         # The watchdog's view of the engine thread: when the call now running last made
         # progress (None: the thread is idle). Written on that thread, read on the loop.
         self._progress_at: float | None = None
+        # Per request: what gives its received KV rows back to the receiver's BlockTable.
+        self._row_releases: dict[str, list[Callable[[], None]]] = {}
 
     # ---- load accounting -------------------------------------------------------------
     @property
@@ -195,11 +197,35 @@ class StageRuntime:
             if message.final:
                 pending.discard(message.source)
 
-    async def _collect_inputs(self, request: SubmitRequest) -> dict[str, Tensors]:
+    async def _collect_inputs(self, request: SubmitRequest, job: StageJob) -> None:
+        """Fills the job's inputs, and its KV blocks (rows of the receiver's BlockTable,
+        which job.free_rows gives back)."""
         inputs: dict[str, Tensors] = {name: {} for name in request.inputs}
-        async for message in self._messages(request):
-            inputs[message.source].update(message.tensors)
-        return inputs
+        try:
+            async for message in self._messages(request):
+                inputs[message.source].update(message.tensors)
+                if message.blocks:
+                    job.blocks.setdefault(message.source, []).extend(message.blocks)
+                    if message.on_drop is not None:
+                        self._row_releases.setdefault(request.request_id, []).append(
+                            message.on_drop
+                        )
+        finally:
+            job.inputs = inputs
+
+    def _free_rows(self, request_id: str) -> None:
+        """After whatever the engine thread is running now (it may still read the rows):
+        the engine's FIFO runs this after it, and the table is touched on the loop."""
+        releases = self._row_releases.pop(request_id, [])
+        if not releases:
+            return
+        loop = asyncio.get_running_loop()
+
+        def release_on_loop() -> None:
+            for release in releases:
+                loop.call_soon_threadsafe(release)
+
+        self._engine.submit(release_on_loop)
 
     async def _feed(self, request: SubmitRequest, inbox: Inbox) -> None:
         async for message in self._messages(request):
@@ -257,6 +283,7 @@ class StageRuntime:
                                 step.tensors,
                                 chunk=chunk_index,
                                 final=step.done,
+                                blocks=step.blocks,
                             ),
                         )
                     chunk_index += 1
@@ -282,8 +309,8 @@ class StageRuntime:
                     await job.events.put(StageEvent(type="done"))
                     self.metrics.observe_duration(time.monotonic() - job.submitted)
                     return
-                inputs = await self._collect_inputs(request)
-                job.stage_job = StageJob(request.params, inputs)
+                job.stage_job = StageJob(request.params, {})
+                await self._collect_inputs(request, job.stage_job)
                 job.result = asyncio.get_running_loop().create_future()
                 job.queued = time.monotonic()
                 self._queue.append(job)
@@ -329,6 +356,7 @@ class StageRuntime:
         finally:
             if job in self._queue:
                 self._queue.remove(job)
+            self._free_rows(request.request_id)
             self.mailbox.discard(request.request_id)
             self.jobs.pop(request.request_id, None)
             self._update_load()

@@ -129,6 +129,9 @@ async def _load_stage(state: WorkerState) -> None:
         os.kill(os.getpid(), signal.SIGTERM)
         return
     assert state.runtime is not None
+    if (table := stage.kv_block_table()) is not None and state.receiver is not None:
+        # Sized by the model, so known only now; nothing is sent here before /ready.
+        state.receiver.block_table = table
     state.runtime.stage = stage
     state.runtime.start()
     state.loaded = True

@@ -9,8 +9,10 @@ This is also the fence around the KV connector's reading of vLLM's paged cache
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import io
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -19,8 +21,12 @@ import torch
 from PIL import Image
 
 from omnipipe.api.spec import Engine, Role
+from omnipipe.transfer import Mailbox, Message, make_receiver, make_sender
+from omnipipe.worker.bagel.config import BagelConfig
 from omnipipe.worker.bagel.context import NO_IMAGE, Turn, image_contexts
 from omnipipe.worker.bagel.flow import FlowParams
+from omnipipe.worker.bagel.kv_blocks import BLOCK_TOKENS, LAYOUT, unpack
+from omnipipe.worker.bagel.mot import ContextKV
 from omnipipe.worker.bagel.reference import prefill_text, text_to_image
 from omnipipe.worker.models.tiny import resolve_model_path
 from omnipipe.worker.stages import stage_class
@@ -56,19 +62,32 @@ def stages() -> tuple[BagelThinkStage, BagelGenerateStage, BagelDecodeStage]:
     return think, generate, decode
 
 
-def think(stage: StreamingStage, params: dict[str, Any]) -> tuple[Tensors, list[dict[str, Any]]]:
+@dataclass
+class HandedOver:
+    tensors: Tensors = field(default_factory=dict)
+    blocks: list[torch.Tensor] = field(default_factory=list)
+    outputs: list[dict[str, Any]] = field(default_factory=list)
+
+    def caches(self) -> dict[str, ContextKV]:
+        if not self.blocks and LAYOUT not in self.tensors:
+            return {}
+        llm = BagelConfig.from_pretrained(resolve_model_path(MODEL)).llm
+        return unpack(self.blocks, self.tensors[LAYOUT], llm, llm.num_hidden_layers)
+
+
+def think(stage: StreamingStage, params: dict[str, Any]) -> HandedOver:
     session = stage.open(StageJob(params=params, inputs={}))
-    tensors: Tensors = {}
-    outputs: list[dict[str, Any]] = []
+    out = HandedOver()
     try:
         while True:
             step = session.step([])
             if step is None:
                 continue
-            tensors.update(step.tensors)
-            outputs.extend(step.outputs)
+            out.tensors.update(step.tensors)
+            out.blocks.extend(step.blocks)
+            out.outputs.extend(step.outputs)
             if step.done:
-                return tensors, outputs
+                return out
     finally:
         session.close()
 
@@ -90,16 +109,19 @@ def one_process_prefill(generate: BagelGenerateStage, tokenizer: Any, text: str)
 
 def test_handed_over_kv_equals_a_one_process_prefill(stages: Any) -> None:
     think_stage, generate, _ = stages
-    tensors, outputs = think(think_stage, {**IMAGE, "cfg_text_scale": 4.0})
-    assert outputs == []  # an image request's think stage says nothing to the router
+    handed = think(think_stage, {**IMAGE, "cfg_text_scale": 4.0})
+    assert handed.outputs == []  # an image request's think stage says nothing to the router
     # Text to image: the context without its text is empty, so nothing is sent for it.
-    assert sorted(tensors) == ["full.keys", "full.values"]
+    caches = handed.caches()
+    assert sorted(caches) == ["full"]
+    assert sorted(handed.tensors) == [LAYOUT]  # the caches travel as KV blocks only
     context = image_contexts([Turn("user", ("a red fox",))], [], True, False)["full"].text
     reference = one_process_prefill(generate, think_stage.tokenizer, context)
-    assert tensors["full.keys"].shape == reference.keys.shape
+    assert caches["full"].keys.shape == reference.keys.shape
     assert reference.length == len(think_stage.tokenizer(context).input_ids) > 5
-    torch.testing.assert_close(tensors["full.keys"], reference.keys, atol=KV_ATOL, rtol=0)
-    torch.testing.assert_close(tensors["full.values"], reference.values, atol=KV_ATOL, rtol=0)
+    assert len(handed.blocks) == -(-reference.length // BLOCK_TOKENS)
+    torch.testing.assert_close(caches["full"].keys, reference.keys, atol=KV_ATOL, rtol=0)
+    torch.testing.assert_close(caches["full"].values, reference.values, atol=KV_ATOL, rtol=0)
     # Not vacuous: another prompt's cache differs.
     other = one_process_prefill(generate, think_stage.tokenizer, context.replace("red", "tan"))
     assert (other.keys - reference.keys).abs().max() > 1e-2
@@ -108,27 +130,54 @@ def test_handed_over_kv_equals_a_one_process_prefill(stages: Any) -> None:
 def test_cfg_companions_come_with_the_scales_and_only_then(stages: Any) -> None:
     think_stage, generate, _ = stages
     params = {**IMAGE, "messages": edit_message("make it red")}
-    tensors, _ = think(think_stage, {**params, "cfg_text_scale": 4.0, "cfg_img_scale": 2.0})
-    assert sorted(tensors) == [
-        "full.keys",
-        "full.values",
-        "no_image.keys",
-        "no_image.values",
-        "no_text.keys",
-        "no_text.values",
-    ]
+    caches = think(think_stage, {**params, "cfg_text_scale": 4.0, "cfg_img_scale": 2.0}).caches()
+    assert sorted(caches) == ["full", "no_image", "no_text"]
     # The full context is the image (no_text) and the framed text (no_image) together.
-    lengths = {k.split(".")[0]: v.shape[1] for k, v in tensors.items()}
+    lengths = {name: cache.length for name, cache in caches.items()}
     assert lengths["full"] == lengths["no_text"] + lengths["no_image"]
     text_only = image_contexts([Turn("user", ("make it red",))], [], False, True)
     text = image_contexts([Turn("user", ("make it red",))], [], True, True)["full"].text
     assert NO_IMAGE not in text_only  # no image: no image companion
     reference = one_process_prefill(generate, think_stage.tokenizer, text)
-    torch.testing.assert_close(tensors["no_image.keys"], reference.keys, atol=KV_ATOL, rtol=0)
+    torch.testing.assert_close(caches["no_image"].keys, reference.keys, atol=KV_ATOL, rtol=0)
 
-    off, _ = think(think_stage, {**params, "cfg_text_scale": 1.0, "cfg_img_scale": 1.0})
-    assert sorted(off) == ["full.keys", "full.values"]
-    torch.testing.assert_close(off["full.keys"], tensors["full.keys"])
+    off = think(think_stage, {**params, "cfg_text_scale": 1.0, "cfg_img_scale": 1.0}).caches()
+    assert sorted(off) == ["full"]
+    torch.testing.assert_close(off["full"].keys, caches["full"].keys)
+
+
+def test_kv_blocks_land_in_the_generate_workers_block_table(stages: Any) -> None:
+    """Over omnipipe's tcp transfer, as the workers send them: the blocks arrive as rows
+    of the generate stage's BlockTable, and read back as the caches that were sent."""
+    think_stage, generate, _ = stages
+    params = {**IMAGE, "messages": edit_message("make it red"), "cfg_img_scale": 2.0}
+    handed = think(think_stage, params)
+    table = generate.kv_block_table()
+    free = table.free_blocks
+
+    async def transfer() -> Message:
+        mailbox = Mailbox()
+        receiver = make_receiver("tcp", mailbox, credential="t", block_table=table)
+        await receiver.start()
+        sender = make_sender("tcp", credential="t")
+        try:
+            message = Message("r1", "think", handed.tensors, blocks=handed.blocks)
+            await sender.send(receiver.address, message)
+            return await mailbox.get("r1")
+        finally:
+            await sender.close()
+            await receiver.close()
+
+    received = asyncio.run(transfer())
+    assert len(received.block_ids) == len(handed.blocks) > 3
+    assert table.free_blocks == free - len(handed.blocks)
+    job = StageJob(params={}, inputs={"think": received.tensors}, blocks={"think": received.blocks})
+    got = generate.caches(job)
+    for name, cache in handed.caches().items():
+        torch.testing.assert_close(got[name].keys, cache.keys, atol=0, rtol=0)
+        torch.testing.assert_close(got[name].values, cache.values, atol=0, rtol=0)
+    table.free(received.block_ids)
+    assert table.free_blocks == free
 
 
 def decoded(pngs: list[dict[str, Any]]) -> list[np.ndarray]:
@@ -140,8 +189,9 @@ def decoded(pngs: list[dict[str, Any]]) -> list[np.ndarray]:
 
 def split_graph(stages: Any, params: dict[str, Any]) -> list[np.ndarray]:
     think_stage, generate, decode = stages
-    tensors, _ = think(think_stage, params)
-    latents = generate.run(StageJob(params=params, inputs={"think": tensors})).tensors
+    handed = think(think_stage, params)
+    job = StageJob(params=params, inputs={"think": handed.tensors}, blocks={"think": handed.blocks})
+    latents = generate.run(job).tensors
     result = decode.run(StageJob(params=params, inputs={"generate": latents}))
     return decoded(result.outputs)
 
@@ -169,16 +219,17 @@ def test_chat_answers_in_text_and_conditions_the_image_on_the_answer(stages: Any
         "cfg_text_scale": 1.0,
         "sampling": {"temperature": 0, "max_tokens": 6},
     }
-    tensors, outputs = think(think_stage, params)
+    handed = think(think_stage, params)
+    outputs = handed.outputs
     final = outputs[-1]
     assert final["finish_reason"] in ("stop", "length")
     answer = "".join(o.get("text", "") for o in outputs)
     turns = [Turn("user", ("draw a fox",)), Turn("assistant", (answer,))]
     context = image_contexts(turns, [], False, False)["full"].text
-    assert tensors["full.keys"].shape[1] == len(think_stage.tokenizer(context).input_ids)
-    text_only, text_outputs = think(think_stage, {**params, "image": False})
-    assert text_only == {}
-    assert "".join(o.get("text", "") for o in text_outputs) == answer  # greedy
+    assert handed.caches()["full"].length == len(think_stage.tokenizer(context).input_ids)
+    text_only = think(think_stage, {**params, "image": False})
+    assert (text_only.tensors, text_only.blocks) == ({}, [])
+    assert "".join(o.get("text", "") for o in text_only.outputs) == answer  # greedy
 
 
 @pytest.mark.parametrize(

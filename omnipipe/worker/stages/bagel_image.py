@@ -7,31 +7,27 @@ import base64
 
 import torch
 
+from omnipipe.transfer import BlockTable
 from omnipipe.worker.bagel.context import FULL, NO_IMAGE, NO_TEXT, image_markers
 from omnipipe.worker.bagel.flow import Conditions, FlowParams, denoise
 from omnipipe.worker.bagel.generator import BagelGenerator
+from omnipipe.worker.bagel.kv_blocks import DEFAULT_TABLE_BLOCKS, LAYOUT, block_bytes, unpack
 from omnipipe.worker.bagel.mot import ContextKV
 from omnipipe.worker.bagel.vae import decode_latents, load_vae, to_png, unpatchify
 from omnipipe.worker.stages.bagel_params import flow_params, int_param
-from omnipipe.worker.stages.base import Stage, StageInputError, StageJob, StageResult, Tensors
+from omnipipe.worker.stages.base import Stage, StageInputError, StageJob, StageResult
 
 UPSTREAM = "think"
 
 
-def conditions(tensors: Tensors, params: FlowParams, empty: ContextKV) -> Conditions:
+def conditions(caches: dict[str, ContextKV], params: FlowParams, empty: ContextKV) -> Conditions:
     """The think stage's caches; a companion the CFG needs but that did not come had no
     tokens (BAGEL's empty context)."""
-
-    def cache(name: str) -> ContextKV | None:
-        if f"{name}.keys" not in tensors:
-            return None
-        return ContextKV(tensors[f"{name}.keys"], tensors[f"{name}.values"])
-
-    full = cache(FULL)
+    full = caches.get(FULL)
     if full is None:
         raise StageInputError("the think stage sent no context cache")
-    no_text = cache(NO_TEXT) or (empty if params.uses_text_cfg else None)
-    no_image = cache(NO_IMAGE) or (full if params.uses_image_cfg else None)
+    no_text = caches.get(NO_TEXT) or (empty if params.uses_text_cfg else None)
+    no_image = caches.get(NO_IMAGE) or (full if params.uses_image_cfg else None)
     return Conditions(full=full, no_text=no_text, no_image=no_image)
 
 
@@ -44,9 +40,24 @@ class BagelGenerateStage(Stage):
         self.markers = image_markers(tokenizer)
         llm = self.generator.config.llm
         self.empty = ContextKV.empty(llm, llm.num_hidden_layers, torch.float32)
+        self.table = BlockTable(DEFAULT_TABLE_BLOCKS, block_bytes(llm, llm.num_hidden_layers))
+
+    def kv_block_table(self) -> BlockTable:
+        return self.table
+
+    def caches(self, job: StageJob) -> dict[str, ContextKV]:
+        layout = job.inputs.get(UPSTREAM, {}).get(LAYOUT)
+        if layout is None:
+            raise StageInputError("the think stage sent no KV layout")
+        llm = self.generator.config.llm
+        try:
+            return unpack(job.blocks.get(UPSTREAM, []), layout, llm, llm.num_hidden_layers)
+        except (ValueError, RuntimeError) as exc:
+            raise StageInputError(f"the think stage's KV blocks do not fit: {exc}") from None
 
     def run(self, job: StageJob) -> StageResult:
         n = int_param(job.params, "n", 1, 1, 4)
+        caches: dict[str, ContextKV] | None = None
         latents = []
         for i in range(n):
             params = flow_params(job.params, i)
@@ -54,7 +65,8 @@ class BagelGenerateStage(Stage):
                 self.generator.latent_grid(params.height, params.width)
             except ValueError as exc:
                 raise StageInputError(str(exc)) from None
-            conds = conditions(job.inputs.get(UPSTREAM, {}), params, self.empty)
+            caches = caches if caches is not None else self.caches(job)
+            conds = conditions(caches, params, self.empty)
             latents.append(
                 denoise(self.generator, conds, params, self.markers, self.progress, job.cancelled)
             )

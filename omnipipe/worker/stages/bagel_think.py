@@ -5,8 +5,9 @@ engine by the KV connector (engines/vllm_kv.py) and handed to the generate stage
 A request that wants text runs its answer first and streams it; the image's context is
 then the conversation with the answer. Each context is one prefill in the shared engine
 (a request with the connector's export prefix and one output token); the generate stage
-never prefills. Contexts with no tokens (the no-text companion of a text-only prompt)
-are not sent: the generate stage uses the empty cache for them.
+never prefills. The caches go as KV blocks (bagel/kv_blocks.py), received straight into
+the generate worker's block table. Contexts with no tokens (the no-text companion of a
+text-only prompt) are not sent: the generate stage uses the empty cache for them.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from omnipipe.worker.bagel.context import (
     image_contexts,
     token_id,
 )
+from omnipipe.worker.bagel.kv_blocks import LAYOUT, pack
+from omnipipe.worker.bagel.mot import ContextKV
 from omnipipe.worker.engines.vllm import VllmEngine
 from omnipipe.worker.engines.vllm_kv import EXPORT_PREFIX, kv_transfer_config, take_exported
 from omnipipe.worker.stages.bagel_params import cfg_scale
@@ -191,14 +194,14 @@ class BagelThinkSession(Session):
             return self._answer_step()
         if len(self.finished) < len(self.pending):
             return StepResult()
-        tensors: dict[str, torch.Tensor] = {}
+        caches = {}
         for name, engine_id in self.pending.values():
-            keys, values = self.stage.take_cache(engine_id)
-            tensors[f"{name}.keys"], tensors[f"{name}.values"] = keys, values
+            caches[name] = ContextKV(*self.stage.take_cache(engine_id))
+        blocks, layout = pack(caches)
         for request_id in self.pending:
             self.stage.sessions.pop(request_id, None)
         self.pending = {}
-        return StepResult(tensors=tensors, done=True)
+        return StepResult(tensors={LAYOUT: layout}, blocks=blocks, done=True)
 
     def _answer_step(self) -> StepResult:
         outputs = self.reply.delta(self.generated, final=self.answer_done)

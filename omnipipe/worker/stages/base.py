@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from omnipipe.api import ResolvedStage
+from omnipipe.transfer import BlockTable
 
 Tensors = dict[str, torch.Tensor]
 
@@ -25,6 +26,9 @@ class StageJob:
     inputs: dict[str, Tensors]  # upstream stage name -> its tensors
     # Set when the request is cancelled; long engine loops check it between steps.
     cancelled: threading.Event = field(default_factory=threading.Event)
+    # Upstream stage name -> the KV blocks it sent, as rows of this worker's BlockTable
+    # (bytes); the runtime frees the rows once the job is done.
+    blocks: dict[str, list[torch.Tensor]] = field(default_factory=dict)
 
 
 @dataclass
@@ -54,6 +58,11 @@ class Stage(ABC):
     @abstractmethod
     def run(self, job: StageJob) -> StageResult: ...
 
+    def kv_block_table(self) -> BlockTable | None:
+        """The table KV blocks sent to this stage are received into (after load());
+        None: this stage takes no KV blocks."""
+        return None
+
     def batch_key(self, job: StageJob) -> Hashable | None:
         """Jobs with equal, non-None keys may run in one run_batch call."""
         return None
@@ -74,6 +83,8 @@ class Chunk:
 @dataclass
 class StepResult:
     tensors: Tensors = field(default_factory=dict)  # sent downstream as the next chunk
+    # KV blocks sent with the chunk (Message.blocks): contiguous, all the same size.
+    blocks: list[torch.Tensor] = field(default_factory=list)
     outputs: list[dict[str, Any]] = field(default_factory=list)  # streamed to the router
     done: bool = False
     audio_seconds: float = 0.0  # audio this step produced, for TTFA and real-time factor
