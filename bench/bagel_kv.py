@@ -1,7 +1,8 @@
 """BAGEL's KV hand-off, per request, on tiny://bagel: what the think stage hands the
-generate stage (the context's KV cache and its CFG companions) in bytes, the time to take
-it out of vLLM (the KV connector's export, through collective_rpc) and to send it over
-omnipipe's tcp transfer to a receiver, beside the anchor: a re-prefill of the same
+generate stage (the context's KV cache and its CFG companions, as KV blocks) in bytes, the
+time to take it out of vLLM (the KV connector's export, through collective_rpc) and pack
+it into blocks, and to send it over omnipipe's tcp transfer into a receiver's BlockTable,
+beside the anchor: a re-prefill of the same
 contexts by the generate stage's own modules, the work the hand-off replaces (one
 torch thread; the tiny model's prefill is cheap, so at this size the anchor is small and
 the ratio says little about a 7B model, whose prefill grows far faster than its cache
@@ -32,10 +33,11 @@ from _common import median, record, table
 from PIL import Image
 
 from omnipipe.api.spec import Engine, Role
-from omnipipe.transfer import Mailbox, Message, make_receiver, make_sender
+from omnipipe.transfer import BlockTable, Mailbox, Message, make_receiver, make_sender
+from omnipipe.worker.bagel.kv_blocks import BLOCK_TOKENS, LAYOUT
 from omnipipe.worker.bagel.reference import prefill_text
 from omnipipe.worker.models.tiny import resolve_model_path
-from omnipipe.worker.stages import stage_class
+from omnipipe.worker.stages import bagel_think, stage_class
 from omnipipe.worker.stages.bagel_image import BagelGenerateStage
 from omnipipe.worker.stages.bagel_think import BagelThinkStage
 from omnipipe.worker.stages.base import StageJob
@@ -83,8 +85,11 @@ def load() -> tuple[BagelThinkStage, BagelGenerateStage]:
     return think, generate
 
 
-def hand_off(think: BagelThinkStage, params: dict[str, Any]) -> tuple[dict[str, Any], float]:
-    """One request's think session; returns its tensors and the export's seconds."""
+def hand_off(
+    think: BagelThinkStage, params: dict[str, Any]
+) -> tuple[dict[str, Any], list[torch.Tensor], float]:
+    """One request's think session; returns its tensors, its KV blocks and the export's
+    seconds (taking the caches out of vLLM and packing them into blocks)."""
     spent = 0.0
     original = think.take_cache
 
@@ -96,7 +101,19 @@ def hand_off(think: BagelThinkStage, params: dict[str, Any]) -> tuple[dict[str, 
         finally:
             spent += time.perf_counter() - start
 
+    original_pack = bagel_think.pack
+
+    def timed_pack(caches: Any) -> Any:
+        nonlocal spent
+        start = time.perf_counter()
+        try:
+            return original_pack(caches)
+        finally:
+            spent += time.perf_counter() - start
+
     think.take_cache = timed  # type: ignore[method-assign]
+    bagel_think.pack = timed_pack
+    blocks: list[torch.Tensor] = []
     try:
         session = think.open(StageJob(params={"image": True, **params}, inputs={}))
         tensors: dict[str, Any] = {}
@@ -104,17 +121,21 @@ def hand_off(think: BagelThinkStage, params: dict[str, Any]) -> tuple[dict[str, 
             step = session.step([])
             if step is not None:
                 tensors.update(step.tensors)
+                blocks.extend(step.blocks)
                 if step.done:
                     break
         session.close()
     finally:
         think.take_cache = original  # type: ignore[method-assign]
-    return tensors, spent
+        bagel_think.pack = original_pack
+    return tensors, blocks, spent
 
 
-async def send_times(messages: list[Message]) -> list[float]:
+async def send_times(messages: list[Message], table: BlockTable) -> list[float]:
+    """Each message sent to a receiver that takes its blocks into `table` (the generate
+    worker's), until it is in the mailbox; its rows are then given back."""
     mailbox = Mailbox()
-    receiver = make_receiver("tcp", mailbox, credential="bench")
+    receiver = make_receiver("tcp", mailbox, credential="bench", block_table=table)
     await receiver.start()
     sender = make_sender("tcp", credential="bench")
     times = []
@@ -122,8 +143,9 @@ async def send_times(messages: list[Message]) -> list[float]:
         for message in messages:
             start = time.perf_counter()
             await sender.send(receiver.address, message)
-            await mailbox.get(message.request_id)
+            received = await mailbox.get(message.request_id)
             times.append(time.perf_counter() - start)
+            table.free(received.block_ids)
     finally:
         await sender.close()
         await receiver.close()
@@ -138,14 +160,16 @@ def main() -> None:
     think, generate = load()
     rows, results = [], {}
     for name, params in CASES.items():
-        exports, tensors = [], {}
+        exports: list[float] = []
+        tensors: dict[str, Any] = {}
+        blocks: list[torch.Tensor] = []
         for _ in range(n):
-            tensors, spent = hand_off(think, params)
+            tensors, blocks, spent = hand_off(think, params)
             exports.append(spent)
-        nbytes = sum(t.numel() * t.element_size() for t in tensors.values())
-        tokens = sum(t.shape[1] for k, t in tensors.items() if k.endswith(".keys"))
-        message = [Message(f"r{i}", "think", tensors) for i in range(n)]
-        sends = asyncio.run(send_times(message))
+        nbytes = sum(b.numel() * b.element_size() for b in blocks)
+        tokens = int(tensors[LAYOUT][:, 1].sum())
+        message = [Message(f"r{i}", "think", tensors, blocks=blocks) for i in range(n)]
+        sends = asyncio.run(send_times(message, generate.kv_block_table()))
         # The anchor: the generate stage re-prefilling the text contexts itself (the
         # edit case's image context would also need the ViT: its text part stands in).
         texts = [p.text for p in _contexts(params)]
@@ -184,10 +208,10 @@ def main() -> None:
             [
                 "request",
                 "KV tokens",
-                "KiB (tiny)",
+                f"KiB in {BLOCK_TOKENS}-token blocks (tiny)",
                 "MiB (7B, computed)",
-                "export ms",
-                "tcp send ms",
+                "export+pack ms",
+                "tcp send into block table ms",
                 "anchor: re-prefill ms",
                 "hand-off / anchor",
             ],
