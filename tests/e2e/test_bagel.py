@@ -65,6 +65,23 @@ def test_images_generations_with_cfg_scales(client: openai.OpenAI) -> None:
     assert np.abs(make(cfg_text_scale=1.0) - first).max() > 0  # CFG off changes it
 
 
+def test_n_images_and_an_image_only_chat(client: openai.OpenAI) -> None:
+    r = client.images.generate(
+        model=MODEL, prompt="a red fox", size="64x64", n=2, extra_body={"num_inference_steps": 4}
+    )
+    first, second = (pixels(d.b64_json or "") for d in r.data)
+    assert np.abs(first - second).max() > 0  # the second image has the next seed
+    chat = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "a fox"}],
+        modalities=["image"],  # type: ignore[list-item]
+        extra_body=SMALL,
+    )
+    assert chat.choices[0].message.content == ""
+    [image] = (chat.choices[0].message.model_extra or {})["images"]
+    assert from_data_url(image).shape == (64, 64, 3)
+
+
 def test_chat_answers_text_then_an_image(client: openai.OpenAI) -> None:
     r = client.chat.completions.create(
         model=MODEL,
