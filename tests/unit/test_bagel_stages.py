@@ -28,6 +28,7 @@ from omnipipe.worker.bagel.flow import FlowParams
 from omnipipe.worker.bagel.kv_blocks import BLOCK_TOKENS, LAYOUT, unpack
 from omnipipe.worker.bagel.mot import ContextKV
 from omnipipe.worker.bagel.reference import prefill_text, text_to_image
+from omnipipe.worker.engines.vllm_kv import OmnipipeKVExport
 from omnipipe.worker.models.tiny import resolve_model_path
 from omnipipe.worker.stages import stage_class
 from omnipipe.worker.stages.bagel_image import BagelDecodeStage, BagelGenerateStage
@@ -260,3 +261,34 @@ def test_generate_refuses_bad_input(stages: Any, params: dict[str, Any], message
     generate = stages[1]
     with pytest.raises(StageInputError, match=message):
         generate.run(StageJob(params={**IMAGE, **params}, inputs={"think": {}}))
+
+
+def test_a_prefill_in_chunks_exports_the_whole_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A context longer than one engine step's token budget is prefilled over several
+    steps (chunked prefill): the connector collects every chunk's slots."""
+    path = resolve_model_path(MODEL)
+    args = {"max_model_len": 512, "max_num_batched_tokens": 64, "enable_chunked_prefill": True}
+    s = spec("think", Role.THINKER, MODEL, engine_args=args).model_copy(
+        update={"engine": Engine.VLLM}
+    )
+    stage = stage_class(s, path)(s, path, "cpu")
+    stage.load()
+    assert isinstance(stage, BagelThinkStage)
+    prompt = "a red fox in the snow " * 8  # 176 bytes: three chunks of 64
+    chunks: list[int] = []
+    take = OmnipipeKVExport.take
+
+    def counting_take(self: OmnipipeKVExport, request_id: str) -> Any:
+        chunks.append(len(self._saved[request_id].chunks[0]))
+        return take(self, request_id)
+
+    monkeypatch.setattr(OmnipipeKVExport, "take", counting_take)
+    caches = think(stage, {**IMAGE, "prompt": prompt, "cfg_text_scale": 1.0}).caches()
+    assert chunks == [3]  # layer 0's cache came in three steps
+    context = image_contexts([Turn("user", (prompt,))], [], False, False)["full"].text
+    generate = BagelGenerateStage(spec("generate", Role.DENOISER, MODEL), path, "cpu")
+    generate.load()
+    reference = one_process_prefill(generate, stage.tokenizer, context)
+    assert reference.length > 128
+    torch.testing.assert_close(caches["full"].keys, reference.keys, atol=KV_ATOL, rtol=0)
+    torch.testing.assert_close(caches["full"].values, reference.values, atol=KV_ATOL, rtol=0)
