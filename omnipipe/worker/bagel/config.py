@@ -18,6 +18,9 @@ class LlmShape:
     vocab_size: int
     rms_norm_eps: float
     rope_theta: float
+    # BAGEL's layers RMS-normalise each head's queries and keys before the rotary
+    # embedding (vLLM's Qwen2 reads the same flag).
+    qk_norm: bool = False
 
     @property
     def head_dim(self) -> int:
@@ -56,6 +59,7 @@ class BagelConfig:
                 vocab_size=int(llm["vocab_size"]),
                 rms_norm_eps=float(llm.get("rms_norm_eps", 1e-6)),
                 rope_theta=float(llm.get("rope_theta", rope.get("rope_theta", 10000.0))),
+                qk_norm=bool(llm.get("qk_norm", False)),
             ),
             latent_channels=int(vae["z_channels"]),
             vae_downsample=int(vae["downsample"]),

@@ -89,10 +89,13 @@ class Attention(nn.Module):
             setattr(self, f"k_proj{suffix}", nn.Linear(h, kv))
             setattr(self, f"v_proj{suffix}", nn.Linear(h, kv))
             setattr(self, f"o_proj{suffix}", nn.Linear(llm.num_attention_heads * d, h, bias=False))
+            if llm.qk_norm:
+                setattr(self, f"q_norm{suffix}", RMSNorm(d, llm.rms_norm_eps))
+                setattr(self, f"k_norm{suffix}", RMSNorm(d, llm.rms_norm_eps))
 
     def project(self, x: torch.Tensor, gen: torch.Tensor | None, name: str) -> torch.Tensor:
-        """The understanding expert's projection for every row, the generation expert's
-        for the rows `gen` marks."""
+        """The understanding expert's module for every row, the generation expert's for
+        the rows `gen` marks."""
         und: nn.Linear = getattr(self, name)
         out: torch.Tensor = und(x)
         if gen is not None and bool(gen.any()):
@@ -107,6 +110,8 @@ class Attention(nn.Module):
         q = self.project(x, gen, "q_proj").view(n, llm.num_attention_heads, llm.head_dim)
         k = self.project(x, gen, "k_proj").view(n, llm.num_key_value_heads, llm.head_dim)
         v = self.project(x, gen, "v_proj").view(n, llm.num_key_value_heads, llm.head_dim)
+        if llm.qk_norm:
+            q, k = self.project(q, gen, "q_norm"), self.project(k, gen, "k_norm")
         return rotary(q, positions, llm.rope_theta), rotary(k, positions, llm.rope_theta), v
 
     def attend(

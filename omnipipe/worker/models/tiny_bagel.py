@@ -29,7 +29,7 @@ LLM_CONFIG: dict[str, Any] = {
     "rms_norm_eps": 1e-6,
     "rope_theta": 10000.0,
     "tie_word_embeddings": False,
-    "qk_norm": False,
+    "qk_norm": True,
 }
 VIT_IMAGE_SIZE, VIT_PATCH = 32, 8
 VIT_CONFIG: dict[str, Any] = {
@@ -78,6 +78,10 @@ def build_bagel(target: Path) -> None:
     generator = BagelGenerator(BagelConfig.from_dict(raw))
     hidden = LLM_CONFIG["hidden_size"]
     weights = {k: v.detach().clone().contiguous() for k, v in generator.state_dict().items()}
+    for name, value in weights.items():
+        if "norm" in name:
+            # Not all ones (the initial value): a norm weight read wrongly then shows.
+            value.add_(0.1 * torch.randn(value.shape))
     lm_head = torch.nn.Linear(hidden, LLM_CONFIG["vocab_size"], bias=False)
     weights["language_model.lm_head.weight"] = lm_head.weight.detach().clone()
     vit = SiglipVisionModel(SiglipVisionConfig(**VIT_CONFIG))
