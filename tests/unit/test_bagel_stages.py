@@ -19,20 +19,27 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from transformers import AutoImageProcessor
 
 from omnipipe.api.spec import Engine, Role
 from omnipipe.transfer import Mailbox, Message, make_receiver, make_sender
 from omnipipe.worker.bagel.config import BagelConfig
 from omnipipe.worker.bagel.context import NO_IMAGE, Turn, image_contexts
 from omnipipe.worker.bagel.flow import FlowParams
+from omnipipe.worker.bagel.generator import BagelGenerator
 from omnipipe.worker.bagel.kv_blocks import BLOCK_TOKENS, LAYOUT, unpack
 from omnipipe.worker.bagel.mot import ContextKV
-from omnipipe.worker.bagel.reference import prefill_text, text_to_image
-from omnipipe.worker.engines.vllm_kv import OmnipipeKVExport
+from omnipipe.worker.bagel.reference import (
+    generate_image,
+    prefill_prompt,
+    prefill_text,
+    text_to_image,
+)
+from omnipipe.worker.bagel.vision import BagelVision
 from omnipipe.worker.models.tiny import resolve_model_path
 from omnipipe.worker.stages import stage_class
 from omnipipe.worker.stages.bagel_image import BagelDecodeStage, BagelGenerateStage
-from omnipipe.worker.stages.bagel_think import BagelThinkStage
+from omnipipe.worker.stages.bagel_think import BagelThinkStage, conversation
 from omnipipe.worker.stages.base import StageInputError, StageJob, StreamingStage, Tensors
 from tests.unit.test_omni_stages import spec
 
@@ -263,32 +270,31 @@ def test_generate_refuses_bad_input(stages: Any, params: dict[str, Any], message
         generate.run(StageJob(params={**IMAGE, **params}, inputs={"think": {}}))
 
 
-def test_a_prefill_in_chunks_exports_the_whole_cache(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A context longer than one engine step's token budget is prefilled over several
-    steps (chunked prefill): the connector collects every chunk's slots."""
+def test_an_image_context_and_an_edit_equal_the_one_process_reference(stages: Any) -> None:
+    """With an input image: the ViT's tokens in the handed-over cache (vLLM's processor
+    and ViT) equal our one-process prefill (transformers' SigLIP), and so does the edit."""
+    think_stage, _, _ = stages
     path = resolve_model_path(MODEL)
-    args = {"max_model_len": 512, "max_num_batched_tokens": 64, "enable_chunked_prefill": True}
-    s = spec("think", Role.THINKER, MODEL, engine_args=args).model_copy(
-        update={"engine": Engine.VLLM}
-    )
-    stage = stage_class(s, path)(s, path, "cpu")
-    stage.load()
-    assert isinstance(stage, BagelThinkStage)
-    prompt = "a red fox in the snow " * 8  # 176 bytes: three chunks of 64
-    chunks: list[int] = []
-    take = OmnipipeKVExport.take
-
-    def counting_take(self: OmnipipeKVExport, request_id: str) -> Any:
-        chunks.append(len(self._saved[request_id].chunks[0]))
-        return take(self, request_id)
-
-    monkeypatch.setattr(OmnipipeKVExport, "take", counting_take)
-    caches = think(stage, {**IMAGE, "prompt": prompt, "cfg_text_scale": 1.0}).caches()
-    assert chunks == [3]  # layer 0's cache came in three steps
-    context = image_contexts([Turn("user", (prompt,))], [], False, False)["full"].text
-    generate = BagelGenerateStage(spec("generate", Role.DENOISER, MODEL), path, "cpu")
-    generate.load()
-    reference = one_process_prefill(generate, stage.tokenizer, context)
-    assert reference.length > 128
-    torch.testing.assert_close(caches["full"].keys, reference.keys, atol=KV_ATOL, rtol=0)
-    torch.testing.assert_close(caches["full"].values, reference.values, atol=KV_ATOL, rtol=0)
+    params = {
+        **IMAGE,
+        "messages": edit_message("make it red"),
+        "cfg_text_scale": 4.0,
+        "cfg_img_scale": 2.0,
+    }
+    caches = think(think_stage, params).caches()
+    turns, images = conversation(params)
+    prompts = image_contexts(turns, images, True, True)
+    generator = BagelGenerator.from_pretrained(path)
+    vision = BagelVision.from_pretrained(path)
+    processor = AutoImageProcessor.from_pretrained(path)
+    for name in ("full", "no_text"):
+        reference = prefill_prompt(
+            generator, vision, processor, think_stage.tokenizer, prompts[name]
+        )
+        torch.testing.assert_close(caches[name].keys, reference.keys, atol=KV_ATOL, rtol=0)
+        torch.testing.assert_close(caches[name].values, reference.values, atol=KV_ATOL, rtol=0)
+    [split] = split_graph(stages, params)
+    flow = FlowParams(height=64, width=64, steps=4, cfg_text_scale=4.0, cfg_img_scale=2.0, seed=3)
+    png = generate_image(path, turns, images, flow)
+    [reference_image] = decoded([{"b64_json": base64.b64encode(png)}])
+    assert np.abs(split - reference_image).max() <= 1

@@ -41,7 +41,8 @@ def sincos_2d(dim: int, side: int) -> torch.Tensor:
         out = np.einsum("m,d->md", pos.reshape(-1), omega)
         return np.concatenate([np.sin(out), np.cos(out)], axis=1)
 
-    table = np.concatenate([one_axis(dim // 2, grid[1]), one_axis(dim // 2, grid[0])], axis=1)
+    # MAE's order: the column coordinate's half first (grid[0] varies along a row).
+    table = np.concatenate([one_axis(dim // 2, grid[0]), one_axis(dim // 2, grid[1])], axis=1)
     return torch.from_numpy(table).float()
 
 
