@@ -173,6 +173,23 @@ def test_malformed_extensions_are_openai_400s(
         assert param in error.body["message"]
 
 
+def test_guidance_scale_is_the_text_cfg_scale_and_negative_prompt_is_refused(
+    client: openai.OpenAI,
+) -> None:
+    def make(**extra: Any) -> np.ndarray:
+        r = client.images.generate(
+            model=MODEL,
+            prompt="a red fox",
+            size="64x64",
+            extra_body={"seed": 5, "num_inference_steps": 4, **extra},
+        )
+        return pixels(r.data[0].b64_json or "")
+
+    assert np.array_equal(make(guidance_scale=2.0), make(cfg_text_scale=2.0))
+    with pytest.raises(openai.BadRequestError, match="negative_prompt"):
+        make(negative_prompt="blurry")
+
+
 def test_malformed_chat_images_are_400s(client: openai.OpenAI) -> None:
     bad: list[dict[str, Any]] = [
         {"size": "64x60"},  # not a multiple of 16

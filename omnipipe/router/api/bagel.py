@@ -1,8 +1,9 @@
 """BAGEL's request extensions, shared by /v1/images/generations and /v1/chat/completions
 (`extra_body` in the openai client):
 
-- cfg_text_scale (default 4.0): CFG over the text; above 1 the think stage also hands
-  over the cache of the context without its text.
+- cfg_text_scale (default 4.0; on /v1/images/generations, guidance_scale when not
+  given): CFG over the text; above 1 the think stage also hands over the cache of the
+  context without its text. negative_prompt is refused: there is none in BAGEL's CFG.
 - cfg_img_scale (default 1.0): CFG over the input image(s); above 1 (with an image in the
   conversation) the cache of the context without its images comes too.
 - cfg_interval (default [0.4, 1.0]): the timesteps (1 is noise) CFG applies at.

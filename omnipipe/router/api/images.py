@@ -153,7 +153,16 @@ def images_router(orchestrator: Orchestrator, model_ids: Callable[[], set[str]])
             raise BadRequest("this pipeline edits images: send the image to POST /v1/images/edits")
         params = image_params(body)
         if is_bagel(orchestrator.pipeline):
-            params.update(bagel_image_params(body.model_extra))
+            if body.negative_prompt:
+                # BAGEL's text CFG runs against the context without its text.
+                raise BadRequest(
+                    "BAGEL takes no negative_prompt: its text CFG (cfg_text_scale) is "
+                    "against the context without the prompt",
+                    param="negative_prompt",
+                )
+            # guidance_scale is the text CFG scale unless cfg_text_scale says otherwise.
+            extra = {"cfg_text_scale": body.guidance_scale, **(body.model_extra or {})}
+            params.update(bagel_image_params(extra))
         return await respond_with_images(
             request, orchestrator, {stage: params for stage in orchestrator.stages}
         )
