@@ -57,8 +57,10 @@ def timesteps(steps: int, shift: float) -> torch.Tensor:
 
 def initial_noise(generator: BagelGenerator, params: FlowParams) -> torch.Tensor:
     rows, cols = generator.latent_grid(params.height, params.width)
+    # Drawn on the CPU whatever the device, so a seed gives the same image everywhere.
     rng = torch.Generator(device="cpu").manual_seed(params.seed)
-    return torch.randn(rows * cols, generator.config.patch_dim, generator=rng)
+    noise = torch.randn(rows * cols, generator.config.patch_dim, generator=rng)
+    return noise.to(generator.vae2llm.weight.device)
 
 
 def denoise(

@@ -55,7 +55,8 @@ class TimestepEmbedder(nn.Module):
 
     def forward(self, t: torch.Tensor) -> torch.Tensor:
         half = TIMESTEP_FREQUENCIES // 2
-        freqs = torch.exp(-math.log(10000) * torch.arange(half, dtype=torch.float32) / half)
+        steps = torch.arange(half, dtype=torch.float32, device=t.device)
+        freqs = torch.exp(-math.log(10000) * steps / half)
         args = t.float()[:, None] * freqs[None]
         emb = torch.cat([torch.cos(args), torch.sin(args)], dim=-1)
         dtype = next(self.mlp.parameters()).dtype
@@ -112,8 +113,9 @@ class BagelGenerator(nn.Module):
         return rows, cols
 
     def position_ids(self, rows: int, cols: int) -> torch.Tensor:
-        r = torch.arange(rows)[:, None]
-        c = torch.arange(cols)[None, :]
+        device = self.vae2llm.weight.device
+        r = torch.arange(rows, device=device)[:, None]
+        c = torch.arange(cols, device=device)[None, :]
         return (r * self.config.max_latent_size + c).flatten()
 
     def velocity(
@@ -126,15 +128,15 @@ class BagelGenerator(nn.Module):
     ) -> torch.Tensor:
         """The flow's velocity for latent tokens x_t (tokens, patch_dim) at time t."""
         lm = self.language_model.model
-        dtype = self.vae2llm.weight.dtype
+        weight = self.vae2llm.weight
         latent = (
-            self.vae2llm(x_t.to(dtype))
-            + self.time_embedder(torch.tensor([t]))
+            self.vae2llm(x_t.to(weight))
+            + self.time_embedder(torch.tensor([t], device=weight.device))
             + self.latent_pos_embed(position_ids)
         )
-        start, end = lm.embed_tokens(torch.tensor(list(markers)))
+        start, end = lm.embed_tokens(torch.tensor(list(markers), device=weight.device))
         x = torch.cat([start[None], latent, end[None]])
-        gen = torch.zeros(x.shape[0], dtype=torch.bool)
+        gen = torch.zeros(x.shape[0], dtype=torch.bool, device=weight.device)
         gen[1:-1] = True
         hidden = lm.generate_hidden(x, gen, context)
         out: torch.Tensor = self.llm2vae(hidden[1:-1])

@@ -69,7 +69,8 @@ def rotary(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tens
     """Neox-style rotary embedding (Qwen2's, and vLLM's for Qwen2): x is
     (tokens, heads, head_dim), positions (tokens,)."""
     dim = x.shape[-1]
-    inv_freq = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+    steps = torch.arange(0, dim, 2, dtype=torch.float32, device=x.device)
+    inv_freq = 1.0 / (theta ** (steps / dim))
     freqs = positions.float()[:, None] * inv_freq[None, :]
     cos = torch.cat([freqs.cos(), freqs.cos()], -1)[:, None, :].to(x.dtype)
     sin = torch.cat([freqs.sin(), freqs.sin()], -1)[:, None, :].to(x.dtype)
@@ -125,7 +126,7 @@ class Attention(nn.Module):
         mask = None
         if causal:
             n, m = q.shape[0], k.shape[0]
-            mask = torch.ones(n, m, dtype=torch.bool).tril(diagonal=m - n)
+            mask = torch.ones(n, m, dtype=torch.bool, device=q.device).tril(diagonal=m - n)
         out = F.scaled_dot_product_attention(
             q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask
         )
@@ -182,7 +183,7 @@ class MoTModel(nn.Module):
     def prefill(self, embeds: torch.Tensor) -> ContextKV:
         """The understanding expert's cache of a context (token or ViT embeddings, in
         order), at positions 0..n-1: what the think stage's engine caches."""
-        positions = torch.arange(embeds.shape[0])
+        positions = torch.arange(embeds.shape[0], device=embeds.device)
         keys, values = [], []
         x = embeds
         for layer in self.layers:
@@ -196,9 +197,9 @@ class MoTModel(nn.Module):
     ) -> torch.Tensor:
         """One generation query over a context's cache. BAGEL puts every query token at
         the rotary position right after the context."""
-        positions = torch.full((x.shape[0],), context.length, dtype=torch.long)
+        positions = torch.full((x.shape[0],), context.length, dtype=torch.long, device=x.device)
         for i, layer in enumerate(self.layers):
-            past = (context.keys[i].to(x.dtype), context.values[i].to(x.dtype))
+            past = (context.keys[i].to(x), context.values[i].to(x))
             x, _, _ = layer(x, positions, gen, past)
         out: torch.Tensor = self.norm(x)
         out[gen] = self.norm_moe_gen(x[gen])

@@ -46,7 +46,7 @@ def to_png(image: torch.Tensor) -> bytes:
 
     from PIL import Image
 
-    pixels = (image[0].permute(1, 2, 0) * 255).round().to(torch.uint8).numpy()
+    pixels = (image[0].permute(1, 2, 0) * 255).round().to(torch.uint8).cpu().numpy()
     buf = io.BytesIO()
     Image.fromarray(pixels).save(buf, format="PNG")
     return buf.getvalue()

@@ -35,11 +35,14 @@ class BagelGenerateStage(Stage):
     def load(self) -> None:
         from transformers import AutoTokenizer
 
-        self.generator = BagelGenerator.from_pretrained(self.model_path).to(self.device)
+        # bfloat16 on a GPU (the released weights' dtype); float32 on the CPU.
+        dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
+        self.generator = BagelGenerator.from_pretrained(self.model_path, dtype).to(self.device)
         tokenizer = AutoTokenizer.from_pretrained(self.model_path)
         self.markers = image_markers(tokenizer)
         llm = self.generator.config.llm
-        self.empty = ContextKV.empty(llm, llm.num_hidden_layers, torch.float32)
+        empty = ContextKV.empty(llm, llm.num_hidden_layers, torch.float32)
+        self.empty = ContextKV(empty.keys.to(self.device), empty.values.to(self.device))
         self.table = BlockTable(DEFAULT_TABLE_BLOCKS, block_bytes(llm, llm.num_hidden_layers))
 
     def kv_block_table(self) -> BlockTable:
@@ -51,7 +54,11 @@ class BagelGenerateStage(Stage):
             raise StageInputError("the think stage sent no KV layout")
         llm = self.generator.config.llm
         try:
-            return unpack(job.blocks.get(UPSTREAM, []), layout, llm, llm.num_hidden_layers)
+            caches = unpack(job.blocks.get(UPSTREAM, []), layout, llm, llm.num_hidden_layers)
+            return {
+                name: ContextKV(c.keys.to(self.device), c.values.to(self.device))
+                for name, c in caches.items()
+            }
         except (ValueError, RuntimeError) as exc:
             raise StageInputError(f"the think stage's KV blocks do not fit: {exc}") from None
 
@@ -70,7 +77,7 @@ class BagelGenerateStage(Stage):
             latents.append(
                 denoise(self.generator, conds, params, self.markers, self.progress, job.cancelled)
             )
-        return StageResult(tensors={"latents": torch.stack(latents)})
+        return StageResult(tensors={"latents": torch.stack(latents).float().cpu()})
 
 
 class BagelDecodeStage(Stage):
