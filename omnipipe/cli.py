@@ -122,7 +122,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 def _serve_file(path: Path, args: argparse.Namespace) -> int:
     from omnipipe.api import ResolvedPipeline
     from omnipipe.api.loading import load_pipeline
-    from omnipipe.local.supervisor import serve
+    from omnipipe.local.serve import serve
     from omnipipe.worker.stages import unimplemented_stages
 
     def load(path: Path) -> ResolvedPipeline:
