@@ -134,10 +134,12 @@ def build_fetch_job(ctx: BuildContext, model: str) -> Manifest:
             {"name": "tmp", "mountPath": "/tmp"},
         ],
     }
+    meta = object_meta(ctx, fetch_job_for(ctx, model), labels)
+    meta["annotations"] = {"omnipipe.io/model": model}
     return {
         "apiVersion": "batch/v1",
         "kind": "Job",
-        "metadata": object_meta(ctx, fetch_job_for(ctx, model), labels),
+        "metadata": meta,
         "spec": {
             "backoffLimit": ctx.fetch_backoff_limit,
             "template": {
