@@ -16,9 +16,10 @@ import yaml
 
 from tests.harness.cluster import Cluster
 from tests.harness.kwok_stages import MANUAL_PIPELINE, MESSAGE, OUTCOME
-from tests.integration.conftest import Operator, get_json, wait_for
+from tests.integration.conftest import REPO, Operator, get_json, wait_for
 
 pytestmark = pytest.mark.integration
+CACHED_EXAMPLE = REPO / "examples/kubernetes/qwen-image-cached.yaml"
 NO_SPACE = "omnipipe fetch: no space left for Qwen/Qwen-Image in /weights\nreason: NoSpace\n"
 
 
@@ -39,18 +40,21 @@ def apply(cluster: Cluster, namespace: str, manifest: dict[str, Any]) -> None:
     cluster.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(manifest))
 
 
-def volumes(cluster: Cluster, storage_class: str, count: int) -> None:
+def volumes(
+    cluster: Cluster, prefix: str, count: int, storage_class: str | None = None, size: str = "2Gi"
+) -> None:
     """Pre-made volumes of a class no provisioner serves: the claims bind to them (there
-    is no storage driver here; kwok's pods never touch the files)."""
+    is no storage driver here; kwok's pods never touch the files). Class "": the volume
+    of a claim that names no class in a cluster with no default one."""
     for i in range(count):
         pv = {
             "apiVersion": "v1",
             "kind": "PersistentVolume",
-            "metadata": {"name": f"{storage_class}-{i}"},
+            "metadata": {"name": f"{prefix}-{i}"},
             "spec": {
-                "capacity": {"storage": "2Gi"},
+                "capacity": {"storage": size},
                 "accessModes": ["ReadWriteOnce"],
-                "storageClassName": storage_class,
+                "storageClassName": prefix if storage_class is None else storage_class,
                 "persistentVolumeReclaimPolicy": "Retain",
                 "hostPath": {"path": f"/tmp/{storage_class}-{i}"},
             },
@@ -114,19 +118,28 @@ def ready(cluster: Cluster, namespace: str, name: str) -> None:
     )
 
 
-def test_a_cache_is_filled_once_then_stages_mount_it_read_only_and_go_with_the_pipeline(
+def test_the_cached_example_goes_from_kubectl_apply_to_ready_and_away_with_the_pipeline(
     cluster: Cluster, operator: Operator, namespace: str
 ) -> None:
-    volumes(cluster, namespace, 1)
-    apply(cluster, namespace, pipeline("cached", namespace))
-    ready(cluster, namespace, "cached")
-    [claim] = of_kind(cluster, namespace, "pvc", "cached")
-    [job] = of_kind(cluster, namespace, "jobs", "cached")
+    """The README's walk-through: examples/kubernetes/qwen-image-cached.yaml as it is."""
+    volumes(cluster, namespace, 1, storage_class="", size="100Gi")
+    cluster.kubectl("apply", "-n", namespace, "-f", str(CACHED_EXAMPLE))
+    cluster.kubectl(
+        "wait",
+        "-n",
+        namespace,
+        "omnip/qwen-image",
+        "--for=condition=Ready",
+        "--timeout=90s",
+        timeout=100,
+    )
+    [claim] = of_kind(cluster, namespace, "pvc", "qwen-image")
+    [job] = of_kind(cluster, namespace, "jobs", "qwen-image")
     assert claim["status"]["phase"] == "Bound"
     assert job["status"]["succeeded"] == 1
-    owner = get_json(cluster, "omnip", "cached", "-n", namespace)["metadata"]["uid"]
+    owner = get_json(cluster, "omnip", "qwen-image", "-n", namespace)["metadata"]["uid"]
     assert [r["uid"] for r in claim["metadata"]["ownerReferences"]] == [owner]
-    cached = condition(cluster, namespace, "cached", "ModelCached")
+    cached = condition(cluster, namespace, "qwen-image", "ModelCached")
     assert (cached["status"], cached["reason"], cached["message"]) == (
         "True",
         "Cached",
@@ -141,7 +154,7 @@ def test_a_cache_is_filled_once_then_stages_mount_it_read_only_and_go_with_the_p
     assert ("Normal", "ModelCached", "1/1 models cached") in seen
     # Every stage pod mounts the claim read-only and is told where the model is.
     pods = get_json(
-        cluster, "pods", "-n", namespace, "-l", "omnipipe.io/pipeline=cached,omnipipe.io/stage"
+        cluster, "pods", "-n", namespace, "-l", "omnipipe.io/pipeline=qwen-image,omnipipe.io/stage"
     )["items"]
     assert len(pods) == 3
     for pod in pods:
@@ -158,10 +171,10 @@ def test_a_cache_is_filled_once_then_stages_mount_it_read_only_and_go_with_the_p
             "value": "/var/lib/omnipipe/weights/model",
         } in container["env"]
     # Deleting the pipeline takes the operator-made claim and Job with it.
-    cluster.kubectl("delete", "omnip", "cached", "-n", namespace, "--wait=false")
+    cluster.kubectl("delete", "omnip", "qwen-image", "-n", namespace, "--wait=false")
     wait_for(
         "the claim and the Job to go",
-        lambda: not of_kind(cluster, namespace, "pvc,jobs", "cached"),
+        lambda: not of_kind(cluster, namespace, "pvc,jobs", "qwen-image"),
         timeout=60,
     )
 
