@@ -3,6 +3,7 @@ the ModelCached condition read from observed Jobs and pods."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -207,3 +208,16 @@ def test_fetch_writes_its_reason_as_the_termination_message(tmp_path: Path) -> N
     text = log.read_text()
     assert text.rstrip().endswith("reason: UnknownModel")
     assert "unknown tiny model" in text
+
+
+def test_local_mode_builds_tiny_models_through_fetch(tmp_path: Path) -> None:
+    from omnipipe.worker.models.fetch import COMPLETE
+    from omnipipe.worker.models.tiny import resolve_model_path
+
+    path = Path(resolve_model_path("tiny://qwen-image", tmp_path))
+    assert json.loads((path / COMPLETE).read_text()) == {
+        "model": "tiny://qwen-image",
+        "revision": None,
+    }
+    assert not list(tmp_path.glob(".*.partial"))
+    assert resolve_model_path("tiny://qwen-image", tmp_path) == str(path)  # built once
