@@ -144,7 +144,10 @@ def build_registry(
             await asyncio.sleep(settings.status_refresh_delay_seconds)
             async with pipeline_lock(*key):
                 refresh_queued.discard(key)  # events from now on need a refresh of their own
-                await refresh_status(kube, settings, key[0], key[1], metrics)
+                # A refresh may post an Event (a fetch's outcome, a revision switch); in a
+                # namespace being deleted there is nothing left to tell.
+                with contextlib.suppress(NamespaceTerminating):
+                    await refresh_status(kube, settings, key[0], key[1], metrics)
         finally:
             refresh_queued.discard(key)
 

@@ -41,14 +41,24 @@ class ObservedFetch:
         cls, job: Mapping[str, Any], pods: Iterable[Mapping[str, Any]]
     ) -> ObservedFetch:
         meta, status = job.get("metadata") or {}, job.get("status") or {}
-        conditions = {c.get("type"): c.get("status") for c in status.get("conditions") or [] if c}
+        conditions = {c.get("type"): c for c in status.get("conditions") or [] if c}
+        complete = (conditions.get("Complete") or {}).get("status") == "True"
+        failed = conditions.get("Failed") or {}
+        gave_up = failed.get("status") == "True"
+        failure = last_failure(pods)
+        if failure is None and gave_up:
+            # Its pods are gone (deleted by hand, or by a pod garbage collector): the
+            # Job's own word is all that is left.
+            failure = FetchFailure(
+                str(failed.get("reason") or UNKNOWN_FAILURE), str(failed.get("message") or "")
+            )
         return cls(
             job=str(meta.get("name")),
             model=str((meta.get("annotations") or {}).get("omnipipe.io/model", "")),
-            succeeded=int(status.get("succeeded") or 0) > 0 or conditions.get("Complete") == "True",
-            gave_up=conditions.get("Failed") == "True",
+            succeeded=int(status.get("succeeded") or 0) > 0 or complete,
+            gave_up=gave_up,
             failed_attempts=int(status.get("failed") or 0),
-            last_failure=last_failure(pods),
+            last_failure=failure,
         )
 
 

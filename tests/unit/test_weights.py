@@ -196,6 +196,26 @@ def test_model_cached_reports_progress_retries_and_the_fetch_reason() -> None:
     assert "giving up" in message
     assert "kubectl delete job p-fetch-2" in message
 
+    # Its pods gone: the Job's own Failed condition still says why it stopped.
+    podless = ObservedFetch.from_manifests(
+        job(
+            "p-fetch-2",
+            failed=3,
+            conditions=[
+                {
+                    "type": "Failed",
+                    "status": "True",
+                    "reason": "BackoffLimitExceeded",
+                    "message": "Job has reached the specified backoff limit",
+                }
+            ],
+        ),
+        [],
+    )
+    status, reason, message = cond(done, podless)
+    assert (status, reason) == (ConditionStatus.FALSE, "BackoffLimitExceeded")
+    assert "giving up: Job has reached the specified backoff limit" in message
+
     both = ObservedFetch.from_manifests(job("p-fetch-2", succeeded=1, failed=2), [])
     assert cond(done, both) == (ConditionStatus.TRUE, "Cached", "2/2 models cached")
 
