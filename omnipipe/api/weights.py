@@ -66,9 +66,9 @@ class Weights(SpecModel):
         ]
         | None
     ) = None
-    """source cache: access modes of the claims; [ReadWriteOnce] when unset (every stage
-    pod on the fetch's node). Pods on several nodes need ReadOnlyMany (with
-    ReadWriteOnce, for the fetch) or ReadWriteMany from the StorageClass."""
+    """source cache: access modes of the claims; [ReadWriteOnce] when unset (one node at a
+    time: the fetch, then the stage pods, all on one node). Pods on several nodes need
+    ReadOnlyMany (with ReadWriteOnce, for the fetch) or ReadWriteMany."""
     revision: Annotated[str, Field(min_length=1, max_length=255)] | None = None
     """source cache: Hub branch, tag or commit to fetch; main when unset. A new revision is
     a new claim, filled beside the old one."""
