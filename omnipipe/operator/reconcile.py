@@ -186,7 +186,7 @@ async def _announce_cache(
         return
     if status is ConditionStatus.TRUE:
         await kube.post_event(body, "ModelCached", message)
-    elif reason != "Fetching":
+    elif reason not in ("Fetching", "FetchPending"):  # progress, not a failure
         await kube.post_event(body, "FetchFailed", f"{reason}: {message}", "Warning")
 
 

@@ -35,6 +35,8 @@ class ObservedFetch:
     gave_up: bool  # the Job controller marked it Failed: no more attempts
     failed_attempts: int
     last_failure: FetchFailure | None
+    # Why the current attempt's pod cannot be scheduled (an unbound claim, no node).
+    unschedulable: str | None = None
 
     @classmethod
     def from_manifests(
@@ -59,6 +61,7 @@ class ObservedFetch:
             gave_up=gave_up,
             failed_attempts=int(status.get("failed") or 0),
             last_failure=failure,
+            unschedulable=unschedulable(pods),
         )
 
 
@@ -83,6 +86,17 @@ def _terminated(pod: Mapping[str, Any]) -> tuple[str, str] | None:
     return "", str(status.get("message") or "")
 
 
+def unschedulable(pods: Iterable[Mapping[str, Any]]) -> str | None:
+    for pod in pods:
+        status = pod.get("status") or {}
+        if status.get("phase") != "Pending":
+            continue
+        for cond in status.get("conditions") or []:
+            if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
+                return str(cond.get("message") or cond.get("reason") or "unschedulable")
+    return None
+
+
 def last_failure(pods: Iterable[Mapping[str, Any]]) -> FetchFailure | None:
     failed = [t for p in pods if (t := _terminated(p)) is not None]
     if not failed:
@@ -98,7 +112,8 @@ def model_cached(
 ) -> tuple[ConditionStatus, str, str]:
     """The ModelCached condition over every (model, Job name) the spec wants cached.
 
-    Reasons: Cached; Fetching (nothing failed yet); a fetch's own reason (NoSpace,
+    Reasons: Cached; Fetching (nothing failed yet); FetchPending (its pod cannot be
+    scheduled: an unbound claim, no node); a fetch's own reason (NoSpace,
     NoAccess, UnknownModel, UnknownRevision, Unreachable, ...) once an attempt failed,
     while it is retried and after the Job gave up; the message says which."""
     done = [m for m, job in expected if job in observed and observed[job].succeeded]
@@ -125,6 +140,14 @@ def model_cached(
         )
     if len(done) == len(expected):
         return ConditionStatus.TRUE, "Cached", progress
+    for model, job in expected:
+        fetch = observed.get(job)
+        if fetch is not None and not fetch.succeeded and fetch.unschedulable:
+            return (
+                ConditionStatus.FALSE,
+                "FetchPending",
+                f"{progress}; the fetch of {model} cannot start (Job {job}): {fetch.unschedulable}",
+            )
     waiting = [m for m, job in expected if m not in done]
     return (
         ConditionStatus.FALSE,

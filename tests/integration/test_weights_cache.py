@@ -129,7 +129,10 @@ def test_a_failed_fetch_is_retried_stages_wait_and_a_new_model_fills_a_new_claim
     first = running_fetch_pod(cluster, namespace, job_name, set())
     # No stage pod starts before its weights are cached.
     assert stage_deployments(cluster, namespace, name) == []
-    assert condition(cluster, namespace, name, "ModelCached")["reason"] == "Fetching"
+    wait_for(
+        "ModelCached Fetching",
+        lambda: condition(cluster, namespace, name, "ModelCached").get("reason") == "Fetching",
+    )
 
     end_attempt(cluster, namespace, first, "fail", NO_SPACE)
     failed = wait_for(

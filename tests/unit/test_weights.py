@@ -175,6 +175,27 @@ def test_model_cached_reports_progress_retries_and_the_fetch_reason() -> None:
     assert message.startswith("0/2 models cached")
 
     done = ObservedFetch.from_manifests(job("p-fetch-1", succeeded=1), [])
+    stuck = ObservedFetch.from_manifests(
+        job("p-fetch-2", active=1),
+        [
+            {
+                "status": {
+                    "phase": "Pending",
+                    "conditions": [
+                        {
+                            "type": "PodScheduled",
+                            "status": "False",
+                            "message": "0/3 nodes are available: pod has unbound immediate "
+                            "PersistentVolumeClaims.",
+                        }
+                    ],
+                }
+            }
+        ],
+    )
+    status, reason, message = cond(done, stuck)
+    assert (status, reason) == (ConditionStatus.FALSE, "FetchPending")
+    assert message.endswith("pod has unbound immediate PersistentVolumeClaims.")
     retrying = ObservedFetch.from_manifests(
         job("p-fetch-2", failed=1, active=1),
         [
