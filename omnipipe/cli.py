@@ -122,7 +122,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 def _serve_file(path: Path, args: argparse.Namespace) -> int:
     from omnipipe.api import ResolvedPipeline
     from omnipipe.api.loading import load_pipeline
-    from omnipipe.local.supervisor import serve
+    from omnipipe.local.serve import serve
     from omnipipe.worker.stages import unimplemented_stages
 
     def load(path: Path) -> ResolvedPipeline:
@@ -149,7 +149,12 @@ def _cmd_fetch(args: argparse.Namespace) -> int:
         fetch(args.model, Path(args.dir), args.revision)
     except FetchError as exc:
         # The last line names the reason, for whoever runs this (a Job, a script).
-        print(f"omnipipe fetch: {exc}\nreason: {exc.reason}", file=sys.stderr)
+        report = f"omnipipe fetch: {exc}\nreason: {exc.reason}"
+        print(report, file=sys.stderr)
+        if args.termination_log:
+            # In a Job: the kubelet hands this file to the operator as the container's
+            # termination message, which it shows in the ModelCached condition.
+            Path(args.termination_log).write_text(report + "\n")
         return 3
     return 0
 
@@ -207,6 +212,11 @@ def build_parser() -> argparse.ArgumentParser:
     fetch.add_argument("model", metavar="MODEL")
     fetch.add_argument("dir", metavar="DIR", help="made by renaming a complete download")
     fetch.add_argument("--revision", help="a Hub branch, tag or commit (default: main)")
+    fetch.add_argument(
+        "--termination-log",
+        metavar="FILE",
+        help="on failure, also write the message and reason here (/dev/termination-log)",
+    )
     fetch.set_defaults(run=_cmd_fetch)
 
     worker = sub.add_parser("worker", help="run one stage's worker")

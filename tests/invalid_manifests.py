@@ -242,4 +242,22 @@ CASES = [
         "spec.stages: Too many: 17: must have at most 16 items",
         "spec.stages",
     ),
+    Invalid(
+        "cache-without-size",
+        lambda: with_spec(weights={"source": "cache"}),
+        "size is required when source is cache",
+        "weights.size is required when weights.source is cache",
+    ),
+    Invalid(
+        "claim-path-without-claim",
+        lambda: with_spec(weights={"path": "models/qwen"}),
+        "path applies only to source claim or image",
+        "weights.path applies only to weights.source claim or image",
+    ),
+    Invalid(
+        "hub-token-in-the-spec",
+        lambda: with_spec(weights={"source": "cache", "size": "1Gi", "token": "hf_abc"}),
+        'unknown field "spec.weights.token"',
+        "weights.token",
+    ),
 ]

@@ -24,6 +24,9 @@ LABEL_REVISION: Final = "omnipipe.io/revision"
 # A real revision is hex (api/revision.py), so it never reads "legacy".
 LEGACY_REVISION: Final = "legacy"
 ANNOTATION_CONFIG_HASH: Final = "omnipipe.io/config-hash"
+# On a weights claim and its fetch Job (and the Job's pods): which cache they are.
+LABEL_MODEL_CACHE: Final = "omnipipe.io/model-cache"
+COMPONENT_WEIGHTS: Final = "weights"
 
 APP_NAME: Final = "omnipipe"
 MANAGER: Final = "omnipipe-operator"

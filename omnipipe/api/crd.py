@@ -17,6 +17,7 @@ from omnipipe.api.pipelines import CUSTOM, PIPELINE_TYPE_NAMES, PIPELINE_TYPES
 from omnipipe.api.resource import MAX_PIPELINE_NAME
 from omnipipe.api.spec import OmniPipelineSpec
 from omnipipe.api.status import OmniPipelineStatus
+from omnipipe.api.weights import weights_cel_rules
 from omnipipe.api.yamlio import dump
 
 Schema = dict[str, Any]
@@ -248,6 +249,8 @@ def _spec_schema() -> Schema:
     stage["properties"]["env"]["x-kubernetes-list-map-keys"] = ["name"]
     stage["properties"]["autoscaling"]["x-kubernetes-validations"] = _AUTOSCALING_RULES
     spec["x-kubernetes-validations"] = _spec_rules()
+    props["weights"]["x-kubernetes-validations"] = weights_cel_rules()
+    props["weights"]["properties"]["accessModes"]["x-kubernetes-list-type"] = "set"
     return spec
 
 

@@ -33,6 +33,20 @@ def credential_secret_name(pipeline: str) -> str:
     return f"{pipeline}-credential"
 
 
+def weights_claim_name(pipeline: str, cache_key: str) -> str:
+    """Name of the claim the operator fills with one model (weights.source cache). A
+    claim's name may be a DNS subdomain, so the key needs no room in the 63."""
+    return f"{pipeline}-weights-{cache_key}"
+
+
+def fetch_job_name(pipeline: str, cache_key: str) -> str:
+    """Name of the Job that fills one claim. The Job controller copies it into a label
+    value, so it must fit in 63: the pipeline name is cut where it must be, and the key
+    (a hash that covers the whole pipeline name) keeps it unique."""
+    suffix = f"-fetch-{cache_key}"
+    return f"{pipeline[: c.MAX_OBJECT_NAME - len(suffix)]}{suffix}"
+
+
 def stage_network_policy_name(pipeline: str) -> str:
     """Name of the NetworkPolicy that admits traffic to the pipeline's stage pods."""
     return f"{pipeline}-stages"

@@ -10,28 +10,14 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
-from pydantic.alias_generators import to_camel
+from pydantic import Field, model_validator
 
 from omnipipe.api import constants as c
+from omnipipe.api.spec_base import DnsLabel, Quantity, SpecModel
+from omnipipe.api.weights import Weights
 
-DnsLabel = Annotated[str, Field(pattern=c.DNS_LABEL_PATTERN, min_length=1, max_length=63)]
-# Kubernetes resource.Quantity: "2", "500m", "16Gi", or a bare integer.
 ENV_NAME_PATTERN = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
 TAINT_EFFECT_PATTERN = r"^(NoSchedule|PreferNoSchedule|NoExecute)$"
-Quantity = Annotated[str, Field(pattern=r"^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$")] | int
-
-
-class SpecModel(BaseModel):
-    """Base for resource models: camelCase on the wire, unknown fields rejected."""
-
-    model_config = ConfigDict(
-        alias_generator=to_camel,
-        populate_by_name=True,
-        extra="forbid",
-        frozen=True,
-        use_attribute_docstrings=True,
-    )
 
 
 class Engine(StrEnum):
@@ -245,7 +231,7 @@ class OmniPipelineSpec(SpecModel):
     """A Hugging Face model id, a local path, or tiny://NAME for a built-in tiny random model."""
     pipeline: Annotated[str, Field(min_length=1, max_length=63)]
     """Stage-graph type, e.g. qwen-image or qwen2.5-omni; custom: spec.stages defines all."""
-    stages: Annotated[list[Stage], Field(max_length=c.MAX_STAGES)] = []
+    stages: Annotated[list[Stage], Field(max_length=c.MAX_STAGES)] = Field(default_factory=list)
     """Stage overrides and additions, keyed by name."""
     router: Router = Router()
     """Router settings."""
@@ -255,6 +241,9 @@ class OmniPipelineSpec(SpecModel):
     """Container image overrides."""
     prometheus_url: Annotated[str, Field(pattern=r"^https?://")] | None = None
     """Prometheus the autoscaler queries for this pipeline; defaults to the operator's."""
+    weights: Weights = Weights()
+    """Where the stage pods find the model weights: downloaded by every pod (the
+    default), an existing claim, a claim the operator fills once per model, or an image."""
 
     @model_validator(mode="after")
     def _graph(self) -> OmniPipelineSpec:

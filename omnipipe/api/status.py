@@ -7,7 +7,7 @@ from typing import Annotated
 
 from pydantic import Field
 
-from omnipipe.api.spec import SpecModel
+from omnipipe.api.spec_base import SpecModel
 
 
 class ConditionStatus(StrEnum):

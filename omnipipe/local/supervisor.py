@@ -3,10 +3,7 @@ show readiness progress, and take them all down together."""
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import os
-import secrets
 import signal
 import subprocess
 import sys
@@ -15,7 +12,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import FrameType
 
 from omnipipe.api import ResolvedPipeline
 from omnipipe.api.constants import CREDENTIAL_ENV
@@ -24,28 +20,11 @@ from omnipipe.api.resource import ManifestError
 from omnipipe.api.revision import pipeline_revision
 from omnipipe.api.wire import StaticReplicas
 from omnipipe.local import control
+from omnipipe.local.children import Child, die_with_parent, pipeline_credential
 from omnipipe.local.ports import free_port
 from omnipipe.local.reload import ReloadPlan, local_replicas, plan_reload
 
 STOP_GRACE_SECONDS = 15.0
-
-
-PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:
-    """In the child, before exec: get SIGTERM if `omnipipe serve` dies, even by SIGKILL,
-    so no worker outlives it."""
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
-def pipeline_credential() -> str:
-    """One credential per run, shared by the router and every worker: the control API and
-    the transfer listeners refuse whoever lacks it. An exported OMNIPIPE_PIPELINE_CREDENTIAL
-    is used instead, so that a tool may call the workers itself."""
-    return os.environ.get(CREDENTIAL_ENV) or secrets.token_urlsafe(32)
 
 
 RESTART_WINDOW_SECONDS = 60.0
@@ -60,26 +39,6 @@ Loader = Callable[[Path], ResolvedPipeline]
 
 class ReloadFailed(Exception):
     """A reload gave up; the running revision keeps serving."""
-
-
-@dataclass
-class Child:
-    name: str
-    proc: subprocess.Popen[bytes]
-    ready_url: str
-    argv: list[str]
-    # A crashed worker is restarted like a Deployment would; the router is not.
-    restartable: bool
-    restarts: list[float] = field(default_factory=list)
-    stage: str | None = None  # None for the router
-    revision: str = ""
-    # Started by a reload that has not switched to it yet: a crash fails the reload
-    # instead of being restarted.
-    pending: bool = False
-
-    @property
-    def url(self) -> str:
-        return self.ready_url.removesuffix("/ready")
 
 
 @dataclass
@@ -134,7 +93,7 @@ class Supervisor:
                 "PYTHONUNBUFFERED": "1",
                 CREDENTIAL_ENV: self.credential,
             },
-            preexec_fn=_die_with_parent,
+            preexec_fn=die_with_parent,
             # Children take signals from us, not from a terminal's Ctrl-C to the group,
             # so they stop in order: drain first, then exit.
             start_new_session=True,
@@ -430,56 +389,3 @@ class Supervisor:
                 self.reload()
             self._check_alive()
             time.sleep(0.5)
-
-
-def serve(
-    pipeline: ResolvedPipeline,
-    pipeline_file: Path,
-    host: str,
-    port: int,
-    ready_timeout: float,
-    load: Loader | None = None,
-) -> int:
-    """Run the pipeline until SIGINT/SIGTERM. With `load`, SIGHUP reloads pipeline_file
-    through it (it raises ManifestError for a file it cannot serve)."""
-    sup = Supervisor(pipeline, pipeline_file, host, port, load=load, ready_timeout=ready_timeout)
-
-    def on_signal(signum: int, _frame: FrameType | None) -> None:
-        raise KeyboardInterrupt
-
-    def on_hangup(signum: int, _frame: FrameType | None) -> None:
-        sup.reload_requested = True
-
-    # Installed explicitly: a shell without job control starts background jobs with
-    # SIGINT ignored, and Python keeps an inherited "ignore".
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    # Before anything starts: SIGHUP's default would end us. One that comes while
-    # starting is applied once all is ready.
-    signal.signal(signal.SIGHUP, on_hangup)
-    workers = sum(local_replicas(s) for s in pipeline.stages)
-    print(
-        f"omnipipe: serving {pipeline.name} ({pipeline.pipeline}, model {pipeline.model}, "
-        f"revision {sup.revision}): {workers} worker(s) for {len(pipeline.stages)} "
-        "stage(s) + router",
-        flush=True,
-    )
-    try:
-        sup.start()
-        sup.wait_ready(ready_timeout)
-        reload_hint = f"; kill -HUP {os.getpid()} to reload the file" if load else ""
-        print(
-            f"omnipipe: ready. OpenAI base URL: http://{host}:{port}/v1  "
-            f"(model: {pipeline.name}; Ctrl-C to stop{reload_hint})",
-            flush=True,
-        )
-        sup.run_forever()
-    except KeyboardInterrupt:
-        print("omnipipe: stopping", flush=True)
-        return 0
-    except RuntimeError as exc:
-        print(f"omnipipe: {exc}", file=sys.stderr, flush=True)
-        return 1
-    finally:
-        sup.stop()
-    return 0

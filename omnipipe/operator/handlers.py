@@ -7,6 +7,7 @@ import contextlib
 import logging
 import random
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import httpx
@@ -39,8 +40,9 @@ def build_registry(
     # Pipelines with a status refresh waiting (status_refresh_delay_seconds, then the
     # lock): a burst of Deployment events costs one refresh, not one each.
     refresh_queued: set[tuple[str, str]] = set()
+    fetch_queued: set[tuple[str, str]] = set()
 
-    def body_lock(body: kopf.Body) -> asyncio.Lock:
+    def body_lock(body: Mapping[str, Any]) -> asyncio.Lock:
         return pipeline_lock(body["metadata"]["namespace"], body["metadata"]["name"])
 
     @kopf.on.login(registry=registry)
@@ -57,7 +59,7 @@ def build_registry(
         settings.posting.level = logging.WARNING
         settings.watching.server_timeout = 300
 
-    async def _reconcile(body: kopf.Body, memo: kopf.Memo, trigger: str) -> dict[str, Any]:
+    async def _reconcile(body: Mapping[str, Any], memo: kopf.Memo, trigger: str) -> dict[str, Any]:
         if body.get("metadata", {}).get("deletionTimestamp"):
             # Being deleted: the garbage collector removes the children; applying them
             # again would race it (and fails in a terminating namespace).
@@ -142,9 +144,33 @@ def build_registry(
             await asyncio.sleep(settings.status_refresh_delay_seconds)
             async with pipeline_lock(*key):
                 refresh_queued.discard(key)  # events from now on need a refresh of their own
-                await refresh_status(kube, settings, key[0], key[1], metrics)
+                # A refresh may post an Event (a fetch's outcome, a revision switch); in a
+                # namespace being deleted there is nothing left to tell.
+                with contextlib.suppress(NamespaceTerminating):
+                    await refresh_status(kube, settings, key[0], key[1], metrics)
         finally:
             refresh_queued.discard(key)
+
+    @kopf.on.event("batch", "v1", "jobs", registry=registry, labels={c.LABEL_MANAGED_BY: c.MANAGER})
+    async def fetch_changed(body: kopf.Body, type: str | None, **_: Any) -> None:
+        """A fetch Job moved: a full reconcile, since a filled claim lets its stages'
+        Deployments be created, and a failed attempt shows in ModelCached."""
+        labels = body.get("metadata", {}).get("labels", {})
+        pipeline = labels.get(c.LABEL_PIPELINE)
+        if not pipeline:
+            return
+        key = (body["metadata"]["namespace"], pipeline)
+        if key in fetch_queued:
+            return
+        fetch_queued.add(key)
+        try:
+            await asyncio.sleep(settings.status_refresh_delay_seconds)
+            fetch_queued.discard(key)
+            owner = await kube.get_pipeline(*key)
+            if owner is not None:
+                await _reconcile(owner, kopf.Memo(), "fetch")
+        finally:
+            fetch_queued.discard(key)
 
     return registry
 

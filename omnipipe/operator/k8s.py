@@ -13,9 +13,10 @@ from lightkube.core.exceptions import ApiError
 from lightkube.generic_resource import create_namespaced_resource
 from lightkube.resources.apps_v1 import Deployment
 from lightkube.resources.autoscaling_v2 import HorizontalPodAutoscaler
-from lightkube.resources.core_v1 import ConfigMap, Secret, Service
+from lightkube.resources.batch_v1 import Job
+from lightkube.resources.core_v1 import ConfigMap, PersistentVolumeClaim, Pod, Secret, Service
 from lightkube.resources.networking_v1 import NetworkPolicy
-from lightkube.types import PatchType
+from lightkube.types import CascadeType, PatchType
 
 from omnipipe.api import constants as c
 
@@ -32,6 +33,9 @@ CHILD_KINDS: dict[str, Any] = {
     "NetworkPolicy": NetworkPolicy,
     # Only where KEDA is installed; listing it elsewhere answers 404.
     "ScaledObject": ScaledObject,
+    # weights.source cache: a claim per model and the Job that fills it.
+    "PersistentVolumeClaim": PersistentVolumeClaim,
+    "Job": Job,
 }
 
 
@@ -132,6 +136,22 @@ class Kube:
             )
         ]
 
+    async def list_fetches(
+        self, namespace: str, pipeline: str
+    ) -> tuple[list[Manifest], list[Manifest]]:
+        """The pipeline's fetch Jobs and their pods. Pods only to read a failed fetch's
+        termination message (its reason): the operator may list pods, never more."""
+        selector = {**_child_labels(pipeline), c.LABEL_COMPONENT: c.COMPONENT_WEIGHTS}
+        jobs = [
+            _as_dict(o) async for o in self._client.list(Job, namespace=namespace, labels=selector)
+        ]
+        if not jobs:
+            return [], []
+        pods = [
+            _as_dict(o) async for o in self._client.list(Pod, namespace=namespace, labels=selector)
+        ]
+        return jobs, pods
+
     async def set_replicas(self, namespace: str, deployment: str, replicas: int) -> None:
         """The autoscaler's only write: the Deployment's scale subresource."""
         with _terminating_namespace_is_final():
@@ -145,7 +165,10 @@ class Kube:
 
     async def delete(self, kind: str, namespace: str, name: str) -> None:
         try:
-            await self._client.delete(CHILD_KINDS[kind], name, namespace=namespace)
+            # Background: a Job's pods go with it (the API's default for Jobs orphans them).
+            await self._client.delete(
+                CHILD_KINDS[kind], name, namespace=namespace, cascade=CascadeType.BACKGROUND
+            )
         except ApiError as exc:
             if exc.status.code != 404:
                 raise

@@ -197,7 +197,8 @@ SCALING_FIELDS = (
     "last_decision_reason",
     "last_scale_time",
 )
-OWN_CONDITIONS = ("Ready", "StagesReady", "RouterReady", "Progressing")
+# ModelCached is the operator's too: it goes when weights.source leaves cache.
+OWN_CONDITIONS = ("Ready", "StagesReady", "RouterReady", "Progressing", "ModelCached")
 
 
 def compute_status(
@@ -209,11 +210,13 @@ def compute_status(
     now: str,
     previous_stages: Sequence[StageStatus] = (),
     rollout: Rollout | None = None,
+    model_cached: tuple[ConditionStatus, str, str] | None = None,
 ) -> OmniPipelineStatus:
     """Roll the children's real status up into conditions: Ready = StagesReady and
     RouterReady; StagesReady = every Stage<Name>Ready, of the serving revision (the
     pipeline's own when no rollout is given). Progressing says whether a new revision
-    is rolling out."""
+    is rolling out. model_cached (weights.source cache only) becomes ModelCached, and
+    Ready's reason while the weights are what keeps it False."""
     serving = rollout.current if rollout is not None else pipeline_revision(pipeline)
     before = {c.type: c for c in previous}
     before_stages = {s.name: s for s in previous_stages}
@@ -257,6 +260,8 @@ def compute_status(
     )
     if ready is ConditionStatus.TRUE:
         ready_reason, ready_msg = "Serving", f"serving at {endpoint}"
+    elif model_cached is not None and model_cached[0] is not ConditionStatus.TRUE:
+        ready_reason, ready_msg = "ModelNotCached", model_cached[2]
     elif stages_ok is not ConditionStatus.TRUE:
         ready_reason, ready_msg = "StagesNotReady", stages_msg
     else:
@@ -277,6 +282,8 @@ def compute_status(
         ),
     ]
     roll_up.append(_condition("Progressing", *_progressing(rollout), before, now, generation))
+    if model_cached is not None:
+        roll_up.append(_condition("ModelCached", *model_cached, before, now, generation))
     ready_count = len(pipeline.stages) - len(not_ready)
     # Conditions owned by others (the autoscaler's ScalingActive) pass through.
     mine = set(OWN_CONDITIONS) | {c.type for c in conditions}

@@ -10,13 +10,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from omnipipe.api import parse_resource
-from omnipipe.api.status import Condition, OmniPipelineStatus, StageStatus
+from omnipipe.api.names import stage_deployment_name, stage_object_name
+from omnipipe.api.status import Condition, ConditionStatus, OmniPipelineStatus, StageStatus
+from omnipipe.api.weights import MODEL_CACHED
 from omnipipe.operator.builders import (
     BuildContext,
     build_children,
     build_context,
     build_credential_secret,
+    cached_models,
+    fetch_job_for,
     router_endpoint,
+    waits_for_weights,
 )
 from omnipipe.operator.k8s import Kube, utc_now
 from omnipipe.operator.metrics import OperatorMetrics
@@ -31,6 +36,7 @@ from omnipipe.operator.planner import (
     revision_children,
 )
 from omnipipe.operator.settings import OperatorSettings
+from omnipipe.operator.weights_status import ObservedFetch, model_cached
 
 log = logging.getLogger(__name__)
 
@@ -75,8 +81,9 @@ async def reconcile(
     kube: Kube, settings: OperatorSettings, body: Mapping[str, Any], metrics: OperatorMetrics
 ) -> ReconcileResult:
     resource = parse_resource(dict(body))
-    ctx = build_context(resource, settings)
-    existing = {child_key(o): o for o in await kube.list_children(ctx.namespace, ctx.name)}
+    meta = resource.metadata
+    existing = {child_key(o): o for o in await kube.list_children(meta.namespace, meta.name)}
+    ctx = build_context(resource, settings, fetched=_fetched(existing))
     desired = build_children(ctx)
     created: list[str] = []
     # Before the pods that read it, so none waits on a missing Secret.
@@ -85,8 +92,11 @@ async def reconcile(
     updated: list[str] = []
     for manifest in desired:
         key = child_key(manifest)
-        applied = await kube.apply(manifest)
         before = existing.get(key)
+        if key[0] == "Job" and before is not None:
+            # A Job's pod template cannot change; its name covers what it fetches.
+            continue
+        applied = await kube.apply(manifest)
         if before is None:
             created.append(_label(key))
         elif before["metadata"].get("resourceVersion") != applied["metadata"].get(
@@ -94,7 +104,7 @@ async def reconcile(
         ):
             updated.append(_label(key))
     await _start_from_serving_counts(kube, body, ctx, existing, created)
-    deleted = orphans(existing, [child_key(m) for m in desired], ctx.revision)
+    deleted = orphans(existing, [*(child_key(m) for m in desired), *_held(ctx)], ctx.revision)
     for kind, name in deleted:
         await kube.delete(kind, ctx.namespace, name)
     for reason, items in (
@@ -120,6 +130,64 @@ async def reconcile(
         ready,
     )
     return ReconcileResult(tuple(created), tuple(updated), tuple(_label(k) for k in deleted), ready)
+
+
+def _fetched(existing: Mapping[tuple[str, str], Mapping[str, Any]]) -> frozenset[str]:
+    """Fetch Jobs that succeeded: their claims hold a complete model."""
+    return frozenset(
+        name
+        for (kind, name), obj in existing.items()
+        if kind == "Job" and ObservedFetch.from_manifests(obj, ()).succeeded
+    )
+
+
+def _held(ctx: BuildContext) -> list[tuple[str, str]]:
+    """Workloads of stages waiting for new weights (a changed weights.revision or
+    claim size): they keep serving from the old claim until the new one is filled,
+    then roll; never pruned meanwhile."""
+    held: list[tuple[str, str]] = []
+    for stage in ctx.pipeline.stages:
+        if waits_for_weights(ctx, stage):
+            held.append(("Deployment", stage_deployment_name(ctx.name, stage.name, ctx.revision)))
+            scaler = stage_object_name(ctx.name, stage.name)
+            held += [("HorizontalPodAutoscaler", scaler), ("ScaledObject", scaler)]
+    return held
+
+
+def _job_of(pod: Mapping[str, Any]) -> str | None:
+    labels = pod["metadata"].get("labels") or {}
+    return labels.get("batch.kubernetes.io/job-name") or labels.get("job-name")
+
+
+async def _model_cached(kube: Kube, ctx: BuildContext) -> tuple[ConditionStatus, str, str] | None:
+    models = cached_models(ctx)
+    if not models:
+        return None
+    jobs, pods = await kube.list_fetches(ctx.namespace, ctx.name)
+    observed = {}
+    for job in jobs:
+        name = job["metadata"]["name"]
+        mine = [p for p in pods if _job_of(p) == name]
+        observed[name] = ObservedFetch.from_manifests(job, mine)
+    expected = [(m, fetch_job_for(ctx, m)) for m in models]
+    return model_cached(expected, observed, ctx.fetch_backoff_limit)
+
+
+async def _announce_cache(
+    kube: Kube, body: Mapping[str, Any], cached: tuple[ConditionStatus, str, str] | None
+) -> None:
+    """An Event each time ModelCached changes reason or detail: cached, or a fetch
+    attempt failed (with its reason), or the Job gave up."""
+    if cached is None:
+        return
+    status, reason, message = cached
+    before = next((c for c in _previous_conditions(body) if c.type == MODEL_CACHED), None)
+    if before is not None and (before.reason, before.message) == (reason, message):
+        return
+    if status is ConditionStatus.TRUE:
+        await kube.post_event(body, "ModelCached", message)
+    elif reason not in ("Fetching", "FetchPending"):  # progress, not a failure
+        await kube.post_event(body, "FetchFailed", f"{reason}: {message}", "Warning")
 
 
 async def _start_from_serving_counts(
@@ -204,6 +272,8 @@ async def refresh_status(
         ctx.pipeline, (body.get("status") or {}).get("currentRevision"), deployments.values()
     )
     await _advance_rollout(kube, body, namespace, rollout)
+    cached = await _model_cached(kube, ctx)
+    await _announce_cache(kube, body, cached)
     status = compute_status(
         ctx.pipeline,
         generation
@@ -215,6 +285,7 @@ async def refresh_status(
         utc_now(),
         previous_stages(body),
         rollout,
+        cached,
     )
     await _write_status(kube, body, status)
     metrics.observe_status(namespace, name, status)

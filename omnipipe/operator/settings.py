@@ -49,6 +49,9 @@ class OperatorSettings(BaseSettings):
     ]
     """NetworkPolicy peers allowed to scrape /metrics on the stage pods' control port (as
     JSON in the environment). Empty: none."""
+    fetch_backoff_limit: int = 6
+    """backoffLimit of the Jobs that fill model caches (weights.source cache): failed
+    fetches retried, with the Job controller's exponential back-off, before it gives up."""
     metrics_port: int = 8080
     """Port of the operator's Prometheus /metrics."""
     health_port: int = 8081

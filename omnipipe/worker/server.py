@@ -118,7 +118,10 @@ async def _load_stage(state: WorkerState) -> None:
     try:
         if missing := unimplemented_stages(state.pipeline):
             raise NotImplementedError(f"this worker cannot run: {', '.join(missing)}")
-        path = await asyncio.to_thread(resolve_model_path, spec.model)
+        # The operator's read-only weights mount when there is one (spec.weights).
+        path = state.settings.model_path
+        if path is None:
+            path = await asyncio.to_thread(resolve_model_path, spec.model)
         stage = stage_class(spec, path)(spec, path, _device(state.settings, spec.gpus))
         await asyncio.to_thread(stage.load)
     except Exception as exc:

@@ -38,6 +38,10 @@ class WorkerSettings(BaseSettings):
     and /metrics must carry it in the X-Omnipipe-Credential header."""
     mailbox_max_bytes: int = 1 << 30
     """Most bytes of inputs the transfer mailbox holds; a message past it is refused."""
+    model_path: str | None = None
+    """The stage's weights, already on disk: the operator's read-only mount of a weights
+    claim or image (spec.weights). When set, the worker loads them from here and never
+    downloads."""
     stall_seconds: float = 300.0
     """An engine call that makes no progress for this long marks the worker not ready
     (the router stops sending it work) until it moves again."""

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import IO
 
 from omnipipe.local.ports import free_port
+from tests.harness.kwok_stages import write_config
 
 REPO = Path(__file__).resolve().parents[2]
 K8S_VERSION = os.environ.get("K8S_VERSION", "v1.34.4")
@@ -383,7 +384,8 @@ def control_plane(
                     f"--kubeconfig={admin}",
                     "--manage-all-nodes=false",
                     f"--manage-nodes-with-annotation-selector={FAKE_NODE_ANNOTATION}=fake",
-                    f"--config={BIN.parent / 'kwok-stages.yaml'}",
+                    "--config="
+                    + str(write_config(BIN.parent / "kwok-stages.yaml", workdir / "kwok.yaml")),
                     "--cidr=10.0.0.1/24",
                     "--node-ip=10.0.0.1",
                     f"--server-address=127.0.0.1:{free_port()}",

@@ -47,6 +47,8 @@ class Operator:
         env["OMNIPIPE_OPERATOR_DRIFT_CHECK_SECONDS"] = "3"
         env["OMNIPIPE_OPERATOR_AUTOSCALE_INTERVAL_SECONDS"] = "1"
         env["OMNIPIPE_OPERATOR_METRIC_MAX_AGE_SECONDS"] = "5"
+        # A model cache gives up after two attempts, so a test sees both outcomes quickly.
+        env["OMNIPIPE_OPERATOR_FETCH_BACKOFF_LIMIT"] = "1"
         env["OMNIPIPE_OPERATOR_METRICS_PORT"] = str(self.metrics_port)
         env["OMNIPIPE_OPERATOR_HEALTH_PORT"] = str(free_port())
         env.update(self.extra_env)

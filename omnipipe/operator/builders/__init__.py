@@ -12,17 +12,26 @@ from omnipipe.operator.builders.router import (
 )
 from omnipipe.operator.builders.scaling import build_scaler
 from omnipipe.operator.builders.stage import build_stage_deployment, build_stage_service
+from omnipipe.operator.builders.weights import (
+    build_weights_children,
+    cached_models,
+    fetch_job_for,
+    waits_for_weights,
+)
 
 
 def build_children(ctx: BuildContext) -> list[Manifest]:
-    """Every child of the pipeline, in apply order: config first, router last. (The
-    credential Secret is not among them: it is created once, never applied again.)"""
-    children = [build_config_map(ctx)]
+    """Every child of the pipeline, in apply order: config and model caches first, router
+    last. (The credential Secret is not among them: it is created once, never applied
+    again.) A stage whose weights are not cached yet has no Deployment (nor scaler)."""
+    children = [build_config_map(ctx), *build_weights_children(ctx)]
     policy = build_stage_network_policy(ctx)
     if policy is not None:
         children.append(policy)
     for stage in ctx.pipeline.stages:
         children.append(build_stage_service(ctx, stage))
+        if waits_for_weights(ctx, stage):
+            continue
         children.append(build_stage_deployment(ctx, stage))
         scaler = build_scaler(ctx, stage)
         if scaler is not None:
@@ -39,5 +48,8 @@ __all__ = [
     "build_children",
     "build_context",
     "build_credential_secret",
+    "cached_models",
+    "fetch_job_for",
     "router_endpoint",
+    "waits_for_weights",
 ]

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from omnipipe.api import OmniPipeline, ResolvedPipeline, resolve
 from omnipipe.api import constants as c
 from omnipipe.api.revision import pipeline_revision
+from omnipipe.api.weights import Weights
 from omnipipe.operator.settings import OperatorSettings
 
 
@@ -39,6 +40,11 @@ class BuildContext:
     metrics_scrape_from: tuple[dict[str, Any], ...]
     # None when rendering without a cluster: there is no uid to point at yet.
     owner: OwnerRef | None
+    weights: Weights = field(default_factory=Weights)
+    fetch_backoff_limit: int = 6
+    # Names of the fetch Jobs that have succeeded (observed by the reconcile layer):
+    # the stages whose claim they filled may start.
+    fetched: frozenset[str] = frozenset()
 
     @property
     def name(self) -> str:
@@ -54,7 +60,9 @@ class BuildContext:
         return pipeline_revision(self.pipeline)
 
 
-def build_context(resource: OmniPipeline, settings: OperatorSettings) -> BuildContext:
+def build_context(
+    resource: OmniPipeline, settings: OperatorSettings, fetched: frozenset[str] = frozenset()
+) -> BuildContext:
     meta = resource.metadata
     images = resource.spec.images
     return BuildContext(
@@ -67,4 +75,7 @@ def build_context(resource: OmniPipeline, settings: OperatorSettings) -> BuildCo
         stage_network_policy=settings.stage_network_policy,
         metrics_scrape_from=tuple(settings.metrics_scrape_from),
         owner=OwnerRef(meta.name, meta.uid) if meta.uid else None,
+        weights=resource.spec.weights,
+        fetch_backoff_limit=settings.fetch_backoff_limit,
+        fetched=fetched,
     )

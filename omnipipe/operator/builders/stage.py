@@ -27,6 +27,7 @@ from omnipipe.operator.builders.common import (
     pod_security_context,
 )
 from omnipipe.operator.builders.context import BuildContext
+from omnipipe.operator.builders.weights import stage_weights
 
 GPU_RESOURCE = "nvidia.com/gpu"
 CACHE_DIR = "/var/cache/omnipipe"
@@ -64,6 +65,7 @@ def _env(ctx: BuildContext, stage: ResolvedStage) -> list[Manifest]:
         {"name": "HF_HOME", "value": f"{CACHE_DIR}/huggingface"},
         {"name": "OMNIPIPE_CACHE_DIR", "value": CACHE_DIR},
         credential_env(ctx),
+        *stage_weights(ctx, stage).env,
     ]
     for var in stage.env:
         env.append(var.model_dump(by_alias=True, exclude_none=True))
@@ -105,6 +107,7 @@ def _container(ctx: BuildContext, stage: ResolvedStage) -> Manifest:
             {"name": "cache", "mountPath": CACHE_DIR},
             {"name": "tmp", "mountPath": "/tmp"},
             {"name": "shm", "mountPath": "/dev/shm"},
+            *stage_weights(ctx, stage).mounts,
         ],
     }
     resources = _resources(stage)
@@ -126,6 +129,7 @@ def _pod_spec(ctx: BuildContext, stage: ResolvedStage) -> Manifest:
             {"name": "tmp", "emptyDir": {}},
             # UCX's shared-memory transports and NCCL need more than the runtime's 64 MiB.
             {"name": "shm", "emptyDir": {"medium": "Memory"}},
+            *stage_weights(ctx, stage).volumes,
         ],
     }
     if stage.node_selector:

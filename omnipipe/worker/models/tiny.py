@@ -10,7 +10,6 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
@@ -18,7 +17,8 @@ from typing import Any, cast
 log = logging.getLogger(__name__)
 TINY_SCHEME = "tiny://"
 # Bump when a builder changes, so stale caches are rebuilt.
-TINY_FORMAT = "8-video"
+# 9: built by `omnipipe fetch`, marked with its .omnipipe-complete.
+TINY_FORMAT = "9-fetch"
 
 
 def default_cache_dir() -> Path:
@@ -147,25 +147,24 @@ BUILDERS: dict[str, Callable[[Path], None]] = {
 
 
 def resolve_model_path(model: str, cache_dir: Path | None = None) -> str:
-    """A path or hub id that from_pretrained accepts; builds tiny:// models on first use."""
+    """A path or hub id that from_pretrained accepts; builds tiny:// models on first use,
+    through `omnipipe fetch` (the same path the operator's fetch Job takes), under a file
+    lock so that concurrent workers build once."""
     if not model.startswith(TINY_SCHEME):
         return model
     name = model.removeprefix(TINY_SCHEME)
     if name not in BUILDERS:
         raise ValueError(f"unknown tiny model {model!r}; available: {', '.join(BUILDERS)}")
+    # Imported here: fetch builds tiny models with this module's BUILDERS.
+    from omnipipe.worker.models.fetch import COMPLETE, fetch
+
     root = (cache_dir or default_cache_dir()) / f"{name}-v{TINY_FORMAT}"
-    done = root / ".complete"
-    if done.exists():
+    if (root / COMPLETE).exists():
         return str(root)
     root.parent.mkdir(parents=True, exist_ok=True)
     with (root.parent / f".{name}.lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if not done.exists():
+        if not (root / COMPLETE).exists():
             log.info("building %s with random weights in %s", model, root)
-            staging = root.with_name(root.name + ".partial")
-            shutil.rmtree(staging, ignore_errors=True)
-            BUILDERS[name](staging)
-            (staging / ".complete").touch()
-            shutil.rmtree(root, ignore_errors=True)
-            staging.rename(root)
+            fetch(model, root)
     return str(root)

@@ -1,0 +1,51 @@
+"""The processes `omnipipe serve` starts: how each is described, and what every one of
+them is given."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import secrets
+import signal
+import subprocess
+from dataclasses import dataclass, field
+
+from omnipipe.api.constants import CREDENTIAL_ENV
+
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """In the child, before exec: get SIGTERM if `omnipipe serve` dies, even by SIGKILL,
+    so no worker outlives it."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def pipeline_credential() -> str:
+    """One credential per run, shared by the router and every worker: the control API and
+    the transfer listeners refuse whoever lacks it. An exported OMNIPIPE_PIPELINE_CREDENTIAL
+    is used instead, so that a tool may call the workers itself."""
+    return os.environ.get(CREDENTIAL_ENV) or secrets.token_urlsafe(32)
+
+
+@dataclass
+class Child:
+    name: str
+    proc: subprocess.Popen[bytes]
+    ready_url: str
+    argv: list[str]
+    # A crashed worker is restarted like a Deployment would; the router is not.
+    restartable: bool
+    restarts: list[float] = field(default_factory=list)
+    stage: str | None = None  # None for the router
+    revision: str = ""
+    # Started by a reload that has not switched to it yet: a crash fails the reload
+    # instead of being restarted.
+    pending: bool = False
+
+    @property
+    def url(self) -> str:
+        return self.ready_url.removesuffix("/ready")
