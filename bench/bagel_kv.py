@@ -103,11 +103,11 @@ def hand_off(
 
     original_pack = bagel_think.pack
 
-    def timed_pack(caches: Any) -> Any:
+    def timed_pack(caches: Any, dtype: torch.dtype) -> Any:
         nonlocal spent
         start = time.perf_counter()
         try:
-            return original_pack(caches)
+            return original_pack(caches, dtype)
         finally:
             spent += time.perf_counter() - start
 

@@ -80,7 +80,7 @@ class HandedOver:
         if not self.blocks and LAYOUT not in self.tensors:
             return {}
         llm = BagelConfig.from_pretrained(resolve_model_path(MODEL)).llm
-        return unpack(self.blocks, self.tensors[LAYOUT], llm, llm.num_hidden_layers)
+        return unpack(self.blocks, self.tensors[LAYOUT], llm, llm.num_hidden_layers, torch.float32)
 
 
 def think(stage: StreamingStage, params: dict[str, Any]) -> HandedOver:

@@ -11,7 +11,13 @@ from omnipipe.transfer import BlockTable
 from omnipipe.worker.bagel.context import FULL, NO_IMAGE, NO_TEXT, image_markers
 from omnipipe.worker.bagel.flow import Conditions, FlowParams, denoise
 from omnipipe.worker.bagel.generator import BagelGenerator
-from omnipipe.worker.bagel.kv_blocks import DEFAULT_TABLE_BLOCKS, LAYOUT, block_bytes, unpack
+from omnipipe.worker.bagel.kv_blocks import (
+    DEFAULT_TABLE_BLOCKS,
+    LAYOUT,
+    block_bytes,
+    kv_dtype,
+    unpack,
+)
 from omnipipe.worker.bagel.mot import ContextKV
 from omnipipe.worker.bagel.vae import decode_latents, load_vae, to_png, unpatchify
 from omnipipe.worker.stages.bagel_params import flow_params, int_param
@@ -43,7 +49,9 @@ class BagelGenerateStage(Stage):
         llm = self.generator.config.llm
         empty = ContextKV.empty(llm, llm.num_hidden_layers, torch.float32)
         self.empty = ContextKV(empty.keys.to(self.device), empty.values.to(self.device))
-        self.table = BlockTable(DEFAULT_TABLE_BLOCKS, block_bytes(llm, llm.num_hidden_layers))
+        self.kv_dtype = kv_dtype(self.device)
+        size = block_bytes(llm, llm.num_hidden_layers, self.kv_dtype)
+        self.table = BlockTable(DEFAULT_TABLE_BLOCKS, size)
 
     def kv_block_table(self) -> BlockTable:
         return self.table
@@ -54,7 +62,9 @@ class BagelGenerateStage(Stage):
             raise StageInputError("the think stage sent no KV layout")
         llm = self.generator.config.llm
         try:
-            caches = unpack(job.blocks.get(UPSTREAM, []), layout, llm, llm.num_hidden_layers)
+            caches = unpack(
+                job.blocks.get(UPSTREAM, []), layout, llm, llm.num_hidden_layers, self.kv_dtype
+            )
             return {
                 name: ContextKV(c.keys.to(self.device), c.values.to(self.device))
                 for name, c in caches.items()

@@ -26,7 +26,7 @@ from omnipipe.worker.bagel.context import (
     image_contexts,
     token_id,
 )
-from omnipipe.worker.bagel.kv_blocks import LAYOUT, pack
+from omnipipe.worker.bagel.kv_blocks import LAYOUT, kv_dtype, pack
 from omnipipe.worker.bagel.mot import ContextKV
 from omnipipe.worker.engines.vllm import VllmEngine
 from omnipipe.worker.engines.vllm_kv import EXPORT_PREFIX, kv_transfer_config, take_exported
@@ -197,7 +197,7 @@ class BagelThinkSession(Session):
         caches = {}
         for name, engine_id in self.pending.values():
             caches[name] = ContextKV(*self.stage.take_cache(engine_id))
-        blocks, layout = pack(caches)
+        blocks, layout = pack(caches, kv_dtype(self.stage.device))
         for request_id in self.pending:
             self.stage.sessions.pop(request_id, None)
         self.pending = {}
