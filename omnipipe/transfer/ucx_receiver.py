@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import secrets
 import socket
@@ -21,15 +22,14 @@ from omnipipe.transfer.base import BlockTableFull, MailboxFull
 from omnipipe.transfer.codec import MAX_HEADER, CodecError, decode_header
 from omnipipe.transfer.tcp import ACK, ListeningReceiver, _recv_bytes, declared_bytes, message_from
 from omnipipe.transfer.ucx import (
-    _ACK,
     _CONN,
-    _DROPPED,
-    _GO,
     _LEN,
     CTRL,
     CTRL_MAX,
     DATA,
     DEVICE_ACK,
+    DROPPED,
+    GO,
     MAX_WORKER_ADDRESS,
     RECEIVER_MASK,
     REPLY,
@@ -43,7 +43,13 @@ log = logging.getLogger(__name__)
 
 def _refusal(reason: str) -> Any:
     raw = reason.encode()[:4096]
-    return np.frombuffer(bytearray(REFUSED + _LEN.pack(len(raw)) + raw), dtype=np.uint8)
+    return array(np.frombuffer(bytearray(REFUSED + _LEN.pack(len(raw)) + raw), dtype=np.uint8))
+
+
+@functools.cache
+def _verdict(raw: bytes) -> Any:
+    """The ucxx buffer of a one-byte reply, made once (a wrapper costs µs per message)."""
+    return array(np.frombuffer(bytearray(raw), dtype=np.uint8))
 
 
 @dataclass
@@ -55,16 +61,21 @@ class _Connection:
     alive: bool = True
     # Replies in flight: their buffers live until UCX is done with them.
     pending: list[tuple[Any, Any]] = field(default_factory=list)
+    reply_tag: Any = None
+    data_tag: Any = None
+
+    def __post_init__(self) -> None:
+        self.reply_tag = UcxWorker.tag(_tag(self.conn, REPLY))
+        self.data_tag = UcxWorker.tag(_tag(self.conn, DATA))
 
     def is_alive(self) -> bool:
         return self.alive
 
     def reply(self, payload: Any) -> None:
-        self.pending = [(r, b) for r, b in self.pending if not r.completed]
-        request = self.endpoint.tag_send(
-            array(payload), ucx_worker.UcxWorker.tag(_tag(self.conn, REPLY))
-        )
-        self.pending.append((request, payload))
+        """Sends `payload` (a ucxx buffer: _verdict or _refusal) as the verdict."""
+        if self.pending:
+            self.pending = [(r, b) for r, b in self.pending if not r.completed]
+        self.pending.append((self.endpoint.tag_send(payload, self.reply_tag), payload))
 
 
 class UcxReceiver(ListeningReceiver):
@@ -75,13 +86,15 @@ class UcxReceiver(ListeningReceiver):
         self._ucx: UcxWorker | None = None
         self._conns: dict[int, _Connection] = {}
         self._index = 0
+        self._ctrl_tag = 0
 
     async def start(self) -> None:
         restrict_net_devices(self._host)
         self._ucx = ucx_worker.acquire()
         self._index = self._ucx.next_receiver_index()
+        self._ctrl_tag = _tag(self._index, CTRL)
         await super().start()
-        self._track(asyncio.create_task(self._dispatch()))
+        self._ucx.add_poller(self._take_arrivals)
 
     async def _opened(self, loop: asyncio.AbstractEventLoop, conn: socket.socket) -> None:
         """Exchanges worker addresses, then holds the connection until the sender closes
@@ -121,21 +134,14 @@ class UcxReceiver(ListeningReceiver):
     def _peer_errors(self) -> tuple[type[BaseException], ...]:
         return (CodecError, ConnectionError, asyncio.IncompleteReadError)
 
-    async def _dispatch(self) -> None:
-        """Takes each CTRL message, whichever connection sent it."""
+    def _take_arrivals(self) -> None:
+        """Runs after each progress of the worker (a poller): takes every CTRL message
+        that arrived for this receiver, whichever connection sent it, and finishes the
+        all-inline ones on the spot; the rest go to a task."""
         ucx = self._ucx
-        assert ucx is not None
-        probed: Any = None
-
-        def arrived() -> bool:
-            nonlocal probed
-            if probed is None:
-                probed = ucx.probe(_tag(self._index, CTRL), RECEIVER_MASK)
-            return probed is not None
-
-        while True:
-            probed = None
-            await ucx.until(arrived, lambda: True)
+        if ucx is None:
+            return
+        while (probed := ucx.probe(self._ctrl_tag, RECEIVER_MASK)) is not None:
             state = self._conns.get(int(probed.sender_tag.value) >> 8)
             if probed.length > CTRL_MAX:
                 # Only an authenticated peer knows the tag: drop its connection.
@@ -203,7 +209,7 @@ class UcxReceiver(ListeningReceiver):
         except CodecError:
             return False
         if charge is None:
-            state.reply(_ACK)
+            state.reply(_verdict(ACK))
             return True
         try:
             message = message_from(header, buffers)
@@ -212,7 +218,7 @@ class UcxReceiver(ListeningReceiver):
             return False
         self.mailbox.put_nowait(message, charge)
         self.stats.on_transfer(message.nbytes, time.perf_counter() - started)
-        state.reply(_ACK)
+        state.reply(_verdict(ACK))
         return True
 
     def _receive_buffer(self, spec: dict[str, Any]) -> Any:
@@ -245,7 +251,7 @@ class UcxReceiver(ListeningReceiver):
                 state.reply(_refusal(str(exc)))
                 return
             if charge is None:  # the request already ended here: a late chunk, dropped
-                state.reply(_DROPPED)
+                state.reply(_verdict(DROPPED))
                 return
             try:
                 ids = self._allocate_blocks(header)
@@ -256,14 +262,14 @@ class UcxReceiver(ListeningReceiver):
             if large or rows:
                 # Receives go in the order the sender sends: tensors, then blocks, each
                 # straight into the memory it ends up in.
-                data_tag = UcxWorker.tag(_tag(state.conn, DATA))
+                data_tag = state.data_tag
                 for i, b in enumerate(buffers):
                     if b is None:
                         buffers[i] = self._receive_buffer(header["tensors"][i])
                         posted.append(state.endpoint.tag_recv(array(buffers[i]), data_tag))
                 for row in rows:
                     posted.append(state.endpoint.tag_recv(array(row.numpy()), data_tag))
-                state.reply(_GO)
+                state.reply(_verdict(GO))
                 await ucx.until(lambda: all(r.completed for r in posted), state.is_alive)
                 for r in posted:
                     r.check_error()
@@ -271,7 +277,7 @@ class UcxReceiver(ListeningReceiver):
             await self.mailbox.put(message, charge)
             charge, ids = None, []
             self.stats.on_transfer(message.nbytes, time.perf_counter() - started)
-            state.reply(_ACK)
+            state.reply(_verdict(ACK))
         except (CodecError, ConnectionError) as exc:
             log.warning("transfer connection %x: %s", state.conn, exc)
             state.alive = False
@@ -290,6 +296,7 @@ class UcxReceiver(ListeningReceiver):
     async def close(self) -> None:
         await super().close()
         if self._ucx is not None:
+            self._ucx.remove_poller(self._take_arrivals)
             for state in self._conns.values():
                 state.alive = False
             ucx_worker.release(self._ucx)
