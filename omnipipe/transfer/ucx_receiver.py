@@ -104,14 +104,16 @@ class UcxReceiver(ListeningReceiver):
         self._ucx: UcxWorker | None = None
         self._conns: dict[int, _Connection] = {}
         self._index = 0
-        self._ctrl_tag = 0
+        self._ctrl_tag: Any = None
+        self._ctrl_mask: Any = None
         self._landings: list[_Landing] = []
 
     async def start(self) -> None:
         restrict_net_devices(self._host)
         self._ucx = ucx_worker.acquire()
         self._index = self._ucx.next_receiver_index()
-        self._ctrl_tag = _tag(self._index, CTRL)
+        self._ctrl_tag = UcxWorker.tag(_tag(self._index, CTRL))
+        self._ctrl_mask = UcxWorker.mask(RECEIVER_MASK)
         await super().start()
         self._ucx.add_poller(self._take_arrivals)
         self._ucx.add_poller(self._finish_landed)
@@ -161,7 +163,7 @@ class UcxReceiver(ListeningReceiver):
         ucx = self._ucx
         if ucx is None:
             return
-        while (probed := ucx.probe(self._ctrl_tag, RECEIVER_MASK)) is not None:
+        while (probed := ucx.probe(self._ctrl_tag, self._ctrl_mask)) is not None:
             state = self._conns.get(int(probed.sender_tag.value) >> 8)
             if probed.length > CTRL_MAX:
                 # Only an authenticated peer knows the tag: drop its connection.

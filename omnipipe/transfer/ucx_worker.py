@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import time
 import weakref
@@ -41,6 +42,7 @@ POOL_MIN = 1 << 20
 POOL_BYTES = 1 << 30
 
 
+@functools.cache
 def _lib() -> Any:
     import ucxx._lib.libucxx as libucxx
 
@@ -55,9 +57,14 @@ def _cuda_available() -> bool:
 
 def array(buffer: Any) -> Any:
     """ucxx's buffer wrapper for a numpy array or anything with the buffer protocol."""
+    return _array_type()(buffer)
+
+
+@functools.cache
+def _array_type() -> Any:
     from ucxx._lib.arr import Array
 
-    return Array(buffer)
+    return Array
 
 
 class PeerGone(ConnectionError):
@@ -133,11 +140,14 @@ class UcxWorker:
     def tag(value: int) -> Any:
         return _lib().UCXXTag(value)
 
-    def probe(self, tag: int, mask: int) -> Any | None:
-        """A queued message under `tag`/`mask`, taken off the queue (receive it with
-        recv_probed), or None."""
-        lib = _lib()
-        result = self.worker.tag_probe(lib.UCXXTag(tag), lib.UCXXTagMask(mask), remove=True)
+    @staticmethod
+    def mask(value: int) -> Any:
+        return _lib().UCXXTagMask(value)
+
+    def probe(self, tag: Any, mask: Any) -> Any | None:
+        """A queued message under `tag`/`mask` (made by tag() and mask()), taken off the
+        queue (receive it with recv_probed), or None."""
+        result = self.worker.tag_probe(tag, mask, remove=True)
         return result if result.matched else None
 
     def recv_probed(self, buffer: Any, probed: Any) -> Any:
