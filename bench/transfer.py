@@ -1,7 +1,8 @@
 """Stage-to-stage hand-off between two processes on loopback: omnipipe's ucx and tcp
 backends beside a single-process memcpy (the physical limit), raw ucxx (the library's
 low-level API with no framing, busy-polling: the ucx backend's anchor), UCX's own
-ucx_perftest (tag_bw / tag_lat, from Debian's ucx-utils) and a plain Python socket send.
+ucx_perftest (tag_bw / tag_lat, from Debian's ucx-utils), NIXL's DRAM-to-DRAM WRITE when
+nixl_cu12 imports (bench/_nixl.py) and a plain Python socket send.
 Then KV blocks (256 scattered 64 KiB blocks into the receiver's block table, against one
 16 MiB tensor), and each backend's idle CPU and wake-up cost after idle.
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
 import re
 import socket
@@ -25,6 +27,7 @@ import sys
 import time
 from pathlib import Path
 
+import _nixl
 from _common import REPO, median, record, table
 
 KIB, MIB = 1024, 1024 * 1024
@@ -149,7 +152,8 @@ async def _idle_and_wake(backend: str, address: str, pid: int, n: int) -> dict[s
         elapsed = time.monotonic() - started
         sender_cpu = (usage.ru_utime + usage.ru_stime - own) / elapsed
         receiver_cpu = (_cpu_seconds(pid) - theirs) / elapsed
-        hot, cold = [], []
+        hot: list[float] = []
+        cold: list[float] = []
         for i in range(3, 3 + 2 * n):
             if i % 2:
                 await asyncio.sleep(WAKE_GAP)
@@ -260,6 +264,23 @@ def raw_ucxx_run(size_name: str, n: int) -> list[float]:
     finally:
         proc.kill()
         proc.wait(timeout=30)
+
+
+def nixl_run(size: int, n: int) -> list[float]:
+    """NIXL's sender in its own process too: nixl_cu12 crashes at interpreter exit."""
+    out = subprocess.run(
+        [sys.executable, __file__, "--serve", f"nixl-sender:{size}:{n}"],
+        capture_output=True,
+        text=True,
+        env=ENV,
+        cwd=REPO,
+        timeout=600,
+    ).stdout
+    for line in out.splitlines():
+        if line.startswith("times "):
+            times: list[float] = json.loads(line.removeprefix("times "))
+            return times
+    raise RuntimeError(f"the NIXL sender gave no times:\n{out}")
 
 
 # ---- plain socket --------------------------------------------------------------------
@@ -383,10 +404,20 @@ def main() -> None:
     if args.serve and args.serve.startswith("raw-ucxx:"):
         _serve_raw_ucxx(int(args.serve.partition(":")[2]))
         return
+    if args.serve and args.serve.startswith("nixl:"):
+        _nixl.serve(int(args.serve.partition(":")[2]))
+        return
+    if args.serve and args.serve.startswith("nixl-sender:"):
+        size, n = (int(v) for v in args.serve.split(":")[1:])
+        print("times", json.dumps(_nixl.run(__file__, size, n, ENV)), flush=True)
+        os._exit(0)  # nixl_cu12 1.5.1 crashes tearing its agents down at exit
     if args.serve:
         asyncio.run(_serve_omnipipe(args.serve))
         return
     counts = QUICK_ITERATIONS if args.quick else ITERATIONS
+    nixl = _nixl.available()
+    if not nixl:
+        print("no nixl row: nixl_cu12 does not import (see bench/_nixl.py)", flush=True)
     results: dict[str, dict[str, dict[str, float]]] = {}
     for size_name, n in counts.items():
         size = SIZES[size_name]
@@ -395,6 +426,7 @@ def main() -> None:
             "memcpy": timed_row(memcpy_run(size_name, n), size),
             "ucx_perftest": perftest_row(size_name, n),
             "raw-ucxx": timed_row(raw_ucxx_run(size_name, n), size),
+            **({"nixl": timed_row(nixl_run(size, n), size)} if nixl else {}),
             "socket": timed_row(socket_run(size_name, n), size),
             "omnipipe-ucx": timed_row(omnipipe_run("ucx", size_name, n), size),
             "omnipipe-tcp": timed_row(omnipipe_run("tcp", size_name, n), size),

@@ -67,9 +67,6 @@ _CONN = struct.Struct("!Q")
 MAX_WORKER_ADDRESS = 1 << 16
 _WILDCARDS = frozenset({"", "0.0.0.0", "::"})
 _SIOCGIFADDR = 0x8915
-_ACK = np.frombuffer(bytearray(ACK), dtype=np.uint8)
-_GO = np.frombuffer(bytearray(GO), dtype=np.uint8)
-_DROPPED = np.frombuffer(bytearray(DROPPED), dtype=np.uint8)
 
 
 def _tag(conn: int, kind: int) -> int:
@@ -121,6 +118,17 @@ class _Peer:
     alive: bool = True
     # Both ends take CUDA memory: device tensors go without a host bounce.
     device: bool = False
+    # Made once per connection: each ucxx wrapper costs microseconds per message.
+    reply_buffer: Any = None
+    ctrl_tag: Any = None
+    data_tag: Any = None
+    reply_tag: Any = None
+
+    def __post_init__(self) -> None:
+        self.reply_buffer = array(self.reply)
+        self.ctrl_tag = UcxWorker.tag(_tag(self.conn, CTRL))
+        self.data_tag = UcxWorker.tag(_tag(self.conn, DATA))
+        self.reply_tag = UcxWorker.tag(_tag(self.conn, REPLY))
 
     def is_alive(self) -> bool:
         return self.alive
@@ -227,27 +235,18 @@ class UcxSender(Sender):
         ]
         started = time.perf_counter()
         ucx = self._worker()
-        reply_tag = UcxWorker.tag(_tag(peer.conn, REPLY))
         try:
             verdict = await self._exchange(
                 ucx,
                 peer,
-                [
-                    peer.endpoint.tag_send(
-                        array(np.frombuffer(ctrl, dtype=np.uint8)),
-                        UcxWorker.tag(_tag(peer.conn, CTRL)),
-                    )
-                ],
-                reply_tag,
+                [peer.endpoint.tag_send(array(np.frombuffer(ctrl, dtype=np.uint8)), peer.ctrl_tag)],
             )
             if verdict == GO:
-                data_tag = UcxWorker.tag(_tag(peer.conn, DATA))
                 blocks = [np.frombuffer(b, dtype=np.uint8) for b in block_buffers(message)]
                 verdict = await self._exchange(
                     ucx,
                     peer,
-                    [peer.endpoint.tag_send(array(b), data_tag) for b in [*large, *blocks]],
-                    reply_tag,
+                    [peer.endpoint.tag_send(array(b), peer.data_tag) for b in [*large, *blocks]],
                 )
             if verdict == DROPPED:
                 verdict = ACK
@@ -270,9 +269,9 @@ class UcxSender(Sender):
         self.stats.on_transfer(message.nbytes, time.perf_counter() - started)
 
     @staticmethod
-    async def _exchange(ucx: UcxWorker, peer: _Peer, sends: list[Any], reply_tag: Any) -> bytes:
+    async def _exchange(ucx: UcxWorker, peer: _Peer, sends: list[Any]) -> bytes:
         """Waits for the sends and the receiver's one-byte verdict that follows them."""
-        reply = peer.endpoint.tag_recv(array(peer.reply), reply_tag)
+        reply = peer.endpoint.tag_recv(peer.reply_buffer, peer.reply_tag)
         try:
             await ucx.until(
                 lambda: bool(reply.completed) and all(s.completed for s in sends), peer.is_alive

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import secrets
 import socket
@@ -17,19 +18,18 @@ import torch
 
 from omnipipe.transfer import ucx_worker
 from omnipipe.transfer.auth import HANDSHAKE_TIMEOUT_SECONDS, REFUSED
-from omnipipe.transfer.base import BlockTableFull, MailboxFull
+from omnipipe.transfer.base import BlockTableFull, Charge, MailboxFull, Message
 from omnipipe.transfer.codec import MAX_HEADER, CodecError, decode_header
 from omnipipe.transfer.tcp import ACK, ListeningReceiver, _recv_bytes, declared_bytes, message_from
 from omnipipe.transfer.ucx import (
-    _ACK,
     _CONN,
-    _DROPPED,
-    _GO,
     _LEN,
     CTRL,
     CTRL_MAX,
     DATA,
     DEVICE_ACK,
+    DROPPED,
+    GO,
     MAX_WORKER_ADDRESS,
     RECEIVER_MASK,
     REPLY,
@@ -43,7 +43,13 @@ log = logging.getLogger(__name__)
 
 def _refusal(reason: str) -> Any:
     raw = reason.encode()[:4096]
-    return np.frombuffer(bytearray(REFUSED + _LEN.pack(len(raw)) + raw), dtype=np.uint8)
+    return array(np.frombuffer(bytearray(REFUSED + _LEN.pack(len(raw)) + raw), dtype=np.uint8))
+
+
+@functools.cache
+def _verdict(raw: bytes) -> Any:
+    """The ucxx buffer of a one-byte reply, made once (a wrapper costs µs per message)."""
+    return array(np.frombuffer(bytearray(raw), dtype=np.uint8))
 
 
 @dataclass
@@ -55,16 +61,39 @@ class _Connection:
     alive: bool = True
     # Replies in flight: their buffers live until UCX is done with them.
     pending: list[tuple[Any, Any]] = field(default_factory=list)
+    reply_tag: Any = None
+    data_tag: Any = None
+
+    def __post_init__(self) -> None:
+        self.reply_tag = UcxWorker.tag(_tag(self.conn, REPLY))
+        self.data_tag = UcxWorker.tag(_tag(self.conn, DATA))
 
     def is_alive(self) -> bool:
         return self.alive
 
     def reply(self, payload: Any) -> None:
-        self.pending = [(r, b) for r, b in self.pending if not r.completed]
-        request = self.endpoint.tag_send(
-            array(payload), ucx_worker.UcxWorker.tag(_tag(self.conn, REPLY))
-        )
-        self.pending.append((request, payload))
+        """Sends `payload` (a ucxx buffer: _verdict or _refusal) as the verdict."""
+        if self.pending:
+            self.pending = [(r, b) for r, b in self.pending if not r.completed]
+        self.pending.append((self.endpoint.tag_send(payload, self.reply_tag), payload))
+
+
+@dataclass
+class _Landing:
+    """A message admitted to the mailbox whose large tensors and KV blocks are still
+    arriving, each straight into the buffer (or block-table row) it ends up in."""
+
+    state: _Connection
+    header: dict[str, Any]
+    buffers: list[Any]
+    ids: list[int]
+    charge: Charge | None
+    started: float
+    rows: list[torch.Tensor] = field(default_factory=list)
+    posted: list[Any] = field(default_factory=list)
+
+    def landed(self) -> bool:
+        return all(r.completed for r in self.posted)
 
 
 class UcxReceiver(ListeningReceiver):
@@ -75,13 +104,19 @@ class UcxReceiver(ListeningReceiver):
         self._ucx: UcxWorker | None = None
         self._conns: dict[int, _Connection] = {}
         self._index = 0
+        self._ctrl_tag: Any = None
+        self._ctrl_mask: Any = None
+        self._landings: list[_Landing] = []
 
     async def start(self) -> None:
         restrict_net_devices(self._host)
         self._ucx = ucx_worker.acquire()
         self._index = self._ucx.next_receiver_index()
+        self._ctrl_tag = UcxWorker.tag(_tag(self._index, CTRL))
+        self._ctrl_mask = UcxWorker.mask(RECEIVER_MASK)
         await super().start()
-        self._track(asyncio.create_task(self._dispatch()))
+        self._ucx.add_poller(self._take_arrivals)
+        self._ucx.add_poller(self._finish_landed)
 
     async def _opened(self, loop: asyncio.AbstractEventLoop, conn: socket.socket) -> None:
         """Exchanges worker addresses, then holds the connection until the sender closes
@@ -121,21 +156,14 @@ class UcxReceiver(ListeningReceiver):
     def _peer_errors(self) -> tuple[type[BaseException], ...]:
         return (CodecError, ConnectionError, asyncio.IncompleteReadError)
 
-    async def _dispatch(self) -> None:
-        """Takes each CTRL message, whichever connection sent it."""
+    def _take_arrivals(self) -> None:
+        """Runs after each progress of the worker (a poller): takes every CTRL message
+        that arrived for this receiver, whichever connection sent it, and finishes the
+        all-inline ones on the spot; the rest go to a task."""
         ucx = self._ucx
-        assert ucx is not None
-        probed: Any = None
-
-        def arrived() -> bool:
-            nonlocal probed
-            if probed is None:
-                probed = ucx.probe(_tag(self._index, CTRL), RECEIVER_MASK)
-            return probed is not None
-
-        while True:
-            probed = None
-            await ucx.until(arrived, lambda: True)
+        if ucx is None:
+            return
+        while (probed := ucx.probe(self._ctrl_tag, self._ctrl_mask)) is not None:
             state = self._conns.get(int(probed.sender_tag.value) >> 8)
             if probed.length > CTRL_MAX:
                 # Only an authenticated peer knows the tag: drop its connection.
@@ -183,37 +211,138 @@ class UcxReceiver(ListeningReceiver):
         return buffers, large
 
     def _try_now(self, state: _Connection, buf: Any, request: Any) -> bool:
-        """The common small hand-off without leaving the dispatcher: all inline, and the
-        request's queue has room. False: leave it to _handle."""
+        """A hand-off taken without leaving the poller: the CTRL message is complete and
+        the request's queue has room. False: leave it to _handle (which also reports a
+        malformed message)."""
         try:
             request.check_error()
             header, offset = self._header(buf)
-            buffers, large = self._inline_buffers(header, buf, offset)
+            buffers, _ = self._inline_buffers(header, buf, offset)
         except Exception:
             return False
-        request_id = str(header.get("request_id"))
-        if large or header.get("blocks") or not self.mailbox.has_room_now(request_id):
+        if not self.mailbox.has_room_now(str(header.get("request_id"))):
             return False
-        started = time.perf_counter()
         try:
-            charge = self.mailbox.reserve(request_id, declared_bytes(header) + offset)
+            landing = self._admit(state, header, buffers, offset)
         except MailboxFull as exc:
             state.reply(_refusal(str(exc)))
             return True
         except CodecError:
-            return False
-        if charge is None:
-            state.reply(_ACK)
+            return False  # nothing reserved yet: _handle reports it
+        except Exception as exc:  # _admit dropped the connection
+            log.warning("transfer connection %x: %s", state.conn, exc)
             return True
-        try:
-            message = message_from(header, buffers)
-        except Exception:
-            self.mailbox.release(charge)
-            return False
-        self.mailbox.put_nowait(message, charge)
-        self.stats.on_transfer(message.nbytes, time.perf_counter() - started)
-        state.reply(_ACK)
+        if landing is None:
+            return True  # answered: refused or dropped
+        if landing.posted:
+            self._landings.append(landing)  # _finish_landed completes it
+        else:
+            self._deliver_now(landing)
         return True
+
+    def _admit(
+        self, state: _Connection, header: dict[str, Any], buffers: list[Any], offset: int
+    ) -> _Landing | None:
+        """Reserves mailbox room (and KV rows) for a message, then posts a receive for
+        each large tensor and block straight into the memory it ends up in and answers
+        GO. None when it is answered already (refused, or dropped: the request ended)."""
+        charge = self.mailbox.reserve(
+            str(header.get("request_id")), declared_bytes(header) + offset
+        )
+        if charge is None:  # the request already ended here: a late chunk, dropped
+            state.reply(_verdict(DROPPED))
+            return None
+        try:
+            ids = self._allocate_blocks(header)
+        except BlockTableFull as exc:
+            self.mailbox.release(charge)
+            state.reply(_refusal(str(exc)))
+            return None
+        landing = _Landing(state, header, buffers, ids, charge, time.perf_counter())
+        try:
+            if ids and self.block_table is not None:
+                landing.rows = self.block_table.rows(ids)
+            # Receives go in the order the sender sends: tensors, then blocks.
+            for i, b in enumerate(buffers):
+                if b is None:
+                    buffers[i] = self._receive_buffer(header["tensors"][i])
+                    landing.posted.append(
+                        state.endpoint.tag_recv(array(buffers[i]), state.data_tag)
+                    )
+            for row in landing.rows:
+                landing.posted.append(state.endpoint.tag_recv(array(row.numpy()), state.data_tag))
+        except BaseException:
+            state.alive = False  # the sender waits for a GO that will not come
+            self._abandon(landing, "could not post the receives")
+            raise
+        if landing.posted:
+            state.reply(_verdict(GO))
+        return landing
+
+    def _finish_landed(self) -> None:
+        """A poller: completes each admitted message whose data has all arrived."""
+        if not self._landings:
+            return
+        waiting = []
+        for landing in self._landings:
+            if landing.landed():
+                self._deliver_now(landing)
+            elif landing.state.alive:
+                waiting.append(landing)
+            else:
+                self._abandon(landing, "the sender went away mid-transfer")
+        self._landings = waiting
+
+    def _deliver_now(self, landing: _Landing) -> None:
+        message = self._message(landing)
+        if message is None:
+            return
+        if self.mailbox.has_room_now(message.request_id):
+            self.mailbox.put_nowait(message, self._queued(landing, message))
+            landing.state.reply(_verdict(ACK))
+        else:  # another message of the request took the room meanwhile: wait for it
+            self._track(asyncio.create_task(self._deliver(landing, message)))
+
+    async def _deliver(self, landing: _Landing, message: Message) -> None:
+        charge = self._queued(landing, message)
+        await self.mailbox.put(message, charge)
+        landing.state.reply(_verdict(ACK))
+
+    def _queued(self, landing: _Landing, message: Message) -> Charge:
+        """Hands the charge (and the rows, through on_drop) over to the mailbox."""
+        charge, landing.charge, landing.ids = landing.charge, None, []
+        assert charge is not None
+        self.stats.on_transfer(message.nbytes, time.perf_counter() - landing.started)
+        return charge
+
+    def _message(self, landing: _Landing) -> Message | None:
+        """The message, once its data has landed; None (and the connection dropped, or
+        the error logged) when it cannot be built."""
+        try:
+            for r in landing.posted:
+                r.check_error()
+            return self._owning_rows(
+                message_from(landing.header, landing.buffers, landing.ids, landing.rows)
+            )
+        except CodecError as exc:
+            landing.state.alive = False
+            self._abandon(landing, str(exc))
+        except Exception as exc:
+            if not isinstance(exc, ucx_worker.ucx_errors()):
+                raise
+            self._abandon(landing, str(exc))
+        return None
+
+    def _abandon(self, landing: _Landing, why: str) -> None:
+        log.warning("transfer connection %x: %s", landing.state.conn, why)
+        if landing.charge is not None:
+            self.mailbox.release(landing.charge)
+            landing.charge = None
+        # A receive still posted may yet write into its rows: they stay out of use.
+        if landing.ids and self.block_table is not None and landing.landed():
+            self.block_table.free(landing.ids)
+        if not landing.state.alive and self._ucx is not None:
+            self._ucx.wake_sleepers()
 
     def _receive_buffer(self, spec: dict[str, Any]) -> Any:
         """Device memory for a tensor sent from it, when this worker takes it (untested
@@ -226,70 +355,50 @@ class UcxReceiver(ListeningReceiver):
         return ucx.pool.take(nbytes)
 
     async def _handle(self, state: _Connection, buf: Any, request: Any) -> None:
+        """The general path: a CTRL message still arriving, or a request whose queue is
+        full (back-pressure: the sender waits for the ACK)."""
         ucx = self._ucx
         assert ucx is not None
-        charge = None
-        ids: list[int] = []
-        posted: list[Any] = []
+        landing: _Landing | None = None
         try:
             await ucx.until(lambda: bool(request.completed), state.is_alive)
             request.check_error()
-            started = time.perf_counter()
             header, offset = self._header(buf)
-            buffers, large = self._inline_buffers(header, buf, offset)
+            buffers, _ = self._inline_buffers(header, buf, offset)
             try:
-                charge = self.mailbox.reserve(
-                    str(header.get("request_id")), declared_bytes(header) + offset
-                )
+                landing = self._admit(state, header, buffers, offset)
             except MailboxFull as exc:
                 state.reply(_refusal(str(exc)))
                 return
-            if charge is None:  # the request already ended here: a late chunk, dropped
-                state.reply(_DROPPED)
+            if landing is None:
                 return
-            try:
-                ids = self._allocate_blocks(header)
-            except BlockTableFull as exc:
-                state.reply(_refusal(str(exc)))
-                return
-            rows = self.block_table.rows(ids) if self.block_table is not None else []
-            if large or rows:
-                # Receives go in the order the sender sends: tensors, then blocks, each
-                # straight into the memory it ends up in.
-                data_tag = UcxWorker.tag(_tag(state.conn, DATA))
-                for i, b in enumerate(buffers):
-                    if b is None:
-                        buffers[i] = self._receive_buffer(header["tensors"][i])
-                        posted.append(state.endpoint.tag_recv(array(buffers[i]), data_tag))
-                for row in rows:
-                    posted.append(state.endpoint.tag_recv(array(row.numpy()), data_tag))
-                state.reply(_GO)
-                await ucx.until(lambda: all(r.completed for r in posted), state.is_alive)
-                for r in posted:
-                    r.check_error()
-            message = self._owning_rows(message_from(header, buffers, ids, rows))
-            await self.mailbox.put(message, charge)
-            charge, ids = None, []
-            self.stats.on_transfer(message.nbytes, time.perf_counter() - started)
-            state.reply(_ACK)
+            await ucx.until(landing.landed, state.is_alive)
+            message = self._message(landing)
+            if message is not None:
+                await self._deliver(landing, message)
+            landing = None
         except (CodecError, ConnectionError) as exc:
-            log.warning("transfer connection %x: %s", state.conn, exc)
             state.alive = False
+            if landing is not None:
+                self._abandon(landing, str(exc))
+                landing = None
+            else:
+                log.warning("transfer connection %x: %s", state.conn, exc)
             ucx.wake_sleepers()
         except Exception as exc:
             if not isinstance(exc, ucx_worker.ucx_errors()):
                 raise
             log.warning("transfer connection %x: %s", state.conn, exc)
         finally:
-            if charge is not None:
-                self.mailbox.release(charge)
-            # A receive still posted may yet write into its rows: they stay out of use.
-            if ids and self.block_table is not None and all(r.completed for r in posted):
-                self.block_table.free(ids)
+            if landing is not None:
+                self._abandon(landing, "the hand-off was cut short")
 
     async def close(self) -> None:
         await super().close()
         if self._ucx is not None:
+            self._ucx.remove_poller(self._take_arrivals)
+            self._ucx.remove_poller(self._finish_landed)
+            self._landings.clear()
             for state in self._conns.values():
                 state.alive = False
             ucx_worker.release(self._ucx)

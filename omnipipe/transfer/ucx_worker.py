@@ -3,10 +3,14 @@
 progresses the worker itself, so a completion is seen on the next poll rather than after
 a hop through another thread and the event loop.
 
-A wait polls the worker for `SPIN_SECONDS`, then arms the worker and sleeps on its event
-file descriptor (watched by asyncio's selector for the worker's life), so an idle process
-burns no core. The price is an event-loop wake-up for replies slower than the spin
-(bench/transfer.py measures it).
+Incoming work is handled where it is seen: a receiver registers a poller that runs after
+every progress of the worker (from the event-fd callback, or inside another wait's poll),
+so a small message is taken, put in the mailbox and acknowledged without waking a task.
+
+A wait for a transfer in flight polls the worker in a tight loop (the event loop is not
+entered: a 4 KiB round trip is a few µs of UCX) for `SPIN_SECONDS`, then arms the worker
+and sleeps on its event file descriptor, watched by asyncio's selector for the worker's
+life; nothing polls while nothing is in flight, so an idle process burns no core.
 
 Large receive buffers come from a pool and return to it when the tensors built on them
 are freed: a reused buffer is already mapped and registered in UCX's cache, where a fresh
@@ -16,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import time
 import weakref
@@ -26,9 +31,9 @@ import numpy as np
 
 os.environ.setdefault("UCX_WARN_UNUSED_ENV_VARS", "n")
 
-# A wait polls (yielding to the event loop between polls) for this long, then sleeps on
-# the event fd. Short: on a machine with more runnable processes than cores, a polling
-# process takes the CPU its peer needs to answer (bench/transfer.py, README).
+# A wait for a transfer in flight polls for this long, then sleeps on the event fd.
+# Short: on a machine with more runnable processes than cores, a polling process takes
+# the CPU its peer needs to answer (bench/transfer.py, README).
 SPIN_SECONDS = float(os.environ.get("OMNIPIPE_UCX_SPIN_US", "50")) * 1e-6
 # Sleepers re-check at least this often, should an event ever be missed.
 SLEEP_SECONDS = 0.1
@@ -37,6 +42,7 @@ POOL_MIN = 1 << 20
 POOL_BYTES = 1 << 30
 
 
+@functools.cache
 def _lib() -> Any:
     import ucxx._lib.libucxx as libucxx
 
@@ -51,9 +57,14 @@ def _cuda_available() -> bool:
 
 def array(buffer: Any) -> Any:
     """ucxx's buffer wrapper for a numpy array or anything with the buffer protocol."""
+    return _array_type()(buffer)
+
+
+@functools.cache
+def _array_type() -> Any:
     from ucxx._lib.arr import Array
 
-    return Array(buffer)
+    return Array
 
 
 class PeerGone(ConnectionError):
@@ -107,6 +118,8 @@ class UcxWorker:
         self.device_memory = bool(self.context.cuda_support) and _cuda_available()
         self._fd: int = self.worker.epoll_file_descriptor
         self._sleepers: list[tuple[Callable[[], bool], asyncio.Future[None]]] = []
+        self._pollers: list[Callable[[], None]] = []
+        self._ticker: asyncio.TimerHandle | None = None
         self.users = 0
         self._receivers = 0
 
@@ -127,11 +140,14 @@ class UcxWorker:
     def tag(value: int) -> Any:
         return _lib().UCXXTag(value)
 
-    def probe(self, tag: int, mask: int) -> Any | None:
-        """A queued message under `tag`/`mask`, taken off the queue (receive it with
-        recv_probed), or None."""
-        lib = _lib()
-        result = self.worker.tag_probe(lib.UCXXTag(tag), lib.UCXXTagMask(mask), remove=True)
+    @staticmethod
+    def mask(value: int) -> Any:
+        return _lib().UCXXTagMask(value)
+
+    def probe(self, tag: Any, mask: Any) -> Any | None:
+        """A queued message under `tag`/`mask` (made by tag() and mask()), taken off the
+        queue (receive it with recv_probed), or None."""
+        result = self.worker.tag_probe(tag, mask, remove=True)
         return result if result.matched else None
 
     def recv_probed(self, buffer: Any, probed: Any) -> Any:
@@ -139,26 +155,37 @@ class UcxWorker:
 
     # ---- waiting ---------------------------------------------------------------------
 
+    def add_poller(self, poller: Callable[[], None]) -> None:
+        """`poller` runs after every progress of the worker, until removed: it takes
+        what has arrived (it must not progress the worker itself)."""
+        self._pollers.append(poller)
+
+    def remove_poller(self, poller: Callable[[], None]) -> None:
+        with contextlib.suppress(ValueError):
+            self._pollers.remove(poller)
+
     def poll(self) -> None:
         self.worker.progress()
+        if self._pollers:
+            for poller in tuple(self._pollers):  # a poller may remove itself
+                poller()
         if self._sleepers:
             self._wake_ready()
 
     async def until(self, ready: Callable[[], bool], alive: Callable[[], bool]) -> None:
         """Returns once ready() holds; raises PeerGone once alive() does not. Polls for
-        SPIN_SECONDS, then sleeps until the worker's event fd (or a liveness change)
-        wakes it."""
-        spin_until = time.monotonic() + SPIN_SECONDS
+        SPIN_SECONDS without entering the event loop, then sleeps until the worker's
+        event fd (or a liveness change) wakes it."""
+        spin_until = time.perf_counter() + SPIN_SECONDS
         while True:
             self.poll()
             if ready():
                 return
             if not alive():
                 raise PeerGone("the peer closed the transfer connection")
-            if time.monotonic() < spin_until:
-                await asyncio.sleep(0)
-            else:
+            if time.perf_counter() >= spin_until:
                 await self._sleep(lambda: ready() or not alive())
+                spin_until = time.perf_counter() + SPIN_SECONDS
 
     async def _sleep(self, wake: Callable[[], bool]) -> None:
         future: asyncio.Future[None] = self.loop.create_future()
@@ -175,8 +202,7 @@ class UcxWorker:
     def _arm(self) -> None:
         # arm() fails while events are pending: progress them first, then try again.
         for _ in range(100):
-            self.worker.progress()
-            self._wake_ready()
+            self.poll()
             if self.worker.arm():
                 return
 
@@ -184,11 +210,22 @@ class UcxWorker:
         self._arm()
 
     def start_reading(self) -> None:
-        """The event fd stays watched for the worker's life: an event wakes the sleepers
-        it concerns, and the worker is armed again (else the fd stays readable)."""
+        """The event fd stays watched for the worker's life: an event runs the pollers,
+        wakes the sleepers it concerns, and arms the worker again (else the fd stays
+        readable)."""
         self.loop.add_reader(self._fd, self._on_event)
+        self._tick()
+
+    def _tick(self) -> None:
+        # Should an event ever be missed, pollers still see arrivals within SLEEP_SECONDS
+        # (about 10 µs of CPU per tick: nothing next to a core).
+        self._arm()
+        self._ticker = self.loop.call_later(SLEEP_SECONDS, self._tick)
 
     def stop_reading(self) -> None:
+        if self._ticker is not None:
+            self._ticker.cancel()
+            self._ticker = None
         self.loop.remove_reader(self._fd)
 
     def _wake_ready(self) -> None:

@@ -639,6 +639,66 @@ async def test_ucx_receive_buffers_are_reused_once_their_tensors_are_gone() -> N
         await receiver.close()
 
 
+async def test_ucx_hand_offs_with_room_are_taken_without_a_task_each() -> None:
+    """A hand-off whose request has room in the mailbox is admitted, received and
+    acknowledged by the worker's pollers: small (inline) and large (tensors received
+    straight into pooled buffers) alike, with no task started for it."""
+    from omnipipe.transfer.ucx_receiver import UcxReceiver
+
+    mailbox = Mailbox()
+    receiver = make_receiver("ucx", mailbox)
+    assert isinstance(receiver, UcxReceiver)
+    await receiver.start()
+    sender = make_sender("ucx")
+    small, large = torch.randn(1024), torch.randn(1 << 18)  # 4 KiB inline, 1 MiB not
+    try:
+        await sender.send(receiver.address, Message("warm", "s", {"x": small}))
+        started: list[asyncio.Task[None]] = []
+        track = receiver._track
+        receiver._track = lambda task: (started.append(task), track(task))[1]  # type: ignore[method-assign]
+        for i in range(5):
+            await sender.send(receiver.address, Message(f"m{i}", "s", {"a": small, "b": large}))
+        assert started == []
+        for i in range(5):
+            got = await asyncio.wait_for(mailbox.get(f"m{i}"), 10)
+            assert torch.equal(got.tensors["a"], small)
+            assert torch.equal(got.tensors["b"], large)
+    finally:
+        await sender.close()
+        await receiver.close()
+
+
+async def test_ucx_receivers_sharing_a_worker_each_take_their_own_messages() -> None:
+    """Two receivers on one event loop share its UCX worker (each a poller of it);
+    closing one leaves the other receiving."""
+    from omnipipe.transfer import ucx_worker
+
+    workers = ucx_worker.active_workers()
+    first, second = Mailbox(), Mailbox()
+    a, b = make_receiver("ucx", first), make_receiver("ucx", second)
+    await a.start()
+    await b.start()
+    sender = make_sender("ucx")
+    x = torch.randn(1 << 18)
+    try:
+        await sender.send(a.address, Message("to-a", "s", {"x": x}))
+        await sender.send(b.address, Message("to-b", "s", {"x": x + 1}))
+        assert torch.equal((await asyncio.wait_for(first.get("to-a"), 10)).tensors["x"], x)
+        assert torch.equal((await asyncio.wait_for(second.get("to-b"), 10)).tensors["x"], x + 1)
+        assert len(first) == 1  # nothing crossed over
+        assert len(second) == 1
+        await a.close()
+        await sender.send(b.address, Message("again", "s", {"x": x + 2}))
+        got = await asyncio.wait_for(second.get("again"), 10)
+        assert torch.equal(got.tensors["x"], x + 2)
+        assert ucx_worker.active_workers() == workers + 1  # one for the loop
+    finally:
+        await sender.close()
+        await b.close()
+        await a.close()
+    assert ucx_worker.active_workers() == workers
+
+
 _REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _BLOCKED_RECEIVER = """
 import asyncio, sys
