@@ -342,7 +342,9 @@ def control_plane(
                 # fails every watch it would turn into a streaming list (any watch from
                 # resourceVersion 0, which is how kwok watches pods); kwok then re-lists
                 # only after exponential back-off, and pods took up to 40 s to turn Ready.
-                "--feature-gates=WatchList=false",
+                # ImageVolume: weights.source image (off by default before 1.35, and the
+                # API server drops image volumes from pods while it is off).
+                "--feature-gates=WatchList=false,ImageVolume=true",
             ],
         )
         ca = ssl.create_default_context(cafile=str(workdir / "ca.crt"))

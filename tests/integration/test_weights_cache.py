@@ -247,6 +247,76 @@ def test_the_operator_may_fill_caches_but_only_list_pods(cluster: Cluster) -> No
     assert not can("create", "persistentvolumes")
 
 
+def test_a_users_claim_and_an_image_are_mounted_read_only_and_the_claim_outlives_the_pipeline(
+    cluster: Cluster, operator: Operator, namespace: str
+) -> None:
+    """source claim and source image: no fetch Job, every stage pod mounts the weights
+    read-only, and deleting the pipeline leaves the user's claim alone. (The API server
+    runs with the ImageVolume feature gate: without it, it drops image volumes.)"""
+    volumes(cluster, namespace, 1, storage_class="", size="100Gi")
+    mine = {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": {"name": "my-weights"},
+        "spec": {
+            "accessModes": ["ReadWriteOnce"],
+            "storageClassName": "",
+            "resources": {"requests": {"storage": "100Gi"}},
+        },
+    }
+    apply(cluster, namespace, mine)
+    sources = {
+        "from-claim": {"source": "claim", "claimName": "my-weights", "path": "qwen-image"},
+        "from-image": {"source": "image", "image": "registry.example/qwen-image-weights:1"},
+    }
+    for name, weights in sources.items():
+        manifest = pipeline(name, "")
+        manifest["spec"]["weights"] = weights
+        apply(cluster, namespace, manifest)
+    for name in sources:
+        ready(cluster, namespace, name)
+        assert not of_kind(cluster, namespace, "jobs", name)
+        assert "ModelCached" not in {
+            c["type"]
+            for c in get_json(cluster, "omnip", name, "-n", namespace)["status"]["conditions"]
+        }
+    expected = {
+        "from-claim": (
+            {"persistentVolumeClaim": {"claimName": "my-weights", "readOnly": True}},
+            "/var/lib/omnipipe/weights/qwen-image",
+        ),
+        "from-image": (
+            {
+                "image": {
+                    "reference": "registry.example/qwen-image-weights:1",
+                    "pullPolicy": "IfNotPresent",
+                }
+            },
+            "/var/lib/omnipipe/weights",
+        ),
+    }
+    for name, (source, path) in expected.items():
+        pods = get_json(
+            cluster, "pods", "-n", namespace, "-l", f"omnipipe.io/pipeline={name},omnipipe.io/stage"
+        )["items"]
+        assert len(pods) == 3, name
+        for pod in pods:
+            [volume] = [v for v in pod["spec"]["volumes"] if v["name"] == "weights"]
+            assert volume == {"name": "weights", **source}
+            [container] = pod["spec"]["containers"]
+            [mount] = [m for m in container["volumeMounts"] if m["name"] == "weights"]
+            assert mount["readOnly"] is True
+            assert {"name": "OMNIPIPE_WORKER_MODEL_PATH", "value": path} in container["env"]
+    cluster.kubectl("delete", "omnip", "from-claim", "-n", namespace, "--wait=false")
+    wait_for(
+        "from-claim's stage Deployments to go",
+        lambda: not stage_deployments(cluster, namespace, "from-claim"),
+        timeout=90,
+    )
+    claims = get_json(cluster, "pvc", "-n", namespace)["items"]
+    assert [c["metadata"]["name"] for c in claims] == ["my-weights"]
+
+
 # Last in the file: the garbage collector watches a new CRD's objects only after its
 # next resync (about 30 s after the session installed it), and this test waits on it.
 def test_the_cached_example_goes_from_kubectl_apply_to_ready_and_away_with_the_pipeline(
