@@ -115,6 +115,15 @@ def wait_for(what: str, check: Callable[[], Any], timeout: float = 60) -> Any:
     raise AssertionError(f"timed out after {timeout}s waiting for {what}; last: {last!r}")
 
 
+OPERATOR_ACCOUNT = "system:serviceaccount:omnipipe-system:omnipipe-operator"
+
+
+def operator_can(cluster: Cluster, *args: str) -> bool:
+    """`kubectl auth can-i ARGS` as the chart's operator service account."""
+    proc = cluster.kubectl("auth", "can-i", *args, f"--as={OPERATOR_ACCOUNT}", check=False)
+    return proc.stdout.strip() == "yes"
+
+
 def get_json(cluster: Cluster, *args: str) -> Any:
     return json.loads(cluster.kubectl("get", *args, "-o", "json").stdout)
 

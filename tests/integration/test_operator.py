@@ -19,7 +19,14 @@ import yaml
 from omnipipe.api import parse_resource, resolve
 from omnipipe.api.revision import pipeline_revision
 from tests.harness.cluster import Cluster
-from tests.integration.conftest import REPO, Operator, children, get_json, wait_for
+from tests.integration.conftest import (
+    REPO,
+    Operator,
+    children,
+    get_json,
+    operator_can,
+    wait_for,
+)
 from tests.invalid_manifests import CASES, Invalid
 
 pytestmark = pytest.mark.integration
@@ -381,11 +388,8 @@ def test_kubectl_explain_shows_descriptions(cluster: Cluster) -> None:
 
 
 def test_operator_service_account_is_least_privilege(cluster: Cluster) -> None:
-    sa = "system:serviceaccount:omnipipe-system:omnipipe-operator"
-
     def can(*args: str) -> bool:
-        proc = cluster.kubectl("auth", "can-i", *args, f"--as={sa}", check=False)
-        return proc.stdout.strip() == "yes"
+        return operator_can(cluster, *args)
 
     assert can("patch", "deployments", "-A")
     assert can("patch", "omnipipelines.omnipipe.io/status", "-A")

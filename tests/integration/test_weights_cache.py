@@ -16,7 +16,7 @@ import yaml
 
 from tests.harness.cluster import Cluster
 from tests.harness.kwok_stages import MANUAL_PIPELINE, MESSAGE, OUTCOME
-from tests.integration.conftest import REPO, Operator, get_json, wait_for
+from tests.integration.conftest import REPO, Operator, get_json, operator_can, wait_for
 
 pytestmark = pytest.mark.integration
 CACHED_EXAMPLE = REPO / "examples/kubernetes/qwen-image-cached.yaml"
@@ -229,11 +229,8 @@ def test_a_fetch_that_keeps_failing_gives_up_with_its_reason(
 
 
 def test_the_operator_may_fill_caches_but_only_list_pods(cluster: Cluster) -> None:
-    sa = "system:serviceaccount:omnipipe-system:omnipipe-operator"
-
     def can(*args: str) -> bool:
-        proc = cluster.kubectl("auth", "can-i", *args, f"--as={sa}", check=False)
-        return proc.stdout.strip() == "yes"
+        return operator_can(cluster, *args)
 
     for verb in ("create", "patch", "delete", "list"):
         assert can(verb, "persistentvolumeclaims", "-A"), verb
@@ -276,10 +273,7 @@ def test_a_users_claim_and_an_image_are_mounted_read_only_and_the_claim_outlives
     for name in sources:
         ready(cluster, namespace, name)
         assert not of_kind(cluster, namespace, "jobs", name)
-        assert "ModelCached" not in {
-            c["type"]
-            for c in get_json(cluster, "omnip", name, "-n", namespace)["status"]["conditions"]
-        }
+        assert condition(cluster, namespace, name, "ModelCached") == {}
     expected = {
         "from-claim": (
             {"persistentVolumeClaim": {"claimName": "my-weights", "readOnly": True}},
