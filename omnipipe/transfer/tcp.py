@@ -58,16 +58,16 @@ _LEN = struct.Struct("!I")
 
 
 def frame_header(
-    message: Message, device_direct: bool = False
+    message: Message, device_direct: bool = False, direct_min: int = 0
 ) -> tuple[dict[str, object], list[Any]]:
     """The header and each tensor's bytes (a memoryview of host memory). With
-    `device_direct`, a CUDA tensor's buffer is the tensor itself (flat uint8, still on
-    the device) and its spec says "direct"."""
+    `device_direct`, a CUDA tensor of at least `direct_min` bytes has the tensor itself
+    as its buffer (flat uint8, still on the device) and its spec says "direct"."""
     specs: list[dict[str, Any]] = []
     buffers: list[Any] = []
     for name, tensor in message.tensors.items():
         spec = tensor_spec(name, tensor)
-        if device_direct and tensor.is_cuda:
+        if device_direct and tensor.is_cuda and spec["nbytes"] >= direct_min:
             spec["direct"] = True
             buffers.append(tensor.detach().contiguous().reshape(-1).view(torch.uint8))
         else:
@@ -110,10 +110,15 @@ def message_from(
     buffers: list[Any],
     block_ids: list[int] | None = None,
     blocks: list[torch.Tensor] | None = None,
+    to_device: bool = False,
 ) -> Message:
+    """`to_device`: a CUDA tensor that travelled as host bytes goes back to its device."""
     specs = header["tensors"]
     assert isinstance(specs, list)
-    tensors = {s["name"]: rebuild(s, b) for s, b in zip(specs, buffers, strict=True)}
+    tensors = {
+        s["name"]: rebuild(s, b, _home(s) if to_device else "cpu")
+        for s, b in zip(specs, buffers, strict=True)
+    }
     meta = header.get("meta") or {}
     return Message(
         blocks=blocks or [],
@@ -125,6 +130,11 @@ def message_from(
         final=bool(header.get("final", True)),
         meta=dict(meta),  # type: ignore[call-overload]
     )
+
+
+def _home(spec: dict[str, Any]) -> str:
+    device = str(spec.get("device", "cpu"))
+    return device if device.startswith("cuda") else "cpu"
 
 
 def declared_bytes(header: dict[str, Any]) -> int:

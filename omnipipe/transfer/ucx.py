@@ -9,14 +9,20 @@ pipeline credential (transfer/auth.py), then exchange UCX worker addresses; the 
 also names a random 56-bit connection id. The socket then carries nothing: it stays open
 so that either end sees the other die (the UCX endpoints run without error handling).
 
-Tags are the connection id (see RECEIVER_MASK) shifted left 8 bits plus a kind. One message goes:
-    sender -> CTRL: u32 header length, msgpack header, the tensors that fit inline
-    receiver reserves room in its mailbox, then
-    receiver -> REPLY: ACK (all inline), REFUSED u32 reason, or GO once it has posted a
-        receive for each large tensor straight into the buffer its tensor is built on
-    sender -> DATA: each large tensor, from its own memory; receiver -> REPLY: ACK
-Nothing is set up per message: endpoints live as long as the connection, the reply buffer
-is the connection's, and large receive buffers come from a pool."""
+Tags are the connection id (see RECEIVER_MASK) shifted left 8 bits plus a kind. One
+message is one round trip:
+    sender -> CTRL: u32 header length, msgpack header, the tensors that fit inline;
+              DATA: each large tensor and KV block, from its own memory, posted at once
+    receiver reserves room in its mailbox (and KV rows), posts a receive for each DATA
+        message straight into the buffer its tensor is built on, and once they have
+        landed answers REPLY: ACK. Or it answers REFUSED u32 reason, or DROPPED (the
+        request already ended), after receiving each DATA message into one byte.
+Above UCX's eager limit (8 KiB on one host) a DATA send is a rendezvous: only its
+announcement travels until the receiver posts the matching receive, so nothing large
+reaches the receiver before it has room, and a one-byte receive ends both sides'
+requests without moving the data (UCX reports it truncated). Nothing is set up per
+message: endpoints live as long as the connection, the reply buffer is the connection's,
+and large receive buffers come from a pool."""
 
 from __future__ import annotations
 
@@ -52,9 +58,11 @@ log = logging.getLogger(__name__)
 
 # Tensors up to this size ride in the CTRL message, while it stays under CTRL_MAX.
 INLINE_MAX = 64 * 1024
+# Smaller CUDA tensors ride inline too, as host bytes, and the receiver puts them back on
+# their device: two small copies beat CUDA IPC's rendezvous (bench/transfer_cuda.py).
+DIRECT_MIN = 64 * 1024
 CTRL_MAX = MAX_HEADER + 4 + 4 * INLINE_MAX
-GO = b"\x11"
-# The request already ended here: the sender keeps its large tensors (nothing to move).
+# The request already ended here: the message was dropped unread.
 DROPPED = b"\x12"
 CTRL, DATA, REPLY = 1, 2, 3
 # A connection id is 40 random bits over the receiver's 16-bit index in its process:
@@ -142,6 +150,14 @@ class _Peer:
             self.endpoint.close()
 
 
+def _finish_device_work(buffers: list[Any]) -> None:
+    """UCX reads device memory on its own streams: the work that wrote each CUDA tensor
+    (queued on its device's current stream) must be done before the sends are posted."""
+    devices = {b.device for b in buffers if isinstance(b, torch.Tensor) and b.is_cuda}
+    for device in devices:
+        torch.cuda.current_stream(device).synchronize()
+
+
 class UcxSender(Sender):
     """Keeps idle connections (socket + UCX endpoint) per address; concurrent sends open
     more, so one slow request never blocks another's hand-off."""
@@ -212,7 +228,7 @@ class UcxSender(Sender):
     async def send(self, address: str, message: Message) -> None:
         loop = asyncio.get_running_loop()
         peer = await self._connection(address)
-        header, buffers = frame_header(message, device_direct=peer.device)
+        header, buffers = frame_header(message, device_direct=peer.device, direct_min=DIRECT_MIN)
         inline, ctrl_size = [], 0
         for buf in buffers:
             here = (
@@ -233,21 +249,16 @@ class UcxSender(Sender):
             for b, h in zip(buffers, inline, strict=True)
             if not h
         ]
+        blocks = [np.frombuffer(b, dtype=np.uint8) for b in block_buffers(message)]
+        if peer.device:
+            _finish_device_work(large)
         started = time.perf_counter()
         ucx = self._worker()
         try:
-            verdict = await self._exchange(
-                ucx,
-                peer,
-                [peer.endpoint.tag_send(array(np.frombuffer(ctrl, dtype=np.uint8)), peer.ctrl_tag)],
-            )
-            if verdict == GO:
-                blocks = [np.frombuffer(b, dtype=np.uint8) for b in block_buffers(message)]
-                verdict = await self._exchange(
-                    ucx,
-                    peer,
-                    [peer.endpoint.tag_send(array(b), peer.data_tag) for b in [*large, *blocks]],
-                )
+            ctrl_buffer = array(np.frombuffer(ctrl, dtype=np.uint8))
+            sends = [peer.endpoint.tag_send(ctrl_buffer, peer.ctrl_tag)]
+            sends += [peer.endpoint.tag_send(array(b), peer.data_tag) for b in [*large, *blocks]]
+            verdict = await self._exchange(ucx, peer, sends)
             if verdict == DROPPED:
                 verdict = ACK
             if verdict == REFUSED:

@@ -20,7 +20,14 @@ from omnipipe.transfer import ucx_worker
 from omnipipe.transfer.auth import HANDSHAKE_TIMEOUT_SECONDS, REFUSED
 from omnipipe.transfer.base import BlockTableFull, Charge, MailboxFull, Message
 from omnipipe.transfer.codec import MAX_HEADER, CodecError, decode_header
-from omnipipe.transfer.tcp import ACK, ListeningReceiver, _recv_bytes, declared_bytes, message_from
+from omnipipe.transfer.tcp import (
+    ACK,
+    ListeningReceiver,
+    _recv_bytes,
+    block_bytes,
+    declared_bytes,
+    message_from,
+)
 from omnipipe.transfer.ucx import (
     _CONN,
     _LEN,
@@ -29,7 +36,6 @@ from omnipipe.transfer.ucx import (
     DATA,
     DEVICE_ACK,
     DROPPED,
-    GO,
     MAX_WORKER_ADDRESS,
     RECEIVER_MASK,
     REPLY,
@@ -44,6 +50,13 @@ log = logging.getLogger(__name__)
 def _refusal(reason: str) -> Any:
     raw = reason.encode()[:4096]
     return array(np.frombuffer(bytearray(REFUSED + _LEN.pack(len(raw)) + raw), dtype=np.uint8))
+
+
+@functools.cache
+def _nowhere() -> Any:
+    """One byte that declined DATA messages are received into: UCX ends a larger
+    message's receive as truncated (moving none of a rendezvous message's data)."""
+    return array(np.empty(1, dtype=np.uint8))
 
 
 @functools.cache
@@ -77,6 +90,14 @@ class _Connection:
             self.pending = [(r, b) for r, b in self.pending if not r.completed]
         self.pending.append((self.endpoint.tag_send(payload, self.reply_tag), payload))
 
+    def decline(self, data_messages: int, payload: Any) -> None:
+        """Answers a message that is not taken: its DATA messages (already sent) are
+        received into nothing first, which ends the sender's sends."""
+        nowhere = _nowhere()
+        for _ in range(data_messages):
+            self.pending.append((self.endpoint.tag_recv(nowhere, self.data_tag), nowhere))
+        self.reply(payload)
+
 
 @dataclass
 class _Landing:
@@ -94,6 +115,12 @@ class _Landing:
 
     def landed(self) -> bool:
         return all(r.completed for r in self.posted)
+
+
+def _block_count(header: dict[str, Any]) -> int:
+    block_bytes(header)  # raises CodecError on a malformed block spec
+    blocks = header.get("blocks") or {}
+    return int(blocks.get("count", 0))
 
 
 class UcxReceiver(ListeningReceiver):
@@ -224,9 +251,6 @@ class UcxReceiver(ListeningReceiver):
             return False
         try:
             landing = self._admit(state, header, buffers, offset)
-        except MailboxFull as exc:
-            state.reply(_refusal(str(exc)))
-            return True
         except CodecError:
             return False  # nothing reserved yet: _handle reports it
         except Exception as exc:  # _admit dropped the connection
@@ -236,6 +260,9 @@ class UcxReceiver(ListeningReceiver):
             return True  # answered: refused or dropped
         if landing.posted:
             self._landings.append(landing)  # _finish_landed completes it
+            ucx = self._ucx
+            assert ucx is not None
+            ucx.poll_while(lambda: bool(self._landings))
         else:
             self._deliver_now(landing)
         return True
@@ -244,19 +271,24 @@ class UcxReceiver(ListeningReceiver):
         self, state: _Connection, header: dict[str, Any], buffers: list[Any], offset: int
     ) -> _Landing | None:
         """Reserves mailbox room (and KV rows) for a message, then posts a receive for
-        each large tensor and block straight into the memory it ends up in and answers
-        GO. None when it is answered already (refused, or dropped: the request ended)."""
-        charge = self.mailbox.reserve(
-            str(header.get("request_id")), declared_bytes(header) + offset
-        )
+        each large tensor and block straight into the memory it ends up in. None when it
+        is answered already: refused, or dropped (the request ended)."""
+        data_messages = sum(b is None for b in buffers) + _block_count(header)
+        try:
+            charge = self.mailbox.reserve(
+                str(header.get("request_id")), declared_bytes(header) + offset
+            )
+        except MailboxFull as exc:
+            state.decline(data_messages, _refusal(str(exc)))
+            return None
         if charge is None:  # the request already ended here: a late chunk, dropped
-            state.reply(_verdict(DROPPED))
+            state.decline(data_messages, _verdict(DROPPED))
             return None
         try:
             ids = self._allocate_blocks(header)
         except BlockTableFull as exc:
             self.mailbox.release(charge)
-            state.reply(_refusal(str(exc)))
+            state.decline(data_messages, _refusal(str(exc)))
             return None
         landing = _Landing(state, header, buffers, ids, charge, time.perf_counter())
         try:
@@ -272,11 +304,9 @@ class UcxReceiver(ListeningReceiver):
             for row in landing.rows:
                 landing.posted.append(state.endpoint.tag_recv(array(row.numpy()), state.data_tag))
         except BaseException:
-            state.alive = False  # the sender waits for a GO that will not come
+            state.alive = False  # its DATA messages stay unmatched: the connection ends
             self._abandon(landing, "could not post the receives")
             raise
-        if landing.posted:
-            state.reply(_verdict(GO))
         return landing
 
     def _finish_landed(self) -> None:
@@ -322,7 +352,13 @@ class UcxReceiver(ListeningReceiver):
             for r in landing.posted:
                 r.check_error()
             return self._owning_rows(
-                message_from(landing.header, landing.buffers, landing.ids, landing.rows)
+                message_from(
+                    landing.header,
+                    landing.buffers,
+                    landing.ids,
+                    landing.rows,
+                    to_device=self._ucx is not None and self._ucx.device_memory,
+                )
             )
         except CodecError as exc:
             landing.state.alive = False
@@ -365,11 +401,7 @@ class UcxReceiver(ListeningReceiver):
             request.check_error()
             header, offset = self._header(buf)
             buffers, _ = self._inline_buffers(header, buf, offset)
-            try:
-                landing = self._admit(state, header, buffers, offset)
-            except MailboxFull as exc:
-                state.reply(_refusal(str(exc)))
-                return
+            landing = self._admit(state, header, buffers, offset)
             if landing is None:
                 return
             await ucx.until(landing.landed, state.is_alive)

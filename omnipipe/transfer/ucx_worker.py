@@ -14,7 +14,11 @@ life; nothing polls while nothing is in flight, so an idle process burns no core
 
 Large receive buffers come from a pool and return to it when the tensors built on them
 are freed: a reused buffer is already mapped and registered in UCX's cache, where a fresh
-one costs page faults that take as long as the copy itself."""
+one costs page faults that take as long as the copy itself. They start on a 2 MiB
+boundary, in transparent huge pages (numpy asks for them): CMA, which moves the bytes
+between two processes on one host, copies 64 MiB into such a buffer from a sender's
+huge pages at the speed of memcpy, and at a third of it into an unaligned one
+(bench/results/transfer-2026-11-23-round3.md)."""
 
 from __future__ import annotations
 
@@ -32,14 +36,15 @@ import numpy as np
 os.environ.setdefault("UCX_WARN_UNUSED_ENV_VARS", "n")
 
 # A wait for a transfer in flight polls for this long, then sleeps on the event fd.
-# Short: on a machine with more runnable processes than cores, a polling process takes
-# the CPU its peer needs to answer (bench/transfer.py, README).
-SPIN_SECONDS = float(os.environ.get("OMNIPIPE_UCX_SPIN_US", "50")) * 1e-6
+# 1 ms beat 50 µs and 5 ms at every size on a 2-core machine, where a polling process
+# takes the CPU its peer needs to answer (bench/results/transfer-2026-11-23-round3.md).
+SPIN_SECONDS = float(os.environ.get("OMNIPIPE_UCX_SPIN_US", "1000")) * 1e-6
 # Sleepers re-check at least this often, should an event ever be missed.
 SLEEP_SECONDS = 0.1
 # Buffers below this are cheap to allocate; the pool keeps at most POOL_BYTES.
 POOL_MIN = 1 << 20
 POOL_BYTES = 1 << 30
+HUGE_PAGE = 2 << 20
 
 
 @functools.cache
@@ -71,6 +76,13 @@ class PeerGone(ConnectionError):
     """The other end of a transfer connection went away."""
 
 
+def aligned_buffer(nbytes: int) -> Any:
+    """`nbytes` starting on a huge-page boundary (the array's base keeps the rest)."""
+    raw = np.empty(nbytes + HUGE_PAGE, dtype=np.uint8)
+    start = -raw.ctypes.data % HUGE_PAGE
+    return raw[start : start + nbytes]
+
+
 class BufferPool:
     """Receive buffers by exact size; a buffer comes back when nothing references the
     view handed out (the tensors built on it are gone)."""
@@ -88,7 +100,7 @@ class BufferPool:
             slab = free.pop()
             self._held -= nbytes
         else:
-            slab = np.empty(nbytes, dtype=np.uint8)
+            slab = aligned_buffer(nbytes)
         view = slab.view()
         weakref.finalize(view, self._give_back, slab)
         return view
@@ -120,6 +132,7 @@ class UcxWorker:
         self._sleepers: list[tuple[Callable[[], bool], asyncio.Future[None]]] = []
         self._pollers: list[Callable[[], None]] = []
         self._ticker: asyncio.TimerHandle | None = None
+        self._spinning = False
         self.users = 0
         self._receivers = 0
 
@@ -163,6 +176,23 @@ class UcxWorker:
     def remove_poller(self, poller: Callable[[], None]) -> None:
         with contextlib.suppress(ValueError):
             self._pollers.remove(poller)
+
+    def poll_while(self, busy: Callable[[], bool]) -> None:
+        """Polls the worker from the event loop (between other callbacks, so nothing
+        waits on it) while busy() holds, for up to SPIN_SECONDS at a stretch: a receiver
+        with data in flight sees each step of a rendezvous at once instead of on the
+        event fd (UCX's CUDA copies raise no event at all)."""
+        if self._spinning:
+            return
+        self._spinning = True
+        self.loop.call_soon(self._spin, busy, time.perf_counter() + SPIN_SECONDS)
+
+    def _spin(self, busy: Callable[[], bool], until: float) -> None:
+        self.poll()
+        if busy() and time.perf_counter() < until:
+            self.loop.call_soon(self._spin, busy, until)
+        else:
+            self._spinning = False
 
     def poll(self) -> None:
         self.worker.progress()

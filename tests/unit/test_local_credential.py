@@ -60,3 +60,17 @@ def test_an_exported_credential_is_used(monkeypatch: pytest.MonkeyPatch) -> None
     sup, spawned = _spawned(monkeypatch)
     assert sup.credential == "chosen-by-the-user"
     assert {p.env[CREDENTIAL_ENV] for p in spawned} == {"chosen-by-the-user"}
+
+
+@pytest.mark.timeout(30)
+def test_workers_put_large_tensors_in_huge_pages_unless_the_user_says_otherwise(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """torch reads THP_MEM_ALLOC_ENABLE once, at start: it must be in each child's
+    environment (UCX copies hugepage-backed tensors between workers twice as fast)."""
+    monkeypatch.delenv("THP_MEM_ALLOC_ENABLE", raising=False)
+    _, spawned = _spawned(monkeypatch)
+    assert {p.env["THP_MEM_ALLOC_ENABLE"] for p in spawned} == {"1"}
+    monkeypatch.setenv("THP_MEM_ALLOC_ENABLE", "0")
+    _, spawned = _spawned(monkeypatch)
+    assert {p.env["THP_MEM_ALLOC_ENABLE"] for p in spawned} == {"0"}

@@ -750,17 +750,69 @@ async def test_a_receiver_that_dies_mid_transfer_is_a_clean_error(backend: str) 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 async def test_ucx_moves_cuda_tensors_device_to_device() -> None:
     """Where UCX has CUDA and a GPU is present, a CUDA tensor is sent from and received
-    into device memory (no host bounce) and arrives on the device."""
+    into device memory (no host bounce) and arrives on the device; a small one rides in
+    the control message as host bytes and is put back on its device."""
     mailbox = Mailbox()
     receiver = make_receiver("ucx", mailbox)
     await receiver.start()
     sender = make_sender("ucx")
     x = torch.randn(1 << 20, device="cuda")
+    small = torch.arange(100, device="cuda", dtype=torch.bfloat16).reshape(10, 10)
     try:
-        await sender.send(receiver.address, Message("gpu", "s", {"x": x}))
-        got = (await asyncio.wait_for(mailbox.get("gpu"), 30)).tensors["x"]
+        await sender.send(receiver.address, Message("gpu", "s", {"x": x, "small": small}))
+        got = (await asyncio.wait_for(mailbox.get("gpu"), 30)).tensors
+        assert got["x"].is_cuda
+        assert torch.equal(got["x"], x)
+        assert got["small"].is_cuda
+        assert torch.equal(got["small"], small)
+    finally:
+        await sender.close()
+        await receiver.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+async def test_ucx_sends_a_cuda_tensor_only_once_the_work_writing_it_is_done() -> None:
+    """UCX copies device memory on its own streams: a tensor sent straight after the
+    kernel that writes it (still queued) arrives with that kernel's result."""
+    mailbox = Mailbox()
+    receiver = make_receiver("ucx", mailbox)
+    await receiver.start()
+    sender = make_sender("ucx")
+    a = torch.randn(4096, 4096, device="cuda")
+    try:
+        for i in range(5):
+            x = (a @ a + i).reshape(-1)  # queued, not finished, when send() is called
+            await sender.send(receiver.address, Message(f"gpu{i}", "s", {"x": x}))
+            got = (await asyncio.wait_for(mailbox.get(f"gpu{i}"), 30)).tensors["x"]
+            assert got.is_cuda
+            assert torch.equal(got, x)
+    finally:
+        await sender.close()
+        await receiver.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+async def test_ucx_refuses_cuda_tensors_cleanly_and_the_connection_stays_usable() -> None:
+    """A refused device-memory message is received into nothing (no data moves); the
+    next message on the same connection arrives whole."""
+    from omnipipe.transfer import TransferRefused
+
+    mailbox = Mailbox(max_bytes=8 << 20)
+    receiver = make_receiver("ucx", mailbox)
+    await receiver.start()
+    sender = make_sender("ucx")
+    big = torch.ones(16 << 20, dtype=torch.uint8, device="cuda")
+    small = torch.full((1 << 20,), 7, dtype=torch.uint8, device="cuda")
+    try:
+        with pytest.raises(TransferRefused, match="mailbox full"):
+            await sender.send(receiver.address, Message("big", "s", {"x": big}))
+        assert mailbox.bytes_held == 0
+        await sender.send(receiver.address, Message("small", "s", {"x": small}))
+        got = (await asyncio.wait_for(mailbox.get("small"), 30)).tensors["x"]
         assert got.is_cuda
-        assert torch.equal(got, x)
+        assert torch.equal(got, small)
     finally:
         await sender.close()
         await receiver.close()
