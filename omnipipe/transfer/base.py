@@ -67,7 +67,19 @@ class BlockTable:
         return [self._free.pop() for _ in range(count)]
 
     def free(self, ids: list[int]) -> None:
-        self._free.extend(ids)
+        # Reversed: the next allocate() pops them in their order, so a message's run of
+        # adjacent rows comes back whole (one UCX receive lands in it, not one per row).
+        self._free.extend(reversed(ids))
+
+    def run(self, ids: list[int]) -> torch.Tensor | None:
+        """The rows `ids` as one contiguous view when they are adjacent and in order."""
+        if ids and ids == list(range(ids[0], ids[0] + len(ids))):
+            return self.storage[ids[0] : ids[0] + len(ids)]
+        return None
+
+    def scatter(self, ids: list[int], staged: torch.Tensor) -> None:
+        """Copies `staged` (one block after another) into the rows `ids`."""
+        self.storage[torch.tensor(ids)] = staged.view(len(ids), self.block_bytes)
 
     def rows(self, ids: list[int]) -> list[torch.Tensor]:
         return [self.storage[i] for i in ids]

@@ -12,10 +12,12 @@ so that either end sees the other die (the UCX endpoints run without error handl
 Tags are the connection id (see RECEIVER_MASK) shifted left 8 bits plus a kind. One
 message is one round trip:
     sender -> CTRL: u32 header length, msgpack header, the tensors that fit inline;
-              DATA: each large tensor and KV block, from its own memory, posted at once
+              DATA: each large tensor from its own memory, then the KV blocks gathered
+              into one buffer, all posted at once
     receiver reserves room in its mailbox (and KV rows), posts a receive for each DATA
-        message straight into the buffer its tensor is built on, and once they have
-        landed answers REPLY: ACK. Or it answers REFUSED u32 reason, or DROPPED (the
+        message straight into the buffer its tensor is built on (the blocks into their
+        rows when these are adjacent, else into one buffer scattered into them), and
+        once they have landed answers REPLY: ACK. Or it answers REFUSED u32 reason, or DROPPED (the
         request already ended), after receiving each DATA message into one byte.
 Above UCX's eager limit (8 KiB on one host) a DATA send is a rendezvous: only its
 announcement travels until the receiver posts the matching receive, so nothing large
@@ -49,8 +51,8 @@ from omnipipe.transfer.tcp import (
     ACK,
     _recv_bytes,
     _tune,
-    block_buffers,
     frame_header,
+    gather_blocks,
 )
 from omnipipe.transfer.ucx_worker import PeerGone, UcxWorker, array
 
@@ -131,6 +133,8 @@ class _Peer:
     ctrl_tag: Any = None
     data_tag: Any = None
     reply_tag: Any = None
+    # The KV blocks of the message in flight, gathered (reused: one message at a time).
+    staging: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         self.reply_buffer = array(self.reply)
@@ -249,15 +253,20 @@ class UcxSender(Sender):
             for b, h in zip(buffers, inline, strict=True)
             if not h
         ]
-        blocks = [np.frombuffer(b, dtype=np.uint8) for b in block_buffers(message)]
+        data = [*large]
+        if message.blocks:
+            peer.staging, blocks = gather_blocks(message.blocks, peer.staging)
+            if blocks.is_cuda and not peer.device:
+                blocks = blocks.cpu()
+            data.append(blocks if blocks.is_cuda else blocks.numpy())
         if peer.device:
-            _finish_device_work(large)
+            _finish_device_work(data)
         started = time.perf_counter()
         ucx = self._worker()
         try:
             ctrl_buffer = array(np.frombuffer(ctrl, dtype=np.uint8))
             sends = [peer.endpoint.tag_send(ctrl_buffer, peer.ctrl_tag)]
-            sends += [peer.endpoint.tag_send(array(b), peer.data_tag) for b in [*large, *blocks]]
+            sends += [peer.endpoint.tag_send(array(b), peer.data_tag) for b in data]
             verdict = await self._exchange(ucx, peer, sends)
             if verdict == DROPPED:
                 verdict = ACK

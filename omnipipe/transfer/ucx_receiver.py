@@ -112,6 +112,8 @@ class _Landing:
     started: float
     rows: list[torch.Tensor] = field(default_factory=list)
     posted: list[Any] = field(default_factory=list)
+    # The blocks, received in one piece, when their rows are not adjacent.
+    staged: Any = None
 
     def landed(self) -> bool:
         return all(r.completed for r in self.posted)
@@ -273,7 +275,7 @@ class UcxReceiver(ListeningReceiver):
         """Reserves mailbox room (and KV rows) for a message, then posts a receive for
         each large tensor and block straight into the memory it ends up in. None when it
         is answered already: refused, or dropped (the request ended)."""
-        data_messages = sum(b is None for b in buffers) + _block_count(header)
+        data_messages = sum(b is None for b in buffers) + (1 if _block_count(header) else 0)
         try:
             charge = self.mailbox.reserve(
                 str(header.get("request_id")), declared_bytes(header) + offset
@@ -301,13 +303,26 @@ class UcxReceiver(ListeningReceiver):
                     landing.posted.append(
                         state.endpoint.tag_recv(array(buffers[i]), state.data_tag)
                     )
-            for row in landing.rows:
-                landing.posted.append(state.endpoint.tag_recv(array(row.numpy()), state.data_tag))
+            if landing.rows:
+                landing.posted.append(
+                    state.endpoint.tag_recv(array(self._blocks_target(landing)), state.data_tag)
+                )
         except BaseException:
             state.alive = False  # its DATA messages stay unmatched: the connection ends
             self._abandon(landing, "could not post the receives")
             raise
         return landing
+
+    def _blocks_target(self, landing: _Landing) -> Any:
+        """Where the gathered blocks land: their rows, if adjacent, else a buffer."""
+        table, ucx = self.block_table, self._ucx
+        assert table is not None
+        assert ucx is not None
+        run = table.run(landing.ids)
+        if run is not None:
+            return run.numpy().reshape(-1)
+        landing.staged = ucx.pool.take(len(landing.ids) * table.block_bytes)
+        return landing.staged
 
     def _finish_landed(self) -> None:
         """A poller: completes each admitted message whose data has all arrived."""
@@ -351,6 +366,9 @@ class UcxReceiver(ListeningReceiver):
         try:
             for r in landing.posted:
                 r.check_error()
+            if landing.staged is not None and self.block_table is not None:
+                self.block_table.scatter(landing.ids, torch.from_numpy(landing.staged))
+                landing.staged = None
             return self._owning_rows(
                 message_from(
                     landing.header,

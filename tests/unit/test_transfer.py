@@ -561,6 +561,47 @@ async def test_kv_blocks_land_in_the_receivers_block_table(backend: str) -> None
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
+async def test_kv_blocks_land_in_rows_that_are_not_adjacent(backend: str) -> None:
+    """A table whose free rows are scattered (freed out of order) still gets each block
+    in its own row, in order (ucx: received in one piece, then scattered)."""
+    from omnipipe.transfer import BlockTable
+
+    table = BlockTable(num_blocks=16, block_bytes=1024)
+    held = table.allocate(16, 1024)
+    table.free(held[1::3] + held[0::3][::-1])  # 11 free rows, none adjacent in order
+    mailbox = Mailbox()
+    receiver = make_receiver(backend, mailbox, block_table=table)
+    await receiver.start()
+    sender = make_sender(backend)
+    blocks = [torch.full((256,), float(i)) for i in range(8)]
+    try:
+        await sender.send(receiver.address, Message("r", "s", {}, blocks=blocks))
+        got = await asyncio.wait_for(mailbox.get("r"), 10)
+        assert table.run(got.block_ids) is None  # the rows really are scattered
+        for row, block in zip(got.block_ids, blocks, strict=True):
+            assert torch.equal(table.storage[row].view(torch.float32), block)
+        assert [b.data_ptr() for b in got.blocks] == [
+            table.storage[r].data_ptr() for r in got.block_ids
+        ]
+    finally:
+        await sender.close()
+        await receiver.close()
+
+
+def test_freed_rows_come_back_in_their_order() -> None:
+    """A message's adjacent rows, freed, are handed out again as the same run."""
+    from omnipipe.transfer import BlockTable
+
+    table = BlockTable(num_blocks=8, block_bytes=4)
+    first = table.allocate(5, 4)
+    assert table.run(first) is not None
+    table.free(first)
+    again = table.allocate(5, 4)
+    assert again == first
+    assert table.run(again) is not None
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
 async def test_kv_blocks_that_do_not_fit_are_refused_and_the_connection_stays_usable(
     backend: str,
 ) -> None:
