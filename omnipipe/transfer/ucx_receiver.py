@@ -262,9 +262,6 @@ class UcxReceiver(ListeningReceiver):
             return True  # answered: refused or dropped
         if landing.posted:
             self._landings.append(landing)  # _finish_landed completes it
-            ucx = self._ucx
-            assert ucx is not None
-            ucx.poll_while(lambda: bool(self._landings))
         else:
             self._deliver_now(landing)
         return True
@@ -311,6 +308,8 @@ class UcxReceiver(ListeningReceiver):
             state.alive = False  # its DATA messages stay unmatched: the connection ends
             self._abandon(landing, "could not post the receives")
             raise
+        if landing.posted and self._ucx is not None:
+            self._ucx.keep_polling()  # the data is on its way
         return landing
 
     def _blocks_target(self, landing: _Landing) -> Any:

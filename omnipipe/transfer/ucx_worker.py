@@ -133,6 +133,7 @@ class UcxWorker:
         self._pollers: list[Callable[[], None]] = []
         self._ticker: asyncio.TimerHandle | None = None
         self._spinning = False
+        self._poll_until = 0.0
         self.users = 0
         self._receivers = 0
 
@@ -177,20 +178,20 @@ class UcxWorker:
         with contextlib.suppress(ValueError):
             self._pollers.remove(poller)
 
-    def poll_while(self, busy: Callable[[], bool]) -> None:
+    def keep_polling(self) -> None:
         """Polls the worker from the event loop (between other callbacks, so nothing
-        waits on it) while busy() holds, for up to SPIN_SECONDS at a stretch: a receiver
-        with data in flight sees each step of a rendezvous at once instead of on the
-        event fd (UCX's CUDA copies raise no event at all)."""
-        if self._spinning:
-            return
-        self._spinning = True
-        self.loop.call_soon(self._spin, busy, time.perf_counter() + SPIN_SECONDS)
+        waits on it) for the next SPIN_SECONDS, extending a poll already running: a
+        receiver whose data is in flight sees each step of the rendezvous at once
+        rather than on the event fd (UCX's CUDA copies raise no event at all)."""
+        self._poll_until = time.perf_counter() + SPIN_SECONDS
+        if not self._spinning:
+            self._spinning = True
+            self.loop.call_soon(self._spin)
 
-    def _spin(self, busy: Callable[[], bool], until: float) -> None:
+    def _spin(self) -> None:
         self.poll()
-        if busy() and time.perf_counter() < until:
-            self.loop.call_soon(self._spin, busy, until)
+        if time.perf_counter() < self._poll_until:
+            self.loop.call_soon(self._spin)
         else:
             self._spinning = False
 
