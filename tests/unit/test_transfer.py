@@ -857,3 +857,33 @@ async def test_ucx_refuses_cuda_tensors_cleanly_and_the_connection_stays_usable(
     finally:
         await sender.close()
         await receiver.close()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+async def test_ucx_moves_kv_blocks_from_device_memory_into_the_block_table() -> None:
+    """KV blocks in a CUDA paged cache are gathered on the device and land in the
+    receiver's (host) block table: adjacent rows, then scattered ones."""
+    from omnipipe.transfer import BlockTable
+
+    table = BlockTable(num_blocks=32, block_bytes=4096)
+    mailbox = Mailbox()
+    receiver = make_receiver("ucx", mailbox, block_table=table)
+    await receiver.start()
+    sender = make_sender("ucx")
+    cache = torch.randn(64, 1024, device="cuda")
+    picked = [int(i) for i in torch.randperm(64)[:8]]
+    try:
+        for i in range(2):
+            await sender.send(
+                receiver.address, Message(f"kv{i}", "s", {}, blocks=[cache[j] for j in picked])
+            )
+            got = await asyncio.wait_for(mailbox.get(f"kv{i}"), 30)
+            for row, j in zip(got.block_ids, picked, strict=True):
+                assert torch.equal(table.storage[row].view(torch.float32), cache[j].cpu())
+            if i == 0:  # scatter the free rows for the second message
+                held = table.allocate(table.free_blocks, 4096)
+                table.free(held[1::2])
+    finally:
+        await sender.close()
+        await receiver.close()
