@@ -398,8 +398,8 @@ class UcxReceiver(ListeningReceiver):
             self._ucx.wake_sleepers()
 
     def _receive_buffer(self, spec: dict[str, Any]) -> Any:
-        """Device memory for a tensor sent from it, when this worker takes it (untested
-        here: no GPU); else a pooled host buffer."""
+        """Device memory for a tensor sent from it, when this worker takes it (the
+        `gpu` tests, run on an H100); else a pooled host buffer."""
         ucx = self._ucx
         assert ucx is not None
         nbytes = int(spec["nbytes"])
