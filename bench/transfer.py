@@ -37,6 +37,8 @@ os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
 import _nixl
 from _common import REPO, median, record, table
+from _raw_ucxx import wait as raw_wait
+from _raw_ucxx import worker as _raw_ucxx_worker
 
 KIB, MIB = 1024, 1024 * 1024
 SIZES = {"4KiB": 4 * KIB, "1MiB": MIB, "64MiB": 64 * MIB}
@@ -206,17 +208,7 @@ def omnipipe_run(backend: str, size_name: str, n: int) -> list[float]:
 
 def _raw_ucxx() -> tuple[object, object]:
     os.environ.update(UCX_NET_DEVICES="lo", UCX_WARN_UNUSED_ENV_VARS="n")
-    import ucxx._lib.libucxx as lib
-
-    context = lib.UCXContext(feature_flags=(lib.Feature.TAG,))
-    return lib, lib.UCXWorker(context)
-
-
-def _raw_wait(worker: object, requests: list[object]) -> None:
-    while not all(r.completed for r in requests):  # type: ignore[attr-defined]
-        worker.progress()  # type: ignore[attr-defined]
-    for r in requests:
-        r.check_error()  # type: ignore[attr-defined]
+    return _raw_ucxx_worker()
 
 
 def _serve_raw_ucxx(size: int) -> None:
@@ -231,8 +223,8 @@ def _serve_raw_ucxx(size: int) -> None:
     ep = lib.UCXEndpoint.create_from_worker_address(worker, peer, False)  # type: ignore[attr-defined]
     buf, ack = Array(np.empty(size, dtype=np.uint8)), Array(np.zeros(8, dtype=np.uint8))
     while True:
-        _raw_wait(worker, [ep.tag_recv(buf, lib.UCXXTag(1))])  # type: ignore[attr-defined]
-        _raw_wait(worker, [ep.tag_send(ack, lib.UCXXTag(2))])  # type: ignore[attr-defined]
+        raw_wait(worker, [ep.tag_recv(buf, lib.UCXXTag(1))])  # type: ignore[attr-defined]
+        raw_wait(worker, [ep.tag_send(ack, lib.UCXXTag(2))])  # type: ignore[attr-defined]
 
 
 def raw_ucxx_run(size_name: str, n: int) -> list[float]:
@@ -266,7 +258,7 @@ def raw_ucxx_run(size_name: str, n: int) -> list[float]:
         for _ in range(n + 3):
             started = time.perf_counter()
             reply = ep.tag_recv(ack, lib.UCXXTag(2))  # type: ignore[attr-defined]
-            _raw_wait(worker, [ep.tag_send(data, lib.UCXXTag(1)), reply])  # type: ignore[attr-defined]
+            raw_wait(worker, [ep.tag_send(data, lib.UCXXTag(1)), reply])  # type: ignore[attr-defined]
             times.append(time.perf_counter() - started)
         return times[3:]
     finally:

@@ -17,9 +17,12 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from _common import REPO, median, record, table
+from _raw_ucxx import wait as raw_wait
+from _raw_ucxx import worker as _raw_ucxx_worker
 
 KIB, MIB = 1024, 1024 * 1024
 SIZES = {"4KiB": 4 * KIB, "1MiB": MIB, "64MiB": 64 * MIB, "256MiB": 256 * MIB}
@@ -113,35 +116,21 @@ def omnipipe_run(backend: str, size: int, n: int) -> list[float]:
 # ---- raw ucxx on device buffers ------------------------------------------------------
 
 
-def _raw_ucxx() -> tuple[object, object]:
-    import ucxx._lib.libucxx as lib
-
-    context = lib.UCXContext(feature_flags=(lib.Feature.TAG,))
-    return lib, lib.UCXWorker(context)
-
-
-def _raw_wait(worker: object, requests: list[object]) -> None:
-    while not all(r.completed for r in requests):  # type: ignore[attr-defined]
-        worker.progress()  # type: ignore[attr-defined]
-    for r in requests:
-        r.check_error()  # type: ignore[attr-defined]
-
-
 def _serve_raw_ucxx(size: int) -> None:
     """Receives `size` bytes into one device buffer each round, answers 8 host bytes."""
     import numpy as np
     import torch
     from ucxx._lib.arr import Array
 
-    lib, worker = _raw_ucxx()
+    lib, worker = _raw_ucxx_worker()
     print(worker.address.tobytes().hex(), flush=True)  # type: ignore[attr-defined]
     peer = lib.UCXAddress.create_from_buffer(bytes.fromhex(sys.stdin.readline()))  # type: ignore[attr-defined]
     ep = lib.UCXEndpoint.create_from_worker_address(worker, peer, False)  # type: ignore[attr-defined]
     dst = torch.empty(size, dtype=torch.uint8, device="cuda")
     buf, ack = Array(dst), Array(np.zeros(8, dtype=np.uint8))
     while True:
-        _raw_wait(worker, [ep.tag_recv(buf, lib.UCXXTag(1))])  # type: ignore[attr-defined]
-        _raw_wait(worker, [ep.tag_send(ack, lib.UCXXTag(2))])  # type: ignore[attr-defined]
+        raw_wait(worker, [ep.tag_recv(buf, lib.UCXXTag(1))])  # type: ignore[attr-defined]
+        raw_wait(worker, [ep.tag_send(ack, lib.UCXXTag(2))])  # type: ignore[attr-defined]
 
 
 def raw_ucxx_run(size: int, n: int) -> list[float]:
@@ -152,7 +141,7 @@ def raw_ucxx_run(size: int, n: int) -> list[float]:
     proc, line = _child(["--serve", f"raw-ucxx:{size}"])
     try:
         assert proc.stdin is not None
-        lib, worker = _raw_ucxx()
+        lib, worker = _raw_ucxx_worker()
         peer = lib.UCXAddress.create_from_buffer(bytes.fromhex(line))  # type: ignore[attr-defined]
         proc.stdin.write(worker.address.tobytes().hex() + "\n")  # type: ignore[attr-defined]
         proc.stdin.flush()
@@ -164,7 +153,7 @@ def raw_ucxx_run(size: int, n: int) -> list[float]:
         for _ in range(n + WARMUP):
             started = time.perf_counter()
             reply = ep.tag_recv(ack, lib.UCXXTag(2))  # type: ignore[attr-defined]
-            _raw_wait(worker, [ep.tag_send(data, lib.UCXXTag(1)), reply])  # type: ignore[attr-defined]
+            raw_wait(worker, [ep.tag_send(data, lib.UCXXTag(1)), reply])  # type: ignore[attr-defined]
             times.append(time.perf_counter() - started)
         return times[WARMUP:]
     finally:
@@ -175,19 +164,26 @@ def raw_ucxx_run(size: int, n: int) -> list[float]:
 # ---- same-process anchors --------------------------------------------------------------
 
 
+def _device_timed(n: int, step: Callable[[], object]) -> list[float]:
+    """Times `step` with the device idle before and finished after it."""
+    import torch
+
+    times = []
+    for _ in range(n + WARMUP):
+        torch.cuda.synchronize()
+        started = time.perf_counter()
+        step()
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - started)
+    return times[WARMUP:]
+
+
 def device_copy_run(size: int, n: int) -> list[float]:
     import torch
 
     src = torch.randint(0, 256, (size,), dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
-    times = []
-    for _ in range(n + WARMUP):
-        torch.cuda.synchronize()
-        started = time.perf_counter()
-        dst.copy_(src)
-        torch.cuda.synchronize()
-        times.append(time.perf_counter() - started)
-    return times[WARMUP:]
+    return _device_timed(n, lambda: dst.copy_(src))
 
 
 def host_bounce_run(size: int, n: int) -> list[float]:
@@ -197,15 +193,7 @@ def host_bounce_run(size: int, n: int) -> list[float]:
     src = torch.randint(0, 256, (size,), dtype=torch.uint8, device="cuda")
     host = torch.empty(size, dtype=torch.uint8, pin_memory=True)
     dst = torch.empty_like(src)
-    times = []
-    for _ in range(n + WARMUP):
-        torch.cuda.synchronize()
-        started = time.perf_counter()
-        host.copy_(src)
-        dst.copy_(host)
-        torch.cuda.synchronize()
-        times.append(time.perf_counter() - started)
-    return times[WARMUP:]
+    return _device_timed(n, lambda: dst.copy_(host.copy_(src)))
 
 
 def timed_row(times: list[float], size: int) -> dict[str, float]:
