@@ -17,14 +17,16 @@ message is one round trip:
     receiver reserves room in its mailbox (and KV rows), posts a receive for each DATA
         message straight into the buffer its tensor is built on (the blocks into their
         rows when these are adjacent, else into one buffer scattered into them), and
-        once they have landed answers REPLY: ACK. Or it answers REFUSED u32 reason, or DROPPED (the
-        request already ended), after receiving each DATA message into one byte.
-Above UCX's eager limit (8 KiB on one host) a DATA send is a rendezvous: only its
-announcement travels until the receiver posts the matching receive, so nothing large
-reaches the receiver before it has room, and a one-byte receive ends both sides'
-requests without moving the data (UCX reports it truncated). Nothing is set up per
-message: endpoints live as long as the connection, the reply buffer is the connection's,
-and large receive buffers come from a pool."""
+        once they have landed answers REPLY: ACK. Or it answers REFUSED u32 reason, or
+        DROPPED (the request already ended), after receiving each DATA message into one
+        byte. A connection it cannot serve, it ends by closing the rendezvous socket.
+Above UCX's rendezvous threshold (8 KiB between two processes on one host; more over
+some networks) a DATA send is a rendezvous: only its announcement travels until the
+receiver posts the matching receive, so nothing large reaches the receiver before it
+has room, and a one-byte receive ends both sides' requests without moving the data
+(UCX reports it truncated). Nothing is set up per message: endpoints live as long as
+the connection, the reply buffer is the connection's, and large receive buffers come
+from a pool."""
 
 from __future__ import annotations
 
@@ -253,17 +255,17 @@ class UcxSender(Sender):
             for b, h in zip(buffers, inline, strict=True)
             if not h
         ]
-        data = [*large]
-        if message.blocks:
-            peer.staging, blocks = gather_blocks(message.blocks, peer.staging)
-            if blocks.is_cuda and not peer.device:
-                blocks = blocks.cpu()
-            data.append(blocks if blocks.is_cuda else blocks.numpy())
-        if peer.device:
-            _finish_device_work(data)
         started = time.perf_counter()
         ucx = self._worker()
         try:
+            data = [*large]
+            if message.blocks:
+                peer.staging, blocks = gather_blocks(message.blocks, peer.staging)
+                if blocks.is_cuda and not peer.device:
+                    blocks = blocks.cpu()
+                data.append(blocks if blocks.is_cuda else blocks.numpy())
+            if peer.device:
+                _finish_device_work(data)
             ctrl_buffer = array(np.frombuffer(ctrl, dtype=np.uint8))
             sends = [peer.endpoint.tag_send(ctrl_buffer, peer.ctrl_tag)]
             sends += [peer.endpoint.tag_send(array(b), peer.data_tag) for b in data]

@@ -76,6 +76,8 @@ class _Connection:
     pending: list[tuple[Any, Any]] = field(default_factory=list)
     reply_tag: Any = None
     data_tag: Any = None
+    # The rendezvous socket: closing it is how the sender learns the connection ended.
+    sock: socket.socket | None = None
 
     def __post_init__(self) -> None:
         self.reply_tag = UcxWorker.tag(_tag(self.conn, REPLY))
@@ -83,6 +85,14 @@ class _Connection:
 
     def is_alive(self) -> bool:
         return self.alive
+
+    def drop(self) -> None:
+        """Ends a connection this side cannot serve: the sender sees its rendezvous
+        socket close and fails the hand-off, instead of waiting for a reply."""
+        self.alive = False
+        if self.sock is not None:
+            with contextlib.suppress(OSError):
+                self.sock.shutdown(socket.SHUT_RDWR)
 
     def reply(self, payload: Any) -> None:
         """Sends `payload` (a ucxx buffer: _verdict or _refusal) as the verdict."""
@@ -160,7 +170,7 @@ class UcxReceiver(ListeningReceiver):
             if size > MAX_WORKER_ADDRESS:
                 raise CodecError(f"a worker address of {size} bytes")
             peer_address = await _recv_bytes(loop, conn, size)
-        state = _Connection(conn_id, ucx.endpoint(peer_address))
+        state = _Connection(conn_id, ucx.endpoint(peer_address), sock=conn)
         self._conns[conn_id] = state
         try:
             # Registered: messages may come. DEVICE_ACK: CUDA tensors may come from
@@ -198,7 +208,7 @@ class UcxReceiver(ListeningReceiver):
                 # Only an authenticated peer knows the tag: drop its connection.
                 log.warning("dropping a %d-byte control message", probed.length)
                 if state is not None:
-                    state.alive = False
+                    state.drop()
                     ucx.wake_sleepers()
                 continue
             buf = np.empty(probed.length, dtype=np.uint8)
@@ -305,7 +315,7 @@ class UcxReceiver(ListeningReceiver):
                     state.endpoint.tag_recv(array(self._blocks_target(landing)), state.data_tag)
                 )
         except BaseException:
-            state.alive = False  # its DATA messages stay unmatched: the connection ends
+            state.drop()  # its DATA messages stay unmatched: the connection ends
             self._abandon(landing, "could not post the receives")
             raise
         if landing.posted and self._ucx is not None:
@@ -330,7 +340,11 @@ class UcxReceiver(ListeningReceiver):
         waiting = []
         for landing in self._landings:
             if landing.landed():
-                self._deliver_now(landing)
+                try:
+                    self._deliver_now(landing)
+                except Exception as exc:  # one message's failure must not jam the poller
+                    landing.state.drop()
+                    self._abandon(landing, f"could not deliver: {exc}")
             elif landing.state.alive:
                 waiting.append(landing)
             else:
@@ -378,12 +392,11 @@ class UcxReceiver(ListeningReceiver):
                 )
             )
         except CodecError as exc:
-            landing.state.alive = False
+            landing.state.drop()
             self._abandon(landing, str(exc))
-        except Exception as exc:
-            if not isinstance(exc, ucx_worker.ucx_errors()):
-                raise
+        except Exception as exc:  # a receive failed, or no room on the device: refused
             self._abandon(landing, str(exc))
+            landing.state.reply(_refusal(f"could not take the message: {exc}"))
         return None
 
     def _abandon(self, landing: _Landing, why: str) -> None:
@@ -391,9 +404,11 @@ class UcxReceiver(ListeningReceiver):
         if landing.charge is not None:
             self.mailbox.release(landing.charge)
             landing.charge = None
-        # A receive still posted may yet write into its rows: they stay out of use.
+        # A receive still posted may yet write into its rows: they stay out of use, and
+        # its buffers stay alive (held by the connection) until it completes.
         if landing.ids and self.block_table is not None and landing.landed():
             self.block_table.free(landing.ids)
+        landing.state.pending += [(r, landing) for r in landing.posted if not r.completed]
         if not landing.state.alive and self._ucx is not None:
             self._ucx.wake_sleepers()
 
@@ -427,7 +442,7 @@ class UcxReceiver(ListeningReceiver):
                 await self._deliver(landing, message)
             landing = None
         except (CodecError, ConnectionError) as exc:
-            state.alive = False
+            state.drop()
             if landing is not None:
                 self._abandon(landing, str(exc))
                 landing = None
@@ -438,6 +453,7 @@ class UcxReceiver(ListeningReceiver):
             if not isinstance(exc, ucx_worker.ucx_errors()):
                 raise
             log.warning("transfer connection %x: %s", state.conn, exc)
+            state.drop()
         finally:
             if landing is not None:
                 self._abandon(landing, "the hand-off was cut short")

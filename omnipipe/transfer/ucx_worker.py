@@ -189,11 +189,13 @@ class UcxWorker:
             self.loop.call_soon(self._spin)
 
     def _spin(self) -> None:
-        self.poll()
-        if time.perf_counter() < self._poll_until:
-            self.loop.call_soon(self._spin)
-        else:
-            self._spinning = False
+        try:
+            self.poll()
+        finally:
+            if time.perf_counter() < self._poll_until:
+                self.loop.call_soon(self._spin)
+            else:
+                self._spinning = False
 
     def poll(self) -> None:
         self.worker.progress()

@@ -588,6 +588,96 @@ async def test_kv_blocks_land_in_rows_that_are_not_adjacent(backend: str) -> Non
         await receiver.close()
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+async def test_a_declined_message_with_tensors_and_blocks_leaves_the_connection_clean(
+    backend: str,
+) -> None:
+    """A refused message (no rows) and a dropped one (its request over) each carry a
+    large tensor and KV blocks; the next message on the same connection arrives whole,
+    not with their leftovers."""
+    from omnipipe.transfer import BlockTable, TransferRefused
+
+    table = BlockTable(num_blocks=4, block_bytes=1024)
+    mailbox = Mailbox()
+    receiver = make_receiver(backend, mailbox, block_table=table)
+    await receiver.start()
+    sender = make_sender(backend)
+    big = torch.full((1 << 18,), 1.0)  # 1 MiB: its own DATA message
+    try:
+        blocks = [torch.full((256,), 9.0)] * 5
+        with pytest.raises(TransferRefused, match="block table full"):
+            await sender.send(receiver.address, Message("r", "s", {"x": big}, blocks=blocks))
+        await sender.send(receiver.address, Message("done", "s", {"x": big}))
+        mailbox.discard("done")  # over here: a late chunk is dropped unread
+        late = Message("done", "s", {"x": big * 2}, blocks=[torch.full((256,), 8.0)], chunk=1)
+        await sender.send(receiver.address, late)
+        want = [torch.full((256,), float(i)) for i in range(3)]
+        await sender.send(receiver.address, Message("next", "s", {"x": big * 3}, blocks=want))
+        got = await asyncio.wait_for(mailbox.get("next"), 10)
+        assert torch.equal(got.tensors["x"], big * 3)
+        for row, block in zip(got.block_ids, want, strict=True):
+            assert torch.equal(table.storage[row].view(torch.float32), block)
+        assert len(mailbox) == 1
+    finally:
+        await sender.close()
+        await receiver.close()
+
+
+async def test_ucx_a_receiver_that_cannot_post_its_receives_ends_the_hand_off() -> None:
+    """A failure on the receiving side (here: no memory for the tensor) is a prompt
+    ConnectionError at the sender, not a wait for a reply that never comes."""
+    mailbox = Mailbox()
+    receiver = make_receiver("ucx", mailbox)
+    await receiver.start()
+
+    def no_memory(spec: dict[str, object]) -> object:
+        raise RuntimeError("out of memory")
+
+    setattr(receiver, "_receive_buffer", no_memory)  # noqa: B010 (a private hook)
+    sender = make_sender("ucx")
+    try:
+        with pytest.raises(ConnectionError):
+            await asyncio.wait_for(
+                sender.send(receiver.address, Message("r", "s", {"x": torch.ones(1 << 18)})), 10
+            )
+    finally:
+        await sender.close()
+        await receiver.close()
+
+
+async def test_ucx_a_message_that_cannot_be_built_is_refused_and_the_next_one_arrives(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An error building a landed message (a device without room, say) refuses it with
+    the reason; the receiver's poller keeps going and the connection stays usable."""
+    from omnipipe.transfer import TransferRefused, ucx_receiver
+
+    real = ucx_receiver.message_from
+    failures = iter([RuntimeError("CUDA out of memory")])
+
+    def flaky(*args: object, **kwargs: object) -> Message:
+        for exc in failures:
+            raise exc
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ucx_receiver, "message_from", flaky)
+    mailbox = Mailbox()
+    receiver = make_receiver("ucx", mailbox)
+    await receiver.start()
+    sender = make_sender("ucx")
+    x = torch.randn(1 << 18)
+    try:
+        with pytest.raises(TransferRefused, match="CUDA out of memory"):
+            await asyncio.wait_for(sender.send(receiver.address, Message("a", "s", {"x": x})), 10)
+        assert mailbox.bytes_held == 0
+        await asyncio.wait_for(sender.send(receiver.address, Message("b", "s", {"x": x})), 10)
+        got = await asyncio.wait_for(mailbox.get("b"), 10)
+        assert torch.equal(got.tensors["x"], x)
+    finally:
+        await sender.close()
+        await receiver.close()
+
+
 def test_freed_rows_come_back_in_their_order() -> None:
     """A message's adjacent rows, freed, are handed out again as the same run."""
     from omnipipe.transfer import BlockTable
