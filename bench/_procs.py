@@ -55,3 +55,19 @@ def running(
                 except subprocess.TimeoutExpired:
                     os.killpg(proc.pid, signal.SIGKILL)
                     proc.wait()
+
+
+def answering_child(argv: list[str], env: dict[str, str]) -> tuple[subprocess.Popen[str], str]:
+    """A child whose first line on stdout (after UCX's own messages, which start with
+    '[') is its answer, such as an address; its stdin stays open for a reply."""
+    proc = subprocess.Popen(
+        argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=REPO
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    while line.startswith("["):
+        line = proc.stdout.readline()
+    if not line:
+        proc.wait(timeout=30)
+        raise RuntimeError(f"{argv} exited with {proc.returncode} before it answered")
+    return proc, line.strip()

@@ -36,9 +36,9 @@ from pathlib import Path
 os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
 import _nixl
+import _raw_ucxx
 from _common import REPO, median, record, table
-from _raw_ucxx import wait as raw_wait
-from _raw_ucxx import worker as _raw_ucxx_worker
+from _procs import answering_child
 
 KIB, MIB = 1024, 1024 * 1024
 SIZES = {"4KiB": 4 * KIB, "1MiB": MIB, "64MiB": 64 * MIB}
@@ -110,18 +110,7 @@ async def _send_omnipipe(
 
 
 def _start_receiver(backend: str) -> tuple[subprocess.Popen[str], str]:
-    proc = subprocess.Popen(
-        [sys.executable, __file__, "--serve", backend],
-        stdout=subprocess.PIPE,
-        text=True,
-        env=ENV,
-        cwd=REPO,
-    )
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    while line.startswith("["):  # UCX's own warnings go to stdout
-        line = proc.stdout.readline()
-    return proc, line.strip()
+    return answering_child([sys.executable, __file__, "--serve", backend], ENV)
 
 
 def kv_run(backend: str, n: int, blocks: bool) -> list[float]:
@@ -206,64 +195,21 @@ def omnipipe_run(backend: str, size_name: str, n: int) -> list[float]:
 # ---- raw ucxx: the library's own ping-pong, no framing ---------------------------------
 
 
-def _raw_ucxx() -> tuple[object, object]:
-    os.environ.update(UCX_NET_DEVICES="lo", UCX_WARN_UNUSED_ENV_VARS="n")
-    return _raw_ucxx_worker()
-
-
 def _serve_raw_ucxx(size: int) -> None:
-    """Receiver: worker addresses swapped over stdin/stdout, then each round receives
-    `size` bytes into one preallocated buffer and answers an 8-byte ack, busy-polling."""
     import numpy as np
-    from ucxx._lib.arr import Array
 
-    lib, worker = _raw_ucxx()
-    print(worker.address.tobytes().hex(), flush=True)  # type: ignore[attr-defined]
-    peer = lib.UCXAddress.create_from_buffer(bytes.fromhex(sys.stdin.readline()))  # type: ignore[attr-defined]
-    ep = lib.UCXEndpoint.create_from_worker_address(worker, peer, False)  # type: ignore[attr-defined]
-    buf, ack = Array(np.empty(size, dtype=np.uint8)), Array(np.zeros(8, dtype=np.uint8))
-    while True:
-        raw_wait(worker, [ep.tag_recv(buf, lib.UCXXTag(1))])  # type: ignore[attr-defined]
-        raw_wait(worker, [ep.tag_send(ack, lib.UCXXTag(2))])  # type: ignore[attr-defined]
+    _raw_ucxx.serve(np.empty(size, dtype=np.uint8))
 
 
 def raw_ucxx_run(size_name: str, n: int) -> list[float]:
     """A hand-off's shape with nothing of ours: `size` random bytes one way, 8 back."""
     import numpy as np
-    from ucxx._lib.arr import Array
 
+    os.environ.update(UCX_NET_DEVICES="lo", UCX_WARN_UNUSED_ENV_VARS="n")  # this end too
     size = SIZES[size_name]
-    proc = subprocess.Popen(
-        [sys.executable, __file__, "--serve", f"raw-ucxx:{size}"],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-        env=ENV,
-        cwd=REPO,
-    )
-    try:
-        assert proc.stdin is not None
-        assert proc.stdout is not None
-        lib, worker = _raw_ucxx()
-        line = proc.stdout.readline()
-        while line.startswith("["):  # UCX's own warnings go to stdout
-            line = proc.stdout.readline()
-        peer = lib.UCXAddress.create_from_buffer(bytes.fromhex(line.strip()))  # type: ignore[attr-defined]
-        proc.stdin.write(worker.address.tobytes().hex() + "\n")  # type: ignore[attr-defined]
-        proc.stdin.flush()
-        ep = lib.UCXEndpoint.create_from_worker_address(worker, peer, False)  # type: ignore[attr-defined]
-        data = Array(np.random.default_rng(0).integers(0, 256, size, dtype=np.uint8))
-        ack = Array(np.empty(8, dtype=np.uint8))
-        times = []
-        for _ in range(n + 3):
-            started = time.perf_counter()
-            reply = ep.tag_recv(ack, lib.UCXXTag(2))  # type: ignore[attr-defined]
-            raw_wait(worker, [ep.tag_send(data, lib.UCXXTag(1)), reply])  # type: ignore[attr-defined]
-            times.append(time.perf_counter() - started)
-        return times[3:]
-    finally:
-        proc.kill()
-        proc.wait(timeout=30)
+    data = np.random.default_rng(0).integers(0, 256, size, dtype=np.uint8)
+    argv = [sys.executable, __file__, "--serve", f"raw-ucxx:{size}"]
+    return _raw_ucxx.ping(argv, ENV, data, n, warmup=3)
 
 
 def nixl_run(size: int, n: int) -> list[float]:

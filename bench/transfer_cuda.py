@@ -14,15 +14,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import subprocess
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from _common import REPO, median, record, table
-from _raw_ucxx import wait as raw_wait
-from _raw_ucxx import worker as _raw_ucxx_worker
+import _raw_ucxx
+from _common import median, record, table
+from _procs import answering_child
 
 KIB, MIB = 1024, 1024 * 1024
 SIZES = {"4KiB": 4 * KIB, "1MiB": MIB, "64MiB": 64 * MIB, "256MiB": 256 * MIB}
@@ -83,27 +82,8 @@ async def _send_omnipipe(backend: str, address: str, size: int, n: int) -> list[
     return times
 
 
-def _child(args: list[str]) -> tuple[subprocess.Popen[str], str]:
-    proc = subprocess.Popen(
-        [sys.executable, __file__, *args],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-        env=ENV,
-        cwd=REPO,
-    )
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    while line.startswith("["):  # UCX's own messages go to stdout
-        line = proc.stdout.readline()
-    if not line:
-        proc.wait(timeout=30)
-        raise RuntimeError(f"{args} exited with {proc.returncode} before it answered")
-    return proc, line.strip()
-
-
 def omnipipe_run(backend: str, size: int, n: int) -> list[float]:
-    proc, address = _child(["--serve", backend])
+    proc, address = answering_child([sys.executable, __file__, "--serve", backend], ENV)
     try:
         return asyncio.run(_send_omnipipe(backend, address, size, n + WARMUP))[WARMUP:]
     finally:
@@ -117,48 +97,18 @@ def omnipipe_run(backend: str, size: int, n: int) -> list[float]:
 
 
 def _serve_raw_ucxx(size: int) -> None:
-    """Receives `size` bytes into one device buffer each round, answers 8 host bytes."""
-    import numpy as np
     import torch
-    from ucxx._lib.arr import Array
 
-    lib, worker = _raw_ucxx_worker()
-    print(worker.address.tobytes().hex(), flush=True)  # type: ignore[attr-defined]
-    peer = lib.UCXAddress.create_from_buffer(bytes.fromhex(sys.stdin.readline()))  # type: ignore[attr-defined]
-    ep = lib.UCXEndpoint.create_from_worker_address(worker, peer, False)  # type: ignore[attr-defined]
-    dst = torch.empty(size, dtype=torch.uint8, device="cuda")
-    buf, ack = Array(dst), Array(np.zeros(8, dtype=np.uint8))
-    while True:
-        raw_wait(worker, [ep.tag_recv(buf, lib.UCXXTag(1))])  # type: ignore[attr-defined]
-        raw_wait(worker, [ep.tag_send(ack, lib.UCXXTag(2))])  # type: ignore[attr-defined]
+    _raw_ucxx.serve(torch.empty(size, dtype=torch.uint8, device="cuda"))
 
 
 def raw_ucxx_run(size: int, n: int) -> list[float]:
-    import numpy as np
     import torch
-    from ucxx._lib.arr import Array
 
-    proc, line = _child(["--serve", f"raw-ucxx:{size}"])
-    try:
-        assert proc.stdin is not None
-        lib, worker = _raw_ucxx_worker()
-        peer = lib.UCXAddress.create_from_buffer(bytes.fromhex(line))  # type: ignore[attr-defined]
-        proc.stdin.write(worker.address.tobytes().hex() + "\n")  # type: ignore[attr-defined]
-        proc.stdin.flush()
-        ep = lib.UCXEndpoint.create_from_worker_address(worker, peer, False)  # type: ignore[attr-defined]
-        src = torch.randint(0, 256, (size,), dtype=torch.uint8, device="cuda")
-        torch.cuda.synchronize()
-        data, ack = Array(src), Array(np.empty(8, dtype=np.uint8))
-        times = []
-        for _ in range(n + WARMUP):
-            started = time.perf_counter()
-            reply = ep.tag_recv(ack, lib.UCXXTag(2))  # type: ignore[attr-defined]
-            raw_wait(worker, [ep.tag_send(data, lib.UCXXTag(1)), reply])  # type: ignore[attr-defined]
-            times.append(time.perf_counter() - started)
-        return times[WARMUP:]
-    finally:
-        proc.kill()
-        proc.wait(timeout=30)
+    data = torch.randint(0, 256, (size,), dtype=torch.uint8, device="cuda")
+    torch.cuda.synchronize()
+    argv = [sys.executable, __file__, "--serve", f"raw-ucxx:{size}"]
+    return _raw_ucxx.ping(argv, ENV, data, n, WARMUP)
 
 
 # ---- same-process anchors --------------------------------------------------------------
