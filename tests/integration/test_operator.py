@@ -716,6 +716,9 @@ def test_an_upgrade_from_before_revisions_keeps_the_old_deployments_until_the_sw
             status.get("currentRevision") == "legacy"
             and status.get("updateRevision") == REV
             and revisions.get(REV, {}).get("stagesReady") == "2/3"
+            # The router is new (the old operator made none), so its pod may come up
+            # after the new revision's stages do.
+            and _conditions(status).get("RouterReady", {}).get("status") == "True"
         )
         return status if ok else None
 
