@@ -203,6 +203,8 @@ class UcxReceiver(ListeningReceiver):
         if ucx is None:
             return
         while (probed := ucx.probe(self._ctrl_tag, self._ctrl_mask)) is not None:
+            # A stage's chunks come in bursts: the next one is likely on its way.
+            ucx.keep_polling()
             state = self._conns.get(int(probed.sender_tag.value) >> 8)
             if probed.length > CTRL_MAX:
                 # Only an authenticated peer knows the tag: drop its connection.

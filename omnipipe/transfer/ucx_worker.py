@@ -10,7 +10,11 @@ so a small message is taken, put in the mailbox and acknowledged without waking 
 A wait for a transfer in flight polls the worker in a tight loop (the event loop is not
 entered: a 4 KiB round trip is a few µs of UCX) for `SPIN_SECONDS`, then arms the worker
 and sleeps on its event file descriptor, watched by asyncio's selector for the worker's
-life; nothing polls while nothing is in flight, so an idle process burns no core.
+life. A receiver polls (from the event loop, between other callbacks) for SPIN_SECONDS
+after each message it takes and while its data lands. Every poll yields the CPU: the
+kernel often wakes a peer on the polling core, which a poll that never yields keeps off
+it for a whole time slice. Nothing polls while nothing is in flight, so an idle process
+burns no core.
 
 Large receive buffers come from a pool and return to it when the tensors built on them
 are freed: a reused buffer is already mapped and registered in UCX's cache, where a fresh
@@ -191,6 +195,7 @@ class UcxWorker:
     def _spin(self) -> None:
         try:
             self.poll()
+            os.sched_yield()  # see the module doc
         finally:
             if time.perf_counter() < self._poll_until:
                 self.loop.call_soon(self._spin)
@@ -219,6 +224,10 @@ class UcxWorker:
             if time.perf_counter() >= spin_until:
                 await self._sleep(lambda: ready() or not alive())
                 spin_until = time.perf_counter() + SPIN_SECONDS
+            else:
+                # A hand-off after idle took half as long with it on the 2-core VM, and
+                # back to back no longer (bench/results/transfer-2026-11-23-round4.md).
+                os.sched_yield()
 
     async def _sleep(self, wake: Callable[[], bool]) -> None:
         future: asyncio.Future[None] = self.loop.create_future()

@@ -799,6 +799,33 @@ async def test_ucx_hand_offs_with_room_are_taken_without_a_task_each() -> None:
         await receiver.close()
 
 
+async def test_ucx_a_receiver_polls_a_moment_after_a_hand_off_then_stops() -> None:
+    """A stage's chunks come in bursts: after taking one, even a small inline one, the
+    receiver polls its worker for SPIN_SECONDS (the next is seen without an event-fd
+    wake-up), then stops (an idle worker burns no core)."""
+    from omnipipe.transfer import ucx_worker
+    from omnipipe.transfer.ucx_receiver import UcxReceiver
+
+    mailbox = Mailbox()
+    receiver = make_receiver("ucx", mailbox)
+    assert isinstance(receiver, UcxReceiver)
+    await receiver.start()
+    sender = make_sender("ucx")
+    try:
+        await sender.send(receiver.address, Message("warm", "s", {"x": torch.zeros(8)}))
+        await asyncio.sleep(ucx_worker.SPIN_SECONDS + 0.05)
+        worker = receiver._ucx
+        assert worker is not None
+        assert not worker._spinning
+        await sender.send(receiver.address, Message("r", "s", {"x": torch.zeros(8)}))
+        assert worker._spinning
+        await asyncio.sleep(ucx_worker.SPIN_SECONDS + 0.05)
+        assert not worker._spinning
+    finally:
+        await sender.close()
+        await receiver.close()
+
+
 async def test_ucx_receivers_sharing_a_worker_each_take_their_own_messages() -> None:
     """Two receivers on one event loop share its UCX worker (each a poller of it);
     closing one leaves the other receiving."""
