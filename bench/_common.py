@@ -7,6 +7,7 @@ import math
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -53,11 +54,29 @@ def finite_or_none(value: Any) -> Any:
     return value
 
 
+def commit() -> str | None:
+    """The code measured: HEAD's short hash, "+changes" when tracked files (other than
+    the results) differ from it; None outside a git checkout."""
+
+    def git(*args: str) -> str:
+        return subprocess.run(
+            ["git", "-C", str(REPO), *args], capture_output=True, text=True, check=True
+        ).stdout.strip()
+
+    try:
+        head = git("rev-parse", "--short", "HEAD")
+        changed = git("status", "--porcelain", "--untracked-files=no", "--", ".", ":!bench/results")
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return head + ("+changes" if changed else "")
+
+
 def record(name: str, rows: dict[str, Any], quick: bool) -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     line = {
         "name": name,
         "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "commit": commit(),
         "quick": quick,
         "machine": machine(),
         "results": finite_or_none(rows),

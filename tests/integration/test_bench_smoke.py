@@ -38,6 +38,14 @@ def run_quick(name: str, tmp_path: Path) -> tuple[str, dict[str, object]]:
     result = json.loads(line, parse_constant=not_json)
     assert result["quick"] is True
     assert result["machine"]["cpus"] >= 1
+    # Which code was measured: this checkout's HEAD, marked when it has changes.
+    head = subprocess.run(
+        ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    assert result["commit"].removesuffix("+changes") == head
     return proc.stdout, result["results"]
 
 
