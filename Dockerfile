@@ -78,13 +78,17 @@ ENV PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1
     THP_MEM_ALLOC_ENABLE=1
 RUN useradd --uid 10001 --user-group --create-home --shell /usr/sbin/nologin omnipipe \
     && mkdir -p /var/cache/omnipipe && chown 10001:10001 /var/cache/omnipipe
-COPY --from=venv /wheels /wheels
 # vLLM and torch come with the base image; the extras add diffusers, ucxx and the rest.
+# Their layer depends on pyproject.toml alone, so a source change rebuilds only the small
+# layer of omnipipe itself below.
+COPY pyproject.toml /tmp/omnipipe-pyproject.toml
 RUN --mount=type=secret,id=pip-ca \
     if [ -s /run/secrets/pip-ca ]; then export PIP_CERT=/run/secrets/pip-ca; fi \
-    && set -- /wheels/omnipipe-*.whl \
-    && pip install --no-cache-dir "omnipipe[models] @ file://$1" \
-    && rm -rf /wheels
+    && python3 -c "import tomllib; p = tomllib.load(open('/tmp/omnipipe-pyproject.toml', 'rb'))['project']; print('\n'.join(p['dependencies'] + p['optional-dependencies']['models']))" > /tmp/requirements.txt \
+    && pip install --no-cache-dir --requirement /tmp/requirements.txt \
+    && rm /tmp/requirements.txt /tmp/omnipipe-pyproject.toml
+COPY --from=venv /wheels /wheels
+RUN pip install --no-cache-dir --no-deps /wheels/omnipipe-*.whl && rm -rf /wheels
 USER 10001:10001
 EXPOSE 8100 8101
 ENTRYPOINT ["omnipipe"]

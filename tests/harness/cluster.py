@@ -54,8 +54,9 @@ def _openssl(*args: str, cwd: Path) -> None:
     subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
 
 
-def make_certs(d: Path) -> None:
-    """A CA, the apiserver's serving cert, an admin client cert and the SA key pair."""
+def make_certs(d: Path, extra_ips: tuple[str, ...] = ()) -> None:
+    """A CA, the apiserver's serving cert (for loopback, the Service IP and extra_ips), an
+    admin client cert and the SA key pair."""
     _openssl(
         "req",
         "-x509",
@@ -74,7 +75,9 @@ def make_certs(d: Path) -> None:
     )
     (d / "san.cnf").write_text(
         "[req]\ndistinguished_name=dn\n[dn]\n[ext]\n"
-        "subjectAltName=IP:127.0.0.1,IP:10.96.0.1,DNS:localhost,DNS:kubernetes,"
+        "subjectAltName=IP:127.0.0.1,IP:10.96.0.1,"
+        + "".join(f"IP:{ip}," for ip in extra_ips)
+        + "DNS:localhost,DNS:kubernetes,"
         "DNS:kubernetes.default,DNS:kubernetes.default.svc\n"
         "extendedKeyUsage=serverAuth\n"
     )

@@ -1,4 +1,6 @@
-"""Debian's prometheus on loopback, scraping targets listed in a file the test edits."""
+"""Debian's prometheus, by default on loopback scraping targets listed in a file the test
+edits; the real node runs it inside its network namespace with Kubernetes service
+discovery instead."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import subprocess
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -42,34 +44,46 @@ class Prometheus:
 
 
 @contextlib.contextmanager
-def prometheus(workdir: Path) -> Iterator[Prometheus]:
+def prometheus(
+    workdir: Path,
+    *,
+    scrape_configs: str | None = None,
+    listen: str | None = None,
+    wrapper: Sequence[str] = (),
+) -> Iterator[Prometheus]:
+    """scrape_configs: YAML of the `scrape_configs:` list (default: one job over the
+    targets file); listen: host:port (default: a free loopback port); wrapper: argv that
+    runs the server (nsenter into a network namespace)."""
     binary = shutil.which("prometheus")
     if binary is None:
         raise RuntimeError("prometheus not found: install Debian's prometheus (make test does)")
     workdir.mkdir(parents=True, exist_ok=True)
     targets = workdir / "targets.json"
     targets.write_text("[]")
+    if scrape_configs is None:
+        scrape_configs = (
+            "  - job_name: omnipipe\n"
+            "    file_sd_configs: [{files: ['" + str(targets) + "'], refresh_interval: 1s}]\n"
+        )
     config = workdir / "prometheus.yml"
     config.write_text(
-        "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
-        "scrape_configs:\n"
-        "  - job_name: omnipipe\n"
-        "    file_sd_configs: [{files: ['" + str(targets) + "'], refresh_interval: 1s}]\n"
+        "global: {scrape_interval: 1s, evaluation_interval: 1s}\nscrape_configs:\n" + scrape_configs
     )
-    port = free_port()
+    listen = listen or f"127.0.0.1:{free_port()}"
     log = (workdir / "prometheus.log").open("wb")
     proc = subprocess.Popen(
         [
+            *wrapper,
             binary,
             f"--config.file={config}",
             f"--storage.tsdb.path={workdir / 'data'}",
-            f"--web.listen-address=127.0.0.1:{port}",
+            f"--web.listen-address={listen}",
             "--storage.tsdb.retention.time=1h",
         ],
         stdout=log,
         stderr=subprocess.STDOUT,
     )
-    prom = Prometheus(f"http://127.0.0.1:{port}", targets, proc, log)
+    prom = Prometheus(f"http://{listen}", targets, proc, log)
     try:
         deadline = time.monotonic() + 30
         while True:

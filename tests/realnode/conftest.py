@@ -1,0 +1,241 @@
+"""The real-node tier: one real single-node cluster for the whole run (tests/harness/node.py),
+the Dockerfile's images imported into its containerd, the chart installed with helm so
+the operator runs as a pod under its ServiceAccount, and Prometheus scraping the pods by
+Kubernetes service discovery. Every step goes through what a user has: helm, kubectl and
+the openai client."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.harness.cluster import BIN, REPO
+from tests.harness.node import (
+    BRIDGE_IP,
+    IMAGE_LAYOUTS,
+    NSENTER,
+    RealNode,
+    missing_prerequisite,
+    real_node,
+)
+from tests.harness.prometheus import Prometheus, prometheus
+
+IMAGE_REPO = "localhost/omnipipe"
+IMAGE_TAG = "dev"
+PROMETHEUS_URL = f"http://{BRIDGE_IP}:9090"
+OPERATOR_NAMESPACE = "omnipipe-system"
+
+
+@pytest.fixture(scope="session")
+def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealNode]:
+    reason = missing_prerequisite()
+    if reason:
+        pytest.skip(f"no real node on this machine: {reason}")
+    with real_node(tmp_path_factory.mktemp("node")) as n:
+        yield n
+
+
+@pytest.fixture(scope="session")
+def images(node: RealNode) -> dict[str, str]:
+    """The operator, router and CPU worker images, built (a no-op when cached, which
+    `make test` has done before pytest starts) and imported into the node."""
+    proc = subprocess.run(
+        ["bash", str(REPO / "hack/node-images.sh")],
+        stdout=sys.stderr,
+        stderr=subprocess.STDOUT,
+        timeout=3600,
+        check=False,
+    )
+    assert proc.returncode == 0, "hack/node-images.sh failed (its output is above)"
+    names = {}
+    for target in ("operator", "router", "worker"):
+        names[target] = f"{IMAGE_REPO}/{target}:{IMAGE_TAG}"
+        node.import_image(IMAGE_LAYOUTS / target, names[target])
+    return names
+
+
+@pytest.fixture(scope="session")
+def prom(node: RealNode, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]:
+    """Prometheus inside the node's namespace, on the bridge address the operator's pod
+    reaches, scraping every omnipipe pod (router and stages) as the chart's PodMonitor
+    selects them: pod role, the pod's namespace and name as labels."""
+    local = node.workdir / "local.kubeconfig"
+    scrape = f"""  - job_name: omnipipe-pods
+    kubernetes_sd_configs:
+      - role: pod
+        kubeconfig_file: {local}
+    relabel_configs:
+      - source_labels: [__meta_kubernetes_pod_label_app_kubernetes_io_name]
+        regex: omnipipe
+        action: keep
+      - source_labels: [__meta_kubernetes_pod_container_port_name]
+        regex: control|http
+        action: keep
+      - source_labels: [__meta_kubernetes_namespace]
+        target_label: namespace
+      - source_labels: [__meta_kubernetes_pod_name]
+        target_label: pod
+"""
+    with prometheus(
+        tmp_path_factory.mktemp("prometheus"),
+        scrape_configs=scrape,
+        listen=f"{BRIDGE_IP}:9090",
+        wrapper=NSENTER,
+    ) as p:
+        yield p
+
+
+def helm(node: RealNode, *args: str, timeout: float = 300) -> str:
+    proc = subprocess.run(
+        [str(BIN / "helm"), *args],
+        env=node.env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+    assert proc.returncode == 0, f"helm {' '.join(args)}:\n{proc.stderr}{proc.stdout}"
+    return proc.stdout
+
+
+@pytest.fixture(scope="session")
+def operator(node: RealNode, images: dict[str, str]) -> Iterator[str]:
+    """`helm install` of the chart: the operator runs as a pod under its ServiceAccount,
+    from the image built here. Yields the release's namespace."""
+    started = time.monotonic()
+    helm(
+        node,
+        "install",
+        "omnipipe",
+        str(REPO / "charts/omnipipe"),
+        "--namespace",
+        OPERATOR_NAMESPACE,
+        "--create-namespace",
+        "--set",
+        f"image.repository={IMAGE_REPO}/operator",
+        "--set",
+        f"image.tag={IMAGE_TAG}",
+        # Imported, never pulled: the node has no registry to pull from.
+        "--set",
+        "image.pullPolicy=Never",
+        "--set",
+        "replicaCount=1",
+        "--set",
+        f"operator.workerImage={images['worker']}",
+        "--set",
+        f"operator.routerImage={images['router']}",
+        "--set",
+        f"operator.prometheusUrl={PROMETHEUS_URL}",
+        "--set",
+        "operator.autoscaleIntervalSeconds=2",
+        "--set",
+        "operator.metricMaxAgeSeconds=10",
+        "--set",
+        "operator.terminationGraceSeconds=30",
+        "--wait",
+        "--timeout",
+        "3m",
+    )
+    print(
+        f"[realnode] helm install: operator ready in {time.monotonic() - started:.1f} s",
+        file=sys.stderr,
+    )
+    yield OPERATOR_NAMESPACE
+    logs = node.kubectl("logs", "-n", OPERATOR_NAMESPACE, "deploy/omnipipe", check=False)
+    errors = [
+        line
+        for line in logs.stdout.splitlines()
+        if " ERROR " in line or "is forbidden: User" in line
+    ]
+    assert errors == [], "the operator logged errors:\n" + "\n".join(errors)
+
+
+_namespaces = iter(range(1, 10_000))
+
+
+@pytest.fixture
+def namespace(node: RealNode) -> Iterator[str]:
+    name = f"rn{next(_namespaces)}"
+    node.kubectl("create", "namespace", name)
+    yield name
+    node.kubectl("delete", "namespace", name, "--wait=false")
+
+
+def wait_for(what: str, check: Callable[[], Any], timeout: float = 120) -> Any:
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(0.3)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}; last: {last!r}")
+
+
+def get_json(node: RealNode, *args: str) -> Any:
+    return json.loads(node.kubectl("get", *args, "-o", "json").stdout)
+
+
+def router_url(node: RealNode, namespace: str, pipeline: str) -> str:
+    """The router's Service, by its ClusterIP: the host reaches Services through the node."""
+    ip = node.kubectl(
+        "get",
+        "service",
+        f"{pipeline}-router",
+        "-n",
+        namespace,
+        "-o",
+        "jsonpath={.spec.clusterIP}",
+    ).stdout.strip()
+    return f"http://{ip}:8000/v1"
+
+
+def condition(node: RealNode, namespace: str, pipeline: str, kind: str) -> str:
+    return str(
+        node.kubectl(
+            "get",
+            "omnipipeline",
+            pipeline,
+            "-n",
+            namespace,
+            "-o",
+            f'jsonpath={{.status.conditions[?(@.type=="{kind}")].status}}',
+            check=False,
+        ).stdout.strip()
+    )
+
+
+def apply_and_wait_ready(
+    node: RealNode, namespace: str, manifest: Path | str, pipeline: str, timeout: int = 600
+) -> float:
+    """kubectl apply -f, then kubectl wait --for=condition=Ready; the seconds it took."""
+    started = time.monotonic()
+    if isinstance(manifest, Path):
+        node.kubectl("apply", "-n", namespace, "-f", str(manifest))
+    else:
+        node.kubectl("apply", "-n", namespace, "-f", "-", input=manifest)
+    # The status (and so the condition) appears a moment after the object: kubectl wait
+    # on a missing condition fails at once, so the first wait is a poll.
+    wait_for("a Ready condition", lambda: condition(node, namespace, pipeline, "Ready"), 60)
+    node.kubectl(
+        "wait",
+        "-n",
+        namespace,
+        "--for=condition=Ready",
+        f"omnipipeline/{pipeline}",
+        f"--timeout={timeout}s",
+        timeout=timeout + 30,
+    )
+    return time.monotonic() - started
+
+
+def pods(node: RealNode, namespace: str, selector: str) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = get_json(node, "pods", "-n", namespace, "-l", selector)["items"]
+    return items

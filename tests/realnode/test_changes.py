@@ -1,0 +1,251 @@
+"""Changes on real pods: a new revision rolls out under a steady stream of requests with
+none failing and each running on one revision; a worker pod deleted mid-request gives
+the client a clean OpenAI-shaped error, and the next request succeeds."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import openai
+import pytest
+import yaml
+
+from tests.harness.node import RealNode
+from tests.realnode.conftest import (
+    apply_and_wait_ready,
+    get_json,
+    pods,
+    router_url,
+    wait_for,
+)
+
+pytestmark = [pytest.mark.realnode, pytest.mark.timeout(900)]
+REQUEST_LINE = re.compile(r"omnipipe\.worker\.requests: request (\S+) stage (\w+) revision (\w+)")
+
+
+def manifest(name: str, backend: str) -> str:
+    return yaml.safe_dump(
+        {
+            "apiVersion": "omnipipe.io/v1alpha1",
+            "kind": "OmniPipeline",
+            "metadata": {"name": name},
+            "spec": {
+                "model": "tiny://qwen-image",
+                "pipeline": "qwen-image",
+                "transfer": {"backend": backend},
+            },
+        }
+    )
+
+
+@contextmanager
+def stage_logs(node: RealNode, namespace: str, name: str) -> Iterator[list[str]]:
+    """Every line each stage pod of the pipeline logs while the block runs, pods that
+    appear later included (`kubectl logs -f` on each as it is seen)."""
+    lines: list[str] = []
+    followers: dict[str, subprocess.Popen[str]] = {}
+    stop = threading.Event()
+
+    def read(proc: subprocess.Popen[str]) -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+
+    def watch() -> None:
+        while not stop.is_set():
+            for p in pods(node, namespace, f"omnipipe.io/pipeline={name},omnipipe.io/stage"):
+                pod = p["metadata"]["name"]
+                running = p["status"].get("containerStatuses", [{}])[0].get("state", {})
+                if pod in followers or "running" not in running:
+                    continue
+                followers[pod] = subprocess.Popen(
+                    [str(node.bin_dir / "kubectl"), "logs", "-f", "-n", namespace, pod],
+                    env=node.env(),
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.DEVNULL,
+                    text=True,
+                )
+                threading.Thread(target=read, args=(followers[pod],), daemon=True).start()
+            time.sleep(0.5)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    try:
+        yield lines
+    finally:
+        stop.set()
+        watcher.join(timeout=30)
+        for proc in followers.values():
+            proc.terminate()
+            proc.wait(timeout=10)
+
+
+@contextmanager
+def steady_stream(url: str, model: str) -> Iterator[tuple[list[str], list[BaseException]]]:
+    """Two clients sending requests back to back; (one entry per answer, the failures)."""
+    stop = threading.Event()
+    answered: list[str] = []
+    failures: list[BaseException] = []
+
+    def run() -> None:
+        with openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=120) as c:
+            while not stop.is_set():
+                try:
+                    r = c.images.with_raw_response.generate(
+                        model=model,
+                        prompt="a lighthouse",
+                        size="64x64",
+                        extra_body={"num_inference_steps": 2},
+                    )
+                    assert r.parse().data[0].b64_json
+                    answered.append(r.http_request.url.path)
+                except Exception as exc:
+                    failures.append(exc)
+                time.sleep(0.05)
+
+    threads = [threading.Thread(target=run, daemon=True) for _ in range(2)]
+    for t in threads:
+        t.start()
+    try:
+        yield answered, failures
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=130)
+
+
+def status(node: RealNode, namespace: str, name: str) -> dict[str, Any]:
+    found: dict[str, Any] = get_json(node, "omnipipeline", name, "-n", namespace).get("status", {})
+    return found
+
+
+def test_a_new_revision_rolls_out_under_steady_requests(
+    node: RealNode, operator: str, namespace: str
+) -> None:
+    name = "rolling"
+    apply_and_wait_ready(node, namespace, manifest(name, "ucx"), name)
+    old = status(node, namespace, name)["currentRevision"]
+    url = router_url(node, namespace, name)
+    with stage_logs(node, namespace, name) as lines, steady_stream(url, name) as (ok, failed):
+        wait_for("requests on the first revision", lambda: len(ok) >= 5, 60)
+        # What stages hand each other changes: old and new stages cannot be mixed, so
+        # this is a new revision, rolled out beside the old one as a model change is.
+        node.kubectl("apply", "-n", namespace, "-f", "-", input=manifest(name, "tcp"))
+        new = wait_for(
+            "a new current revision",
+            lambda: (r := status(node, namespace, name).get("currentRevision")) != old and r,
+            600,
+        )
+        wait_for(
+            "the old revision's pods to be gone",
+            lambda: (
+                not pods(node, namespace, f"omnipipe.io/pipeline={name},omnipipe.io/revision={old}")
+            ),
+            300,
+        )
+        served_before = len(ok)
+        wait_for("requests on the new revision", lambda: len(ok) >= served_before + 5, 60)
+    assert failed == [], failed[:3]
+    revisions: dict[str, set[str]] = {}
+    for line in lines:
+        if m := REQUEST_LINE.search(line):
+            request, _stage, revision = m.groups()
+            revisions.setdefault(request, set()).add(revision)
+    mixed = {r: revs for r, revs in revisions.items() if len(revs) > 1}
+    assert mixed == {}, f"requests that ran on two revisions: {mixed}"
+    ran_on = {next(iter(revs)) for revs in revisions.values()}
+    assert ran_on == {old, new}, ran_on
+    assert condition_true(node, namespace, name)
+
+
+def condition_true(node: RealNode, namespace: str, name: str) -> bool:
+    conds = {c["type"]: c["status"] for c in status(node, namespace, name)["conditions"]}
+    return conds.get("Ready") == "True"
+
+
+def running(pod: dict[str, Any]) -> float:
+    url = f"http://{pod['status']['podIP']}:8100/metrics"
+    with urllib.request.urlopen(url, timeout=5) as r:
+        text = r.read().decode()
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("omnipipe_stage_requests_running{")
+    )
+
+
+def test_a_worker_killed_mid_request_gives_a_clean_error_then_recovers(
+    node: RealNode, operator: str, namespace: str
+) -> None:
+    name = "killed"
+    apply_and_wait_ready(node, namespace, manifest(name, "ucx"), name)
+    (denoise,) = pods(node, namespace, f"omnipipe.io/pipeline={name},omnipipe.io/stage=denoise")
+    url = router_url(node, namespace, name)
+    outcome: list[BaseException | str] = []
+
+    def slow_request() -> None:
+        with openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=300) as c:
+            try:
+                c.images.generate(
+                    model=name,
+                    prompt="a lighthouse",
+                    size="1024x1024",
+                    extra_body={"num_inference_steps": 30},
+                )
+                outcome.append("answered")
+            except Exception as exc:
+                outcome.append(exc)
+
+    client = threading.Thread(target=slow_request, daemon=True)
+    client.start()
+    wait_for("denoise to be working on the request", lambda: running(denoise) > 0, 120)
+    started = time.monotonic()
+    # kubectl delete pod, with a grace period shorter than the request: the worker is
+    # killed mid-request (a longer one would drain it, which another test covers).
+    node.kubectl(
+        "delete",
+        "pod",
+        "-n",
+        namespace,
+        denoise["metadata"]["name"],
+        "--grace-period=1",
+        "--wait=false",
+    )
+    client.join(timeout=120)
+    assert not client.is_alive(), "the client hung after its worker died"
+    (result,) = outcome
+    assert isinstance(result, openai.APIStatusError), result
+    assert result.status_code in (502, 503, 504), result
+    body = result.body
+    assert isinstance(body, dict), body
+    assert body.get("message"), body
+    assert time.monotonic() - started < 60
+    # Recovery: the Deployment's new pod serves the next request.
+    with openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=300) as c:
+
+        def answered() -> bool:
+            try:
+                return bool(
+                    c.images.generate(
+                        model=name,
+                        prompt="a lighthouse",
+                        size="64x64",
+                        extra_body={"num_inference_steps": 2},
+                    )
+                    .data[0]
+                    .b64_json
+                )
+            except openai.APIStatusError as exc:
+                # No ready denoise replica yet: a 503, and nothing else.
+                if exc.status_code != 503:
+                    raise
+                return False
+
+        wait_for("a request to succeed after the restart", answered, 300)

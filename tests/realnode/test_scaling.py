@@ -1,0 +1,253 @@
+"""Autoscaling on real pods: Prometheus scrapes the router and stage pods through Kubernetes
+service discovery, the operator (a pod) reads it, and the denoise stage goes 1 -> 2 under
+load, the new pod gets work, the pipeline stays Ready, and it goes back to 1 when idle.
+A stage at zero wakes for a request the router holds."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import openai
+import pytest
+import yaml
+
+from tests.harness.node import RealNode
+from tests.harness.prometheus import Prometheus
+from tests.realnode.conftest import (
+    apply_and_wait_ready,
+    condition,
+    pods,
+    router_url,
+    wait_for,
+)
+
+pytestmark = [pytest.mark.realnode, pytest.mark.timeout(900)]
+DENOISE = "omnipipe.io/stage=denoise"
+
+
+def manifest(name: str, autoscaling: dict[str, Any]) -> str:
+    return yaml.safe_dump(
+        {
+            "apiVersion": "omnipipe.io/v1alpha1",
+            "kind": "OmniPipeline",
+            "metadata": {"name": name},
+            "spec": {
+                "model": "tiny://qwen-image",
+                "pipeline": "qwen-image",
+                "stages": [
+                    {
+                        "name": "denoise",
+                        "autoscaling": autoscaling,
+                        # One request at a time: demand then stays steady under load.
+                        "env": [{"name": "OMNIPIPE_WORKER_MAX_BATCH", "value": "1"}],
+                    }
+                ],
+            },
+        }
+    )
+
+
+def deployment_replicas(node: RealNode, namespace: str, name: str) -> int | None:
+    out = node.kubectl(
+        "get",
+        "deployment",
+        "-n",
+        namespace,
+        "-l",
+        f"omnipipe.io/pipeline={name},{DENOISE}",
+        "-o",
+        "jsonpath={.items[*].spec.replicas}",
+        check=False,
+    ).stdout.split()
+    return int(out[0]) if out else None
+
+
+def ready_pods(node: RealNode, namespace: str, name: str) -> list[dict[str, Any]]:
+    return [
+        p
+        for p in pods(node, namespace, f"omnipipe.io/pipeline={name},{DENOISE}")
+        if p.get("metadata", {}).get("deletionTimestamp") is None
+        and all(s.get("ready") for s in p["status"].get("containerStatuses", [{}]))
+        and p["status"].get("containerStatuses")
+    ]
+
+
+def completed(pod: dict[str, Any]) -> float:
+    """Requests this stage pod has finished, from its own /metrics."""
+    url = f"http://{pod['status']['podIP']}:8100/metrics"
+    with urllib.request.urlopen(url, timeout=5) as r:
+        text = r.read().decode()
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line.startswith("omnipipe_stage_request_duration_seconds_count")
+    )
+
+
+@contextmanager
+def load(url: str, clients: int, model: str) -> Iterator[list[BaseException]]:
+    """`clients` threads sending image requests back to back until the block ends."""
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        with openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=120) as c:
+            while not stop.is_set():
+                try:
+                    c.images.generate(
+                        model=model,
+                        prompt="a lighthouse",
+                        size="256x256",
+                        extra_body={"num_inference_steps": 8},
+                    )
+                except Exception as exc:
+                    errors.append(exc)
+
+    threads = [threading.Thread(target=run, daemon=True) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    try:
+        yield errors
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=130)
+
+
+@contextmanager
+def ready_watch(node: RealNode, namespace: str, name: str) -> Iterator[list[str]]:
+    """Every value the pipeline's Ready condition takes while the block runs."""
+    seen: list[str] = []
+    stop = threading.Event()
+
+    def run() -> None:
+        while not stop.is_set():
+            seen.append(condition(node, namespace, name, "Ready"))
+            time.sleep(0.5)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    try:
+        yield seen
+    finally:
+        stop.set()
+        t.join(timeout=10)
+
+
+def test_denoise_scales_up_under_load_serves_on_the_new_pod_and_back(
+    node: RealNode, operator: str, prom: Prometheus, namespace: str
+) -> None:
+    name = "scaled"
+    apply_and_wait_ready(
+        node,
+        namespace,
+        manifest(
+            name,
+            {
+                "minReplicas": 1,
+                "maxReplicas": 2,
+                "metric": "inflight",
+                "target": 1,
+                "scaleDownStabilizationSeconds": 10,
+            },
+        ),
+        name,
+    )
+    assert deployment_replicas(node, namespace, name) == 1
+    (first,) = ready_pods(node, namespace, name)
+    url = router_url(node, namespace, name)
+    # Prometheus found the pods by service discovery, labelled as the autoscaler asks.
+    wait_for(
+        "Prometheus to scrape the denoise pod",
+        lambda: prom.query(
+            f'omnipipe_stage_requests_running{{namespace="{namespace}",pipeline="{name}",'
+            'stage="denoise"}'
+        ),
+        60,
+    )
+    with ready_watch(node, namespace, name) as readiness, load(url, 4, name) as errors:
+        wait_for(
+            "the autoscaler to ask for 2 replicas",
+            lambda: deployment_replicas(node, namespace, name) == 2,
+            120,
+        )
+        asked = time.monotonic()
+        new = wait_for(
+            "the second denoise pod to be ready",
+            lambda: [
+                p
+                for p in ready_pods(node, namespace, name)
+                if p["metadata"]["name"] != first["metadata"]["name"]
+            ],
+            300,
+        )[0]
+        ready_at = time.monotonic()
+        wait_for("the new pod to finish a request", lambda: completed(new) > 0, 120)
+        print(
+            f"[realnode] scale-up: pod ready {ready_at - asked:.1f} s after the autoscaler "
+            f"asked, first request done {time.monotonic() - ready_at:.1f} s after ready",
+            file=sys.stderr,
+        )
+    assert errors == [], errors[:3]
+    # Serving is what Ready means: the first pod served while the second started.
+    assert readiness, "the Ready condition was never read"
+    assert set(readiness) == {"True"}, readiness
+    wait_for(
+        "the autoscaler to scale back to 1 when idle",
+        lambda: deployment_replicas(node, namespace, name) == 1,
+        180,
+    )
+    assert condition(node, namespace, name, "Ready") == "True"
+
+
+def test_a_request_wakes_a_stage_scaled_to_zero(
+    node: RealNode, operator: str, prom: Prometheus, namespace: str
+) -> None:
+    name = "sleepy"
+    apply_and_wait_ready(
+        node,
+        namespace,
+        manifest(
+            name,
+            {
+                "minReplicas": 0,
+                "maxReplicas": 1,
+                "metric": "inflight",
+                "target": 1,
+                "scaleDownStabilizationSeconds": 5,
+            },
+        ),
+        name,
+    )
+    wait_for(
+        "denoise to scale to zero", lambda: deployment_replicas(node, namespace, name) == 0, 180
+    )
+    wait_for(
+        "the denoise pod to be gone",
+        lambda: not pods(node, namespace, f"omnipipe.io/pipeline={name},{DENOISE}"),
+        120,
+    )
+    # A stage at zero still serves: it wakes on demand.
+    assert condition(node, namespace, name, "Ready") == "True"
+    started = time.monotonic()
+    with openai.OpenAI(
+        base_url=router_url(node, namespace, name), api_key="unused", max_retries=0, timeout=300
+    ) as client:
+        r = client.images.generate(
+            model=name,
+            prompt="a lighthouse",
+            size="64x64",
+            extra_body={"num_inference_steps": 2},
+        )
+    assert r.data[0].b64_json
+    print(
+        f"[realnode] scale from zero: held request answered in {time.monotonic() - started:.1f} s",
+        file=sys.stderr,
+    )
+    assert deployment_replicas(node, namespace, name) == 1

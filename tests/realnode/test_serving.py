@@ -1,0 +1,146 @@
+"""The Kubernetes product serves for real: the chart's operator (a pod) turns the examples
+into pods that start from the built images, pass their probes, find each other through
+the headless Services, and answer the openai client through the router's Service."""
+
+from __future__ import annotations
+
+import base64
+import io
+import sys
+import time
+import wave
+
+import numpy as np
+import openai
+import pytest
+from PIL import Image
+
+from tests.harness.cluster import REPO
+from tests.harness.node import RealNode
+from tests.realnode.conftest import (
+    apply_and_wait_ready,
+    pods,
+    router_url,
+    wait_for,
+)
+
+pytestmark = [pytest.mark.realnode, pytest.mark.timeout(900)]
+
+
+def test_the_operator_runs_as_a_pod_under_its_service_account(
+    node: RealNode, operator: str
+) -> None:
+    (pod,) = pods(node, operator, "app.kubernetes.io/name=omnipipe")
+    assert pod["spec"]["serviceAccountName"] == "omnipipe-operator"
+    assert pod["spec"]["containers"][0]["image"] == "localhost/omnipipe/operator:dev"
+    assert pod["status"]["phase"] == "Running"
+    statuses = pod["status"]["containerStatuses"]
+    assert all(s["ready"] for s in statuses), statuses
+    assert pod["status"]["podIP"].startswith("10.88.0.")
+
+
+def test_text_to_image_serves_a_1024_image(node: RealNode, operator: str, namespace: str) -> None:
+    took = apply_and_wait_ready(
+        node, namespace, REPO / "examples/tiny-text-to-image.yaml", "tiny-image"
+    )
+    print(f"[realnode] tiny-image: apply to Ready in {took:.1f} s", file=sys.stderr)
+    stage_pods = pods(node, namespace, "omnipipe.io/pipeline=tiny-image,omnipipe.io/stage")
+    assert sorted(p["metadata"]["labels"]["omnipipe.io/stage"] for p in stage_pods) == [
+        "decode",
+        "denoise",
+        "encode",
+    ]
+    # Real processes in real containers, from the worker image, as its user.
+    for p in stage_pods:
+        assert p["spec"]["containers"][0]["image"] == "localhost/omnipipe/worker:dev"
+        assert p["status"]["containerStatuses"][0]["started"] is True
+        assert p["status"]["podIP"].startswith("10.88.0.")
+    url = router_url(node, namespace, "tiny-image")
+    started = time.monotonic()
+    with openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=300) as client:
+        # The Service answers a moment after its pod is Ready (kube-proxy's rules).
+        wait_for("the router's Service", lambda: _models(client), 30)
+        r = client.images.generate(
+            model="tiny-image",
+            prompt="a lighthouse at dusk",
+            size="1024x1024",
+            extra_body={"num_inference_steps": 2},
+        )
+    print(
+        f"[realnode] first 1024x1024 image {time.monotonic() - started:.1f} s after Ready",
+        file=sys.stderr,
+    )
+    image = Image.open(io.BytesIO(base64.b64decode(r.data[0].b64_json or "")))
+    assert image.size == (1024, 1024)
+    assert np.asarray(image).std() > 0, "a flat image: the stages did not run"
+
+
+def _models(client: openai.OpenAI) -> bool:
+    try:
+        return any(m.id for m in client.models.list())
+    except openai.APIConnectionError:
+        return False
+
+
+def test_omni_streams_text_then_audio_and_speaks(
+    node: RealNode, operator: str, namespace: str
+) -> None:
+    took = apply_and_wait_ready(node, namespace, REPO / "examples/tiny-omni.yaml", "tiny-omni")
+    print(f"[realnode] tiny-omni: apply to Ready in {took:.1f} s", file=sys.stderr)
+    thinker = pods(node, namespace, "omnipipe.io/pipeline=tiny-omni,omnipipe.io/stage=thinker")
+    assert len(thinker) == 1
+    url = router_url(node, namespace, "tiny-omni")
+    with openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=300) as client:
+        wait_for("the router's Service", lambda: _models(client), 30)
+        kinds: list[str] = []
+        text, pcm = "", b""
+        stream = client.chat.completions.create(
+            model="tiny-omni",
+            messages=[{"role": "user", "content": "hello"}],
+            modalities=["text", "audio"],
+            audio={"voice": "Ethan", "format": "pcm16"},
+            stream=True,
+        )
+        for chunk in stream:
+            for choice in chunk.choices:
+                if choice.delta.content:
+                    kinds.append("text")
+                    text += choice.delta.content
+                audio = getattr(choice.delta, "audio", None)
+                if audio is not None and audio.data:
+                    kinds.append("audio")
+                    pcm += base64.b64decode(audio.data)
+        assert "text" in kinds, kinds
+        assert "audio" in kinds, kinds
+        assert kinds.index("text") < kinds.index("audio"), kinds
+        assert text
+        assert np.frombuffer(pcm, "<i2").any(), "no audio, or silent audio"
+
+        speech = client.audio.speech.create(model="tiny-omni", input="hello world", voice="Ethan")
+        with wave.open(io.BytesIO(speech.content)) as w:
+            assert (w.getnchannels(), w.getframerate()) == (1, 24000)
+            assert w.getnframes() > 0
+
+
+def test_deleting_the_pipeline_removes_every_child(
+    node: RealNode, operator: str, namespace: str
+) -> None:
+    apply_and_wait_ready(node, namespace, REPO / "examples/tiny-text-to-image.yaml", "tiny-image")
+    selector = "omnipipe.io/pipeline=tiny-image"
+    assert pods(node, namespace, selector)
+    node.kubectl(
+        "delete",
+        "-n",
+        namespace,
+        "-f",
+        str(REPO / "examples/tiny-text-to-image.yaml"),
+        "--wait=true",
+        timeout=180,
+    )
+
+    def nothing_left() -> bool:
+        kinds = "deployments,replicasets,services,configmaps,pods,endpointslices"
+        left = node.kubectl("get", kinds, "-n", namespace, "-l", selector, "-o", "name").stdout
+        return not left.strip()
+
+    wait_for("every child of the pipeline to be gone", nothing_left, 180)
