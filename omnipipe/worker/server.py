@@ -73,6 +73,8 @@ class WorkerState:
     draining: bool = False
     load_error: str = ""
     background: set[asyncio.Task[None]] = field(default_factory=set)
+    stop: Callable[[], None] = field(default=lambda: os.kill(os.getpid(), signal.SIGTERM))
+    """Ends the server: its runner replaces this with a graceful exit of its own."""
 
     @property
     def revision(self) -> str:
@@ -129,7 +131,7 @@ async def _load_stage(state: WorkerState) -> None:
         state.load_error = f"load failed: {exc}"
         # A worker that cannot load must not sit unready forever: exit, so Kubernetes
         # (CrashLoopBackOff) or `omnipipe serve` (restart, then give up) shows it.
-        os.kill(os.getpid(), signal.SIGTERM)
+        state.stop()
         return
     assert state.runtime is not None
     if (table := stage.kv_block_table()) is not None and state.receiver is not None:
@@ -195,6 +197,7 @@ def build_app(pipeline: ResolvedPipeline, settings: WorkerSettings) -> FastAPI:
             await state.receiver.close()
 
     app = FastAPI(title=f"omnipipe worker: {pipeline.name}/{spec.name}", lifespan=lifespan)
+    app.state.worker = state
     if settings.credential:
         app.add_middleware(CredentialMiddleware, credential=settings.credential)
     else:

@@ -86,7 +86,7 @@ def missing_prerequisite() -> str | None:
     if made.returncode != 0:
         return f"cannot create a network namespace: {made.stderr.strip()}"
     _run("ip", "netns", "delete", probe, check=False)
-    for b in ("kubelet", "kube-proxy", "coredns"):
+    for b in ("kubelet", "kube-proxy", "coredns", "prometheus"):
         if not (BIN / b).exists():
             return f"{BIN / b} is missing: run hack/build-node.sh (make test does)"
     return None

@@ -50,11 +50,12 @@ def prometheus(
     scrape_configs: str | None = None,
     listen: str | None = None,
     wrapper: Sequence[str] = (),
+    binary: str | None = None,
 ) -> Iterator[Prometheus]:
     """scrape_configs: YAML of the `scrape_configs:` list (default: one job over the
     targets file); listen: host:port (default: a free loopback port); wrapper: argv that
-    runs the server (nsenter into a network namespace)."""
-    binary = shutil.which("prometheus")
+    runs the server (nsenter into a network namespace); binary: default Debian's."""
+    binary = binary or shutil.which("prometheus")
     if binary is None:
         raise RuntimeError("prometheus not found: install Debian's prometheus (make test does)")
     workdir.mkdir(parents=True, exist_ok=True)

@@ -88,6 +88,8 @@ def prom(node: RealNode, tmp_path_factory: pytest.TempPathFactory) -> Iterator[P
         scrape_configs=scrape,
         listen=f"{BRIDGE_IP}:9090",
         wrapper=NSENTER,
+        # Debian's Prometheus has no Kubernetes service discovery: hack/build-node.sh's.
+        binary=str(BIN / "prometheus"),
     ) as p:
         yield p
 
@@ -224,7 +226,7 @@ def apply_and_wait_ready(
     # The status (and so the condition) appears a moment after the object: kubectl wait
     # on a missing condition fails at once, so the first wait is a poll.
     wait_for("a Ready condition", lambda: condition(node, namespace, pipeline, "Ready"), 60)
-    node.kubectl(
+    waited = node.kubectl(
         "wait",
         "-n",
         namespace,
@@ -232,8 +234,41 @@ def apply_and_wait_ready(
         f"omnipipeline/{pipeline}",
         f"--timeout={timeout}s",
         timeout=timeout + 30,
+        check=False,
     )
+    if waited.returncode != 0:
+        raise AssertionError(
+            f"{pipeline} never Ready: {waited.stderr}\n{diagnose(node, namespace)}"
+        )
     return time.monotonic() - started
+
+
+def diagnose(node: RealNode, namespace: str) -> str:
+    """What a person would look at: the pipeline's status, the pods, and the log tail of
+    every pod that is not ready."""
+    parts = [
+        node.kubectl("get", "omnipipeline,pods", "-n", namespace, "-o", "wide", check=False).stdout,
+        node.kubectl(
+            "get",
+            "omnipipeline",
+            "-n",
+            namespace,
+            "-o",
+            "jsonpath={.items[*].status.conditions}",
+            check=False,
+        ).stdout,
+    ]
+    for p in get_json(node, "pods", "-n", namespace)["items"]:
+        statuses = p["status"].get("containerStatuses", [])
+        if statuses and all(s.get("ready") for s in statuses):
+            continue
+        name = p["metadata"]["name"]
+        parts.append(f"--- {name}: {json.dumps(statuses)[:1500]}")
+        for previous in ("--previous", None):
+            flags = [previous] if previous else []
+            logs = node.kubectl("logs", "-n", namespace, name, "--tail=40", *flags, check=False)
+            parts.append(logs.stdout[-4000:] or logs.stderr[-500:])
+    return "\n".join(parts)
 
 
 def pods(node: RealNode, namespace: str, selector: str) -> list[dict[str, Any]]:
