@@ -52,12 +52,15 @@ class ObservedDeployment:
 
     @property
     def available(self) -> bool:
+        """Every desired replica is updated and ready (or none is desired)."""
         return _deployment_condition("", self)[0] is ConditionStatus.TRUE
 
 
 def _deployment_condition(
     kind: str, observed: ObservedDeployment | None
 ) -> tuple[ConditionStatus, str, str]:
+    """Whether the Deployment runs at capacity: it has seen its latest spec and every
+    desired replica is updated and ready."""
     if observed is None:
         return ConditionStatus.FALSE, "Missing", f"the {kind} Deployment does not exist yet"
     if observed.desired == 0:
@@ -68,6 +71,20 @@ def _deployment_condition(
     if observed.ready < observed.desired:
         return ConditionStatus.FALSE, "ReplicasNotReady", counts
     return ConditionStatus.TRUE, "Available", counts
+
+
+def _stage_condition(
+    at_capacity: tuple[ConditionStatus, str, str], observed: ObservedDeployment | None
+) -> tuple[ConditionStatus, str, str]:
+    """Whether a stage serves: one ready replica of its revision takes requests, so an
+    autoscaler scale-up, a rolling update or a crash-looping pod beside a ready one
+    leaves the stage ready. What it lacks of its capacity (at_capacity, from
+    _deployment_condition) shows in the reason and in StagesAtCapacity, never in Ready."""
+    status, reason, message = at_capacity
+    if status is ConditionStatus.TRUE or observed is None or observed.ready < 1:
+        return status, reason, message
+    serving_reason = "RollingOut" if reason == "RollingOut" else "PartiallyReady"
+    return ConditionStatus.TRUE, serving_reason, message
 
 
 def _condition(
@@ -97,8 +114,11 @@ class Rollout:
 
     At most two revisions keep workloads: the serving (current) one and the one the
     spec asks for (update). The update revision takes over once every one of its stages
-    is ready; then every other revision is retired (deleted: its pods drain on the way
-    out). A revision superseded before it ever served is retired at once."""
+    is available (all its desired replicas updated and ready, not merely serving: the
+    switch retires the old revision at once, so taking over on part of the replicas
+    would cut capacity under load); then every other revision is retired (deleted: its
+    pods drain on the way out). A revision superseded before it ever served is retired
+    at once."""
 
     update: str
     current: str
@@ -112,7 +132,7 @@ class Rollout:
         return self.current != self.update
 
     def ready_count(self, revision: str) -> tuple[int, int]:
-        """(ready stages, stages) of one revision: the spec's stages for the update
+        """(available stages, stages) of one revision: the spec's stages for the update
         revision, the Deployments that exist for an older one."""
         have = self.revisions.get(revision, {})
         stages = self.update_stages if revision == self.update else tuple(sorted(have))
@@ -198,7 +218,14 @@ SCALING_FIELDS = (
     "last_scale_time",
 )
 # ModelCached is the operator's too: it goes when weights.source leaves cache.
-OWN_CONDITIONS = ("Ready", "StagesReady", "RouterReady", "Progressing", "ModelCached")
+OWN_CONDITIONS = (
+    "Ready",
+    "StagesReady",
+    "StagesAtCapacity",
+    "RouterReady",
+    "Progressing",
+    "ModelCached",
+)
 
 
 def compute_status(
@@ -214,8 +241,10 @@ def compute_status(
 ) -> OmniPipelineStatus:
     """Roll the children's real status up into conditions: Ready = StagesReady and
     RouterReady; StagesReady = every Stage<Name>Ready, of the serving revision (the
-    pipeline's own when no rollout is given). Progressing says whether a new revision
-    is rolling out. model_cached (weights.source cache only) becomes ModelCached, and
+    pipeline's own when no rollout is given). A stage is ready while it serves (see
+    _stage_condition); StagesAtCapacity says whether every stage also runs all its
+    desired replicas, updated and ready. Progressing says whether a new revision is
+    rolling out. model_cached (weights.source cache only) becomes ModelCached, and
     Ready's reason while the weights are what keeps it False."""
     serving = rollout.current if rollout is not None else pipeline_revision(pipeline)
     before = {c.type: c for c in previous}
@@ -223,9 +252,13 @@ def compute_status(
     conditions: list[Condition] = []
     stages: list[StageStatus] = []
     not_ready: list[str] = []
+    below_capacity: list[str] = []
     for stage in pipeline.stages:
         observed = deployments.get(stage_deployment_name(pipeline.name, stage.name, serving))
-        status, reason, message = _deployment_condition(f"stage {stage.name}", observed)
+        at_capacity = _deployment_condition(f"stage {stage.name}", observed)
+        status, reason, message = _stage_condition(at_capacity, observed)
+        if at_capacity[0] is not ConditionStatus.TRUE:
+            below_capacity.append(f"{stage.name} ({message})")
         conditions.append(
             _condition(
                 stage_condition_type(stage.name), status, reason, message, before, now, generation
@@ -250,6 +283,11 @@ def compute_status(
         )
     stages_ok = ConditionStatus.FALSE if not_ready else ConditionStatus.TRUE
     stages_msg = f"not ready: {', '.join(not_ready)}" if not_ready else "all stages ready"
+    capacity = (
+        (ConditionStatus.FALSE, "StageBelowCapacity", "; ".join(below_capacity))
+        if below_capacity
+        else (ConditionStatus.TRUE, "AllStagesAtCapacity", "every desired replica is ready")
+    )
     router_status, router_reason, router_msg = _deployment_condition(
         "router", deployments.get(router_object_name(pipeline.name))
     )
@@ -277,6 +315,7 @@ def compute_status(
             now,
             generation,
         ),
+        _condition("StagesAtCapacity", *capacity, before, now, generation),
         _condition(
             "RouterReady", router_status, router_reason, router_msg, before, now, generation
         ),

@@ -50,12 +50,13 @@ def test_missing_and_unready_stages_roll_up() -> None:
     deps = dict.fromkeys(ALL, READY)
     del deps[f"p-denoise-{REV}"]
     deps[f"p-decode-{REV}"] = ObservedDeployment(
-        desired=2, replicas=2, ready=1, updated=2, up_to_date=True
+        desired=2, replicas=2, ready=0, updated=2, up_to_date=True
     )
     status, c = conditions(deps)
     assert c["StageDenoiseReady"].reason == "Missing"
+    assert c["StageDecodeReady"].status is ConditionStatus.FALSE
     assert c["StageDecodeReady"].reason == "ReplicasNotReady"
-    assert c["StageDecodeReady"].message == "1/2 replicas ready"
+    assert c["StageDecodeReady"].message == "0/2 replicas ready"
     assert c["Ready"].status is ConditionStatus.FALSE
     assert c["Ready"].reason == "StagesNotReady"
     assert "denoise" in c["Ready"].message
@@ -80,6 +81,108 @@ def test_scaled_to_zero_stage_counts_as_ready() -> None:
     _, c = conditions(deps)
     assert c["StageDenoiseReady"].reason == "ScaledToZero"
     assert c["Ready"].status is ConditionStatus.TRUE
+
+
+# ---- Ready means serving: one ready replica serves; capacity is StagesAtCapacity ---------
+
+
+def with_denoise(**fields: Any) -> dict[str, ObservedDeployment]:
+    deps = dict.fromkeys(ALL, READY)
+    deps[f"p-denoise-{REV}"] = replace(READY, **fields)
+    return deps
+
+
+def test_a_scale_up_with_one_ready_replica_keeps_the_pipeline_ready() -> None:
+    # The autoscaler asked for 2; the Deployment controller has not seen it yet.
+    _, asked = conditions(with_denoise(desired=2, up_to_date=False))
+    assert (asked["StageDenoiseReady"].status, asked["StageDenoiseReady"].reason) == (
+        ConditionStatus.TRUE,
+        "RollingOut",
+    )
+    assert asked["Ready"].status is ConditionStatus.TRUE
+    # The second pod exists and starts; the first serves meanwhile.
+    status, c = conditions(with_denoise(desired=2, replicas=2, updated=2))
+    assert (c["StageDenoiseReady"].status, c["StageDenoiseReady"].reason) == (
+        ConditionStatus.TRUE,
+        "PartiallyReady",
+    )
+    assert c["StageDenoiseReady"].message == "1/2 replicas ready"
+    assert (c["StagesReady"].status, c["Ready"].status) == (ConditionStatus.TRUE,) * 2
+    assert c["Ready"].reason == "Serving"
+    assert status.stages_ready == "3/3"
+    # What it lacks is capacity, said apart from Ready.
+    assert (c["StagesAtCapacity"].status, c["StagesAtCapacity"].reason) == (
+        ConditionStatus.FALSE,
+        "StageBelowCapacity",
+    )
+    assert c["StagesAtCapacity"].message == "denoise (1/2 replicas ready)"
+    _, done = conditions(with_denoise(desired=2, replicas=2, ready=2, updated=2))
+    assert done["StageDenoiseReady"].reason == "Available"
+    assert (done["StagesAtCapacity"].status, done["StagesAtCapacity"].reason) == (
+        ConditionStatus.TRUE,
+        "AllStagesAtCapacity",
+    )
+
+
+def test_a_scale_down_in_progress_keeps_the_pipeline_ready() -> None:
+    # 2 -> 1: the spec says 1, the controller has not caught up and both pods still run.
+    _, c = conditions(with_denoise(desired=1, replicas=2, ready=2, updated=2, up_to_date=False))
+    assert (c["StageDenoiseReady"].status, c["StageDenoiseReady"].reason) == (
+        ConditionStatus.TRUE,
+        "RollingOut",
+    )
+    assert c["Ready"].status is ConditionStatus.TRUE
+    assert c["StagesAtCapacity"].status is ConditionStatus.FALSE
+    _, settled = conditions(with_denoise(desired=1, replicas=1, ready=1, updated=1))
+    assert settled["StagesAtCapacity"].status is ConditionStatus.TRUE
+
+
+def test_a_crash_looping_pod_beside_a_serving_one_leaves_ready_alone() -> None:
+    status, _ = conditions(with_denoise(desired=2, replicas=2, ready=2, updated=2), now="t1")
+    crashed, c = conditions(
+        with_denoise(desired=2, replicas=2, ready=1, updated=2),
+        previous=status.conditions,
+        now="t2",
+    )
+    assert (c["Ready"].status, c["Ready"].last_transition_time) == (ConditionStatus.TRUE, "t1")
+    assert c["StageDenoiseReady"].status is ConditionStatus.TRUE
+    assert c["StageDenoiseReady"].reason == "PartiallyReady"
+    assert (c["StagesAtCapacity"].status, c["StagesAtCapacity"].last_transition_time) == (
+        ConditionStatus.FALSE,
+        "t2",
+    )
+    # The operator owns StagesAtCapacity: a refresh replaces it, never passes it through.
+    types = [cond.type for cond in crashed.conditions]
+    assert len(types) == len(set(types))
+
+
+def test_a_stage_with_no_ready_replica_is_not_ready() -> None:
+    for state in (
+        {"desired": 1, "ready": 0},
+        {"desired": 2, "replicas": 2, "updated": 2, "ready": 0},
+        {"desired": 2, "replicas": 1, "ready": 0, "up_to_date": False},
+    ):
+        _, c = conditions(with_denoise(**state))
+        assert c["StageDenoiseReady"].status is ConditionStatus.FALSE, state
+        assert (c["StagesReady"].status, c["Ready"].status) == (ConditionStatus.FALSE,) * 2
+        assert c["Ready"].reason == "StagesNotReady"
+        assert c["StagesAtCapacity"].status is ConditionStatus.FALSE
+
+
+def test_a_stage_scaled_to_zero_is_ready_and_at_capacity_and_waking_is_not_ready() -> None:
+    # Asleep (or on the way there with a pod still up): it wakes on demand.
+    for ready in (0, 1):
+        _, c = conditions(with_denoise(desired=0, replicas=ready, ready=ready, updated=0))
+        assert (c["StageDenoiseReady"].status, c["StageDenoiseReady"].reason) == (
+            ConditionStatus.TRUE,
+            "ScaledToZero",
+        )
+        assert c["Ready"].status is ConditionStatus.TRUE
+        assert c["StagesAtCapacity"].status is ConditionStatus.TRUE
+    # Woken: asked for 1, none ready yet; no replica serves until it is.
+    _, waking = conditions(with_denoise(desired=1, replicas=1, ready=0))
+    assert waking["StageDenoiseReady"].status is ConditionStatus.FALSE
+    assert waking["Ready"].status is ConditionStatus.FALSE
 
 
 def test_transition_time_kept_until_status_changes() -> None:
@@ -134,7 +237,7 @@ def _pipeline(model: str) -> Any:
 
 
 def _revision(revision: str, ready: bool = True, desired: int = 1) -> list[ObservedDeployment]:
-    state = replace(READY, desired=desired, replicas=desired, updated=desired)
+    state = replace(READY, desired=desired, replicas=desired, ready=desired, updated=desired)
     if not ready:
         state = replace(state, ready=0)
     return [replace(state, stage=s, revision=revision) for s in STAGES]
@@ -168,6 +271,21 @@ def test_a_new_revision_serves_only_once_all_its_stages_are_ready() -> None:
         "RolloutComplete",
     )
     assert [r.revision for r in status.revisions] == [r_new]
+
+
+def test_a_new_revision_takes_over_only_at_full_capacity() -> None:
+    """The old revision is retired on the switch, so a new one serving on 1 of the 2
+    replicas the load needs would halve capacity: the switch waits for all of them."""
+    old, new = _pipeline("m1"), _pipeline("m2")
+    r_old, r_new = pipeline_revision(old), pipeline_revision(new)
+    partial = [
+        replace(d, ready=1) if d.stage == "denoise" else d for d in _revision(r_new, desired=2)
+    ]
+    rollout = plan_rollout(new, r_old, _revision(r_old, desired=2) + partial)
+    assert (rollout.current, rollout.retire) == (r_old, ())
+    assert rollout.ready_count(r_new) == (2, 3)
+    full = plan_rollout(new, r_old, _revision(r_old, desired=2) + _revision(r_new, desired=2))
+    assert (full.current, full.retire) == (r_new, (r_old,))
 
 
 def test_a_revision_superseded_before_it_served_is_retired_at_once() -> None:
