@@ -59,6 +59,12 @@ class ResolvedStage(ResolvedModel):
     def autoscaled(self) -> bool:
         return self.autoscaling is not None
 
+    @property
+    def wakes_on_demand(self) -> bool:
+        """The autoscaler may take it to zero replicas and brings it back for a request
+        the router holds, so having no replica is a state it serves from."""
+        return self.autoscaling is not None and self.autoscaling.min_replicas == 0
+
 
 class ResolvedPipeline(ResolvedModel):
     """A fully specified pipeline: every stage concrete, in dependency order."""

@@ -130,18 +130,21 @@ def build_app(pipeline: ResolvedPipeline, settings: RouterSettings) -> FastAPI:
     @app.get("/ready")
     async def ready() -> JSONResponse:
         stages = {s.name: pool.stage_ready(s.name) for s in pipeline.stages}
+        # A stage at zero replicas wakes for a request the router holds, so the router
+        # must take requests (be in its Service) while such a stage has no replica.
+        serving = all(
+            stages[s.name] or (s.wakes_on_demand and settings.wake_wait_seconds > 0)
+            for s in pipeline.stages
+        )
         body = {
-            "ready": all(stages.values()),
+            "ready": serving,
             "stages": stages,
             # What `omnipipe serve` waits for on a reload: the revision new requests
             # start on, and the replicas-file generation behind it.
             "revision": orchestrator.serving_revision(),
             "discovery": pool.generation,
         }
-        return JSONResponse(
-            body,
-            status_code=200 if all(stages.values()) else 503,
-        )
+        return JSONResponse(body, status_code=200 if serving else 503)
 
     @app.get("/metrics")
     async def metrics() -> Response:

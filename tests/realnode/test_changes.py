@@ -51,6 +51,7 @@ def stage_logs(node: RealNode, namespace: str, name: str) -> Iterator[list[str]]
     appear later included (`kubectl logs -f` on each as it is seen)."""
     lines: list[str] = []
     followers: dict[str, subprocess.Popen[str]] = {}
+    readers: list[threading.Thread] = []
     stop = threading.Event()
 
     def read(proc: subprocess.Popen[str]) -> None:
@@ -72,7 +73,9 @@ def stage_logs(node: RealNode, namespace: str, name: str) -> Iterator[list[str]]
                     stderr=subprocess.DEVNULL,
                     text=True,
                 )
-                threading.Thread(target=read, args=(followers[pod],), daemon=True).start()
+                reader = threading.Thread(target=read, args=(followers[pod],), daemon=True)
+                reader.start()
+                readers.append(reader)
             time.sleep(0.5)
 
     watcher = threading.Thread(target=watch, daemon=True)
@@ -85,6 +88,11 @@ def stage_logs(node: RealNode, namespace: str, name: str) -> Iterator[list[str]]
         for proc in followers.values():
             proc.terminate()
             proc.wait(timeout=10)
+        for reader in readers:
+            reader.join(timeout=10)
+        for proc in followers.values():
+            assert proc.stdout is not None
+            proc.stdout.close()
 
 
 @contextmanager

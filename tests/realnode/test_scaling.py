@@ -120,6 +120,24 @@ def load(url: str, clients: int, model: str) -> Iterator[list[BaseException]]:
             t.join(timeout=130)
 
 
+def scaling_report(node: RealNode, prom: Prometheus, namespace: str, name: str) -> str:
+    """What the autoscaler saw: the pipeline's scaling status, what Prometheus holds for
+    the stage, and the operator's log tail."""
+    status = node.kubectl(
+        "get", "omnipipeline", name, "-n", namespace, "-o", "jsonpath={.status}", check=False
+    ).stdout
+    series = [
+        (m["metric"].get("__name__"), m["metric"].get("pod"), m["value"][1])
+        for m in prom.query(f'{{namespace="{namespace}",pipeline="{name}",stage="denoise"}}')
+        if "running" in m["metric"].get("__name__", "")
+        or "waiting" in m["metric"].get("__name__", "")
+    ]
+    logs = node.kubectl(
+        "logs", "-n", "omnipipe-system", "deploy/omnipipe", "--tail=40", check=False
+    ).stdout
+    return f"status: {status}\nprometheus: {series}\noperator log:\n{logs}"
+
+
 @contextmanager
 def ready_watch(node: RealNode, namespace: str, name: str) -> Iterator[list[str]]:
     """Every value the pipeline's Ready condition takes while the block runs."""
@@ -172,11 +190,14 @@ def test_denoise_scales_up_under_load_serves_on_the_new_pod_and_back(
         60,
     )
     with ready_watch(node, namespace, name) as readiness, load(url, 4, name) as errors:
-        wait_for(
-            "the autoscaler to ask for 2 replicas",
-            lambda: deployment_replicas(node, namespace, name) == 2,
-            120,
-        )
+        try:
+            wait_for(
+                "the autoscaler to ask for 2 replicas",
+                lambda: deployment_replicas(node, namespace, name) == 2,
+                120,
+            )
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{scaling_report(node, prom, namespace, name)}") from None
         asked = time.monotonic()
         new = wait_for(
             "the second denoise pod to be ready",

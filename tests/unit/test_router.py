@@ -3,6 +3,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
@@ -87,3 +88,47 @@ def test_no_ready_replica_is_503_and_models_still_listed(tmp_path: Path) -> None
         assert time.monotonic() - started >= 1.0
         pending = 'omnipipe_router_pending_requests{pipeline="p",stage="encode"} 0.0'
         assert pending in client.get("/metrics").text
+
+
+def test_the_router_is_ready_while_a_stage_that_wakes_on_demand_is_at_zero(
+    tmp_path: Path,
+) -> None:
+    # Its Service must send the router the request that wakes the stage: a router that
+    # failed /ready here kept a stage scaled to zero asleep for good (seen on a real node).
+    def app_for(decode_min: int, wake_wait: float) -> Any:
+        asleep = {"minReplicas": 0, "maxReplicas": 2}
+        stages = [
+            {"name": "encode", "autoscaling": asleep},
+            {"name": "denoise", "autoscaling": asleep},
+            {"name": "decode", "autoscaling": {"minReplicas": decode_min, "maxReplicas": 2}},
+        ]
+        pipeline = resolve(
+            parse_resource(
+                {
+                    "apiVersion": "omnipipe.io/v1alpha1",
+                    "kind": "OmniPipeline",
+                    "metadata": {"name": "p"},
+                    "spec": {
+                        "model": "tiny://qwen-image",
+                        "pipeline": "qwen-image",
+                        "stages": stages,
+                    },
+                }
+            )
+        )
+        replicas = tmp_path / "replicas.json"
+        replicas.write_text(json.dumps({"encode": [], "denoise": [], "decode": []}))
+        settings = RouterSettings(
+            replicas_file=str(replicas), api_key=None, wake_wait_seconds=wake_wait
+        )
+        return build_app(pipeline, settings)
+
+    with TestClient(app_for(0, 30.0)) as client:
+        ready = client.get("/ready")
+        assert ready.status_code == 200, ready.json()
+        assert ready.json()["stages"] == {"encode": False, "denoise": False, "decode": False}
+    # A stage with no replica that never sleeps, or a router that would not hold the
+    # request: not ready.
+    for decode_min, wake_wait in ((1, 30.0), (0, 0.0)):
+        with TestClient(app_for(decode_min, wake_wait)) as client:
+            assert client.get("/ready").status_code == 503

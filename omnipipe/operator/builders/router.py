@@ -19,6 +19,7 @@ from omnipipe.operator.builders.common import (
 from omnipipe.operator.builders.context import BuildContext
 
 API_KEY_ENV = "OMNIPIPE_ROUTER_API_KEY"
+ROUTER_DRAIN_SECONDS = 5
 
 
 def router_config_hash(ctx: BuildContext) -> str:
@@ -58,6 +59,11 @@ def build_router_deployment(ctx: BuildContext) -> Manifest:
         "env": _env(ctx),
         "readinessProbe": http_probe("/ready", "http", period=5, failures=3),
         "livenessProbe": http_probe("/health", "http", period=10, failures=6),
+        # A terminating pod leaves the Service's endpoints while kube-proxy catches up:
+        # it keeps answering for this long before uvicorn stops accepting connections,
+        # so a request routed to it in that window is served, not refused (a rollout on
+        # a real node refused one without it).
+        "lifecycle": {"preStop": {"sleep": {"seconds": ROUTER_DRAIN_SECONDS}}},
         "securityContext": container_security_context(read_only_root=True),
         "resources": {
             "requests": {"cpu": "250m", "memory": "256Mi"},
