@@ -72,7 +72,7 @@ RUN --mount=type=secret,id=pip-ca \
 # vLLM's CPU kernels (vllm._C) link libnuma: without it vLLM only warns at import and
 # then fails at engine start (found by the first thinker pod on a real node).
 RUN apt-get update \
-    && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends libnuma1 \
+    && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends libnuma1=2.0.16-1 \
     && rm -rf /var/lib/apt/lists/*
 
 FROM ${VLLM_IMAGE} AS worker
