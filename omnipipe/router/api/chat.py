@@ -31,7 +31,7 @@ from omnipipe.router.api.common import (
     unless_disconnected,
 )
 from omnipipe.router.api.images import parse_size
-from omnipipe.router.api.inputs import check_processor_kwargs, check_sampling
+from omnipipe.router.api.inputs import check_processor_kwargs, check_sampling, check_token_range
 from omnipipe.router.api.messages import MESSAGE_SCHEMA, thinker_messages
 from omnipipe.router.errors import BadRequest, OpenAIError
 from omnipipe.router.orchestrator import Orchestrator, Output
@@ -134,6 +134,13 @@ class ChatPlan:
                 **overrides.get(thinker, {}),
             },
         }
+        check_token_range(
+            {**pipeline.stage(thinker).sampling, **self.params[thinker]["sampling"]},
+            f"sampling_params_list.{thinker}",
+            "min_tokens" in overrides.get(thinker, {})
+            or "max_tokens" in overrides.get(thinker, {}),
+            "max_completion_tokens" if body.max_completion_tokens else "max_tokens",
+        )
         if is_bagel(pipeline):
             self._bagel(pipeline, body, seed)
 

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ValidationError
 
 from omnipipe.api import ResolvedPipeline
 from omnipipe.api.spec import Role, Sampling
-from omnipipe.router.api.inputs import check_sampling
+from omnipipe.router.api.inputs import check_sampling, check_token_range
 from omnipipe.router.errors import BadRequest, ModelNotFound
 
 log = logging.getLogger(__name__)
@@ -124,6 +124,8 @@ def sampling_overrides(
             raise BadRequest(f"{field}: {err['msg']}", param=field) from None
         overrides[stage] = parsed.model_dump(exclude_none=True)
         check_sampling(overrides[stage], param)
+        # The stage's own defaults (spec.stages[].sampling) count too.
+        check_token_range({**pipeline.stage(stage).sampling, **overrides[stage]}, param)
     return overrides
 
 

@@ -223,6 +223,25 @@ def check_sampling(values: dict[str, Any], prefix: str = "") -> None:
             raise refuse(key, f"must be at least {MIN_POSITIVE_SAMPLING:g}")
 
 
+def check_token_range(
+    values: dict[str, Any], prefix: str = "", in_entry: bool = True, top_level: str = ""
+) -> None:
+    """min_tokens at most max_tokens, where both are known (a stage's spec defaults
+    merged with the request's values): the stage would refuse it. The field the request
+    set is named: its sampling_params_list entry (prefix) when in_entry, else the
+    top-level field (max_tokens) that came under the spec's min_tokens."""
+    low, high = values.get("min_tokens"), values.get("max_tokens")
+    if low is None or high is None or low <= high:
+        return
+    if in_entry or not top_level:
+        where = f"{prefix}.min_tokens" if prefix else "min_tokens"
+        raise BadRequest(f"{where}: must be at most max_tokens ({high}), got {low}", param=where)
+    raise BadRequest(
+        f"{top_level}: must be at least the stage's min_tokens ({low}), got {high}",
+        param=top_level,
+    )
+
+
 EDIT_IMAGE_FORMATS = ("PNG", "JPEG", "WEBP")
 MAX_EDIT_IMAGE_BYTES = 16 * 1024 * 1024
 EDIT_IMAGE_SIDE = 4096
