@@ -214,3 +214,23 @@ def test_min_tokens_up_to_max_tokens_passes() -> None:
         chat(max_tokens=5, sampling_params_list={"talker": {"min_tokens": 3, "max_tokens": 3}}),
     )
     assert plan.params["thinker"]["sampling"]["max_tokens"] == 5
+
+
+@pytest.mark.parametrize("guidance", [0, 0.5, 1])
+def test_a_negative_prompt_that_cfg_would_ignore_is_a_400(tmp_path: Path, guidance: float) -> None:
+    """Qwen-Image's true CFG runs above 1 only: below, the negative prompt did nothing."""
+    image = resolve(load_file(REPO / "examples/tiny-text-to-image.yaml"))
+    replicas = tmp_path / "replicas.json"
+    replicas.write_text(json.dumps({s.name: [] for s in image.stages}))
+    settings = RouterSettings(replicas_file=str(replicas), wake_wait_seconds=0)
+    body = {"model": image.name, "prompt": "a fox", "size": "64x64", "guidance_scale": guidance}
+    with TestClient(build_app(image, settings), raise_server_exceptions=False) as client:
+        error = openai_error(
+            client.post("/v1/images/generations", json={**body, "negative_prompt": "blurry"}),
+            400,
+        )
+        assert error["param"] == "guidance_scale"
+        assert "above 1" in error["message"]
+        # Without one there is no CFG to miss: the request passes the checks (503: no
+        # replica here).
+        assert client.post("/v1/images/generations", json=body).status_code == 503

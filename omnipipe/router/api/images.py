@@ -73,6 +73,13 @@ def image_params(
 ) -> dict[str, object]:
     """What every stage of a text-to-image graph is given for this request."""
     width, height = size or parse_size(body.size)
+    if body.negative_prompt and body.guidance_scale <= 1:
+        # True CFG runs only above 1: the negative prompt would be silently ignored.
+        raise BadRequest(
+            "guidance_scale: with a negative_prompt it must be above 1 (true CFG), got "
+            f"{body.guidance_scale:g}",
+            param="guidance_scale",
+        )
     return {
         "prompt": body.prompt,
         "negative_prompt": body.negative_prompt,
