@@ -136,6 +136,10 @@ def test_a_stage_input_error_names_the_request_field_it_starts_with(
 ) -> None:
     assert StageInputError(message).param == param
     assert StageInputError(message, param="size").param == "size"
+    # What the worker puts on the request's event stream for the router.
+    assert StageInputError(message).event() == StageEvent(
+        type="error", code="invalid_request", message=message, param=param or ""
+    )
 
 
 # ---- the router relays a worker's errors in its own shape --------------------------------

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from omnipipe.api import ResolvedStage
+from omnipipe.api.wire import StageEvent
 from omnipipe.transfer import BlockTable
 
 Tensors = dict[str, torch.Tensor]
@@ -36,6 +37,12 @@ class StageInputError(ValueError):
         if param is None and (field := _PUBLIC_FIELD.match(message)) is not None:
             param = field.group()
         self.message, self.param = message, param
+
+    def event(self) -> StageEvent:
+        """The request's error event: the router answers it as its own 400."""
+        return StageEvent(
+            type="error", code="invalid_request", message=self.message, param=self.param or ""
+        )
 
 
 # `<PIL.Image.Image image mode=RGB size=1x8000 at 0x7f...>`: no message shows one.
