@@ -11,6 +11,19 @@ from pathlib import Path
 from omnipipe.api import ManifestError, OmniPipeline, load_file
 from omnipipe.api.yamlio import dump, dump_all
 
+MAX_PORT = 65535
+
+
+def port_number(text: str) -> int:
+    """An argparse type: a TCP port a server can listen on (1 to 65535)."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 1 <= port <= MAX_PORT:
+        raise argparse.ArgumentTypeError(f"{port} is not a port: give 1 to {MAX_PORT}")
+    return port
+
 
 def _cmd_crd(args: argparse.Namespace) -> int:
     from omnipipe.api.crd import render_crd_yaml
@@ -195,7 +208,7 @@ def build_parser() -> argparse.ArgumentParser:
         "directory or tiny://NAME, whose checkpoint says which pipeline type it is",
     )
     serve.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
-    serve.add_argument("--port", type=int, default=8000, help="router port (default 8000)")
+    serve.add_argument("--port", type=port_number, default=8000, help="router port (default 8000)")
     serve.add_argument(
         "--ready-timeout",
         type=float,
@@ -223,15 +236,15 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--pipeline", required=True, help="pipeline file")
     worker.add_argument("--stage", required=True, help="stage name")
     worker.add_argument("--host")
-    worker.add_argument("--port", type=int, help="control API port (default 8100)")
-    worker.add_argument("--transfer-port", type=int, help="transfer port (default 8101)")
+    worker.add_argument("--port", type=port_number, help="control API port (default 8100)")
+    worker.add_argument("--transfer-port", type=port_number, help="transfer port (default 8101)")
     worker.add_argument("--advertise-host", help="host other stages reach this one at")
     worker.set_defaults(run=_cmd_worker)
 
     router = sub.add_parser("router", help="run the OpenAI-compatible router")
     router.add_argument("--pipeline", required=True, help="pipeline file")
     router.add_argument("--host")
-    router.add_argument("--port", type=int, help="HTTP port (default 8000)")
+    router.add_argument("--port", type=port_number, help="HTTP port (default 8000)")
     router.add_argument("--replicas-file", help="static discovery JSON {stage: [urls]}")
     router.set_defaults(run=_cmd_router)
     return parser

@@ -13,7 +13,6 @@ not a second engine in this process."""
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import json
 import os
@@ -27,55 +26,22 @@ import time
 import uuid
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Literal, TypeVar
+from typing import IO, Any, TypeVar
 
 import httpx
 
+from omnipipe.client_types import DuplicateRequestId as DuplicateRequestId
+from omnipipe.client_types import Modality as Modality
+from omnipipe.client_types import OmniError as OmniError
+from omnipipe.client_types import OmniRequestOutput as OmniRequestOutput
+from omnipipe.client_types import OmniResult as OmniResult
+from omnipipe.client_types import error_from, error_of, output_of
 from omnipipe.router.api.audio import wav_bytes
 
-Modality = Literal["text", "audio", "image"]
 Prompt = str | list[dict[str, Any]] | dict[str, Any]
 T = TypeVar("T")
 STOP_SECONDS = 60.0
-
-
-class OmniError(RuntimeError):
-    """The pipeline refused or failed a request, or is not running; `status`, `type`
-    and `code` are the router's OpenAI-shaped error."""
-
-    def __init__(self, message: str, status: int = 0, type: str = "", code: str | None = None):
-        super().__init__(message)
-        self.status, self.type, self.code = status, type, code
-
-
-@dataclass(frozen=True)
-class OmniRequestOutput:
-    """One stage's output for one request, as it is made. A stage's last item for a
-    request has finished=True and carries no new payload."""
-
-    request_id: str
-    stage: str
-    final_output_type: Modality | None
-    text: str = ""  # a text delta
-    audio: bytes = b""  # a chunk of 16-bit mono PCM at sample_rate
-    sample_rate: int = 0
-    image: bytes = b""  # a PNG
-    index: int = 0  # which image, for n > 1
-    finished: bool = False
-    data: dict[str, Any] = field(default_factory=dict)  # every field the stage sent
-
-
-@dataclass
-class OmniResult:
-    """A whole request's outputs, from Omni.generate()."""
-
-    request_id: str
-    text: str = ""
-    audio_wav: bytes = b""
-    images: list[bytes] = field(default_factory=list)
-    outputs: list[OmniRequestOutput] = field(default_factory=list)
 
 
 def _free_port(host: str) -> int:
@@ -108,14 +74,6 @@ def _prompt_fields(prompt: Prompt) -> dict[str, Any]:
     raise TypeError("prompt: a string, a list of chat messages, or {'prompt'|'messages': ...}")
 
 
-def _error_of(status: int, body: bytes) -> OmniError:
-    try:
-        error = json.loads(body)["error"]
-        return OmniError(error["message"], status, error.get("type", ""), error.get("code"))
-    except (ValueError, KeyError, TypeError):
-        return OmniError(body[:500].decode(errors="replace") or f"HTTP {status}", status)
-
-
 class AsyncOmni:
     def __init__(
         self,
@@ -131,6 +89,9 @@ class AsyncOmni:
         self._proc: subprocess.Popen[bytes] | None = None
         self._log_path: Path | None = None
         self._model = model
+        # Every request from generate()'s first step to its end, and the response of
+        # those whose stream is open.
+        self._running: set[str] = set()
         self._active: dict[str, httpx.Response] = {}
         self._aborted: set[str] = set()
         self._errored: OmniError | None = None
@@ -222,12 +183,40 @@ class AsyncOmni:
     ) -> AsyncIterator[OmniRequestOutput]:
         """Every emitting stage's outputs as they are made. `params` are the router's
         request fields: max_tokens, temperature, seed, voice; size, n,
-        num_inference_steps, guidance_scale."""
+        num_inference_steps, guidance_scale.
+
+        A request_id names one running request of this client: a second generate() with
+        the id of one still running raises DuplicateRequestId (a ValueError) at its first
+        step, and the first runs on; once it has ended, the id may be used again.
+        abort(request_id) therefore always means exactly one request."""
         if self._model is None:
             await self.wait_ready()
         request_id = request_id or uuid.uuid4().hex
-        if request_id in self._active:
-            raise ValueError(f"request {request_id!r} is already running")
+        # Checked and taken with no await between: two calls racing for one id cannot
+        # both pass.
+        if request_id in self._running:
+            raise DuplicateRequestId(
+                f"request_id {request_id!r} is already running on this client; wait for "
+                "it to end or abort it, or use another id"
+            )
+        self._running.add(request_id)
+        try:
+            async for out in self._generate(
+                request_id, prompt, sampling_params_list, output_modalities, params
+            ):
+                yield out
+        finally:
+            self._running.discard(request_id)
+            self._aborted.discard(request_id)
+
+    async def _generate(
+        self,
+        request_id: str,
+        prompt: Prompt,
+        sampling_params_list: Sequence[dict[str, Any] | None] | dict[str, Any] | None,
+        output_modalities: Sequence[Modality] | None,
+        params: dict[str, Any],
+    ) -> AsyncIterator[OmniRequestOutput]:
         body = {
             "model": self._model,
             "request_id": request_id,
@@ -243,10 +232,12 @@ class AsyncOmni:
         if output_modalities is not None:
             body["output_modalities"] = list(output_modalities)
         async with self._http.stream("POST", "/v1/omni/generate", json=body) as resp:
+            if request_id in self._aborted:
+                return  # aborted while the request was being sent
             self._active[request_id] = resp
             try:
                 if resp.status_code != 200:
-                    raise _error_of(resp.status_code, await resp.aread())
+                    raise error_of(resp.status_code, await resp.aread())
                 async for out in self._outputs(request_id, resp):
                     yield out
             except (httpx.StreamError, httpx.TransportError):
@@ -255,7 +246,6 @@ class AsyncOmni:
                 raise
             finally:
                 self._active.pop(request_id, None)
-                self._aborted.discard(request_id)
 
     async def _outputs(
         self, request_id: str, resp: httpx.Response
@@ -276,23 +266,26 @@ class AsyncOmni:
                 key = (event["stage"], event["index"])
                 data = {k: "".join(v) for k, v in parts.pop(key, {}).items()} | event["data"]
                 kinds[event["stage"]] = event["modality"]
-                yield _output(request_id, event["stage"], event["modality"], event["index"], data)
+                yield output_of(request_id, event["stage"], event["modality"], event["index"], data)
             elif kind == "finished":
                 stage = event["stage"]
                 yield OmniRequestOutput(request_id, stage, kinds.get(stage), finished=True)
             elif kind == "error":
-                error = event["error"]
-                raise OmniError(error["message"], 500, error.get("type", ""), error.get("code"))
+                raise error_from(event["error"], 500)
             elif kind == "done":
                 return
         if request_id not in self._aborted:
             raise OmniError(f"request {request_id}: the stream ended before it was done")
 
     async def abort(self, request_id: str) -> None:
-        """Stops a running request: its stream ends, and every stage lets it go."""
+        """Stops the running request of this id (there is at most one: see generate()):
+        its stream ends, and every stage lets it go. One still being sent ends as soon
+        as the router answers."""
+        if request_id not in self._running:
+            return
+        self._aborted.add(request_id)
         resp = self._active.get(request_id)
         if resp is not None:
-            self._aborted.add(request_id)
             await resp.aclose()
 
     # -- lifetime ---------------------------------------------------------------------
@@ -300,7 +293,7 @@ class AsyncOmni:
     async def shutdown(self) -> None:
         if self._closed:
             return
-        for request_id in list(self._active):
+        for request_id in list(self._running):
             await self.abort(request_id)
         await self._http.aclose()
         self._closed = True
@@ -313,22 +306,6 @@ class AsyncOmni:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.shutdown()
-
-
-def _output(
-    request_id: str, stage: str, modality: Modality, index: int, data: dict[str, Any]
-) -> OmniRequestOutput:
-    if modality == "image":
-        image = base64.b64decode(str(data["b64_json"]))
-        return OmniRequestOutput(request_id, stage, modality, image=image, index=index, data=data)
-    if modality == "audio":
-        audio = base64.b64decode(str(data["audio"]))
-        rate = int(data.get("sample_rate", 0))
-        return OmniRequestOutput(
-            request_id, stage, modality, audio=audio, sample_rate=rate, index=index, data=data
-        )
-    text = str(data.get("text", ""))
-    return OmniRequestOutput(request_id, stage, modality, text=text, index=index, data=data)
 
 
 class Omni:

@@ -5,6 +5,7 @@ reads a model's config."""
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,50 @@ from omnipipe.api.resource import MAX_PIPELINE_NAME, ManifestError, OmniPipeline
 
 # diffusers describes a pipeline in model_index.json, transformers a model in config.json.
 _DESCRIPTORS = (("model_index.json", "_class_name"), ("config.json", "model_type"))
+# What names a file, never a model: `omnipipe serve nope.yaml` is a missing file.
+FILE_SUFFIXES = (".yaml", ".yml", ".json")
+# The Hub's own rule for a repository id (huggingface_hub.utils.validate_repo_id):
+# `name` or `owner/name`, word characters, '-' and '.', at most 96 characters.
+_HUB_ID = re.compile(r"(?:\b[\w.-]+\b/)?\b[\w.-]+\b")
+MAX_HUB_ID = 96
+_TRUE = {"1", "ON", "YES", "TRUE"}
+
+
+def is_hub_id(name: str) -> bool:
+    """Whether `name` is shaped like a Hugging Face repository id; only such names are
+    looked up on the Hub."""
+    return (
+        len(name) <= MAX_HUB_ID
+        and _HUB_ID.fullmatch(name) is not None
+        and "--" not in name
+        and ".." not in name
+        and not name.endswith((".git", *FILE_SUFFIXES))
+    )
+
+
+def hub_offline() -> bool:
+    """HF_HUB_OFFLINE as huggingface_hub reads it, read now: the library reads it once,
+    at import."""
+    return os.environ.get("HF_HUB_OFFLINE", "").strip().upper() in _TRUE
+
+
+def check_model_target(target: str) -> Path | None:
+    """The local checkpoint directory `target` names, or None for a Hub id. Anything
+    else is an error at once, with no network: a missing file or directory is never
+    taken for a Hub id."""
+    local = Path(target).expanduser()
+    if local.is_dir():
+        return local
+    neither = f"{target}: neither a pipeline file nor a model directory"
+    if local.exists():
+        raise ManifestError(neither)
+    if target.lower().endswith(FILE_SUFFIXES):
+        raise ManifestError(f"{neither}: no such file")
+    if not is_hub_id(target):
+        raise ManifestError(
+            f"{neither}: no such file or directory (and not a Hugging Face model id, owner/name)"
+        )
+    return None
 
 
 def _read_local(directory: Path, filename: str) -> dict[str, Any] | None:
@@ -38,11 +83,17 @@ def _read_hub(repo_id: str, filename: str) -> dict[str, Any] | None:
             f"{repo_id}: reading a Hub model needs huggingface_hub (pip install "
             "'omnipipe[models]'), or pass a local checkpoint directory"
         ) from None
+    offline = hub_offline()
     try:
-        path = hf_hub_download(repo_id, filename)
+        path = hf_hub_download(repo_id, filename, local_files_only=offline)
     except RemoteEntryNotFoundError:  # the repository has no such file: try the next
         return None
     except Exception as exc:  # offline, unknown repo, gated, bad id: all say why
+        if offline:
+            raise ManifestError(
+                f"{repo_id}: not a local directory, and HF_HUB_OFFLINE is set: its "
+                f"{filename} could not be read from the Hugging Face Hub's local cache"
+            ) from None
         raise ManifestError(
             f"{repo_id}: not a local directory, and its {filename} could not be read from "
             f"the Hugging Face Hub ({type(exc).__name__}: {exc})"
@@ -52,12 +103,10 @@ def _read_hub(repo_id: str, filename: str) -> dict[str, Any] | None:
 
 def checkpoint_kinds(checkpoint: str) -> list[str]:
     """What the checkpoint (a local directory or a Hub id) says it is."""
-    local = Path(checkpoint).expanduser()
-    if not local.is_dir() and (checkpoint.startswith((".", "/", "~")) or local.exists()):
-        raise ManifestError(f"{checkpoint}: neither a pipeline file nor a model directory")
+    local = check_model_target(checkpoint)
     kinds = []
     for filename, key in _DESCRIPTORS:
-        doc = _read_local(local, filename) if local.is_dir() else _read_hub(checkpoint, filename)
+        doc = _read_local(local, filename) if local else _read_hub(checkpoint, filename)
         if doc and isinstance(doc.get(key), str):
             kinds.append(doc[key])
     return kinds

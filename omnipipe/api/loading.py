@@ -10,23 +10,31 @@ from pydantic import ValidationError
 
 from omnipipe.api import constants as c
 from omnipipe.api.resolve import ResolvedPipeline, resolve
-from omnipipe.api.resource import ManifestError, load_file
+from omnipipe.api.resource import (
+    ManifestError,
+    load_file,
+    read_pipeline_text,
+    validation_lines,
+    yaml_problem,
+)
 
 
 def load_pipeline(path: str | Path) -> ResolvedPipeline:
     p = Path(path)
+    text = read_pipeline_text(p)
     try:
-        doc = yaml.safe_load(p.read_text())
-    except OSError as exc:
-        raise ManifestError(f"{p}: {exc.strerror}") from None
+        doc = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise ManifestError(f"{p}: not valid YAML: {exc}") from None
+        raise yaml_problem(p, exc) from None
     if isinstance(doc, dict) and doc.get("kind") == c.KIND:
         return resolve(load_file(p))
+    neither = f"{p}: neither an {c.KIND} manifest nor a resolved pipeline"
+    if not isinstance(doc, dict):
+        raise ManifestError(f"{neither} (it holds no YAML mapping)")
     try:
         return ResolvedPipeline.model_validate(doc)
     except ValidationError as exc:
-        raise ManifestError(f"{p}: neither an {c.KIND} nor a resolved pipeline: {exc}") from None
+        raise ManifestError(f"{neither}:\n{validation_lines(exc)}") from None
 
 
 def pipeline_yaml(pipeline: ResolvedPipeline) -> str:

@@ -52,30 +52,68 @@ class OmniPipeline(BaseModel):
 
 
 class ManifestError(ValueError):
-    """A pipeline file that cannot be used, with a message naming the problem."""
+    """A pipeline file that cannot be used, with a message naming the problem. It never
+    quotes the file: a file given by mistake (a key, a log) is not echoed."""
+
+
+# A ConfigMap holds at most 1 MiB; a pipeline file is a few KiB.
+MAX_PIPELINE_FILE_BYTES = 1024 * 1024
+
+
+def read_pipeline_text(p: Path) -> str:
+    """The file's text, refusing what cannot be a pipeline file (too large, not text)."""
+    try:
+        if p.stat().st_size > MAX_PIPELINE_FILE_BYTES:
+            raise ManifestError(
+                f"{p}: larger than {MAX_PIPELINE_FILE_BYTES} bytes; not a pipeline file"
+            )
+        return p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ManifestError(f"{p}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise ManifestError(f"{p}: not a text file; not a pipeline file") from None
+
+
+def yaml_problem(p: Path, exc: yaml.YAMLError) -> ManifestError:
+    """Where the YAML breaks, without the file's text (PyYAML's message quotes it)."""
+    mark = getattr(exc, "problem_mark", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    return ManifestError(f"{p}: not valid YAML{where}")
+
+
+def validation_lines(exc: ValidationError) -> str:
+    """Each error's place and rule, never the value that broke it."""
+    lines = []
+    for err in exc.errors(include_input=False, include_url=False)[:MAX_ERROR_LINES]:
+        where = ".".join(str(p) for p in err["loc"])
+        lines.append(f"  {where}: {err['msg']}" if where else f"  {err['msg']}")
+    if exc.error_count() > MAX_ERROR_LINES:
+        lines.append(f"  ... and {exc.error_count() - MAX_ERROR_LINES} more")
+    return "\n".join(lines)
+
+
+MAX_ERROR_LINES = 20
 
 
 def parse_resource(body: dict[str, Any]) -> OmniPipeline:
     try:
         return OmniPipeline.model_validate(body)
     except ValidationError as exc:
-        lines = []
-        for err in exc.errors():
-            where = ".".join(str(p) for p in err["loc"])
-            lines.append(f"  {where}: {err['msg']}" if where else f"  {err['msg']}")
-        raise ManifestError("invalid OmniPipeline:\n" + "\n".join(lines)) from None
+        raise ManifestError("invalid OmniPipeline:\n" + validation_lines(exc)) from None
 
 
 def load_file(path: str | Path) -> OmniPipeline:
     """Read an OmniPipeline manifest; the one file serves kubectl and omnipipe serve."""
     p = Path(path)
+    text = read_pipeline_text(p)
     try:
-        docs = [d for d in yaml.safe_load_all(p.read_text()) if d is not None]
-    except OSError as exc:
-        raise ManifestError(f"{p}: {exc.strerror}") from None
+        docs = [d for d in yaml.safe_load_all(text) if d is not None]
     except yaml.YAMLError as exc:
-        raise ManifestError(f"{p}: not valid YAML: {exc}") from None
+        raise yaml_problem(p, exc) from None
     pipelines = [d for d in docs if isinstance(d, dict) and d.get("kind") == c.KIND]
     if len(pipelines) != 1:
         raise ManifestError(f"{p}: expected exactly one {c.KIND}, found {len(pipelines)}")
-    return parse_resource(pipelines[0])
+    try:
+        return parse_resource(pipelines[0])
+    except ManifestError as exc:
+        raise ManifestError(f"{p}: {exc}") from None

@@ -53,6 +53,9 @@ class StageEvent(WireModel):
     text: str = ""
     message: str = ""
     code: str = ""
+    param: str = ""
+    """With an `invalid_request` error: the request field at fault, relayed as the
+    OpenAI error's `param`."""
 
 
 def event_lines(event: StageEvent, part_chars: int = PART_CHARS) -> Iterator[bytes]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import random
 import socket
 from collections.abc import Collection
@@ -11,6 +12,7 @@ EPHEMERAL_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 # Linux's default ephemeral range, for kernels that do not say.
 DEFAULT_EPHEMERAL_LOW = 32768
 LOWEST_PORT = 10000
+MAX_PORT = 65535
 
 
 def _ephemeral_low() -> int:
@@ -28,6 +30,32 @@ def _bindable(host: str, port: int) -> bool:
         except OSError:
             return False
         return True
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Raises OSError naming the port when `host:port` cannot be bound now: held by
+    another server (another omnipipe's router answers /ready, and would be taken for
+    ours) or not a port at all. Bound as uvicorn binds it (SO_REUSEADDR), so connections
+    still closing on the port do not count."""
+    if not 1 <= port <= MAX_PORT:
+        raise OSError(f"port {port} is not a port: give a number from 1 to {MAX_PORT}")
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+    except socket.gaierror as exc:
+        raise OSError(f"cannot bind {host}:{port}: {exc.strerror}") from None
+    with socket.socket(family, kind, proto) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(address)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise OSError(
+                    f"port {port} on {host} is already in use (another omnipipe serve, or "
+                    "another server): stop it or pass --port with a free port"
+                ) from None
+            raise OSError(f"cannot bind {host}:{port}: {exc.strerror}") from None
 
 
 def free_port(host: str = "127.0.0.1", avoid: Collection[int] = ()) -> int:

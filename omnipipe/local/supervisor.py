@@ -21,7 +21,7 @@ from omnipipe.api.revision import pipeline_revision
 from omnipipe.api.wire import StaticReplicas
 from omnipipe.local import control
 from omnipipe.local.children import Child, die_with_parent, pipeline_credential
-from omnipipe.local.ports import free_port
+from omnipipe.local.ports import check_port_free, free_port
 from omnipipe.local.reload import ReloadPlan, local_replicas, plan_reload
 
 STOP_GRACE_SECONDS = 15.0
@@ -167,6 +167,11 @@ class Supervisor:
         return self.generation
 
     def start(self) -> None:
+        try:
+            # Before any worker starts: a router that cannot bind fails only after them.
+            check_port_free(self.host, self.port)
+        except OSError as exc:
+            raise RuntimeError(str(exc)) from None
         snapshot = self.snapshot = self._snapshot(self.pipeline)
         for stage in self.pipeline.stages:
             for _ in range(local_replicas(stage)):

@@ -20,6 +20,7 @@ from starlette.exceptions import HTTPException
 from omnipipe.api import ResolvedPipeline
 from omnipipe.api.constants import CREDENTIAL_HEADER
 from omnipipe.router.api.chat import ChatRequest, chat_router
+from omnipipe.router.api.common import error_param
 from omnipipe.router.api.edits import ImageEditRequest, edits_router
 from omnipipe.router.api.generate import GenerateRequest, generate_router
 from omnipipe.router.api.images import ImageGenerationRequest, images_router
@@ -121,7 +122,11 @@ def build_app(pipeline: ResolvedPipeline, settings: RouterSettings) -> FastAPI:
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
-        return BadRequest(str(exc.errors()[0].get("msg", "invalid request"))).response()
+        err = exc.errors()[0]
+        # FastAPI's loc starts with where the value came from (body, query, path).
+        param = error_param(tuple(err.get("loc", ()))[1:], err.get("type") == "missing")
+        message = str(err.get("msg", "invalid request"))
+        return BadRequest(f"{param}: {message}" if param else message, param=param).response()
 
     @app.get("/health")
     async def health() -> dict[str, str]:

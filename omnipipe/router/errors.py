@@ -2,9 +2,24 @@
 
 from __future__ import annotations
 
+import re
+
 from fastapi import Request
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
+
+# `<PIL.Image.Image image mode=RGB size=1x8000 at 0x7f...>`: no message shows one.
+_OBJECT_REPR = re.compile(r"<[^<>\n]*? at 0x[0-9a-fA-F]+>")
+MAX_RELAYED_CHARS = 1000
+
+
+def relayed_message(message: str) -> str:
+    """A worker's message as the client may see it: no object reprs, and bounded (a
+    stage names its limits; it never needs a page)."""
+    message = _OBJECT_REPR.sub("an object", message)
+    if len(message) > MAX_RELAYED_CHARS:
+        message = message[: MAX_RELAYED_CHARS - 3] + "..."
+    return message
 
 
 class OpenAIError(Exception):
@@ -21,19 +36,15 @@ class OpenAIError(Exception):
         super().__init__(message)
         self.message, self.param, self.code, self.retry_after = message, param, code, retry_after
 
+    def body(self) -> dict[str, str | None]:
+        """OpenAI's error object, in a response body or a stream's error event alike."""
+        return {"message": self.message, "type": self.type, "param": self.param, "code": self.code}
+
     def response(self, headers: dict[str, str] | None = None) -> JSONResponse:
         headers = dict(headers or {})
         if self.retry_after:
             headers["Retry-After"] = str(self.retry_after)
-        body = {
-            "error": {
-                "message": self.message,
-                "type": self.type,
-                "param": self.param,
-                "code": self.code,
-            }
-        }
-        return JSONResponse(body, status_code=self.status, headers=headers)
+        return JSONResponse({"error": self.body()}, status_code=self.status, headers=headers)
 
 
 class BadRequest(OpenAIError):

@@ -22,6 +22,7 @@ from omnipipe.router.errors import (
     OpenAIError,
     Overloaded,
     StageUnavailable,
+    relayed_message,
 )
 from omnipipe.router.metrics import RouterMetrics
 from omnipipe.router.replicas import Replica, ReplicaPool
@@ -38,13 +39,16 @@ class StageFailed(OpenAIError):
 
 
 def _error_for(stage: str, event: StageEvent) -> OpenAIError:
+    """A worker's error event as the router's own errors are shaped: a 400 names the
+    field (`param`) the worker named, as the router's checks do."""
+    message = relayed_message(event.message)
     if event.code == "invalid_request":
-        return BadRequest(event.message, code=event.code)
+        return BadRequest(message, param=event.param or None)
     if event.code == "timeout":
-        return GatewayTimeout(event.message, code=event.code)
+        return GatewayTimeout(message, code=event.code)
     if event.code == "stage_unavailable":
-        return StageUnavailable(event.message, code=event.code)
-    return StageFailed(f"stage {stage} failed: {event.message}", code=event.code or None)
+        return StageUnavailable(message, code=event.code)
+    return StageFailed(f"stage {stage} failed: {message}", code=event.code or None)
 
 
 @dataclass(frozen=True)
@@ -202,7 +206,10 @@ class Orchestrator:
             ) as resp:
                 if resp.status != 200:
                     body = (await resp.content.read(500)).decode(errors="replace")
-                    raise StageUnavailable(f"stage {stage} refused the request: {body}")
+                    log.warning("stage %s at %s: HTTP %d %s", stage, replica.url, resp.status, body)
+                    raise StageUnavailable(
+                        f"stage {stage} refused the request (HTTP {resp.status})"
+                    )
                 async for event in event_stream(resp.content):
                     if event.type == "part":
                         if whole:
@@ -219,19 +226,24 @@ class Orchestrator:
                         return
         except OpenAIError:
             raise
+        # The client hears which stage and what happened; the replica's address and the
+        # exception's repr go to the log only.
         except StreamBroken as exc:
+            log.warning("stage %s at %s sent %s", stage, replica.url, exc)
             self.pool.mark_down(replica)
-            raise StageFailed(f"stage {stage} replica {replica.url} sent {exc}") from exc
+            raise StageFailed(f"stage {stage} sent {exc}") from exc
         except (aiohttp.ClientError, TimeoutError) as exc:
+            log.warning("stage %s at %s failed: %r", stage, replica.url, exc)
             self.pool.mark_down(replica)
-            raise StageUnavailable(f"stage {stage} replica {replica.url} failed: {exc!r}") from exc
+            raise StageUnavailable(f"stage {stage} failed: its replica went away") from exc
         except Exception as exc:
             # Whatever else reading the stream raises, the client gets a clean error.
             log.exception("reading stage %s from %s failed", stage, replica.url)
             self.pool.mark_down(replica)
-            raise StageFailed(f"stage {stage} replica {replica.url} failed: {exc!r}") from exc
+            raise StageFailed(f"stage {stage} failed while streaming its result") from exc
+        log.warning("stage %s at %s closed the stream early", stage, replica.url)
         self.pool.mark_down(replica)
-        raise StageUnavailable(f"stage {stage} replica {replica.url} closed the stream early")
+        raise StageUnavailable(f"stage {stage} closed the stream early")
 
     async def _cancel(self, request_id: str, chosen: dict[str, Replica]) -> None:
         async def one(replica: Replica) -> None:

@@ -339,7 +339,7 @@ class StageRuntime:
                 StageEvent(type="error", code="timeout", message=f"{self.stage_name} timed out")
             )
         except StageInputError as exc:
-            await job.events.put(StageEvent(type="error", code="invalid_request", message=str(exc)))
+            await job.events.put(exc.event())
         except TransferRefused as exc:
             # The next stage refused the hand-off (its mailbox is full, or it is no peer):
             # the stage is unavailable for this request, not broken.

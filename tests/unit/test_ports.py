@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import socket
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from omnipipe.cli import main
 from omnipipe.local import ports
 
 
@@ -78,3 +80,78 @@ def test_a_ready_answer_from_another_stage_is_not_that_workers() -> None:
     finally:
         server.shutdown()
         server.server_close()
+
+
+@pytest.mark.parametrize("port", ["0", "-5", "65536", "99999", "http", "80.5"])
+@pytest.mark.parametrize("command", ["serve", "router", "worker"])
+def test_a_port_out_of_range_is_refused_before_anything_starts(
+    command: str,
+    port: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from omnipipe.local import serve
+
+    def started(*_args: Any, **_kwargs: Any) -> int:
+        raise AssertionError("serve started")
+
+    monkeypatch.setattr(serve, "serve", started)
+    required = {"serve": ["tiny://qwen-image"], "router": ["--pipeline", "p.yaml"]}
+    argv = [command, *required.get(command, ["--pipeline", "p.yaml", "--stage", "s"])]
+    with pytest.raises(SystemExit) as exit_:
+        main([*argv, f"--port={port}"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --port" in err
+    assert "1 to 65535" in err or "not a number" in err
+
+
+def test_a_port_in_range_is_taken() -> None:
+    from omnipipe.cli import build_parser
+
+    args = build_parser().parse_args(["serve", "x.yaml", "--port", "65535"])
+    assert args.port == 65535
+
+
+def test_a_taken_port_is_refused_before_any_worker_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from omnipipe.local import supervisor
+
+    spawned: list[object] = []
+    monkeypatch.setattr(
+        supervisor.Supervisor, "_popen", lambda self, *a, **k: spawned.append(a) or None
+    )
+    manifest = Path(__file__).resolve().parents[2] / "examples/tiny-text-to-image.yaml"
+    for host in ("127.0.0.1", "0.0.0.0"):
+        with socket.socket() as held:
+            held.bind((host, 0))
+            held.listen()
+            port = held.getsockname()[1]
+            assert main(["serve", str(manifest), "--host", "127.0.0.1", "--port", str(port)]) == 1
+        err = capsys.readouterr().err
+        assert f"port {port} on 127.0.0.1 is already in use" in err
+    assert spawned == []
+
+
+def test_a_port_held_only_by_closing_connections_is_free() -> None:
+    """A port whose server just stopped (connections in TIME_WAIT) is bound as uvicorn
+    binds it, so it is not refused."""
+    from omnipipe.local.ports import check_port_free
+
+    with socket.socket() as server:
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        client = socket.create_connection(("127.0.0.1", port))
+        accepted, _ = server.accept()
+        accepted.close()  # the server side closes first: its end waits in TIME_WAIT
+        client.close()
+    check_port_free("127.0.0.1", port)
+    with socket.socket() as held:
+        held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        held.bind(("127.0.0.1", port))
+        held.listen()
+        with pytest.raises(OSError, match="already in use"):
+            check_port_free("127.0.0.1", port)

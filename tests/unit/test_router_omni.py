@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from omnipipe.api import load_file, resolve
-from omnipipe.router.api.chat import ChatPlan, ChatRequest, thinker_messages
+from omnipipe.router.api.chat import ChatPlan, ChatRequest
 from omnipipe.router.api.common import sampling_overrides
+from omnipipe.router.api.messages import thinker_messages
 from omnipipe.router.errors import BadRequest
 from omnipipe.transfer import Mailbox, Message
 
@@ -33,6 +34,13 @@ def wav_b64(frames: bytes = b"\x00\x01" * 160, width: int = 2, channels: int = 1
 
 
 CLIP = wav_b64()
+# A 1x1 PNG: the router reads an image's signature, not its pixels.
+PNG = base64.b64encode(
+    bytes.fromhex(
+        "89504e470d0a1a0a0000000d4948445200000001000000010806000000"
+        "1f15c4890000000d49444154789c6360000002000001e221bc330000000049454e44ae426082"
+    )
+).decode()
 
 
 def test_openai_parts_become_thinker_parts() -> None:
@@ -42,7 +50,7 @@ def test_openai_parts_become_thinker_parts() -> None:
             "role": "user",
             "content": [
                 {"type": "text", "text": "what is this"},
-                {"type": "image_url", "image_url": {"url": "data:image/png;base64,aGk="}},
+                {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{PNG}"}},
                 {"type": "input_audio", "input_audio": {"data": CLIP, "format": "wav"}},
             ],
         },
@@ -53,7 +61,7 @@ def test_openai_parts_become_thinker_parts() -> None:
             "role": "user",
             "content": [
                 {"type": "text", "text": "what is this"},
-                {"type": "image", "data": "aGk="},
+                {"type": "image", "data": PNG},
                 {"type": "audio", "data": CLIP},
             ],
         },

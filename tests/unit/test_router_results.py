@@ -359,8 +359,14 @@ def test_a_stream_that_stalls_after_its_first_output_ends_in_a_timeout_event(
     assert resp.status_code == 200
     events = [line.removeprefix("data: ") for line in resp.text.splitlines() if line]
     assert events[-1] == "[DONE]", events
+    # The same OpenAI error object as a response body's, param included.
     assert json.loads(events[-2]) == {
-        "error": {"message": "request took longer than 1s", "type": "timeout", "code": None}
+        "error": {
+            "message": "request took longer than 1s",
+            "type": "timeout",
+            "param": None,
+            "code": None,
+        }
     }
     assert "hello" in events[-3]
     assert time.monotonic() - started < 10

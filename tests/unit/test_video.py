@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from omnipipe.router.api.chat import thinker_messages
 from omnipipe.router.api.inputs import MAX_VIDEO_BYTES, check_processor_kwargs, video_part
+from omnipipe.router.api.messages import thinker_messages
 from omnipipe.router.errors import BadRequest
 from omnipipe.worker.stages.base import StageInputError
 from omnipipe.worker.stages.chat_media import processor_options

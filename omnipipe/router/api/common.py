@@ -4,8 +4,10 @@ sampling overrides, and watching for a client that went away."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable
+import re
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Sequence
 from typing import Any, TypeVar
 
 from fastapi import Request
@@ -13,7 +15,7 @@ from pydantic import BaseModel, ValidationError
 
 from omnipipe.api import ResolvedPipeline
 from omnipipe.api.spec import Role, Sampling
-from omnipipe.router.api.inputs import check_sampling
+from omnipipe.router.api.inputs import check_sampling, check_token_range
 from omnipipe.router.errors import BadRequest, ModelNotFound
 
 log = logging.getLogger(__name__)
@@ -22,20 +24,51 @@ Result = TypeVar("Result")
 Item = TypeVar("Item")
 
 
-def _param(loc: tuple[int | str, ...]) -> str | None:
-    text = ""
-    for part in loc:
-        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+_NO_DOC = object()
+_FIELD_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def error_param(loc: Sequence[int | str], missing: bool = False, doc: Any = _NO_DOC) -> str | None:
+    """The request field a validation error is about, as the client names it:
+    `messages[0].content`. Pydantic's loc also holds the union member it tried
+    ("sampling_params_list.list[nullable[dict[str,any]]]"), which is no field: with the
+    request document at hand, a part is kept where the document has it (or, last, where
+    the error says it is missing); without one, where it is shaped like a field name."""
+    text, node = "", doc
+    for i, part in enumerate(loc):
+        if isinstance(part, int):
+            text += f"[{part}]"
+            node = node[part] if isinstance(node, list) and 0 <= part < len(node) else None
+            continue
+        if doc is _NO_DOC:
+            if not _FIELD_NAME.fullmatch(part):
+                continue
+        elif isinstance(node, dict) and part in node:
+            node = node[part]
+        elif not (i == len(loc) - 1 and missing):
+            continue
+        text += f".{part}" if text else part
     return text or None
 
 
+def bad_request(exc: ValidationError, doc: Any = _NO_DOC) -> BadRequest:
+    """The first error of exc as the router's 400: the field, then the rule (never the
+    value that broke it)."""
+    err = exc.errors(include_input=False, include_url=False)[0]
+    param = error_param(err["loc"], err["type"] == "missing", doc)
+    return BadRequest(f"{param}: {err['msg']}" if param else err["msg"], param=param)
+
+
 async def parse_body(model: type[Body], request: Request) -> Body:
+    raw = await request.body()
     try:
-        body = model.model_validate_json(await request.body())
+        body = model.model_validate_json(raw)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        param = _param(tuple(err["loc"]))
-        raise BadRequest(f"{param}: {err['msg']}" if param else err["msg"], param=param) from None
+        try:
+            doc = json.loads(raw)
+        except ValueError:
+            doc = None
+        raise bad_request(exc, doc) from None
     if body.model_extra:
         log.info("ignoring unknown %s fields: %s", model.__name__, sorted(body.model_extra))
     return body
@@ -85,11 +118,14 @@ def sampling_overrides(
         try:
             parsed = Sampling.model_validate(entry)
         except ValidationError as exc:
-            err = exc.errors()[0]
-            where = ".".join(str(p) for p in err["loc"])
-            raise BadRequest(f"{param}.{where}: {err['msg']}", param=param) from None
+            err = exc.errors(include_input=False)[0]
+            where = error_param(err["loc"], err["type"] == "missing", entry)
+            field = f"{param}.{where}" if where else param
+            raise BadRequest(f"{field}: {err['msg']}", param=field) from None
         overrides[stage] = parsed.model_dump(exclude_none=True)
         check_sampling(overrides[stage], param)
+        # The stage's own defaults (spec.stages[].sampling) count too.
+        check_token_range({**pipeline.stage(stage).sampling, **overrides[stage]}, param)
     return overrides
 
 

@@ -16,7 +16,7 @@ from starlette.exceptions import HTTPException
 
 from omnipipe.api.edit import condition_size
 from omnipipe.api.spec import Role
-from omnipipe.router.api.common import check_model
+from omnipipe.router.api.common import bad_request, check_model
 from omnipipe.router.api.images import (
     MAX_SIDE,
     SIZE_MULTIPLE,
@@ -95,9 +95,7 @@ async def parse_edit(form: FormData) -> ImageEditRequest:
     try:
         body = ImageEditRequest.model_validate({**fields, "image": raw})
     except ValidationError as exc:
-        err = exc.errors()[0]
-        param = ".".join(str(p) for p in err["loc"]) or None
-        raise BadRequest(f"{param}: {err['msg']}" if param else err["msg"], param=param) from None
+        raise bad_request(exc, fields) from None
     if body.model_extra:
         log.info("ignoring unknown image edit fields: %s", sorted(body.model_extra))
     return body

@@ -5,7 +5,7 @@ reads it; any HTTP client can. One JSON object a line:
   {"type": "part", "stage", "index", "key", "text"}    a piece of a long field, in order
   {"type": "output", "stage", "index", "modality", "data"}    the rest of one output
   {"type": "finished", "stage"}                          the stage is done with the request
-  {"type": "error", "error": {"message", "type", "code"}}    then the stream ends
+  {"type": "error", "error": {"message", "type", "param", "code"}}    then the stream ends
   {"type": "done"}                                       every stage is done
 
 Every line also carries the request's request_id."""
@@ -24,9 +24,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from omnipipe.api import ResolvedPipeline
 from omnipipe.api.spec import Role
-from omnipipe.router.api.chat import MESSAGE_SCHEMA, AudioOptions, ChatPlan, ChatRequest
+from omnipipe.router.api.chat import AudioOptions, ChatPlan, ChatRequest
 from omnipipe.router.api.common import (
     after,
+    bad_request,
     check_model,
     first_output,
     json_body,
@@ -34,6 +35,7 @@ from omnipipe.router.api.common import (
     stage_with_role,
 )
 from omnipipe.router.api.images import ImageGenerationRequest, image_params
+from omnipipe.router.api.messages import MESSAGE_SCHEMA
 from omnipipe.router.errors import BadRequest, OpenAIError
 from omnipipe.router.orchestrator import Orchestrator, Output, OutputPart, StageDone
 
@@ -165,8 +167,7 @@ async def _lines(
         except OpenAIError as exc:
             # The status line is gone: the error is the stream's last line.
             log.warning("generate stream %s ended by an error: %s", request_id, exc.message)
-            error = {"message": exc.message, "type": exc.type, "code": exc.code}
-            yield _line(request_id, {"type": "error", "error": error})
+            yield _line(request_id, {"type": "error", "error": exc.body()})
             return
     yield _line(request_id, {"type": "done"})
 
@@ -183,8 +184,7 @@ def generate_router(
         try:
             params, emitters = _plan(pipeline, orchestrator, body)
         except ValidationError as exc:  # an endpoint's own request, built from this one
-            err = exc.errors()[0]
-            raise BadRequest(f"{'.'.join(map(str, err['loc']))}: {err['msg']}") from None
+            raise bad_request(exc, body.model_dump(mode="json")) from None
         outputs = orchestrator.stream_stages(params, emitters)
         # The first item before the status line: a request the stages refuse keeps its 4xx.
         first = await first_output(outputs)

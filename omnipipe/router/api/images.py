@@ -14,6 +14,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from omnipipe.api.bagel import MIN_STEPS as BAGEL_MIN_STEPS
 from omnipipe.api.spec import Role
 from omnipipe.router.api.bagel import bagel_image_params, is_bagel
 from omnipipe.router.api.common import (
@@ -72,6 +73,13 @@ def image_params(
 ) -> dict[str, object]:
     """What every stage of a text-to-image graph is given for this request."""
     width, height = size or parse_size(body.size)
+    if body.negative_prompt and body.guidance_scale <= 1:
+        # True CFG runs only above 1: the negative prompt would be silently ignored.
+        raise BadRequest(
+            "guidance_scale: with a negative_prompt it must be above 1 (true CFG), got "
+            f"{body.guidance_scale:g}",
+            param="guidance_scale",
+        )
     return {
         "prompt": body.prompt,
         "negative_prompt": body.negative_prompt,
@@ -160,9 +168,16 @@ def images_router(orchestrator: Orchestrator, model_ids: Callable[[], set[str]])
                     "against the context without the prompt",
                     param="negative_prompt",
                 )
+            if body.num_inference_steps < BAGEL_MIN_STEPS:
+                raise BadRequest(
+                    f"num_inference_steps: BAGEL's flow takes at least {BAGEL_MIN_STEPS}",
+                    param="num_inference_steps",
+                )
             # guidance_scale is the text CFG scale unless cfg_text_scale says otherwise.
-            extra = {"cfg_text_scale": body.guidance_scale, **(body.model_extra or {})}
-            params.update(bagel_image_params(extra))
+            extra = dict(body.model_extra or {})
+            given_as = {} if "cfg_text_scale" in extra else {"cfg_text_scale": "guidance_scale"}
+            extra.setdefault("cfg_text_scale", body.guidance_scale)
+            params.update(bagel_image_params(extra, given_as))
         return await respond_with_images(
             request, orchestrator, {stage: params for stage in orchestrator.stages}
         )

@@ -54,8 +54,50 @@ def image_part(part: dict[str, Any], param: str) -> dict[str, Any]:
     header, _, data = url.partition(",")
     if not header.endswith(";base64"):
         raise BadRequest(f"{param}.image_url: the data: URL must be base64", param=param)
-    base64_data(data, f"{param}.image_url")
+    where = f"{param}.image_url"
+    declared = header.removeprefix("data:").split(";")[0].strip().lower()
+    if declared and declared not in IMAGE_TYPES:
+        raise BadRequest(
+            f"{where}: only {', '.join(IMAGE_TYPES)} data: URLs are supported, got "
+            f"{declared[:64]!r}",
+            param=param,
+        )
+    actual = image_format(base64_data(data, where))
+    if actual is None:
+        raise BadRequest(
+            f"{where}: not a decodable image: the data is no PNG, JPEG, WebP or GIF file",
+            param=param,
+        )
+    if declared and IMAGE_TYPES[declared] != actual:
+        raise BadRequest(
+            f"{where}: the data: URL says {declared} but the data is a {actual} image",
+            param=param,
+        )
     return {"type": "image", "data": data}
+
+
+# A data: URL's type -> the format its bytes must have. A URL with no type
+# (data:;base64,...) is taken for what its bytes are.
+IMAGE_TYPES = {
+    "image/png": "PNG",
+    "image/jpeg": "JPEG",
+    "image/jpg": "JPEG",
+    "image/webp": "WebP",
+    "image/gif": "GIF",
+}
+
+
+def image_format(raw: bytes) -> str | None:
+    """The image format its signature says (PNG, JPEG, WebP, GIF), or None."""
+    if raw.startswith(b"\x89PNG\r\n\x1a\n"):
+        return "PNG"
+    if raw.startswith(b"\xff\xd8\xff"):
+        return "JPEG"
+    if raw.startswith((b"GIF87a", b"GIF89a")):
+        return "GIF"
+    if raw[:4] == b"RIFF" and raw[8:12] == b"WEBP":
+        return "WebP"
+    return None
 
 
 def _is_container(raw: bytes, mime: str) -> bool:
@@ -181,9 +223,29 @@ def check_sampling(values: dict[str, Any], prefix: str = "") -> None:
             raise refuse(key, f"must be at least {MIN_POSITIVE_SAMPLING:g}")
 
 
+def check_token_range(
+    values: dict[str, Any], prefix: str = "", in_entry: bool = True, top_level: str = ""
+) -> None:
+    """min_tokens at most max_tokens, where both are known (a stage's spec defaults
+    merged with the request's values): the stage would refuse it. The field the request
+    set is named: its sampling_params_list entry (prefix) when in_entry, else the
+    top-level field (max_tokens) that came under the spec's min_tokens."""
+    low, high = values.get("min_tokens"), values.get("max_tokens")
+    if low is None or high is None or low <= high:
+        return
+    if in_entry or not top_level:
+        where = f"{prefix}.min_tokens" if prefix else "min_tokens"
+        raise BadRequest(f"{where}: must be at most max_tokens ({high}), got {low}", param=where)
+    raise BadRequest(
+        f"{top_level}: must be at least the stage's min_tokens ({low}), got {high}",
+        param=top_level,
+    )
+
+
 EDIT_IMAGE_FORMATS = ("PNG", "JPEG", "WEBP")
 MAX_EDIT_IMAGE_BYTES = 16 * 1024 * 1024
-MAX_EDIT_IMAGE_PIXELS = 4096 * 4096
+EDIT_IMAGE_SIDE = 4096
+MAX_EDIT_IMAGE_PIXELS = EDIT_IMAGE_SIDE * EDIT_IMAGE_SIDE
 
 
 def check_edit_image(raw: bytes, param: str = "image") -> tuple[int, int]:
@@ -199,18 +261,21 @@ def check_edit_image(raw: bytes, param: str = "image") -> tuple[int, int]:
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             with Image.open(io.BytesIO(raw)) as image:
                 kind, (width, height) = image.format, image.size
-    except (
-        UnidentifiedImageError,
-        OSError,
-        ValueError,
-        Image.DecompressionBombError,
-        Image.DecompressionBombWarning,
-    ):
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning):
+        # PIL's own bomb limits sit above ours: the image is too large, not malformed.
+        raise BadRequest(
+            f"{param}: the image is over the limit of {MAX_EDIT_IMAGE_PIXELS} pixels "
+            f"({EDIT_IMAGE_SIDE}x{EDIT_IMAGE_SIDE})",
+            param=param,
+        ) from None
+    except (UnidentifiedImageError, OSError, ValueError):
         raise BadRequest(f"{param}: not a PNG, JPEG or WebP image", param=param) from None
     if kind not in EDIT_IMAGE_FORMATS:
         raise BadRequest(f"{param}: must be PNG, JPEG or WebP, got {kind}", param=param)
     if width < 1 or height < 1 or width * height > MAX_EDIT_IMAGE_PIXELS:
         raise BadRequest(
-            f"{param}: {width}x{height} is over {MAX_EDIT_IMAGE_PIXELS} pixels", param=param
+            f"{param}: {width}x{height} is over the limit of {MAX_EDIT_IMAGE_PIXELS} pixels "
+            f"({EDIT_IMAGE_SIDE}x{EDIT_IMAGE_SIDE})",
+            param=param,
         )
     return width, height

@@ -38,6 +38,7 @@ from omnipipe.worker.stages.base import (
     StageJob,
     StepResult,
     StreamingStage,
+    refusal_message,
 )
 from omnipipe.worker.stages.media import decode_image
 from omnipipe.worker.stages.sampling import Sampling
@@ -123,7 +124,9 @@ class BagelThinkStage(StreamingStage):
         try:
             engine_id = self.engine.llm.add_request(request_id, inputs, params)  # type: ignore[arg-type]
         except (ValueError, TypeError, VLLMClientError) as exc:
-            raise StageInputError(f"the think stage refused the input: {exc}") from None
+            raise StageInputError(
+                f"the think stage refused the input: {refusal_message(exc)}", param="messages"
+            ) from None
         self.sessions[request_id] = session
         return request_id, str(engine_id)
 

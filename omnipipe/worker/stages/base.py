@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Hashable, Sequence
@@ -11,13 +12,56 @@ from typing import Any
 import torch
 
 from omnipipe.api import ResolvedStage
+from omnipipe.api.wire import StageEvent
 from omnipipe.transfer import BlockTable
 
 Tensors = dict[str, torch.Tensor]
 
 
+# Request fields a client sends (OpenAI's and omnipipe's extensions): a message that
+# starts with one names it, and the router's 400 carries it as `param`.
+_PUBLIC_FIELD = re.compile(
+    r"(?:messages|input|prompt|negative_prompt|image|voice|mm_processor_kwargs|size|n|seed"
+    r"|num_inference_steps|guidance_scale|cfg_\w+|timestep_shift)(?:\[\d+\]|\.\w+)*"
+    r"(?=[:\s]|$)"
+)
+
+
 class StageInputError(ValueError):
-    """The request's parameters or inputs cannot be processed (a client error)."""
+    """The request's parameters or inputs cannot be processed (a client error). `param`
+    names the request field at fault, as the router's own 400s do; by default, the
+    field the message starts with ("messages[0].content[1]: ...")."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        if param is None and (field := _PUBLIC_FIELD.match(message)) is not None:
+            param = field.group()
+        self.message, self.param = message, param
+
+    def event(self) -> StageEvent:
+        """The request's error event: the router answers it as its own 400."""
+        return StageEvent(
+            type="error", code="invalid_request", message=self.message, param=self.param or ""
+        )
+
+
+# `<PIL.Image.Image image mode=RGB size=1x8000 at 0x7f...>`: no message shows one.
+_OBJECT_REPR = re.compile(r"<[^<>\n]*? at 0x[0-9a-fA-F]+>")
+MAX_REFUSAL_CHARS = 500
+
+
+def refusal_message(exc: BaseException) -> str:
+    """What a processor's or an engine's refusal says, fit for the client: the innermost
+    cause's own message (vLLM wraps a processor's error in one that quotes the whole
+    input, "Failed to apply ... on data={...}", and appends "(parameter=..., value=...)"
+    to its own), with no object reprs, and short."""
+    while exc.__cause__ is not None:
+        exc = exc.__cause__
+    message = exc.args[0] if exc.args and isinstance(exc.args[0], str) else str(exc)
+    message = _OBJECT_REPR.sub("an object", message)
+    if len(message) > MAX_REFUSAL_CHARS:
+        message = message[: MAX_REFUSAL_CHARS - 3] + "..."
+    return message
 
 
 @dataclass

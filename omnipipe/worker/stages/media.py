@@ -6,6 +6,7 @@ import base64
 import binascii
 import io
 import struct
+import warnings
 import wave
 
 import numpy as np
@@ -15,6 +16,9 @@ from omnipipe.worker.stages.base import StageInputError
 
 MAX_AUDIO_SECONDS = 300
 MAX_IMAGE_PIXELS = 64_000_000
+# The vision processors' limit (Qwen2-VL's smart_resize takes less than 200:1); a longer
+# strip is refused here, with its size, before any processor sees it.
+MAX_ASPECT_RATIO = 200
 
 
 def _bytes(data: object, where: str) -> bytes:
@@ -26,15 +30,38 @@ def _bytes(data: object, where: str) -> bytes:
         raise StageInputError(f"{where}: not valid base64") from None
 
 
+def _too_large(where: str, size: str = "the image") -> StageInputError:
+    return StageInputError(f"{where}: {size} is over the limit of {MAX_IMAGE_PIXELS} pixels")
+
+
 def decode_image(data: object, where: str) -> Image.Image:
+    """The image, once its header says it is within the pixel and aspect-ratio limits."""
     raw = _bytes(data, where)
+    undecodable = f"{where}: not a decodable image (PNG, JPEG, WebP, GIF)"
     try:
-        with Image.open(io.BytesIO(raw)) as image:
-            if image.width * image.height > MAX_IMAGE_PIXELS:
-                raise StageInputError(f"{where}: image larger than {MAX_IMAGE_PIXELS} pixels")
+        with warnings.catch_warnings():
+            # Past PIL's warning size the header is still read; the size is checked here.
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            image = Image.open(io.BytesIO(raw))
+    except Image.DecompressionBombError:  # PIL's own limit, far above ours
+        raise _too_large(where) from None
+    except (UnidentifiedImageError, OSError, ValueError):
+        raise StageInputError(undecodable) from None
+    with image:
+        width, height = image.size
+        if width * height > MAX_IMAGE_PIXELS:
+            raise _too_large(where, f"{width}x{height}")
+        if width < 1 or height < 1:
+            raise StageInputError(f"{where}: the image has no pixels ({width}x{height})")
+        if max(width, height) >= MAX_ASPECT_RATIO * min(width, height):
+            raise StageInputError(
+                f"{where}: {width}x{height} is past the aspect-ratio limit: the longer side "
+                f"must be less than {MAX_ASPECT_RATIO} times the shorter"
+            )
+        try:
             return image.convert("RGB")
-    except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError):
-        raise StageInputError(f"{where}: not a decodable image (PNG, JPEG, WebP, GIF)") from None
+        except (OSError, ValueError, Image.DecompressionBombError):
+            raise StageInputError(undecodable) from None
 
 
 def decode_wav(data: object, where: str, sample_rate: int) -> np.ndarray:

@@ -23,6 +23,7 @@ from omnipipe.worker.stages.base import (
     StepResult,
     StreamingStage,
     Tensors,
+    refusal_message,
 )
 from omnipipe.worker.stages.chat_media import (
     ChatMedia,
@@ -193,7 +194,9 @@ class ThinkerStage(StreamingStage):
                     **media.processor_kwargs(),
                 )
         except (ValueError, TypeError, IndexError, StopIteration) as exc:
-            raise StageInputError(f"the processor rejected the input: {exc}") from None
+            raise StageInputError(
+                f"the processor rejected the input: {refusal_message(exc)}", param="messages"
+            ) from None
         if media.videos:
             inputs["use_audio_in_video"] = torch.tensor(media.use_audio_in_video)
         return inputs

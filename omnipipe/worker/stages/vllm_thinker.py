@@ -22,7 +22,14 @@ import torch
 from omnipipe.worker.engines.omni import QWEN25_OMNI, omni_model_type
 from omnipipe.worker.engines.vllm import VllmEngine
 from omnipipe.worker.engines.vllm_tap import FINAL
-from omnipipe.worker.stages.base import Chunk, Session, StageInputError, StageJob, StepResult
+from omnipipe.worker.stages.base import (
+    Chunk,
+    Session,
+    StageInputError,
+    StageJob,
+    StepResult,
+    refusal_message,
+)
 from omnipipe.worker.stages.chat_media import processor_warnings_silenced
 from omnipipe.worker.stages.qwen3_omni import Qwen3ThinkerStage
 from omnipipe.worker.stages.sampling import Sampling
@@ -209,7 +216,9 @@ class VllmThinkerSession(Session):
         except (ValueError, TypeError, VLLMClientError) as exc:
             # Too long for the context, an image or clip the processor rejects: vLLM
             # refuses before the request takes any engine time.
-            raise StageInputError(f"the thinker refused the input: {exc}") from None
+            raise StageInputError(
+                f"the thinker refused the input: {refusal_message(exc)}", param="messages"
+            ) from None
         stage.sessions[self.request_id] = self
         if self.want_audio:
             stage.engine.tap.want(self.engine_id)

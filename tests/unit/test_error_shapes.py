@@ -1,0 +1,277 @@
+"""Errors name the limit and the field, in one shape: a worker's 400 relayed by the
+router has the router's OpenAI shape with a `param`; no message carries a Python object
+repr, an internal type name or a replica's address; an image too large is called too
+large (with the limit), not undecodable; a data: URL's image type is checked against its
+bytes."""
+
+from __future__ import annotations
+
+import base64
+import io
+import struct
+import zlib
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+from PIL import Image
+
+from omnipipe.api.wire import StageEvent, SubmitRequest, event_lines
+from omnipipe.router.api.inputs import MAX_EDIT_IMAGE_PIXELS, check_edit_image
+from omnipipe.router.api.messages import thinker_messages
+from omnipipe.router.errors import BadRequest
+from omnipipe.worker.stages.base import StageInputError, refusal_message
+from omnipipe.worker.stages.media import MAX_IMAGE_PIXELS, decode_image
+from tests.unit.test_router_edges import app_for, openai_error
+from tests.unit.test_router_results import FakeWorker, router, serve_worker
+
+__all__ = ["serve_worker"]  # the fixture, used by name
+REPR = "<PIL.Image.Image image mode=RGB size=1x8000 at 0x7F3A2B1C0D90>"
+
+
+def png_header(width: int, height: int) -> bytes:
+    """A PNG whose header says width x height (its pixels are never there): what a
+    reader of headers sees of a 50000x50000 image in a few bytes."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        crc = zlib.crc32(kind + data) & 0xFFFFFFFF
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", crc)
+
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IEND", b"")
+
+
+def encoded(width: int, height: int, kind: str = "PNG") -> bytes:
+    buffer = io.BytesIO()
+    Image.new("RGB", (width, height), "red").save(buffer, kind)
+    return buffer.getvalue()
+
+
+def b64(raw: bytes) -> str:
+    return base64.b64encode(raw).decode()
+
+
+# ---- limits named, in the worker's decoder and the router's edit check -----------------
+
+
+@pytest.mark.parametrize(("width", "height"), [(1, 8000), (8000, 1), (2, 400), (300, 60000)])
+def test_a_long_strip_is_refused_naming_its_size_and_the_ratio(width: int, height: int) -> None:
+    raw = encoded(width, height) if width * height < 10_000_000 else png_header(width, height)
+    with pytest.raises(StageInputError) as err:
+        decode_image(b64(raw), "messages[0].content[1]")
+    message = str(err.value)
+    assert message == (
+        f"messages[0].content[1]: {width}x{height} is past the aspect-ratio limit: the "
+        "longer side must be less than 200 times the shorter"
+    )
+    assert err.value.param == "messages[0].content[1]"
+
+
+def test_an_image_within_the_ratio_decodes() -> None:
+    assert decode_image(b64(encoded(1, 199)), "image").size == (1, 199)
+
+
+@pytest.mark.parametrize(
+    ("width", "height", "said"),
+    [
+        (50_000, 50_000, "the image"),  # past PIL's own bomb limit: never "undecodable"
+        (10_000, 10_000, "10000x10000"),  # past PIL's warning, below its error
+        (8_001, 8_000, "8001x8000"),
+    ],
+)
+def test_too_many_pixels_is_called_too_large_with_the_limit(
+    width: int, height: int, said: str
+) -> None:
+    with pytest.raises(StageInputError) as err:
+        decode_image(b64(png_header(width, height)), "image")
+    assert str(err.value) == f"image: {said} is over the limit of {MAX_IMAGE_PIXELS} pixels"
+    assert "decodable" not in str(err.value)
+
+
+@pytest.mark.parametrize(("width", "height"), [(50_000, 50_000), (20_000, 10_000)])
+def test_an_edit_image_past_the_limit_is_too_large_not_malformed(width: int, height: int) -> None:
+    with pytest.raises(BadRequest) as err:
+        check_edit_image(png_header(width, height))
+    assert f"over the limit of {MAX_EDIT_IMAGE_PIXELS} pixels (4096x4096)" in err.value.message
+    assert "not a PNG" not in err.value.message
+    assert err.value.param == "image"
+    with pytest.raises(BadRequest, match=r"5000x5000 is over the limit of 16777216 pixels"):
+        check_edit_image(png_header(5000, 5000))
+
+
+def test_an_engines_refusal_keeps_the_cause_and_drops_reprs() -> None:
+    """vLLM wraps the processor's error in one that quotes the whole input, PIL reprs
+    and all; and its own validation errors append "(parameter=..., value=...)"."""
+    cause = ValueError("absolute aspect ratio must be smaller than 200, got 8000.0")
+    wrapped = ValueError(f"Failed to apply Qwen2_5OmniProcessor on data={{'images': [{REPR}]}}")
+    wrapped.__cause__ = cause  # as `raise ... from cause` sets it
+    assert refusal_message(wrapped) == str(cause)
+
+    class ValidationError(ValueError):
+        def __str__(self) -> str:
+            return f"{self.args[0]} (parameter=input_text, value=1000000)"
+
+    assert refusal_message(ValidationError("too long")) == "too long"
+    assert refusal_message(ValueError(f"bad image {REPR}")) == "bad image an object"
+    assert len(refusal_message(ValueError("x" * 10_000))) == 500
+
+
+@pytest.mark.parametrize(
+    ("message", "param"),
+    [
+        ("messages[0].content[1]: not a decodable image", "messages[0].content[1]"),
+        ("mm_processor_kwargs.fps must be in (0, 8]", "mm_processor_kwargs.fps"),
+        ("input must be a non-empty string", "input"),
+        ("voice 'alloy' is not available", "voice"),
+        ("cfg_interval: two numbers", "cfg_interval"),
+        ("nothing to make: ask for text, an image or both", None),
+        ("sampling: need temperature >= 0", None),  # the worker's name, not a field
+        ("the thinker's prompt has no assistant turn", None),
+    ],
+)
+def test_a_stage_input_error_names_the_request_field_it_starts_with(
+    message: str, param: str | None
+) -> None:
+    assert StageInputError(message).param == param
+    assert StageInputError(message, param="size").param == "size"
+    # What the worker puts on the request's event stream for the router.
+    assert StageInputError(message).event() == StageEvent(
+        type="error", code="invalid_request", message=message, param=param or ""
+    )
+
+
+# ---- the router relays a worker's errors in its own shape --------------------------------
+
+
+def emit_error(**fields: str) -> Callable[[SubmitRequest], Iterator[bytes]]:
+    def emit(_body: SubmitRequest) -> Iterator[bytes]:
+        yield from event_lines(StageEvent(type="error", **fields))  # type: ignore[arg-type]
+
+    return emit
+
+
+def test_a_workers_400_has_the_routers_shape_and_its_param(
+    tmp_path: Path, serve_worker: Callable[[FakeWorker], str]
+) -> None:
+    message = f"messages[0].content[0]: the processor rejected {REPR}"
+    worker = FakeWorker(
+        emit_error(code="invalid_request", message=message, param="messages[0].content[0]")
+    )
+    with router(tmp_path, serve_worker(worker), pipeline="omni") as client:
+        resp = client.post(
+            "/v1/chat/completions",
+            json={"model": "tiny-omni", "messages": [{"role": "user", "content": "hi"}]},
+        )
+        own = client.post("/v1/chat/completions", json={"model": "tiny-omni", "messages": []})
+    relayed, mine = openai_error(resp, 400), openai_error(own, 400)
+    assert set(relayed) == set(mine)
+    assert (relayed["type"], relayed["code"]) == (mine["type"], mine["code"])
+    assert relayed["param"] == "messages[0].content[0]"
+    assert relayed["message"] == "messages[0].content[0]: the processor rejected an object"
+
+
+@pytest.mark.parametrize(
+    "emit",
+    [
+        emit_error(code="stage_error", message=f"thinker: boom {REPR}"),
+        emit_error(code="invalid_request", message="x" * 100_000),
+        lambda _body: iter([]),  # closed early
+        lambda _body: iter([b"garbage\n"]),
+    ],
+    ids=["stage-error", "huge", "closed", "garbage"],
+)
+def test_no_relayed_message_shows_a_repr_an_address_or_a_page(
+    tmp_path: Path,
+    serve_worker: Callable[[FakeWorker], str],
+    emit: Callable[[SubmitRequest], Iterator[bytes]],
+) -> None:
+    url = serve_worker(FakeWorker(emit))
+    with router(tmp_path, url) as client:
+        resp = client.post("/v1/images/generations", json={"model": "tiny-image", "prompt": "x"})
+    error = openai_error(resp, resp.status_code)
+    assert resp.status_code in (400, 500, 503)
+    assert " at 0x" not in error["message"]
+    assert url not in error["message"]
+    assert "127.0.0.1" not in error["message"]
+    assert len(error["message"]) <= 1000
+
+
+# ---- no internal names in param --------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"sampling_params_list": "abc"}, "sampling_params_list"),
+        ({"sampling_params_list": [1]}, "sampling_params_list[0]"),
+        ({"sampling_params_list": {"thinker": {"top_k": "many"}}}, None),
+        ({"modalities": ["video"]}, "modalities[0]"),
+        ({"audio": {"format": "mp3"}}, "audio.format"),
+        ({"messages": "hi"}, "messages"),
+        ({"model": None}, "model"),
+    ],
+)
+def test_param_is_the_field_a_client_sent_never_a_type_name(
+    tmp_path: Path, fields: dict[str, Any], param: str | None
+) -> None:
+    body = {"model": "tiny-omni", "messages": [{"role": "user", "content": "hi"}], **fields}
+    with TestClient(app_for(tmp_path, "omni"), raise_server_exceptions=False) as client:
+        error = openai_error(client.post("/v1/chat/completions", json=body), 400)
+    if param is None:  # a stage's entry: sampling_params_list.<stage>.<field>
+        param = "sampling_params_list.thinker.top_k"
+    assert error["param"] == param
+    assert error["message"].startswith(f"{param}: ")
+    for internal in ("[str,", "nullable", "dict[", "list[nullable", "function-"):
+        assert internal not in error["message"]
+    missing = {"messages": [{"role": "user", "content": "hi"}]}
+    with TestClient(app_for(tmp_path, "omni"), raise_server_exceptions=False) as client:
+        error = openai_error(client.post("/v1/chat/completions", json=missing), 400)
+    assert error["param"] == "model"
+
+
+# ---- data: URL types are checked against the bytes -----------------------------------
+
+
+def image_url(url: str) -> list[dict[str, Any]]:
+    return [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}]}]
+
+
+PNG, JPEG = encoded(2, 2), encoded(2, 2, "JPEG")
+WEBP, GIF = encoded(2, 2, "WEBP"), encoded(2, 2, "GIF")
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        (f"data:image/png;base64,{b64(JPEG)}", "says image/png but the data is a JPEG image"),
+        (f"data:image/jpeg;base64,{b64(PNG)}", "says image/jpeg but the data is a PNG image"),
+        (f"data:image/webp;base64,{b64(GIF)}", "says image/webp but the data is a GIF image"),
+        (f"data:image/png;base64,{b64(b'just some text')}", "not a decodable image"),
+        (f"data:;base64,{b64(b'just some text')}", "not a decodable image"),
+        (f"data:text/plain;base64,{b64(PNG)}", "only image/png, image/jpeg"),
+        (f"data:image/bmp;base64,{b64(encoded(2, 2, 'BMP'))}", "got 'image/bmp'"),
+    ],
+)
+def test_a_data_url_type_that_is_not_its_content_is_a_400(url: str, message: str) -> None:
+    with pytest.raises(BadRequest, match=message) as err:
+        thinker_messages(image_url(url))
+    assert err.value.param == "messages[0].content[0]"
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        f"data:image/png;base64,{b64(PNG)}",
+        f"data:IMAGE/PNG;base64,{b64(PNG)}",
+        f"data:image/jpeg;base64,{b64(JPEG)}",
+        f"data:image/jpg;base64,{b64(JPEG)}",
+        f"data:image/webp;base64,{b64(WEBP)}",
+        f"data:image/gif;base64,{b64(GIF)}",
+        f"data:;base64,{b64(JPEG)}",  # no type: the bytes say what it is
+    ],
+)
+def test_a_data_url_whose_type_is_its_content_passes(url: str) -> None:
+    [message] = thinker_messages(image_url(url))
+    assert message["content"] == [{"type": "image", "data": url.partition(",")[2]}]
