@@ -34,8 +34,20 @@ log = logging.getLogger(__name__)
 SINK_EVENTS = 16
 
 
+# How many times a request is planned again on other replicas when one it chose never
+# took it (gone, or draining), before any output: a rollout or a scale-down retires
+# replicas the router may still have picked in the second before its next poll.
+REPLANS = 2
+
+
 class StageFailed(OpenAIError):
     status, type = 500, "server_error"
+
+
+class ReplicaDeclined(StageUnavailable):
+    """The chosen replica never took the request: it refused the connection, or answered
+    the submission with 503 (loading or draining). Nothing ran there, so the request
+    may be planned again."""
 
 
 def _error_for(stage: str, event: StageEvent) -> OpenAIError:
@@ -207,9 +219,10 @@ class Orchestrator:
                 if resp.status != 200:
                     body = (await resp.content.read(500)).decode(errors="replace")
                     log.warning("stage %s at %s: HTTP %d %s", stage, replica.url, resp.status, body)
-                    raise StageUnavailable(
-                        f"stage {stage} refused the request (HTTP {resp.status})"
-                    )
+                    refused = ReplicaDeclined if resp.status == 503 else StageUnavailable
+                    if resp.status == 503:
+                        self.pool.mark_down(replica)
+                    raise refused(f"stage {stage} refused the request (HTTP {resp.status})")
                 async for event in event_stream(resp.content):
                     if event.type == "part":
                         if whole:
@@ -232,6 +245,10 @@ class Orchestrator:
             log.warning("stage %s at %s sent %s", stage, replica.url, exc)
             self.pool.mark_down(replica)
             raise StageFailed(f"stage {stage} sent {exc}") from exc
+        except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
+            log.warning("stage %s at %s unreachable: %r", stage, replica.url, exc)
+            self.pool.mark_down(replica)
+            raise ReplicaDeclined(f"stage {stage} failed: its replica went away") from exc
         except (aiohttp.ClientError, TimeoutError) as exc:
             log.warning("stage %s at %s failed: %r", stage, replica.url, exc)
             self.pool.mark_down(replica)
@@ -286,6 +303,30 @@ class Orchestrator:
         emitters: set[str],
         whole: bool,
         stage_done: bool = False,
+    ) -> AsyncGenerator[Output | OutputPart | StageDone]:
+        """_attempt(), planned again (fresh request id, the refusing replica marked down)
+        when a replica declines it before anything reached the client."""
+        for replan in range(REPLANS + 1):
+            started = False
+            try:
+                async with contextlib.aclosing(
+                    self._attempt(params, emitters, whole, stage_done)
+                ) as items:
+                    async for item in items:
+                        started = True
+                        yield item
+                return
+            except ReplicaDeclined as exc:
+                if started or replan == REPLANS:
+                    raise
+                log.info("planning the request again: %s", exc)
+
+    async def _attempt(
+        self,
+        params: dict[str, dict[str, Any]],
+        emitters: set[str],
+        whole: bool,
+        stage_done: bool,
     ) -> AsyncGenerator[Output | OutputPart | StageDone]:
         stages = self.needed(emitters)
         request_id = uuid.uuid4().hex
