@@ -179,9 +179,29 @@ class Orchestrator:
         replicas that agree on what they hand each other. With no revision whole yet
         (a stage waking from zero), the first replica found pins the rest."""
         revision = self.pool.revision_for(stages, self.max_load, self.preferred)
+        for _ in range(REPLANS):
+            chosen = await self._choose_on(stages, revision, switch=True)
+            if isinstance(chosen, dict):
+                return chosen
+            revision = chosen
+        plan = await self._choose_on(stages, revision, switch=False)
+        assert isinstance(plan, dict)
+        return plan
+
+    async def _choose_on(
+        self, stages: list[str], revision: str | None, switch: bool
+    ) -> dict[str, Replica] | str:
+        """The replicas of `revision`, or (switch) another revision that is whole when
+        this one has lost a stage: a rollout retires the old revision's pods one by one,
+        and a request must not wait for one that will not come back."""
         chosen: dict[str, Replica] = {}
         for stage in (self.pipeline.stage(name) for name in stages):
             replica = self.pool.pick(stage.name, self.max_load, revision)
+            if replica is None and switch:
+                await self.pool.refresh(stage.name)
+                whole = self.pool.revision_for(stages, self.max_load, self.preferred)
+                if whole is not None and whole != revision:
+                    return whole
             if replica is None:
                 replica = await self._wait_for_replica(stage.name, revision)
             if replica is None:

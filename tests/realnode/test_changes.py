@@ -213,7 +213,12 @@ def test_a_worker_killed_mid_request_gives_a_clean_error_then_recovers(
 
     client = threading.Thread(target=slow_request, daemon=True)
     client.start()
-    wait_for("denoise to be working on the request", lambda: running(denoise) > 0, 120)
+    wait_for(
+        "denoise to be working on the request",
+        lambda: running(denoise) > 0 or outcome,
+        120,
+    )
+    assert not outcome, f"the request ended before its worker was killed: {outcome}"
     started = time.monotonic()
     # kubectl delete pod, with a grace period shorter than the request: the worker is
     # killed mid-request (a longer one would drain it, which another test covers).

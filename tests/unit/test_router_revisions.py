@@ -12,7 +12,7 @@ import pytest
 from omnipipe.api import parse_resource, resolve
 from omnipipe.api.loading import pipeline_yaml
 from omnipipe.api.revision import pipeline_revision
-from omnipipe.api.wire import StaticReplicas
+from omnipipe.api.wire import StaticReplicas, WorkerStatus
 from omnipipe.router.discovery import StaticDiscovery
 from omnipipe.router.errors import StageUnavailable
 from omnipipe.router.metrics import RouterMetrics
@@ -58,9 +58,13 @@ def test_a_full_preferred_revision_gives_way_to_one_with_room() -> None:
     assert choose_revision(stages, ["new"], 8) == "old"
 
 
-def _orchestrator(replicas: dict[str, list[tuple[str, str]]], wake_wait: float = 0) -> Orchestrator:
+def _orchestrator(
+    replicas: dict[str, list[tuple[str, str]]],
+    wake_wait: float = 0,
+    client: httpx.AsyncClient | None = None,
+) -> Orchestrator:
     discovery = StaticDiscovery({s: [url for url, _ in rs] for s, rs in replicas.items()})
-    pool = ReplicaPool(PIPELINE, discovery, httpx.AsyncClient(), 1.0, 1.0)
+    pool = ReplicaPool(PIPELINE, discovery, client or httpx.AsyncClient(), 1.0, 1.0)
     asyncio.run(pool._discover())
     for stage, rs in replicas.items():
         for url, revision in rs:
@@ -93,6 +97,52 @@ def test_no_whole_revision_is_a_clean_503_never_a_mix() -> None:
     orch = _orchestrator(split)
     with pytest.raises(StageUnavailable, match=f"no ready replica of revision {NEW}"):
         asyncio.run(orch._choose(list(STAGES)))
+
+
+def test_a_request_moves_to_the_new_revision_when_the_old_one_loses_a_stage() -> None:
+    # The switch of a rollout on a real node: the old revision's decode pod went while
+    # the router still pinned new requests to the old revision, and they waited for it
+    # (60 s) instead of taking the new revision, whole by then.
+    ready = {
+        f"http://{s}-{name}": rev for s in STAGES for name, rev in (("old", "old"), ("new", NEW))
+    }
+    ready.pop("http://decode-old")
+
+    def worker(request: httpx.Request) -> httpx.Response:
+        url = f"http://{request.url.host}"
+        if url not in ready:
+            raise httpx.ConnectError("refused", request=request)
+        stage = request.url.host.split("-")[0]
+        status = WorkerStatus(
+            pipeline="p",
+            stage=stage,
+            ready=True,
+            draining=False,
+            running=0,
+            waiting=0,
+            transfer_address=f"tcp://{url}",
+            revision=ready[url],
+        )
+        return httpx.Response(200, content=status.model_dump_json())
+
+    both = {s: [(f"http://{s}-old", "old"), (f"http://{s}-new", NEW)] for s in STAGES}
+    orch = _orchestrator(
+        both, wake_wait=5, client=httpx.AsyncClient(transport=httpx.MockTransport(worker))
+    )
+    pool = orch.pool
+    # What the router last saw: the new decode still starting (so old was the revision
+    # requests started on), and the old decode just marked down.
+    pool._replicas["decode"]["http://decode-new"].ready = False
+    pool.mark_down(pool._replicas["decode"]["http://decode-old"])
+    # The new encode and denoise busier, so the first pick pins the old revision.
+    for stage in ("encode", "denoise"):
+        pool._replicas[stage][f"http://{stage}-new"].reported_load = 1
+
+    async def choose() -> dict[str, str]:
+        chosen = await asyncio.wait_for(orch._choose(list(STAGES)), 2)
+        return {stage: r.revision for stage, r in chosen.items()}
+
+    assert asyncio.run(choose()) == dict.fromkeys(STAGES, NEW)
 
 
 def test_the_served_model_follows_the_revision_new_requests_start_on(tmp_path: Path) -> None:
