@@ -76,7 +76,7 @@ def _deployment_condition(
 def _stage_condition(
     at_capacity: tuple[ConditionStatus, str, str], observed: ObservedDeployment | None
 ) -> tuple[ConditionStatus, str, str]:
-    """Whether a stage serves: one ready replica of its revision takes requests, so an
+    """Whether a stage (or the router) serves: one ready replica takes requests, so an
     autoscaler scale-up, a rolling update or a crash-looping pod beside a ready one
     leaves the stage ready. What it lacks of its capacity (at_capacity, from
     _deployment_condition) shows in the reason and in StagesAtCapacity, never in Ready."""
@@ -288,8 +288,9 @@ def compute_status(
         if below_capacity
         else (ConditionStatus.TRUE, "AllStagesAtCapacity", "every desired replica is ready")
     )
-    router_status, router_reason, router_msg = _deployment_condition(
-        "router", deployments.get(router_object_name(pipeline.name))
+    router = deployments.get(router_object_name(pipeline.name))
+    router_status, router_reason, router_msg = _stage_condition(
+        _deployment_condition("router", router), router
     )
     ready = (
         ConditionStatus.TRUE

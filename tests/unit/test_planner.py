@@ -63,13 +63,31 @@ def test_missing_and_unready_stages_roll_up() -> None:
     assert status.stages_ready == "1/3"
 
 
-def test_router_not_ready_and_rollout_in_progress() -> None:
+def test_a_router_rolling_out_serves_and_one_with_no_ready_pod_does_not() -> None:
     deps = dict.fromkeys(ALL, READY)
+    # Its old pod serves while the new one starts.
     deps["p-router"] = ObservedDeployment(
         desired=1, replicas=1, ready=1, updated=1, up_to_date=False
     )
     _, c = conditions(deps)
-    assert c["RouterReady"].reason == "RollingOut"
+    assert (c["RouterReady"].status, c["RouterReady"].reason) == (
+        ConditionStatus.TRUE,
+        "RollingOut",
+    )
+    assert c["Ready"].status is ConditionStatus.TRUE
+    deps["p-router"] = ObservedDeployment(
+        desired=2, replicas=2, ready=1, updated=2, up_to_date=True
+    )
+    _, c = conditions(deps)
+    assert (c["RouterReady"].status, c["RouterReady"].reason) == (
+        ConditionStatus.TRUE,
+        "PartiallyReady",
+    )
+    deps["p-router"] = ObservedDeployment(
+        desired=1, replicas=1, ready=0, updated=1, up_to_date=True
+    )
+    _, c = conditions(deps)
+    assert c["RouterReady"].status is ConditionStatus.FALSE
     assert c["Ready"].reason == "RouterNotReady"
 
 
