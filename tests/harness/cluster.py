@@ -200,17 +200,19 @@ class Cluster:
         )
 
     def stop(self) -> None:
-        for name in reversed(list(self.procs)):
-            proc = self.procs.pop(name)
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        for log in self.logs.values():
-            log.close()
-        self.logs.clear()
+        try:
+            for name in reversed(list(self.procs)):
+                proc = self.procs.pop(name)
+                proc.terminate()
+                try:
+                    proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+        finally:
+            for log in self.logs.values():
+                log.close()
+            self.logs.clear()
 
     def add_fake_node(self, name: str = "kwok-node-0", gpus: int = 512) -> None:
         node = f"""apiVersion: v1

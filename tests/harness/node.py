@@ -586,10 +586,16 @@ def real_node(workdir: Path) -> Iterator[RealNode]:
         print(f"[node] up in {time.monotonic() - started:.1f} s", file=sys.stderr)
         yield node
     finally:
-        with contextlib.suppress(Exception):
-            if "kubelet" in node.procs and node.procs["kubelet"].poll() is None:
-                _drain_pods(node)
-        node.stop()
-        _clean_leftovers(socket)
-        _remove_empty_cgroups()
-        _restore_sysctls(saved)
+        # Nested so that a teardown cut short (pytest-timeout raises a BaseException)
+        # still stops every daemon and closes their logs.
+        try:
+            with contextlib.suppress(Exception):
+                if "kubelet" in node.procs and node.procs["kubelet"].poll() is None:
+                    _drain_pods(node)
+        finally:
+            try:
+                node.stop()
+            finally:
+                _clean_leftovers(socket)
+                _remove_empty_cgroups()
+                _restore_sysctls(saved)

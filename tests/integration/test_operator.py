@@ -165,6 +165,8 @@ def test_status_becomes_ready_with_kwok_pods_and_printer_columns(
         "StageDecodeReady",
     ):
         assert conds.pop(ready_type)["status"] == "True", ready_type
+    capacity = conds.pop("StagesAtCapacity")
+    assert (capacity["status"], capacity["reason"]) == ("True", "AllStagesAtCapacity")
     # The example autoscales denoise; this cluster has no Prometheus, and status says so.
     scaling = conds.pop("ScalingActive")
     assert (scaling["status"], scaling["reason"]) == ("False", "PrometheusUnavailable")
