@@ -25,6 +25,17 @@ def port_number(text: str) -> int:
     return port
 
 
+def positive_int(text: str) -> int:
+    """An argparse type: a count of one or more."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not 1 or more")
+    return value
+
+
 def _cmd_crd(args: argparse.Namespace) -> int:
     from omnipipe.api.crd import render_crd_yaml
 
@@ -99,7 +110,9 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     from omnipipe.worker.main import run_worker
     from omnipipe.worker.settings import WorkerSettings
 
-    values = _overrides(args, ("stage", "host", "port", "transfer_port", "advertise_host"))
+    values = _overrides(
+        args, ("stage", "host", "port", "transfer_port", "advertise_host", "threads")
+    )
     values["pipeline_file"] = args.pipeline
     if "advertise_host" not in values and os.environ.get("OMNIPIPE_POD_IP"):
         values["advertise_host"] = os.environ["OMNIPIPE_POD_IP"]
@@ -239,6 +252,11 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--port", type=port_number, help="control API port (default 8100)")
     worker.add_argument("--transfer-port", type=port_number, help="transfer port (default 8101)")
     worker.add_argument("--advertise-host", help="host other stages reach this one at")
+    worker.add_argument(
+        "--threads",
+        type=positive_int,
+        help="CPU threads of the engine (default: resources.cpu, else the usable CPUs)",
+    )
     worker.set_defaults(run=_cmd_worker)
 
     router = sub.add_parser("router", help="run the OpenAI-compatible router")

@@ -48,6 +48,13 @@ LONGEST_FIXED_SUFFIX: Final = len("-router")
 DNS_LABEL_PATTERN: Final = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 MAX_STAGES: Final = 16
 MAX_INPUTS: Final = 8
+MAX_BATCH: Final = 256
+MAX_BATCH_WAIT_MS: Final = 1000
+# Batching defaults: every stage that batches runs up to DEFAULT_MAX_BATCH requests in
+# one call; denoisers hold a short batch DEFAULT_DENOISER_BATCH_WAIT_MS for requests
+# already on their way (bench/throughput.py measured the window).
+DEFAULT_MAX_BATCH: Final = 8
+DEFAULT_DENOISER_BATCH_WAIT_MS: Final = 20
 
 # The per-pipeline credential: every worker control call and every transfer connection
 # carries it. The operator keeps it in a Secret (key CREDENTIAL_SECRET_KEY) and passes it

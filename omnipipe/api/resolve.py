@@ -10,6 +10,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from omnipipe.api.constants import DEFAULT_DENOISER_BATCH_WAIT_MS, DEFAULT_MAX_BATCH
 from omnipipe.api.pipelines import PIPELINE_TYPES, StageDefaults, stage_order
 from omnipipe.api.resource import OmniPipeline
 from omnipipe.api.spec import (
@@ -54,6 +55,9 @@ class ResolvedStage(ResolvedModel):
     tolerations: tuple[Toleration, ...]
     autoscaling: Autoscaling | None
     target: float | None
+    # Defaults, so that a pipeline file an older operator wrote still loads.
+    max_batch: int = DEFAULT_MAX_BATCH
+    batch_wait_ms: int = 0
 
     @property
     def autoscaled(self) -> bool:
@@ -143,6 +147,14 @@ def _resolve_stage(model: str, default: StageDefaults | None, user: Stage) -> Re
         tolerations=tuple(user.tolerations or ()),
         autoscaling=scaling,
         target=(scaling.target or DEFAULT_TARGETS[scaling.metric]) if scaling else None,
+        max_batch=user.max_batch or DEFAULT_MAX_BATCH,
+        batch_wait_ms=(
+            user.batch_wait_ms
+            if user.batch_wait_ms is not None
+            else DEFAULT_DENOISER_BATCH_WAIT_MS
+            if fields.get("role") is Role.DENOISER
+            else 0
+        ),
     )
 
 

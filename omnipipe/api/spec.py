@@ -186,6 +186,13 @@ class Stage(SpecModel):
     """Tolerations of the stage's pods."""
     autoscaling: Autoscaling | None = None
     """Autoscaling policy. When set, the autoscaler owns the replica count."""
+    max_batch: Annotated[int, Field(ge=1, le=c.MAX_BATCH)] | None = None
+    """Most requests one engine call runs together where the stage batches: a denoiser
+    runs requests whose settings differ only in prompt and seed as one forward. Default 8."""
+    batch_wait_ms: Annotated[int, Field(ge=0, le=c.MAX_BATCH_WAIT_MS)] | None = None
+    """How long a batching stage holds a batch that is not full for requests already sent
+    to it whose inputs are still upstream. It never waits for requests nobody sent, so a
+    lone request pays nothing. Default 20 for denoisers, 0 otherwise."""
 
 
 class SecretKeyRef(SpecModel):

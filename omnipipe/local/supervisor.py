@@ -15,6 +15,7 @@ from pathlib import Path
 
 from omnipipe.api import ResolvedPipeline
 from omnipipe.api.constants import CREDENTIAL_ENV
+from omnipipe.api.cpus import split_cores, usable_cpus
 from omnipipe.api.loading import pipeline_yaml
 from omnipipe.api.resource import ManifestError
 from omnipipe.api.revision import pipeline_revision
@@ -112,6 +113,12 @@ class Supervisor:
         path.write_text(pipeline_yaml(pipeline))
         return path
 
+    def _threads_args(self, stage: str) -> list[str]:
+        """The worker's share of this machine's CPUs, unless its stage sets resources.cpu."""
+        sharing = {s.name: local_replicas(s) for s in self.pipeline.stages if s.cpu is None}
+        threads = split_cores(usable_cpus(), sharing).get(stage)
+        return [] if threads is None else ["--threads", str(threads)]
+
     def _spawn_worker(self, stage: str, snapshot: Path, revision: str, pending: bool) -> Child:
         index = self.started_per_stage.get(stage, 0)
         self.started_per_stage[stage] = index + 1
@@ -134,6 +141,7 @@ class Supervisor:
             str(transfer_port),
             "--advertise-host",
             self.host,
+            *self._threads_args(stage),
         ]
         child = Child(
             f"{stage}-{index}",

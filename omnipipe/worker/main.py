@@ -9,6 +9,7 @@ import uvicorn
 from omnipipe.api.loading import load_pipeline
 from omnipipe.worker.server import build_app
 from omnipipe.worker.settings import WorkerSettings
+from omnipipe.worker.threads import apply_thread_budget, thread_budget
 
 
 def _quiet_progress_bars() -> None:
@@ -27,7 +28,8 @@ def run_worker(settings: WorkerSettings) -> None:
     logging.getLogger("httpx").setLevel(logging.WARNING)
     _quiet_progress_bars()
     pipeline = load_pipeline(settings.pipeline_file)
-    app = build_app(pipeline, settings)
+    app = build_app(pipeline, settings)  # fails fast on an unknown stage
+    apply_thread_budget(thread_budget(settings.threads, pipeline.stage(settings.stage).cpu))
     server = uvicorn.Server(
         uvicorn.Config(
             app,

@@ -81,6 +81,7 @@ class StageRuntime:
         sender: Sender,
         metrics: WorkerMetrics,
         max_batch: int,
+        batch_wait_seconds: float = 0.0,
     ) -> None:
         self.stage_name = stage_name
         self.stage = stage
@@ -88,6 +89,7 @@ class StageRuntime:
         self.sender = sender
         self.metrics = metrics
         self.max_batch = max_batch
+        self.batch_wait_seconds = batch_wait_seconds
         self.jobs: dict[str, Job] = {}
         self._queue: deque[Job] = deque()
         self._wakeup = asyncio.Event()
@@ -364,18 +366,47 @@ class StageRuntime:
     # ---- engine ------------------------------------------------------------------------
     def _take_batch(self) -> list[Job]:
         first = self._queue.popleft()
-        assert self.stage is not None
-        assert first.stage_job is not None
-        key = self.stage.batch_key(first.stage_job)
         batch = [first]
-        if key is not None:
-            for job in list(self._queue):
-                if len(batch) >= self.max_batch:
-                    break
-                if job.stage_job is not None and self.stage.batch_key(job.stage_job) == key:
-                    self._queue.remove(job)
-                    batch.append(job)
+        self._take_compatible(batch)
         return batch
+
+    def _take_compatible(self, batch: list[Job]) -> None:
+        """Moves queued jobs that may run with batch[0] into the batch, up to max_batch."""
+        assert self.stage is not None
+        assert batch[0].stage_job is not None
+        key = self.stage.batch_key(batch[0].stage_job)
+        if key is None:
+            return
+        for job in list(self._queue):
+            if len(batch) >= self.max_batch:
+                break
+            if job.stage_job is not None and self.stage.batch_key(job.stage_job) == key:
+                self._queue.remove(job)
+                batch.append(job)
+
+    def _on_their_way(self) -> int:
+        """Jobs submitted here whose inputs are still upstream."""
+        return sum(1 for j in self.jobs.values() if j.result is None and not j.running)
+
+    async def _admit(self, batch: list[Job]) -> None:
+        """Holds a batch that is not full, at most batch_wait_seconds, while requests
+        already sent here are still receiving their inputs: each that arrives compatible
+        joins. With none on its way it returns at once, so a lone request never waits."""
+        assert self.stage is not None
+        assert batch[0].stage_job is not None
+        if self.stage.batch_key(batch[0].stage_job) is None:
+            return
+        deadline = time.monotonic() + self.batch_wait_seconds
+        while len(batch) < self.max_batch and self._on_their_way():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            self._wakeup.clear()
+            try:
+                await asyncio.wait_for(self._wakeup.wait(), left)
+            except TimeoutError:
+                return
+            self._take_compatible(batch)
 
     async def _engine_loop(self) -> None:
         while True:
@@ -383,6 +414,12 @@ class StageRuntime:
             self._wakeup.clear()
             while self._queue and self.stage is not None:
                 batch = self._take_batch()
+                if self.batch_wait_seconds > 0:
+                    await self._admit(batch)
+                    # Requests cancelled while the batch waited have left it.
+                    batch = [j for j in batch if self.jobs.get(j.request.request_id) is j]
+                    if not batch:
+                        continue
                 for job in batch:
                     job.running = True
                     self.metrics.observe_queue_wait(time.monotonic() - job.queued)

@@ -177,7 +177,13 @@ def build_app(pipeline: ResolvedPipeline, settings: WorkerSettings) -> FastAPI:
             settings.credential,
         )
         state.runtime = StageRuntime(
-            spec.name, None, mailbox, sender, state.metrics, settings.max_batch
+            spec.name,
+            None,
+            mailbox,
+            sender,
+            state.metrics,
+            settings.max_batch or spec.max_batch,
+            spec.batch_wait_ms / 1000,
         )
         log.info(
             "stage %s: transfer %s listening at %s", spec.name, backend, state.receiver.address

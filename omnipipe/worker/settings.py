@@ -26,8 +26,12 @@ class WorkerSettings(BaseSettings):
     """Port of the tensor transfer listener."""
     advertise_host: str = "127.0.0.1"
     """Host other stages use to reach this worker's transfer listener (the pod IP)."""
-    max_batch: int = 8
-    """Most requests run together in one engine call, where the stage can batch."""
+    max_batch: int | None = Field(default=None, ge=1)
+    """Overrides the stage's maxBatch: most requests run together in one engine call."""
+    threads: int | None = Field(default=None, ge=1, le=1024)
+    """CPU threads of the stage's engine (torch, OpenMP, MKL, tokenizers). Unset: the
+    stage's resources.cpu, else the CPUs this process may use. `omnipipe serve` sets it to
+    the worker's share of the machine."""
     device: str = "auto"
     """Torch device: auto picks cuda when the stage has GPUs and CUDA is present."""
     drain_timeout_seconds: float = 110.0

@@ -45,7 +45,7 @@ def manifest(name: str, autoscaling: dict[str, Any]) -> str:
                         "name": "denoise",
                         "autoscaling": autoscaling,
                         # One request at a time: demand then stays steady under load.
-                        "env": [{"name": "OMNIPIPE_WORKER_MAX_BATCH", "value": "1"}],
+                        "maxBatch": 1,
                     }
                 ],
             },
@@ -91,10 +91,11 @@ def completed(pod: dict[str, Any]) -> float:
 
 
 @contextmanager
-def load(url: str, clients: int, model: str) -> Iterator[list[BaseException]]:
+def load(url: str, clients: int, model: str) -> Iterator[list[str]]:
     """`clients` threads sending image requests back to back until the block ends."""
     stop = threading.Event()
-    errors: list[BaseException] = []
+    errors: list[str] = []
+    started = time.monotonic()
 
     def run() -> None:
         with openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=120) as c:
@@ -110,7 +111,10 @@ def load(url: str, clients: int, model: str) -> Iterator[list[BaseException]]:
                         extra_body={"num_inference_steps": 200},
                     )
                 except Exception as exc:
-                    errors.append(exc)
+                    # When and why: openai's APIConnectionError hides its cause.
+                    errors.append(
+                        f"{time.monotonic() - started:.1f} s: {exc!r} from {exc.__cause__!r}"
+                    )
 
     threads = [threading.Thread(target=run, daemon=True) for _ in range(clients)]
     for t in threads:
@@ -139,6 +143,23 @@ def scaling_report(node: RealNode, prom: Prometheus, namespace: str, name: str) 
         "logs", "-n", "omnipipe-system", "deploy/omnipipe", "--tail=40", check=False
     ).stdout
     return f"status: {status}\nprometheus: {series}\noperator log:\n{logs}"
+
+
+def pipeline_pods(node: RealNode, namespace: str, name: str) -> str:
+    """Every pod of the pipeline with its restarts, and the namespace's recent events."""
+    listing = node.kubectl(
+        "get",
+        "pods",
+        "-n",
+        namespace,
+        "-l",
+        f"omnipipe.io/pipeline={name}",
+        "-o",
+        "wide",
+        check=False,
+    ).stdout
+    events = node.kubectl("get", "events", "-n", namespace, check=False).stdout
+    return f"pods:\n{listing}\nevents:\n{events[-3000:]}"
 
 
 @contextmanager
@@ -218,7 +239,7 @@ def test_denoise_scales_up_under_load_serves_on_the_new_pod_and_back(
             f"asked, first request done {time.monotonic() - ready_at:.1f} s after ready",
             file=sys.stderr,
         )
-    assert errors == [], errors[:3]
+    assert errors == [], f"{errors[:3]}\n{pipeline_pods(node, namespace, name)}"
     # Serving is what Ready means: the first pod served while the second started.
     assert readiness, "the Ready condition was never read"
     assert set(readiness) == {"True"}, readiness

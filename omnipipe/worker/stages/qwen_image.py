@@ -54,6 +54,18 @@ class TextEncodeStage(Stage):
         return StageResult(tensors=out)
 
 
+def padded(rows: list[torch.Tensor]) -> torch.Tensor:
+    """Rows of [batch, length, ...] stacked along batch, each zero-padded at the end to the
+    longest length. The masks pad with 0 too, so attention never sees the padding."""
+    longest = max(r.shape[1] for r in rows)
+    return torch.cat(
+        [
+            torch.nn.functional.pad(r, (0, 0) * (r.dim() - 2) + (0, longest - r.shape[1]))
+            for r in rows
+        ]
+    )
+
+
 class DenoiseStage(Stage):
     """Flow-matching DiT denoising with true CFG over the two embeddings -> latents."""
 
@@ -68,14 +80,10 @@ class DenoiseStage(Stage):
         return width, height, n, steps, guidance
 
     def batch_key(self, job: StageJob) -> Hashable | None:
-        enc = job.inputs.get("encode", {})
-        neg = enc.get("negative_prompt_embeds")
-        # Same geometry and sequence lengths: batching then changes no result.
-        return (
-            self._geometry(job.params),
-            tuple(enc["prompt_embeds"].shape) if "prompt_embeds" in enc else None,
-            tuple(neg.shape) if neg is not None else None,
-        )
+        width, height, _, steps, guidance = self._geometry(job.params)
+        cfg = "negative_prompt_embeds" in job.inputs.get("encode", {})
+        # Prompts of any length share a forward: run_batch pads them and masks the pad.
+        return (width, height, steps, guidance if cfg else None, cfg)
 
     def run(self, job: StageJob) -> StageResult:
         return self.run_batch([job])[0]
@@ -93,11 +101,12 @@ class DenoiseStage(Stage):
         def stack(key: str) -> torch.Tensor | None:
             if key not in encs[0]:
                 return None
-            rows = [
-                e[key].to(self.device).repeat_interleave(n, dim=0)
-                for e, n in zip(encs, counts, strict=True)
-            ]
-            return torch.cat(rows)
+            return padded(
+                [
+                    e[key].to(self.device).repeat_interleave(n, dim=0)
+                    for e, n in zip(encs, counts, strict=True)
+                ]
+            )
 
         pipe = self.pipe
 

@@ -1,0 +1,400 @@
+"""Throughput under load: this checkout's `omnipipe serve` beside a baseline commit's (the
+code before the throughput work, run from a git worktree in the same run), on the same
+tiny checkpoints and the same workloads:
+
+- image: tiny://qwen-image, 64x64, 4 steps, no negative prompt (no CFG);
+- speech: tiny://qwen2.5-omni, text in, text and audio out, 16 greedy thinker tokens and
+  32 talker codes.
+
+Each level runs `concurrency` closed-loop clients, alone on the machine and again beside
+a CPU-busy neighbour process (one core spinning). It reports p50 and p99 latency and
+throughput, the median of --repeats runs, and the ratio of each to the baseline's. Servers
+run one at a time so that they never share the cores.
+
+    .venv/bin/python bench/throughput.py [--quick] [--baseline REF | --no-baseline]
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import contextlib
+import multiprocessing
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import openai
+from _common import REPO, median, record, table
+
+# The commit before the throughput work (issue 25): what "today" means in its targets.
+BASELINE_REF = "184d14f"
+READY = "omnipipe: ready."
+
+IMAGE = """apiVersion: omnipipe.io/v1alpha1
+kind: OmniPipeline
+metadata: {name: tiny-image}
+spec:
+  model: tiny://qwen-image
+  pipeline: qwen-image
+"""
+SPEECH = """apiVersion: omnipipe.io/v1alpha1
+kind: OmniPipeline
+metadata: {name: tiny-omni}
+spec:
+  model: tiny://qwen2.5-omni
+  pipeline: qwen2.5-omni
+"""
+
+
+def greedy(tokens: int) -> dict[str, Any]:
+    return {"temperature": 0, "max_tokens": tokens, "min_tokens": tokens, "seed": 0}
+
+
+SPEECH_BODY = {"sampling_params_list": {"thinker": greedy(16), "talker": greedy(32)}}
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    manifest: str
+    model: str
+    unit: str
+    requests_per_client: int
+    min_requests: int
+
+    def requests(self, concurrency: int, quick: bool) -> int:
+        n = max(self.min_requests, self.requests_per_client * concurrency)
+        return max(concurrency, n // 4) if quick else n
+
+
+WORKLOADS = {
+    "image": Workload("image", IMAGE, "tiny-image", "img/s", 10, 40),
+    "speech": Workload("speech", SPEECH, "tiny-omni", "req/s", 4, 12),
+}
+
+
+def image_request(client: openai.OpenAI, i: int) -> None:
+    r = client.images.generate(
+        model="tiny-image",
+        prompt=f"a lighthouse at dusk, number {i}",
+        size="64x64",
+        extra_body={"num_inference_steps": 4, "seed": i},
+    )
+    if not r.data or not base64.b64decode(r.data[0].b64_json or ""):
+        raise openai.OpenAIError("an image response came back without an image")
+
+
+def speech_request(client: openai.OpenAI, i: int) -> None:
+    r = client.chat.completions.create(
+        model="tiny-omni",
+        messages=[{"role": "user", "content": f"Tell me about the weather in Paris, day {i}."}],
+        modalities=["text", "audio"],
+        audio={"voice": "Chelsie", "format": "wav"},
+        extra_body=SPEECH_BODY,
+    )
+    audio = r.choices[0].message.audio
+    if audio is None or not base64.b64decode(audio.data):
+        raise openai.OpenAIError("a text+audio chat came back without audio")
+
+
+CALLS: dict[str, Callable[[openai.OpenAI, int], None]] = {
+    "image": image_request,
+    "speech": speech_request,
+}
+
+
+@dataclass
+class Server:
+    proc: subprocess.Popen[str]
+    url: str
+    output: list[str]
+
+    def stop(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, 15)
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, 9)
+            self.proc.wait()
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def serve(code: Path, manifest: Path, timeout: float = 300) -> Server:
+    """`omnipipe serve` from the checkout at `code` (this one, or the baseline's worktree)."""
+    port = free_port()
+    env = {**os.environ, "UCX_NET_DEVICES": "lo", "PYTHONPATH": str(code)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "omnipipe.cli", "serve", str(manifest), "--port", str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=code,
+        env=env,
+        start_new_session=True,
+    )
+    server = Server(proc, f"http://127.0.0.1:{port}/v1", [])
+    ready = threading.Event()
+
+    def pump() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            server.output.append(line)
+            if READY in line:
+                ready.set()
+
+    threading.Thread(target=pump, daemon=True).start()
+    deadline = time.monotonic() + timeout
+    while not ready.wait(0.2):
+        if proc.poll() is not None or time.monotonic() > deadline:
+            server.stop()
+            raise RuntimeError("omnipipe serve did not start:\n" + "".join(server.output[-40:]))
+    return server
+
+
+def _spin() -> None:
+    while True:
+        pass
+
+
+@contextlib.contextmanager
+def busy_neighbour(on: bool) -> Iterator[None]:
+    """One process spinning on a core, as another tenant's work would."""
+    if not on:
+        yield
+        return
+    proc = multiprocessing.get_context("spawn").Process(target=_spin, daemon=True)
+    proc.start()
+    try:
+        yield
+    finally:
+        proc.terminate()
+        proc.join()
+
+
+@dataclass(frozen=True)
+class Level:
+    latencies: list[float]
+    wall_s: float
+    errors: int
+
+    @property
+    def throughput(self) -> float:
+        return len(self.latencies) / self.wall_s if self.wall_s else 0.0
+
+
+def drive(call: Callable[[int], None], concurrency: int, total: int) -> Level:
+    lock = threading.Lock()
+    latencies: list[float] = []
+    errors = [0]
+    issued = [0]
+
+    def client() -> None:
+        while True:
+            with lock:
+                if issued[0] >= total:
+                    return
+                issued[0] += 1
+                i = issued[0]
+            started = time.monotonic()
+            try:
+                call(i)
+            except openai.OpenAIError as exc:
+                print(f"      error: {exc}", flush=True)
+                with lock:
+                    errors[0] += 1
+                continue
+            with lock:
+                latencies.append(time.monotonic() - started)
+
+    started = time.monotonic()
+    threads = [threading.Thread(target=client) for _ in range(concurrency)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return Level(latencies, time.monotonic() - started, errors[0])
+
+
+def percentile(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+Row = dict[str, float]
+
+
+def measure(
+    code: Path, work: Path, wl: Workload, levels: tuple[int, ...], repeats: int, quick: bool
+) -> dict[str, Row]:
+    path = work / f"{wl.name}.yaml"
+    path.write_text(wl.manifest)
+    t0 = time.monotonic()
+    server = serve(code, path)
+    print(f"  {wl.name}: serve ready in {time.monotonic() - t0:.0f} s", flush=True)
+    out: dict[str, Row] = {}
+    try:
+        client = openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=300)
+        call = CALLS[wl.name]
+        for i in range(3):  # the first requests pay one-time costs (lazy imports, allocator)
+            call(client, -1 - i)
+        for busy in (False, True):
+            with busy_neighbour(busy):
+                for c in levels:
+                    runs = [
+                        drive(lambda i: call(client, i), c, wl.requests(c, quick))
+                        for _ in range(repeats)
+                    ]
+                    errors = sum(r.errors for r in runs)
+                    if errors:
+                        raise RuntimeError(f"{wl.name}: {errors} errors at concurrency {c}")
+                    lat = [x for r in runs for x in r.latencies]
+                    key = f"{c}{'+busy' if busy else ''}"
+                    out[key] = {
+                        "p50_ms": median([percentile(r.latencies, 0.5) for r in runs]) * 1e3,
+                        "p99_ms": percentile(lat, 0.99) * 1e3,
+                        "throughput": median([r.throughput for r in runs]),
+                        "requests": float(len(lat)),
+                    }
+                    row = out[key]
+                    print(
+                        f"    c={key}: p50 {row['p50_ms']:.0f} ms, p99 {row['p99_ms']:.0f} ms, "
+                        f"{row['throughput']:.2f} {wl.unit}",
+                        flush=True,
+                    )
+        client.close()
+    finally:
+        server.stop()
+    return out
+
+
+@contextlib.contextmanager
+def worktree(ref: str) -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="omnipipe-baseline-"))
+    subprocess.run(
+        ["git", "-C", str(REPO), "worktree", "add", "--detach", str(path), ref],
+        check=True,
+        capture_output=True,
+    )
+    try:
+        yield path
+    finally:
+        subprocess.run(
+            ["git", "-C", str(REPO), "worktree", "remove", "--force", str(path)], check=False
+        )
+        shutil.rmtree(path, ignore_errors=True)
+
+
+TARGETS = """targets (issue 25): image c=4 >= 5x baseline img/s and p50 <= 140 ms, c=16 >= c=4,
+c=1 no slower; speech c=1 p50 <= 1/2 baseline, c=4 >= 3x baseline req/s; busy c=1 p50 <=
+1.3x alone"""
+
+
+def report(ours: dict[str, dict[str, Row]], base: dict[str, dict[str, Row]] | None) -> list[str]:
+    rows = []
+    for wl, levels in ours.items():
+        for key, r in levels.items():
+            b = base[wl][key] if base else None
+            rows.append(
+                [
+                    wl,
+                    key,
+                    f"{r['p50_ms']:.0f}",
+                    f"{r['p99_ms']:.0f}",
+                    f"{r['throughput']:.2f}",
+                    f"{b['p50_ms']:.0f}" if b else "-",
+                    f"{b['throughput']:.2f}" if b else "-",
+                    f"{b['throughput'] and r['throughput'] / b['throughput']:.2f}x" if b else "-",
+                    f"{r['p50_ms'] and b['p50_ms'] / r['p50_ms']:.2f}x" if b else "-",
+                ]
+            )
+    print(
+        table(
+            [
+                "workload",
+                "c",
+                "p50 ms",
+                "p99 ms",
+                "thrpt",
+                "base p50",
+                "base thrpt",
+                "thrpt ratio",
+                "p50 speed-up",
+            ],
+            rows,
+        )
+    )
+    print(TARGETS)
+    summary = []
+    for wl, levels in ours.items():
+        for key, r in levels.items():
+            tag = re.sub(r"\W", "_", f"{wl}_c{key}")
+            summary.append(f"{tag}_thrpt={r['throughput']:.2f}")
+            if base:
+                ratio = r["throughput"] / base[wl][key]["throughput"]
+                summary.append(f"{tag}_ratio={ratio:.2f}")
+    return summary
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer requests, c=1 and 4")
+    parser.add_argument("--baseline", default=BASELINE_REF, help="git ref of the anchor")
+    parser.add_argument("--no-baseline", action="store_true", help="measure this checkout only")
+    parser.add_argument("--workloads", default="image,speech")
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    levels = (1, 4) if args.quick else (1, 4, 16)
+    repeats = 1 if args.quick else args.repeats
+    names = [n for n in args.workloads.split(",") if n]
+    load = [os.getloadavg()[0]]
+    ours: dict[str, dict[str, Row]] = {}
+    base: dict[str, dict[str, Row]] | None = None
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        for name in names:
+            print(f"this checkout, {name}:", flush=True)
+            ours[name] = measure(REPO, work, WORKLOADS[name], levels, repeats, args.quick)
+        if not args.no_baseline:
+            base = {}
+            with worktree(args.baseline) as code:
+                for name in names:
+                    print(f"baseline {args.baseline}, {name}:", flush=True)
+                    base[name] = measure(code, work, WORKLOADS[name], levels, repeats, args.quick)
+    load.append(os.getloadavg()[0])
+    summary = report(ours, base)
+    record(
+        "throughput",
+        {
+            "ours": ours,
+            "baseline": base,
+            "baseline_ref": None if args.no_baseline else args.baseline,
+            "repeats": repeats,
+            "load_1m_before_after": load,
+        },
+        args.quick,
+    )
+    print("throughput: " + " ".join(summary))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,256 @@
+"""Batching with an admission window (StageRuntime) and CPU thread budgets: a batch that
+is not full waits, briefly, only for requests already sent whose inputs are on their way;
+a lone request never waits; a request cancelled while the batch waited leaves it."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Hashable, Sequence
+from typing import Any
+
+import pytest
+import torch
+
+from omnipipe.api.cpus import cores_of, split_cores, threads_for
+from omnipipe.api.spec import Role
+from omnipipe.api.wire import SubmitRequest
+from omnipipe.transfer import Mailbox, Message, make_sender
+from omnipipe.worker.metrics import WorkerMetrics
+from omnipipe.worker.runtime import StageRuntime
+from omnipipe.worker.stages.base import Stage, StageJob, StageResult
+from omnipipe.worker.threads import thread_budget
+from tests.unit.test_omni_stages import spec
+
+pytestmark = pytest.mark.timeout(30)
+
+
+class Recording(Stage):
+    """Batches everything with the same `k` param; records each engine call's batch."""
+
+    def __init__(self) -> None:
+        super().__init__(spec("denoise", Role.DENOISER), "unused", "cpu")
+        self.batches: list[list[str]] = []
+        self.lock = threading.Lock()
+
+    def load(self) -> None:
+        pass
+
+    def batch_key(self, job: StageJob) -> Hashable | None:
+        return job.params.get("k")
+
+    def run(self, job: StageJob) -> StageResult:
+        return self.run_batch([job])[0]
+
+    def run_batch(self, jobs: Sequence[StageJob]) -> list[StageResult]:
+        with self.lock:
+            self.batches.append([str(j.params["id"]) for j in jobs])
+        time.sleep(0.05)
+        return [StageResult() for _ in jobs]
+
+
+def runtime(stage: Stage, wait_s: float, max_batch: int = 8) -> StageRuntime:
+    metrics = WorkerMetrics.create("p", "denoise")
+    rt = StageRuntime("denoise", stage, Mailbox(), make_sender("tcp"), metrics, max_batch, wait_s)
+    rt.start()
+    return rt
+
+
+def request(rid: str, k: str | None = "same") -> SubmitRequest:
+    return SubmitRequest(
+        request_id=rid, params={"id": rid, "k": k}, inputs=["encode"], timeout_seconds=20
+    )
+
+
+async def deliver(rt: StageRuntime, rid: str) -> None:
+    await rt.mailbox.put(Message(rid, "encode", {"x": torch.zeros(1)}))
+
+
+async def finish(rt: StageRuntime, rids: list[str]) -> None:
+    tasks = [t for rid in rids if (t := TASKS[id(rt), rid]) is not None]
+    await asyncio.wait_for(asyncio.gather(*tasks), 10)
+
+
+TASKS: dict[tuple[int, str], asyncio.Task[None] | None] = {}
+
+
+def submit(rt: StageRuntime, req: SubmitRequest) -> None:
+    TASKS[id(rt), req.request_id] = rt.submit(req).task
+
+
+async def test_requests_on_their_way_join_a_batch_that_waits_for_them() -> None:
+    stage = Recording()
+    rt = runtime(stage, wait_s=1.0)
+    ids = ["a", "b", "c"]
+    for rid in ids:
+        submit(rt, request(rid))
+    for rid in ids:  # inputs arrive 50 ms apart, as encodes finishing one by one
+        await deliver(rt, rid)
+        await asyncio.sleep(0.05)
+    await finish(rt, ids)
+    await rt.close()
+    assert stage.batches == [ids]
+
+
+async def test_without_a_window_only_what_is_queued_runs_together() -> None:
+    stage = Recording()
+    rt = runtime(stage, wait_s=0.0)
+    ids = ["a", "b", "c"]
+    for rid in ids:
+        submit(rt, request(rid))
+    for rid in ids:
+        await deliver(rt, rid)
+        await asyncio.sleep(0.1)
+    await finish(rt, ids)
+    await rt.close()
+    assert stage.batches == [["a"], ["b"], ["c"]]
+
+
+async def test_a_lone_request_never_waits_for_the_window() -> None:
+    stage = Recording()
+    rt = runtime(stage, wait_s=5.0)
+    submit(rt, request("a"))
+    started = time.monotonic()
+    await deliver(rt, "a")
+    await finish(rt, ["a"])
+    took = time.monotonic() - started
+    await rt.close()
+    assert stage.batches == [["a"]]
+    assert took < 1.0
+
+
+async def test_the_window_is_bounded_and_the_batch_by_max_batch() -> None:
+    stage = Recording()
+    rt = runtime(stage, wait_s=0.2, max_batch=2)
+    for rid in ("a", "b", "c", "late"):
+        submit(rt, request(rid))
+    for rid in ("a", "b", "c"):
+        await deliver(rt, rid)
+    started = time.monotonic()
+    await finish(rt, ["a", "b", "c"])
+    # "late" never gets its inputs: the batches after the first do not wait past 0.2 s.
+    assert time.monotonic() - started < 2.0
+    assert stage.batches == [["a", "b"], ["c"]]
+    rt.cancel("late")
+    await rt.close()
+
+
+async def test_incompatible_requests_never_share_a_batch() -> None:
+    stage = Recording()
+    rt = runtime(stage, wait_s=0.5)
+    submit(rt, request("a", k="x"))
+    submit(rt, request("b", k="y"))
+    submit(rt, request("c", k=None))
+    submit(rt, request("d", k=None))
+    for rid in ("a", "b", "c", "d"):
+        await deliver(rt, rid)
+    await finish(rt, ["a", "b", "c", "d"])
+    await rt.close()
+    assert sorted(stage.batches) == [["a"], ["b"], ["c"], ["d"]]
+
+
+async def test_a_request_cancelled_while_the_batch_waits_leaves_it() -> None:
+    stage = Recording()
+    rt = runtime(stage, wait_s=0.5)
+    for rid in ("a", "b", "c"):
+        submit(rt, request(rid))
+    await deliver(rt, "a")
+    await deliver(rt, "b")
+    await asyncio.sleep(0.1)  # a and b wait in the window for c
+    rt.cancel("b")
+    await deliver(rt, "c")
+    await finish(rt, ["a", "c"])
+    await rt.close()
+    assert stage.batches == [["a", "c"]]
+
+
+def test_cpu_quantities_become_threads() -> None:
+    assert cores_of(None) is None
+    assert cores_of("500m") == 0.5
+    assert cores_of("2") == 2.0
+    assert cores_of(3) == 3.0
+    assert [threads_for(c) for c in (0.25, 1.0, 1.5, 16)] == [1, 1, 2, 16]
+    for bad in ("", "abc", "0", "-1", "1Gi"):
+        with pytest.raises(ValueError, match="CPU quantity"):
+            cores_of(bad)
+
+
+def test_a_machine_is_split_evenly_with_at_least_one_thread_each() -> None:
+    assert split_cores(2, {"encode": 1, "denoise": 1, "decode": 1}) == {
+        "encode": 1,
+        "denoise": 1,
+        "decode": 1,
+    }
+    assert split_cores(16, {"encode": 1, "denoise": 2, "decode": 1}) == {
+        "encode": 4,
+        "denoise": 4,
+        "decode": 4,
+    }
+    assert split_cores(8, {}) == {}
+
+
+def test_the_thread_budget_prefers_the_launcher_then_the_stage_cpu() -> None:
+    from omnipipe.api.cpus import usable_cpus
+
+    assert thread_budget(3, "8") == 3
+    assert thread_budget(None, "500m") == 1
+    assert thread_budget(None, "1024") == usable_cpus()
+    assert thread_budget(None, None) == usable_cpus()
+    assert thread_budget(None, "1Gi") == usable_cpus()  # no CPU quantity: warned, ignored
+
+
+IMAGE_MANIFEST = """
+apiVersion: omnipipe.io/v1alpha1
+kind: OmniPipeline
+metadata: {name: img}
+spec: {model: "tiny://qwen-image", pipeline: qwen-image}
+"""
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("cfg", [False, True], ids=["no-cfg", "cfg"])
+def test_prompts_of_different_lengths_share_a_forward_and_equal_running_alone(cfg: bool) -> None:
+    import yaml
+    from diffusers import QwenImagePipeline
+
+    from omnipipe.api import parse_resource, resolve
+    from omnipipe.worker.models.tiny import resolve_model_path
+    from omnipipe.worker.stages import stage_class
+
+    path = resolve_model_path("tiny://qwen-image")
+    pipeline = resolve(parse_resource(yaml.safe_load(IMAGE_MANIFEST)))
+    stages = {}
+    for s in pipeline.stages[:2]:
+        stages[s.name] = stage_class(s, path)(s, path, "cpu")
+        stages[s.name].load()
+    base = {"width": 64, "height": 64, "num_inference_steps": 3, "guidance_scale": 4.0}
+    if cfg:
+        base["negative_prompt"] = "blurry"
+    prompts = ["a cat", "a lighthouse on a cliff at dusk, oil painting, warm light"]
+    params = [{**base, "prompt": p, "seed": 7 + i} for i, p in enumerate(prompts)]
+    encoded = [stages["encode"].run(StageJob(p, {})).tensors for p in params]
+    lengths = {e["prompt_embeds"].shape[1] for e in encoded}
+    assert len(lengths) == 2, "the prompts should tokenize to different lengths"
+    jobs = [StageJob(p, {"encode": e}) for p, e in zip(params, encoded, strict=True)]
+    denoise = stages["denoise"]
+    assert denoise.batch_key(jobs[0]) == denoise.batch_key(jobs[1])
+    alone = [denoise.run_batch([j])[0].tensors["latents"] for j in jobs]
+    together = [r.tensors["latents"] for r in denoise.run_batch(jobs)]
+    for a, t in zip(alone, together, strict=True):
+        torch.testing.assert_close(t, a, rtol=1e-4, atol=1e-4)
+    # The fence: one prompt alone equals diffusers' whole pipeline.
+    pipe: Any = QwenImagePipeline.from_pretrained(path)
+    pipe.set_progress_bar_config(disable=True)
+    with torch.inference_mode():
+        expected = pipe(
+            prompt=prompts[1],
+            negative_prompt=base.get("negative_prompt"),
+            true_cfg_scale=4.0 if cfg else 1.0,
+            height=64,
+            width=64,
+            num_inference_steps=3,
+            generator=torch.Generator().manual_seed(8),
+            output_type="latent",
+        ).images
+    torch.testing.assert_close(together[1], expected, rtol=1e-4, atol=1e-4)
