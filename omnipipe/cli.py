@@ -107,8 +107,9 @@ def _overrides(args: argparse.Namespace, names: Sequence[str]) -> dict[str, obje
 def _cmd_worker(args: argparse.Namespace) -> int:
     import os
 
-    from omnipipe.worker.main import run_worker
+    from omnipipe.api.loading import load_pipeline
     from omnipipe.worker.settings import WorkerSettings
+    from omnipipe.worker.threads import apply_thread_budget, thread_budget
 
     values = _overrides(
         args, ("stage", "host", "port", "transfer_port", "advertise_host", "threads")
@@ -116,7 +117,13 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     values["pipeline_file"] = args.pipeline
     if "advertise_host" not in values and os.environ.get("OMNIPIPE_POD_IP"):
         values["advertise_host"] = os.environ["OMNIPIPE_POD_IP"]
-    run_worker(WorkerSettings(**values))  # type: ignore[arg-type]
+    settings = WorkerSettings(**values)  # type: ignore[arg-type]
+    stage = load_pipeline(settings.pipeline_file).stage(settings.stage)
+    # Before torch loads (run_worker's imports): OpenMP sizes every thread's team from it.
+    apply_thread_budget(thread_budget(settings.threads, stage.cpu))
+    from omnipipe.worker.main import run_worker
+
+    run_worker(settings)
     return 0
 
 

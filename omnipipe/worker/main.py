@@ -9,7 +9,6 @@ import uvicorn
 from omnipipe.api.loading import load_pipeline
 from omnipipe.worker.server import build_app
 from omnipipe.worker.settings import WorkerSettings
-from omnipipe.worker.threads import apply_thread_budget, thread_budget
 
 
 def _quiet_progress_bars() -> None:
@@ -28,8 +27,7 @@ def run_worker(settings: WorkerSettings) -> None:
     logging.getLogger("httpx").setLevel(logging.WARNING)
     _quiet_progress_bars()
     pipeline = load_pipeline(settings.pipeline_file)
-    app = build_app(pipeline, settings)  # fails fast on an unknown stage
-    apply_thread_budget(thread_budget(settings.threads, pipeline.stage(settings.stage).cpu))
+    app = build_app(pipeline, settings)
     server = uvicorn.Server(
         uvicorn.Config(
             app,

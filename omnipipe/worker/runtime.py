@@ -25,6 +25,7 @@ from omnipipe.worker.stages.base import (
     StageInputError,
     StageJob,
     StageResult,
+    SteppedStage,
     StepResult,
     StreamingStage,
     Tensors,
@@ -370,15 +371,17 @@ class StageRuntime:
         self._take_compatible(batch)
         return batch
 
-    def _take_compatible(self, batch: list[Job]) -> None:
-        """Moves queued jobs that may run with batch[0] into the batch, up to max_batch."""
+    def _take_compatible(self, batch: list[Job], limit: int | None = None) -> None:
+        """Moves queued jobs that may run with batch[0] into the batch, until it holds
+        `limit` (max_batch by default)."""
+        limit = self.max_batch if limit is None else limit
         assert self.stage is not None
         assert batch[0].stage_job is not None
         key = self.stage.batch_key(batch[0].stage_job)
         if key is None:
             return
         for job in list(self._queue):
-            if len(batch) >= self.max_batch:
+            if len(batch) >= limit:
                 break
             if job.stage_job is not None and self.stage.batch_key(job.stage_job) == key:
                 self._queue.remove(job)
@@ -408,33 +411,102 @@ class StageRuntime:
                 return
             self._take_compatible(batch)
 
+    def _live(self, job: Job) -> bool:
+        """Still wanted: not cancelled, timed out or gone."""
+        return self.jobs.get(job.request.request_id) is job and not (
+            job.stage_job is not None and job.stage_job.cancelled.is_set()
+        )
+
+    async def _next_batch(self) -> list[Job]:
+        """The head of the queue and what may run with it, marked running."""
+        batch = self._take_batch()
+        if self.batch_wait_seconds > 0:
+            await self._admit(batch)
+            # Requests cancelled while the batch waited have left it.
+            batch = [j for j in batch if self._live(j)]
+        for job in batch:
+            job.running = True
+            self.metrics.observe_queue_wait(time.monotonic() - job.queued)
+        self._update_load()
+        return batch
+
+    @staticmethod
+    def _settle(job: Job, result: StageResult | None, error: BaseException | None) -> None:
+        job.running = False
+        if job.result and not job.result.done():
+            if error is not None:
+                job.result.set_exception(error)
+            else:
+                job.result.set_result(result or StageResult())
+
+    async def _stepped_loop(self, stage: SteppedStage) -> None:
+        """Requests share each step: compatible ones join between steps (the queue's
+        head decides; one that cannot join waits for the batch to drain), and one whose
+        request is gone leaves at the next step while the rest go on."""
+        active: list[tuple[Job, Any]] = []
+        while True:
+            if not active and not self._queue:
+                await self._wakeup.wait()
+                self._wakeup.clear()
+                continue
+            joining: list[Job] = []
+            if not active:
+                joining = await self._next_batch()
+            elif self._queue and len(active) < self.max_batch:
+                head = self._queue[0]
+                assert head.stage_job is not None
+                assert active[0][0].stage_job is not None
+                key = stage.batch_key(active[0][0].stage_job)
+                if key is not None and stage.batch_key(head.stage_job) == key:
+                    joining = [self._queue.popleft()]
+                    self._take_compatible(joining, self.max_batch - len(active))
+                    for job in joining:
+                        job.running = True
+                        self.metrics.observe_queue_wait(time.monotonic() - job.queued)
+                    self._update_load()
+            for job in joining:
+                assert job.stage_job is not None
+                try:
+                    active.append((job, await self._run_on_engine(stage.begin, job.stage_job)))
+                except Exception as exc:
+                    self._settle(job, None, exc)
+            for job, _ in active:
+                if not self._live(job):
+                    job.running = False
+            active = [(job, state) for job, state in active if self._live(job)]
+            if not active:
+                self._update_load()
+                continue
+            try:
+                await self._run_on_engine(stage.step, [state for _, state in active])
+            except Exception as exc:
+                for job, _ in active:
+                    self._settle(job, None, exc)
+                active = []
+            for job, state in active:
+                if stage.finished(state):
+                    self._settle(job, stage.finish(state), None)
+            active = [(job, state) for job, state in active if job.running]
+            self._update_load()
+
     async def _engine_loop(self) -> None:
+        if isinstance(self.stage, SteppedStage):
+            await self._stepped_loop(self.stage)
+            return
         while True:
             await self._wakeup.wait()
             self._wakeup.clear()
             while self._queue and self.stage is not None:
-                batch = self._take_batch()
-                if self.batch_wait_seconds > 0:
-                    await self._admit(batch)
-                    # Requests cancelled while the batch waited have left it.
-                    batch = [j for j in batch if self.jobs.get(j.request.request_id) is j]
-                    if not batch:
-                        continue
-                for job in batch:
-                    job.running = True
-                    self.metrics.observe_queue_wait(time.monotonic() - job.queued)
-                self._update_load()
+                batch = await self._next_batch()
+                if not batch:
+                    continue
                 stage_jobs = [j.stage_job for j in batch if j.stage_job is not None]
                 try:
                     results = await self._run_on_engine(self.stage.run_batch, stage_jobs)
                 except Exception as exc:
                     for job in batch:
-                        if job.result and not job.result.done():
-                            job.result.set_exception(exc)
+                        self._settle(job, None, exc)
                 else:
                     for job, result in zip(batch, results, strict=True):
-                        if job.result and not job.result.done():
-                            job.result.set_result(result)
-                for job in batch:
-                    job.running = False
+                        self._settle(job, result, None)
                 self._update_load()

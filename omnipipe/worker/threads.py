@@ -4,8 +4,8 @@ Several workers share a machine (`omnipipe serve`) or a pod's CPU limit. Left al
 torch and OpenMP runtime starts one thread per core it sees, so on 2 cores three workers
 run 6 busy threads, and every OpenMP barrier waits for a thread that is parked behind
 another process's. The budget comes from, in order: the launcher's split
-(OMNIPIPE_WORKER_THREADS), the stage's resources.cpu, the CPU quota of this cgroup, and
-the CPUs this process may run on.
+(--threads), OMP_NUM_THREADS when the stage's env sets it, the stage's resources.cpu,
+the CPU quota of this cgroup, and the CPUs this process may run on.
 """
 
 from __future__ import annotations
@@ -22,6 +22,10 @@ log = logging.getLogger(__name__)
 def thread_budget(configured: int | None, stage_cpu: str | None) -> int:
     if configured is not None:
         return configured
+    # A stage's env may set it (spec.stages[].env): the user's word wins over a guess.
+    with contextlib.suppress(ValueError):
+        if (given := int(os.environ.get("OMP_NUM_THREADS", ""))) >= 1:
+            return given
     try:
         cores = cores_of(stage_cpu)
     except ValueError:
@@ -30,16 +34,26 @@ def thread_budget(configured: int | None, stage_cpu: str | None) -> int:
     return min(threads_for(cores), usable_cpus()) if cores is not None else usable_cpus()
 
 
+def budget_environment(threads: int) -> dict[str, str]:
+    """The variables that size OpenMP, MKL, OpenBLAS and the tokenizers' Rayon pool. They
+    must be in the environment before torch loads: OpenMP reads them once, and a thread
+    started later (the engine thread) takes its team size from them, not from a
+    set_num_threads on another thread (vLLM's CPU attention checks the two agree)."""
+    return {
+        "OMP_NUM_THREADS": str(threads),
+        "MKL_NUM_THREADS": str(threads),
+        "OPENBLAS_NUM_THREADS": str(threads),
+        "RAYON_NUM_THREADS": str(threads),
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+
+
 def apply_thread_budget(threads: int) -> None:
-    """Size every pool this process runs: torch's intra-op and inter-op pools, OpenMP and
-    MKL (through the environment too, for runtimes not yet loaded), and the tokenizers'
-    Rayon pool, which would otherwise start one thread per core per worker."""
+    """Size every pool this process runs: the environment (for runtimes not yet loaded)
+    and torch's intra-op and inter-op pools."""
+    os.environ.update(budget_environment(threads))
     import torch
 
-    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
-        os.environ[var] = str(threads)
-    os.environ.setdefault("RAYON_NUM_THREADS", str(threads))
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     torch.set_num_threads(threads)
     # Inter-op parallelism runs independent ops side by side: the engine thread runs one
     # graph at a time, so one inter-op thread is all it uses. Settable once per process.

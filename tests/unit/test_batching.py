@@ -19,7 +19,7 @@ from omnipipe.api.wire import SubmitRequest
 from omnipipe.transfer import Mailbox, Message, make_sender
 from omnipipe.worker.metrics import WorkerMetrics
 from omnipipe.worker.runtime import StageRuntime
-from omnipipe.worker.stages.base import Stage, StageJob, StageResult
+from omnipipe.worker.stages.base import Stage, StageJob, StageResult, SteppedStage
 from omnipipe.worker.threads import thread_budget
 from tests.unit.test_omni_stages import spec
 
@@ -165,6 +165,96 @@ async def test_a_request_cancelled_while_the_batch_waits_leaves_it() -> None:
     assert stage.batches == [["a", "c"]]
 
 
+class Steps(SteppedStage):
+    """Each request takes `steps` steps of 30 ms; every step's rows are recorded."""
+
+    def __init__(self) -> None:
+        super().__init__(spec("denoise", Role.DENOISER), "unused", "cpu")
+        self.log: list[list[str]] = []
+
+    def load(self) -> None:
+        pass
+
+    def batch_key(self, job: StageJob) -> Hashable | None:
+        return job.params.get("k")
+
+    def begin(self, job: StageJob) -> list[Any]:
+        return [job.params["id"], int(job.params.get("steps", 5))]
+
+    def step(self, states: Sequence[list[Any]]) -> None:
+        self.log.append([s[0] for s in states])
+        time.sleep(0.03)
+        for s in states:
+            s[1] -= 1
+
+    def finished(self, state: list[Any]) -> bool:
+        return bool(state[1] <= 0)
+
+    def finish(self, state: list[Any]) -> StageResult:
+        return StageResult(outputs=[{"id": state[0]}])
+
+
+def stepped(rid: str, steps: int, k: str | None = "same") -> SubmitRequest:
+    return SubmitRequest(
+        request_id=rid,
+        params={"id": rid, "k": k, "steps": steps},
+        inputs=["encode"],
+        timeout_seconds=20,
+    )
+
+
+async def test_a_request_joins_a_running_batch_at_a_step_boundary() -> None:
+    stage = Steps()
+    rt = runtime(stage, wait_s=0.0)
+    submit(rt, stepped("a", 10))
+    await deliver(rt, "a")
+    await asyncio.sleep(0.1)  # a is a few steps in
+    submit(rt, stepped("b", 3))
+    await deliver(rt, "b")
+    await finish(rt, ["a", "b"])
+    await rt.close()
+    together = [i for i, rows in enumerate(stage.log) if rows == ["a", "b"]]
+    assert len(together) == 3, stage.log  # b's three steps all ran beside a's
+    assert stage.log[0] == ["a"]
+    assert stage.log[together[-1] + 1 :] == [["a"]] * (10 - together[-1] - 1)
+    assert sum(rows.count("a") for rows in stage.log) == 10
+
+
+async def test_a_request_whose_client_left_leaves_at_the_next_step() -> None:
+    stage = Steps()
+    rt = runtime(stage, wait_s=0.0)
+    submit(rt, stepped("a", 8))
+    submit(rt, stepped("b", 8))
+    await deliver(rt, "a")
+    await deliver(rt, "b")
+    await asyncio.sleep(0.1)
+    rt.cancel("b")
+    await finish(rt, ["a"])
+    await rt.close()
+    assert sum(rows.count("a") for rows in stage.log) == 8  # a went on to its end
+    assert 1 <= sum(rows.count("b") for rows in stage.log) < 8, stage.log
+    last_b = max(i for i, rows in enumerate(stage.log) if "b" in rows)
+    assert all(rows == ["a"] for rows in stage.log[last_b + 1 :])
+
+
+async def test_an_incompatible_request_waits_for_the_batch_to_drain() -> None:
+    stage = Steps()
+    rt = runtime(stage, wait_s=0.0)
+    submit(rt, stepped("a", 4, k="x"))
+    await deliver(rt, "a")
+    await asyncio.sleep(0.05)
+    submit(rt, stepped("b", 2, k="y"))
+    submit(rt, stepped("c", 2, k="x"))
+    await deliver(rt, "b")
+    await deliver(rt, "c")
+    await finish(rt, ["a", "b", "c"])
+    await rt.close()
+    # c is compatible with a but queued behind b: it does not overtake b.
+    assert not any("b" in rows and "a" in rows for rows in stage.log)
+    first_b = min(i for i, rows in enumerate(stage.log) if "b" in rows)
+    assert all("c" not in rows for rows in stage.log[:first_b]), stage.log
+
+
 def test_cpu_quantities_become_threads() -> None:
     assert cores_of(None) is None
     assert cores_of("500m") == 0.5
@@ -190,9 +280,15 @@ def test_a_machine_is_split_evenly_with_at_least_one_thread_each() -> None:
     assert split_cores(8, {}) == {}
 
 
-def test_the_thread_budget_prefers_the_launcher_then_the_stage_cpu() -> None:
+def test_the_thread_budget_prefers_the_launcher_then_the_stage_cpu(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     from omnipipe.api.cpus import usable_cpus
 
+    monkeypatch.setenv("OMP_NUM_THREADS", "5")
+    assert thread_budget(3, "8") == 3
+    assert thread_budget(None, "8") == 5  # the stage's env said so
+    monkeypatch.delenv("OMP_NUM_THREADS")
     assert thread_budget(3, "8") == 3
     assert thread_budget(None, "500m") == 1
     assert thread_budget(None, "1024") == usable_cpus()

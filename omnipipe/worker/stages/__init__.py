@@ -32,7 +32,7 @@ def unimplemented_stages(pipeline: ResolvedPipeline) -> list[str]:
 def image_stage_class(spec: ResolvedStage, model_path: str) -> type[Stage]:
     """The checkpoint's pipeline class picks the family: Qwen-Image or Qwen-Image-Edit."""
     from omnipipe.worker.engines.diffusers import QWEN_IMAGE_EDIT, pipeline_class_name
-    from omnipipe.worker.stages import qwen_image, qwen_image_edit
+    from omnipipe.worker.stages import qwen_image, qwen_image_denoise, qwen_image_edit
 
     if pipeline_class_name(model_path) == QWEN_IMAGE_EDIT:
         return {
@@ -48,7 +48,7 @@ def image_stage_class(spec: ResolvedStage, model_path: str) -> type[Stage]:
         )
     return {
         Role.TEXT_ENCODER: qwen_image.TextEncodeStage,
-        Role.DENOISER: qwen_image.DenoiseStage,
+        Role.DENOISER: qwen_image_denoise.SteppedDenoiseStage,
         Role.VAE_DECODER: qwen_image.DecodeStage,
     }[spec.role]
 

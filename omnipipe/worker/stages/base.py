@@ -115,6 +115,38 @@ class Stage(ABC):
         return [self.run(job) for job in jobs]
 
 
+class SteppedStage(Stage):
+    """A stage whose engine work is a loop of steps that requests share: the runtime lets
+    compatible requests (equal batch_key) join the running batch between steps, and one
+    whose client has gone leaves at the next step while the rest go on."""
+
+    @abstractmethod
+    def begin(self, job: StageJob) -> Any:
+        """The request's state before its first step (noise, schedule position)."""
+
+    @abstractmethod
+    def step(self, states: Sequence[Any]) -> None:
+        """One step of every state, as one batch; advances each in place."""
+
+    @abstractmethod
+    def finished(self, state: Any) -> bool: ...
+
+    @abstractmethod
+    def finish(self, state: Any) -> StageResult: ...
+
+    def run(self, job: StageJob) -> StageResult:
+        return self.run_batch([job])[0]
+
+    def run_batch(self, jobs: Sequence[StageJob]) -> list[StageResult]:
+        """All of `jobs` from their first step to their last, together (no joining)."""
+        states = [self.begin(job) for job in jobs]
+        while not all(self.finished(s) for s in states):
+            if all(job.cancelled.is_set() for job in jobs):
+                break
+            self.step([s for s in states if not self.finished(s)])
+        return [self.finish(s) for s in states]
+
+
 @dataclass
 class Chunk:
     """Part of one upstream stage's output, in the order it was sent."""

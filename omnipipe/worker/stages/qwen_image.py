@@ -1,11 +1,11 @@
 """Qwen-Image split into three stages, reproducing QwenImagePipeline.__call__:
-encode (prompt and negative prompt in one batch) -> denoise (true CFG) -> decode."""
+encode (prompt and negative prompt in one batch) -> denoise (true CFG,
+qwen_image_denoise.py) -> decode."""
 
 from __future__ import annotations
 
 import base64
 import io
-from collections.abc import Hashable, Sequence
 from typing import Any
 
 import torch
@@ -16,7 +16,7 @@ from omnipipe.worker.stages.base import Stage, StageInputError, StageJob, StageR
 MAX_SEQUENCE_LENGTH = 512
 
 
-def _int(params: dict[str, Any], key: str, default: int) -> int:
+def int_param(params: dict[str, Any], key: str, default: int) -> int:
     value = params.get(key, default)
     if not isinstance(value, int) or isinstance(value, bool):
         raise StageInputError(f"{key} must be an integer")
@@ -66,79 +66,12 @@ def padded(rows: list[torch.Tensor]) -> torch.Tensor:
     )
 
 
-class DenoiseStage(Stage):
-    """Flow-matching DiT denoising with true CFG over the two embeddings -> latents."""
-
-    def load(self) -> None:
-        self.pipe = load_qwen_image(self.model_path, self.device, {"transformer", "scheduler"})
-
-    @staticmethod
-    def _geometry(params: dict[str, Any]) -> tuple[int, int, int, int, float]:
-        width, height = _int(params, "width", 1024), _int(params, "height", 1024)
-        n, steps = _int(params, "n", 1), _int(params, "num_inference_steps", 50)
-        guidance = float(params.get("guidance_scale", 4.0))
-        return width, height, n, steps, guidance
-
-    def batch_key(self, job: StageJob) -> Hashable | None:
-        width, height, _, steps, guidance = self._geometry(job.params)
-        cfg = "negative_prompt_embeds" in job.inputs.get("encode", {})
-        # Prompts of any length share a forward: run_batch pads them and masks the pad.
-        return (width, height, steps, guidance if cfg else None, cfg)
-
-    def run(self, job: StageJob) -> StageResult:
-        return self.run_batch([job])[0]
-
-    def run_batch(self, jobs: Sequence[StageJob]) -> list[StageResult]:
-        width, height, _, steps, guidance = self._geometry(jobs[0].params)
-        encs = [job.inputs["encode"] for job in jobs]
-        counts = [self._geometry(job.params)[2] for job in jobs]
-        generators = [
-            torch.Generator(device="cpu").manual_seed(_int(job.params, "seed", 0) + i)
-            for job, n in zip(jobs, counts, strict=True)
-            for i in range(n)
-        ]
-
-        def stack(key: str) -> torch.Tensor | None:
-            if key not in encs[0]:
-                return None
-            return padded(
-                [
-                    e[key].to(self.device).repeat_interleave(n, dim=0)
-                    for e, n in zip(encs, counts, strict=True)
-                ]
-            )
-
-        pipe = self.pipe
-
-        def stop_when_all_cancelled(
-            _pipe: Any, _step: int, _t: Any, kwargs: dict[str, Any]
-        ) -> dict[str, Any]:
-            self.progress()
-            # The pipeline checks `interrupt` before each step: nobody waits for this batch.
-            if all(job.cancelled.is_set() for job in jobs):
-                pipe._interrupt = True
-            return kwargs
-
-        with torch.inference_mode():
-            latents = pipe(
-                prompt_embeds=stack("prompt_embeds"),
-                prompt_embeds_mask=stack("prompt_mask"),
-                negative_prompt_embeds=stack("negative_prompt_embeds"),
-                negative_prompt_embeds_mask=stack("negative_prompt_mask"),
-                # Without a negative prompt there is no CFG; 1.0 says so to the pipeline.
-                true_cfg_scale=guidance if "negative_prompt_embeds" in encs[0] else 1.0,
-                height=height,
-                width=width,
-                num_inference_steps=steps,
-                generator=generators,
-                output_type="latent",
-                callback_on_step_end=stop_when_all_cancelled,
-            ).images
-        results, start = [], 0
-        for n in counts:
-            results.append(StageResult(tensors={"latents": latents[start : start + n]}))
-            start += n
-        return results
+def geometry(params: dict[str, Any]) -> tuple[int, int, int, int, float]:
+    """Width, height, images, steps and guidance scale of a text-to-image request."""
+    width, height = int_param(params, "width", 1024), int_param(params, "height", 1024)
+    n, steps = int_param(params, "n", 1), int_param(params, "num_inference_steps", 50)
+    guidance = float(params.get("guidance_scale", 4.0))
+    return width, height, n, steps, guidance
 
 
 class DecodeStage(Stage):
@@ -149,7 +82,7 @@ class DecodeStage(Stage):
 
     def run(self, job: StageJob) -> StageResult:
         pipe = self.pipe
-        width, height = _int(job.params, "width", 1024), _int(job.params, "height", 1024)
+        width, height = int_param(job.params, "width", 1024), int_param(job.params, "height", 1024)
         latents = job.inputs["denoise"]["latents"].to(self.device)
         with torch.inference_mode():
             latents = pipe._unpack_latents(latents, height, width, pipe.vae_scale_factor)

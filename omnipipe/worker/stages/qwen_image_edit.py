@@ -16,7 +16,7 @@ from omnipipe.api.edit import condition_size
 from omnipipe.worker.engines.diffusers import load_qwen_image
 from omnipipe.worker.stages.base import Stage, StageJob, StageResult, Tensors
 from omnipipe.worker.stages.media import decode_image
-from omnipipe.worker.stages.qwen_image import _int, prompt_of
+from omnipipe.worker.stages.qwen_image import int_param, prompt_of
 
 # diffusers' calculate_shift defaults, used when the scheduler config names none.
 SHIFT_DEFAULTS = {
@@ -101,8 +101,8 @@ class EditDenoiseStage(Stage):
 
     @staticmethod
     def _geometry(params: dict[str, Any]) -> tuple[int, int, int, float]:
-        width, height = _int(params, "width", 1024), _int(params, "height", 1024)
-        steps = _int(params, "num_inference_steps", 50)
+        width, height = int_param(params, "width", 1024), int_param(params, "height", 1024)
+        steps = int_param(params, "num_inference_steps", 50)
         return width, height, steps, float(params.get("guidance_scale", 4.0))
 
     def batch_key(self, job: StageJob) -> Hashable | None:
@@ -116,7 +116,7 @@ class EditDenoiseStage(Stage):
     def run_batch(self, jobs: Sequence[StageJob]) -> list[StageResult]:
         pipe, device = self.pipe, self.device
         width, height, steps, guidance = self._geometry(jobs[0].params)
-        counts = [_int(job.params, "n", 1) for job in jobs]
+        counts = [int_param(job.params, "n", 1) for job in jobs]
         encs = [{**job.inputs["encode"], **job.inputs["encode-image"]} for job in jobs]
 
         def stack(key: str) -> torch.Tensor | None:
@@ -150,7 +150,7 @@ class EditDenoiseStage(Stage):
             torch.randn(
                 (1, 1, channels, lat_h, lat_w),
                 generator=torch.Generator(device="cpu").manual_seed(
-                    _int(job.params, "seed", 0) + i
+                    int_param(job.params, "seed", 0) + i
                 ),
                 dtype=dtype,
             )
