@@ -200,20 +200,23 @@ class Level:
         return len(self.latencies) / self.wall_s if self.wall_s else 0.0
 
 
-def drive(call: Callable[[int], None], concurrency: int, total: int) -> Level:
+def drive(call: Callable[[int], None], concurrency: int, total: int, cap_s: float) -> Level:
+    """`concurrency` closed-loop clients share `total` requests; none starts after cap_s
+    (the slow anchor under a busy neighbour would otherwise take minutes a level)."""
     lock = threading.Lock()
     latencies: list[float] = []
     errors = [0]
     issued = [0]
+    started = time.monotonic()
 
     def client() -> None:
         while True:
             with lock:
-                if issued[0] >= total:
+                if issued[0] >= total or time.monotonic() - started > cap_s:
                     return
                 issued[0] += 1
                 i = issued[0]
-            started = time.monotonic()
+            sent = time.monotonic()
             try:
                 call(i)
             except openai.OpenAIError as exc:
@@ -222,9 +225,8 @@ def drive(call: Callable[[int], None], concurrency: int, total: int) -> Level:
                     errors[0] += 1
                 continue
             with lock:
-                latencies.append(time.monotonic() - started)
+                latencies.append(time.monotonic() - sent)
 
-    started = time.monotonic()
     threads = [threading.Thread(target=client) for _ in range(concurrency)]
     for t in threads:
         t.start()
@@ -244,7 +246,13 @@ Row = dict[str, float]
 
 
 def measure(
-    code: Path, work: Path, wl: Workload, levels: tuple[int, ...], repeats: int, quick: bool
+    code: Path,
+    work: Path,
+    wl: Workload,
+    levels: tuple[int, ...],
+    repeats: int,
+    quick: bool,
+    cap_s: float,
 ) -> dict[str, Row]:
     path = work / f"{wl.name}.yaml"
     path.write_text(wl.manifest)
@@ -256,12 +264,12 @@ def measure(
         client = openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=300)
         call = CALLS[wl.name]
         for i in range(3):  # the first requests pay one-time costs (lazy imports, allocator)
-            call(client, -1 - i)
+            call(client, 10_000 + i)
         for busy in (False, True):
             with busy_neighbour(busy):
                 for c in levels:
                     runs = [
-                        drive(lambda i: call(client, i), c, wl.requests(c, quick))
+                        drive(lambda i: call(client, i), c, wl.requests(c, quick), cap_s)
                         for _ in range(repeats)
                     ]
                     errors = sum(r.errors for r in runs)
@@ -362,6 +370,9 @@ def main() -> None:
     parser.add_argument("--no-baseline", action="store_true", help="measure this checkout only")
     parser.add_argument("--workloads", default="image,speech")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--cap", type=float, default=15.0, help="seconds a repeat may start requests for"
+    )
     args = parser.parse_args()
     levels = (1, 4) if args.quick else (1, 4, 16)
     repeats = 1 if args.quick else args.repeats
@@ -373,13 +384,15 @@ def main() -> None:
         work = Path(tmp)
         for name in names:
             print(f"this checkout, {name}:", flush=True)
-            ours[name] = measure(REPO, work, WORKLOADS[name], levels, repeats, args.quick)
+            ours[name] = measure(REPO, work, WORKLOADS[name], levels, repeats, args.quick, args.cap)
         if not args.no_baseline:
             base = {}
             with worktree(args.baseline) as code:
                 for name in names:
                     print(f"baseline {args.baseline}, {name}:", flush=True)
-                    base[name] = measure(code, work, WORKLOADS[name], levels, repeats, args.quick)
+                    base[name] = measure(
+                        code, work, WORKLOADS[name], levels, repeats, args.quick, args.cap
+                    )
     load.append(os.getloadavg()[0])
     summary = report(ours, base)
     record(

@@ -64,7 +64,8 @@ class Resources(SpecModel):
     """Compute resources of one replica of a stage."""
 
     cpu: Quantity | None = None
-    """CPU request and limit, as a Kubernetes quantity ("2", "500m")."""
+    """CPU request and limit, as a Kubernetes quantity ("2", "500m"). It also sizes the
+    worker's thread pools (torch, OpenMP): one thread per core, at least one."""
     memory: Quantity | None = None
     """Memory request and limit, as a Kubernetes quantity ("16Gi")."""
     gpus: Annotated[int, Field(ge=0, le=64)] | None = None
@@ -187,8 +188,9 @@ class Stage(SpecModel):
     autoscaling: Autoscaling | None = None
     """Autoscaling policy. When set, the autoscaler owns the replica count."""
     max_batch: Annotated[int, Field(ge=1, le=c.MAX_BATCH)] | None = None
-    """Most requests one engine call runs together where the stage batches: a denoiser
-    runs requests whose settings differ only in prompt and seed as one forward. Default 8."""
+    """Most requests the stage runs together where it batches: a Qwen-Image denoiser runs
+    requests of one image size as one forward per step, and requests join between steps.
+    Default 8."""
     batch_wait_ms: Annotated[int, Field(ge=0, le=c.MAX_BATCH_WAIT_MS)] | None = None
     """How long a batching stage holds a batch that is not full for requests already sent
     to it whose inputs are still upstream. It never waits for requests nobody sent, so a

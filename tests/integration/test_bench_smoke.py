@@ -21,9 +21,9 @@ def not_json(token: str) -> NoReturn:
     raise ValueError(f"{token} is not JSON")
 
 
-def run_quick(name: str, tmp_path: Path) -> tuple[str, dict[str, object]]:
+def run_quick(name: str, tmp_path: Path, *extra: str) -> tuple[str, dict[str, object]]:
     proc = subprocess.run(
-        [sys.executable, str(REPO / f"bench/{name}.py"), "--quick"],
+        [sys.executable, str(REPO / f"bench/{name}.py"), "--quick", *extra],
         capture_output=True,
         text=True,
         cwd=REPO,
@@ -123,3 +123,16 @@ def test_soak_quick(tmp_path: Path) -> None:
     for p in procs.values():  # type: ignore[attr-defined]
         assert p["rss_mib_end"] > 0
         assert p["fds_end"] > 0
+
+
+def test_throughput_quick(tmp_path: Path) -> None:
+    # No baseline: a clean clone may be shallow, without the baseline commit.
+    out, results = run_quick("throughput", tmp_path, "--no-baseline")
+    assert "targets (issue 25)" in out
+    assert results["baseline"] is None
+    for workload in ("image", "speech"):
+        levels = results["ours"][workload]  # type: ignore[index]
+        assert set(levels) == {"1", "4", "1+busy", "4+busy"}
+        for r in levels.values():
+            assert r["throughput"] > 0
+            assert 0 < r["p50_ms"] <= r["p99_ms"]
