@@ -24,7 +24,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -36,9 +35,10 @@ from typing import Any
 import openai
 from _common import REPO, median, record, table
 
+from tests.e2e.conftest import start_serve
+
 # The commit before the throughput work (issue 25): what "today" means in its targets.
 BASELINE_REF = "184d14f"
-READY = "omnipipe: ready."
 
 IMAGE = """apiVersion: omnipipe.io/v1alpha1
 kind: OmniPipeline
@@ -111,62 +111,6 @@ CALLS: dict[str, Callable[[openai.OpenAI, int], None]] = {
     "image": image_request,
     "speech": speech_request,
 }
-
-
-@dataclass
-class Server:
-    proc: subprocess.Popen[str]
-    url: str
-    output: list[str]
-
-    def stop(self) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, 15)
-        try:
-            self.proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, 9)
-            self.proc.wait()
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def serve(code: Path, manifest: Path, timeout: float = 300) -> Server:
-    """`omnipipe serve` from the checkout at `code` (this one, or the baseline's worktree)."""
-    port = free_port()
-    env = {**os.environ, "UCX_NET_DEVICES": "lo", "PYTHONPATH": str(code)}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "omnipipe.cli", "serve", str(manifest), "--port", str(port)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        cwd=code,
-        env=env,
-        start_new_session=True,
-    )
-    server = Server(proc, f"http://127.0.0.1:{port}/v1", [])
-    ready = threading.Event()
-
-    def pump() -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            server.output.append(line)
-            if READY in line:
-                ready.set()
-
-    threading.Thread(target=pump, daemon=True).start()
-    deadline = time.monotonic() + timeout
-    while not ready.wait(0.2):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            server.stop()
-            raise RuntimeError("omnipipe serve did not start:\n" + "".join(server.output[-40:]))
-    return server
 
 
 def _spin() -> None:
@@ -257,11 +201,13 @@ def measure(
     path = work / f"{wl.name}.yaml"
     path.write_text(wl.manifest)
     t0 = time.monotonic()
-    server = serve(code, path)
+    server = start_serve(path, timeout=300, code=code)
     print(f"  {wl.name}: serve ready in {time.monotonic() - t0:.0f} s", flush=True)
     out: dict[str, Row] = {}
     try:
-        client = openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=300)
+        client = openai.OpenAI(
+            base_url=server.base_url, api_key="unused", max_retries=0, timeout=300
+        )
         call = CALLS[wl.name]
         for i in range(3):  # the first requests pay one-time costs (lazy imports, allocator)
             call(client, 10_000 + i)

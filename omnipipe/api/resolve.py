@@ -17,6 +17,7 @@ from omnipipe.api.spec import (
     Autoscaling,
     Engine,
     EnvVar,
+    MediaLimits,
     Metric,
     Role,
     Router,
@@ -58,6 +59,7 @@ class ResolvedStage(ResolvedModel):
     # Defaults, so that a pipeline file an older operator wrote still loads.
     max_batch: int = DEFAULT_MAX_BATCH
     batch_wait_ms: int = 0
+    media: MediaLimits = MediaLimits()
 
     @property
     def autoscaled(self) -> bool:
@@ -148,6 +150,7 @@ def _resolve_stage(model: str, default: StageDefaults | None, user: Stage) -> Re
         autoscaling=scaling,
         target=(scaling.target or DEFAULT_TARGETS[scaling.metric]) if scaling else None,
         max_batch=user.max_batch or DEFAULT_MAX_BATCH,
+        media=user.media or MediaLimits(),
         batch_wait_ms=(
             user.batch_wait_ms
             if user.batch_wait_ms is not None

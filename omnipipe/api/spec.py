@@ -102,6 +102,31 @@ class Toleration(SpecModel):
     """How long a NoExecute taint is tolerated before eviction."""
 
 
+class MediaLimits(SpecModel):
+    """What one chat request's images and audio may hold, checked from each item's header
+    before it is decoded (a thinker stage's budget)."""
+
+    max_images: Annotated[int, Field(ge=0, le=256)] = 16
+    """Most images in one request."""
+    max_image_pixels: Annotated[int, Field(ge=1, le=1_000_000_000)] = 64_000_000
+    """Most pixels of all the request's images together (one image at most this many)."""
+    max_audio_clips: Annotated[int, Field(ge=0, le=256)] = 16
+    """Most audio clips in one request."""
+    max_audio_seconds: Annotated[float, Field(gt=0, le=3600)] = 300.0
+    """Most seconds of all the request's audio clips together."""
+    min_sample_rate: Annotated[int, Field(ge=1, le=384_000)] = 8_000
+    """Lowest sample rate of a clip: a lower one is resampled into many more samples than
+    its bytes suggest (a 1 Hz clip of 350 bytes became 16,000 floats a byte)."""
+    max_sample_rate: Annotated[int, Field(ge=1, le=384_000)] = 192_000
+    """Highest sample rate of a clip."""
+
+    @model_validator(mode="after")
+    def _rates(self) -> MediaLimits:
+        if self.min_sample_rate > self.max_sample_rate:
+            raise ValueError("media.minSampleRate must be <= media.maxSampleRate")
+        return self
+
+
 class Autoscaling(SpecModel):
     """Per-stage autoscaling from Prometheus metrics. The autoscaler then owns replicas."""
 
@@ -191,6 +216,8 @@ class Stage(SpecModel):
     """Most requests the stage runs together where it batches: a Qwen-Image denoiser runs
     requests of one image size as one forward per step, and requests join between steps.
     Default 8."""
+    media: MediaLimits | None = None
+    """Per-request budget of a chat stage's images and audio (defaults apply unset)."""
     batch_wait_ms: Annotated[int, Field(ge=0, le=c.MAX_BATCH_WAIT_MS)] | None = None
     """How long a batching stage holds a batch that is not full for requests already sent
     to it whose inputs are still upstream. It never waits for requests nobody sent, so a

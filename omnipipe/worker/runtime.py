@@ -95,6 +95,9 @@ class StageRuntime:
         self._queue: deque[Job] = deque()
         self._wakeup = asyncio.Event()
         self._engine = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
+        # Requests' preparation (decoding media) beside the engine, one at a time: the
+        # processors' tokenizers are not safe to share between threads.
+        self._preparer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prepare")
         self._loop_task: asyncio.Task[None] | None = None
         self._idle = asyncio.Event()
         self._idle.set()
@@ -162,6 +165,7 @@ class StageRuntime:
         if self._loop_task:
             self._loop_task.cancel()
         self._engine.shutdown(wait=False, cancel_futures=True)
+        self._preparer.shutdown(wait=False, cancel_futures=True)
 
     def submit(self, request: SubmitRequest) -> Job:
         if request.request_id in self.jobs:
@@ -251,6 +255,8 @@ class StageRuntime:
         request = job.request
         job.stage_job = StageJob(request.params, {})
         job.queued = time.monotonic()
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(self._preparer, stage.prepare, job.stage_job)
         session: Session = await self._run_on_engine(stage.open, job.stage_job)
         job.running = True
         self.metrics.observe_queue_wait(time.monotonic() - job.queued)

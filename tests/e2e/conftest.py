@@ -74,17 +74,23 @@ class Served:
 
 
 def start_serve(
-    manifest: Path | str, env: dict[str, str] | None = None, timeout: float = 180
+    manifest: Path | str,
+    env: dict[str, str] | None = None,
+    timeout: float = 180,
+    code: Path = REPO,
 ) -> Served:
+    """`omnipipe serve` of `manifest`, from the checkout at `code` (another commit's
+    worktree, for a benchmark's anchor), once it says it is ready."""
     port = free_port()
+    pythonpath = {} if code == REPO else {"PYTHONPATH": str(code)}
     proc = subprocess.Popen(
         [sys.executable, "-m", "omnipipe.cli", "serve", str(manifest), "--port", str(port)],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        cwd=REPO,
+        cwd=code,
         start_new_session=True,
-        env={**os.environ, "UCX_NET_DEVICES": "lo", **(env or {})},
+        env={**os.environ, "UCX_NET_DEVICES": "lo", **pythonpath, **(env or {})},
     )
     served = Served(proc, f"http://127.0.0.1:{port}/v1")
     ready = threading.Event()
@@ -115,6 +121,13 @@ def start_serve(
                 "omnipipe serve did not become ready:\n" + "".join(served.output[-60:])
             )
     return served
+
+
+def rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError(f"no VmRSS for pid {pid}")
 
 
 def pids_alive(pids: list[int]) -> list[int]:

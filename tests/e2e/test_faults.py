@@ -30,7 +30,7 @@ import torch
 
 from omnipipe.api.constants import CREDENTIAL_ENV
 from omnipipe.transfer import Message, TransferRefused, make_sender
-from tests.e2e.conftest import Served, start_serve, stop_cleanly, write_pipeline
+from tests.e2e.conftest import Served, rss_kib, start_serve, stop_cleanly, write_pipeline
 
 pytestmark = pytest.mark.timeout(300)
 CREDENTIAL = "faults-pipeline-credential"
@@ -216,13 +216,6 @@ def assert_openai_error(exc: BaseException, status: int, kind: str) -> None:
     assert set(body) == {"error"}
     assert set(body["error"]) == {"message", "type", "param", "code"}
     assert body["error"]["type"] == kind, body
-
-
-def rss_kib(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    raise AssertionError(f"no VmRSS for pid {pid}")
 
 
 # ---- the image pipeline ---------------------------------------------------------------

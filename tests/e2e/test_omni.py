@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import io
 import math
+import threading
 import time
 import wave
 from collections.abc import Iterator
@@ -21,7 +22,7 @@ import openai
 import pytest
 from PIL import Image
 
-from tests.e2e.conftest import Served, start_serve, stop_cleanly
+from tests.e2e.conftest import Served, rss_kib, start_serve, stop_cleanly
 
 pytestmark = pytest.mark.timeout(300)
 THINKER_TOKENS = 12
@@ -250,8 +251,8 @@ def test_image_and_audio_inputs_reach_the_processor(client: openai.OpenAI) -> No
     assert media.usage.completion_tokens == THINKER_TOKENS
 
 
-def bad_part(part: dict[str, Any]) -> list[dict[str, Any]]:
-    return [{"role": "user", "content": [{"type": "text", "text": "look"}, part]}]
+def bad_part(*parts: dict[str, Any]) -> list[dict[str, Any]]:
+    return [{"role": "user", "content": [{"type": "text", "text": "look"}, *parts]}]
 
 
 GARBAGE = base64.b64encode(b"this is not media at all").decode()
@@ -288,6 +289,43 @@ def test_malformed_media_is_a_400(
 ) -> None:
     with pytest.raises(openai.BadRequestError, match=message):
         client.chat.completions.create(model=MODEL, messages=bad_part(part), stream=stream)
+
+
+def one_colour_png(side: int) -> str:
+    buffer = io.BytesIO()
+    Image.new("RGB", (side, side), (30, 90, 200)).save(buffer, "PNG")
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode()
+
+
+def test_media_past_the_request_budget_decodes_nothing_and_others_go_on(
+    served: Served, client: openai.OpenAI
+) -> None:
+    """Six 8000x8000 PNGs (1.1 GB decoded) and two hundred 1 Hz clips (each resampled to
+    16,000 floats a byte) are refused from their headers: the thinker's memory hardly
+    moves, and a chat sent beside them is answered."""
+    pid = served.workers["thinker-0"][1]
+    big = one_colour_png(8000)
+    clip = wav_b64(seconds=300, rate=1)
+    before = rss_kib(pid)
+    answered: list[Any] = []
+    beside = threading.Thread(
+        target=lambda: answered.append(client.chat.completions.create(model=MODEL, messages=HELLO))
+    )
+    beside.start()
+    started = time.monotonic()
+    images = [{"type": "image_url", "image_url": {"url": big}}] * 6
+    with pytest.raises(openai.BadRequestError, match="64000000 pixels in all") as refused:
+        client.chat.completions.create(model=MODEL, messages=bad_part(*images))
+    assert refused.value.body["param"] == "messages[0].content[2]"  # type: ignore[index]
+    clips = [{"type": "input_audio", "input_audio": {"data": clip, "format": "wav"}}] * 200
+    with pytest.raises(openai.BadRequestError, match="sample rate 1 Hz is outside 8000"):
+        client.chat.completions.create(model=MODEL, messages=bad_part(*clips))
+    took = time.monotonic() - started
+    beside.join(timeout=120)
+    grown_mib = (rss_kib(pid) - before) / 1024
+    assert answered, "the chat sent beside them was not answered"
+    assert took < 10, f"the refusals took {took:.1f} s"
+    assert grown_mib < 100, f"the thinker grew {grown_mib:.0f} MiB"
 
 
 def test_a_megabyte_message_is_a_400_that_names_the_context(

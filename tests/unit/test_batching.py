@@ -19,7 +19,16 @@ from omnipipe.api.wire import SubmitRequest
 from omnipipe.transfer import Mailbox, Message, make_sender
 from omnipipe.worker.metrics import WorkerMetrics
 from omnipipe.worker.runtime import StageRuntime
-from omnipipe.worker.stages.base import Stage, StageJob, StageResult, SteppedStage
+from omnipipe.worker.stages.base import (
+    Chunk,
+    Session,
+    Stage,
+    StageJob,
+    StageResult,
+    SteppedStage,
+    StepResult,
+    StreamingStage,
+)
 from omnipipe.worker.threads import thread_budget
 from tests.unit.test_omni_stages import spec
 
@@ -253,6 +262,56 @@ async def test_an_incompatible_request_waits_for_the_batch_to_drain() -> None:
     assert not any("b" in rows and "a" in rows for rows in stage.log)
     first_b = min(i for i, rows in enumerate(stage.log) if "b" in rows)
     assert all("c" not in rows for rows in stage.log[:first_b]), stage.log
+
+
+class Preparing(StreamingStage):
+    """A "heavy" request's prepare takes 0.6 s (decoding its media); every session's
+    steps are timed."""
+
+    def __init__(self) -> None:
+        super().__init__(spec("thinker", Role.THINKER), "unused", "cpu")
+        self.steps: list[tuple[str, float]] = []
+        self.prepared_on: list[str] = []
+
+    def load(self) -> None:
+        pass
+
+    def prepare(self, job: StageJob) -> None:
+        self.prepared_on.append(threading.current_thread().name)
+        if job.params["id"] == "heavy":
+            time.sleep(0.6)
+        job.prepared = job.params["id"]
+
+    def open(self, job: StageJob) -> Session:
+        stage = self
+
+        class Ticking(Session):
+            left = 40
+
+            def step(self, chunks: Sequence[Chunk]) -> StepResult | None:
+                stage.steps.append((job.prepared, time.monotonic()))
+                time.sleep(0.02)
+                self.left -= 1
+                return StepResult(done=self.left == 0)
+
+            def close(self) -> None:
+                pass
+
+        return Ticking()
+
+
+async def test_a_request_prepares_beside_the_engine_while_others_step() -> None:
+    stage = Preparing()
+    rt = runtime(stage, wait_s=0.0)
+    submit(rt, SubmitRequest(request_id="light", params={"id": "light"}, timeout_seconds=20))
+    await asyncio.sleep(0.1)  # light is stepping
+    started = time.monotonic()
+    submit(rt, SubmitRequest(request_id="heavy", params={"id": "heavy"}, timeout_seconds=20))
+    await finish(rt, ["light", "heavy"])
+    await rt.close()
+    during = [t for who, t in stage.steps if who == "light" and started < t < started + 0.5]
+    assert len(during) >= 10, "the light request's steps stopped while heavy prepared"
+    assert set(stage.prepared_on) == {"prepare_0"}
 
 
 def test_cpu_quantities_become_threads() -> None:

@@ -197,3 +197,47 @@ def test_a_realistic_clip_stays_within_the_bounds() -> None:
     height, width = small.frames.shape[1:3]
     assert width * height <= VIDEO_MIN_PIXELS * 1.05
     assert abs(width / height - 640 / 360) < 0.05
+
+
+def test_frames_past_the_count_or_the_rate_are_refused_before_decoding() -> None:
+    many = make_video(seconds=20, width=16, height=16, fps=10, audio=False)  # 200 frames
+    with pytest.raises(StageInputError, match="video of more than 100 frames"):
+        decode_video(b64(many), "v", VideoLimits(max_source_frames=100))
+    packed = make_video(seconds=0.2, width=16, height=16, fps=5000, audio=False)
+    with pytest.raises(StageInputError, match=r"1000 frames in 0\.20s, more than 240 frames a"):
+        decode_video(b64(packed), "v", VideoLimits())
+
+
+def test_every_decoded_frame_is_held_to_the_size_limit(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stream whose header says 64x48 switches to 128x96 at a keyframe (two MPEG-TS
+    clips back to back, as a hostile client would splice them): the frame is refused as
+    it is decoded, though the header passed. The limit is lowered to 64x48 to show it."""
+    import omnipipe.worker.stages.video as video
+
+    spliced = ts_clip(64, 48, first_pts=0) + ts_clip(128, 96, first_pts=10)
+    monkeypatch.setattr(video, "MAX_SOURCE_PIXELS", 64 * 48)
+    with pytest.raises(StageInputError, match="frame 10 is 128x96, larger than 3072 pixels"):
+        decode_video(b64(spliced), "v", VideoLimits())
+    small = ts_clip(64, 48, first_pts=0)
+    assert decode_video(b64(small), "v", VideoLimits()).frames.shape[1:] == (48, 64, 3)
+
+
+def ts_clip(width: int, height: int, first_pts: int, frames: int = 10) -> bytes:
+    import io
+
+    import av
+    import numpy as np
+
+    buffer = io.BytesIO()
+    with av.open(buffer, "w", format="mpegts") as out:
+        stream = out.add_stream("libx264", rate=10)
+        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
+        for i in range(frames):
+            image = np.full((height, width, 3), 40 * i % 255, np.uint8)
+            frame = av.VideoFrame.from_ndarray(image, format="rgb24")
+            frame.pts = first_pts + i
+            for packet in stream.encode(frame):
+                out.mux(packet)
+        for packet in stream.encode():
+            out.mux(packet)
+    return buffer.getvalue()

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from omnipipe.api.spec import MediaLimits
 from omnipipe.worker.bagel.context import (
     FULL,
     Prompt,
@@ -40,7 +41,7 @@ from omnipipe.worker.stages.base import (
     StreamingStage,
     refusal_message,
 )
-from omnipipe.worker.stages.media import decode_image
+from omnipipe.worker.stages.media import MediaBudget, charge_media, decode_image
 from omnipipe.worker.stages.sampling import Sampling
 from omnipipe.worker.stages.thinker import THINKER_SAMPLING, ReplyText
 from omnipipe.worker.stages.vllm_thinker import sampling_params
@@ -48,7 +49,9 @@ from omnipipe.worker.stages.vllm_thinker import sampling_params
 MAX_IMAGES = 4
 
 
-def conversation(params: dict[str, Any]) -> tuple[list[Turn], list[Any]]:
+def conversation(
+    params: dict[str, Any], limits: MediaLimits | None = None
+) -> tuple[list[Turn], list[Any]]:
     """Router messages (or an image request's prompt) -> turns and decoded images."""
     messages = params.get("messages")
     if messages is None:
@@ -58,6 +61,7 @@ def conversation(params: dict[str, Any]) -> tuple[list[Turn], list[Any]]:
         return [Turn("user", (prompt,))], []
     if not isinstance(messages, list) or not messages:
         raise StageInputError("messages must be a non-empty list")
+    charge_media(messages, MediaBudget(limits or MediaLimits()))
     turns: list[Turn] = []
     images: list[Any] = []
     for i, message in enumerate(messages):
@@ -97,8 +101,13 @@ class BagelThinkStage(StreamingStage):
         self.engine = VllmEngine(self.model_path, args, self.device, [])
         self.sessions: dict[str, BagelThinkSession] = {}
 
+    def prepare(self, job: StageJob) -> None:
+        job.prepared = conversation(job.params, self.spec.media)
+
     def open(self, job: StageJob) -> Session:
-        return BagelThinkSession(self, job.params)
+        if job.prepared is None:
+            self.prepare(job)
+        return BagelThinkSession(self, job.params, job.prepared)
 
     def advance(self) -> None:
         """One engine step for every open request; outputs go to their sessions."""
@@ -139,7 +148,12 @@ class BagelThinkStage(StreamingStage):
 
 
 class BagelThinkSession(Session):
-    def __init__(self, stage: BagelThinkStage, params: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        stage: BagelThinkStage,
+        params: dict[str, Any],
+        prepared: tuple[list[Turn], list[Any]],
+    ) -> None:
         self.stage = stage
         self.want_text = bool(params.get("text", False))
         self.want_image = bool(params.get("image", True))
@@ -147,7 +161,7 @@ class BagelThinkSession(Session):
             raise StageInputError("nothing to make: ask for text, an image or both")
         self.text_cfg = cfg_scale(params, "cfg_text_scale", 4.0) > 1.0
         self.image_cfg = cfg_scale(params, "cfg_img_scale", 1.0) > 1.0
-        self.turns, self.images = conversation(params)
+        self.turns, self.images = prepared
         self.sampling = Sampling.from_params(stage.sampling, params.get("sampling"))
         self.pending: dict[str, tuple[str, str]] = {}  # request id -> (context, engine id)
         self.finished: set[str] = set()

@@ -73,6 +73,8 @@ class StageJob:
     # Upstream stage name -> the KV blocks it sent, as rows of this worker's BlockTable
     # (bytes); the runtime frees the rows once the job is done.
     blocks: dict[str, list[torch.Tensor]] = field(default_factory=dict)
+    # What StreamingStage.prepare made of the request (its decoded media), for open().
+    prepared: Any = None
 
 
 @dataclass
@@ -183,6 +185,11 @@ class StreamingStage(Stage):
     """A stage that starts on its inputs' first chunks and emits chunks as it goes. The
     worker interleaves the steps of all open sessions on its engine thread, so one slow
     or starved request does not hold the others."""
+
+    def prepare(self, job: StageJob) -> None:
+        """Work a request needs before its session opens that does not touch the engine
+        (decoding its media), kept in job.prepared. The runtime runs it off the engine
+        thread, so the open sessions' steps go on meanwhile."""
 
     @abstractmethod
     def open(self, job: StageJob) -> Session: ...

@@ -12,6 +12,7 @@ import wave
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
+from omnipipe.api.spec import MediaLimits
 from omnipipe.worker.stages.base import StageInputError
 
 MAX_AUDIO_SECONDS = 300
@@ -19,6 +20,52 @@ MAX_IMAGE_PIXELS = 64_000_000
 # The vision processors' limit (Qwen2-VL's smart_resize takes less than 200:1); a longer
 # strip is refused here, with its size, before any processor sees it.
 MAX_ASPECT_RATIO = 200
+
+
+class MediaBudget:
+    """What one request's media may still take, charged from each item's header before
+    the item is decoded: what a request decodes is bounded by its limits, not its bytes
+    (six 8000x8000 one-colour PNGs are 1.6 MB of body and 1.1 GB decoded)."""
+
+    def __init__(self, limits: MediaLimits) -> None:
+        self.limits = limits
+        self.images = self.pixels = self.clips = 0
+        self.seconds = 0.0
+
+    def take_image(self, width: int, height: int, where: str) -> None:
+        lim = self.limits
+        if self.images + 1 > lim.max_images:
+            raise StageInputError(
+                f"{where}: more than {lim.max_images} images in one request", param="messages"
+            )
+        if self.pixels + width * height > lim.max_image_pixels:
+            raise StageInputError(
+                f"{where}: {width}x{height} takes the request's images past their limit of "
+                f"{lim.max_image_pixels} pixels in all"
+            )
+        self.images += 1
+        self.pixels += width * height
+
+    def take_audio(self, frames: int, rate: int, where: str) -> None:
+        lim = self.limits
+        if not lim.min_sample_rate <= rate <= lim.max_sample_rate:
+            raise StageInputError(
+                f"{where}: sample rate {rate} Hz is outside {lim.min_sample_rate} to "
+                f"{lim.max_sample_rate} Hz"
+            )
+        if self.clips + 1 > lim.max_audio_clips:
+            raise StageInputError(
+                f"{where}: more than {lim.max_audio_clips} audio clips in one request",
+                param="messages",
+            )
+        seconds = frames / rate
+        if self.seconds + seconds > lim.max_audio_seconds:
+            raise StageInputError(
+                f"{where}: {seconds:.0f}s takes the request's audio past its limit of "
+                f"{lim.max_audio_seconds:.0f}s in all"
+            )
+        self.clips += 1
+        self.seconds += seconds
 
 
 def _bytes(data: object, where: str) -> bytes:
@@ -34,10 +81,9 @@ def _too_large(where: str, size: str = "the image") -> StageInputError:
     return StageInputError(f"{where}: {size} is over the limit of {MAX_IMAGE_PIXELS} pixels")
 
 
-def decode_image(data: object, where: str) -> Image.Image:
-    """The image, once its header says it is within the pixel and aspect-ratio limits."""
-    raw = _bytes(data, where)
-    undecodable = f"{where}: not a decodable image (PNG, JPEG, WebP, GIF)"
+def _open_image(raw: bytes, where: str) -> Image.Image:
+    """The image, opened lazily (its header read, nothing decoded), once its header says
+    it is within the pixel and aspect-ratio limits."""
     try:
         with warnings.catch_warnings():
             # Past PIL's warning size the header is still read; the size is checked here.
@@ -46,40 +92,75 @@ def decode_image(data: object, where: str) -> Image.Image:
     except Image.DecompressionBombError:  # PIL's own limit, far above ours
         raise _too_large(where) from None
     except (UnidentifiedImageError, OSError, ValueError):
-        raise StageInputError(undecodable) from None
-    with image:
-        width, height = image.size
-        if width * height > MAX_IMAGE_PIXELS:
-            raise _too_large(where, f"{width}x{height}")
-        if width < 1 or height < 1:
-            raise StageInputError(f"{where}: the image has no pixels ({width}x{height})")
-        if max(width, height) >= MAX_ASPECT_RATIO * min(width, height):
-            raise StageInputError(
-                f"{where}: {width}x{height} is past the aspect-ratio limit: the longer side "
-                f"must be less than {MAX_ASPECT_RATIO} times the shorter"
-            )
+        raise StageInputError(_undecodable(where)) from None
+    width, height = image.size
+    if width * height > MAX_IMAGE_PIXELS:
+        image.close()
+        raise _too_large(where, f"{width}x{height}")
+    if width < 1 or height < 1:
+        image.close()
+        raise StageInputError(f"{where}: the image has no pixels ({width}x{height})")
+    if max(width, height) >= MAX_ASPECT_RATIO * min(width, height):
+        image.close()
+        raise StageInputError(
+            f"{where}: {width}x{height} is past the aspect-ratio limit: the longer side "
+            f"must be less than {MAX_ASPECT_RATIO} times the shorter"
+        )
+    return image
+
+
+def _undecodable(where: str) -> str:
+    return f"{where}: not a decodable image (PNG, JPEG, WebP, GIF)"
+
+
+def charge_image(data: object, where: str, budget: MediaBudget) -> None:
+    """Charge the request's budget for an image from its header alone."""
+    with _open_image(_bytes(data, where), where) as image:
+        budget.take_image(*image.size, where)
+
+
+def decode_image(data: object, where: str) -> Image.Image:
+    """The image, once its header says it is within the pixel and aspect-ratio limits."""
+    with _open_image(_bytes(data, where), where) as image:
         try:
             return image.convert("RGB")
         except (OSError, ValueError, Image.DecompressionBombError):
-            raise StageInputError(undecodable) from None
+            raise StageInputError(_undecodable(where)) from None
+
+
+def _wav_header(wav: wave.Wave_read, where: str) -> tuple[int, int, int, int]:
+    """Sample width, channels, rate and frame count, once they are within the limits."""
+    width, channels, rate = wav.getsampwidth(), wav.getnchannels(), wav.getframerate()
+    count = wav.getnframes()
+    if channels < 1 or rate < 1:
+        raise StageInputError(f"{where}: the WAV header has no channels or no rate")
+    if count > MAX_AUDIO_SECONDS * rate:
+        raise StageInputError(f"{where}: audio longer than {MAX_AUDIO_SECONDS}s")
+    return width, channels, rate, count
+
+
+def _read_wav(raw: bytes, where: str, frames: bool) -> tuple[int, int, int, int, bytes]:
+    try:
+        with wave.open(io.BytesIO(raw)) as wav:
+            width, channels, rate, count = _wav_header(wav, where)
+            return width, channels, rate, count, wav.readframes(count) if frames else b""
+    except (wave.Error, EOFError, ValueError, struct.error) as exc:
+        if isinstance(exc, StageInputError):
+            raise
+        raise StageInputError(f"{where}: not a decodable WAV file") from None
+
+
+def charge_wav(data: object, where: str, budget: MediaBudget) -> None:
+    """Charge the request's budget for a clip from its header alone (its claimed length:
+    a clip cut short is charged for what it claims)."""
+    _, _, rate, count, _ = _read_wav(_bytes(data, where), where, frames=False)
+    budget.take_audio(count, rate, where)
 
 
 def decode_wav(data: object, where: str, sample_rate: int) -> np.ndarray:
     """A mono float32 waveform at sample_rate from WAV (PCM 8/16/24/32-bit) bytes. A clip
     cut short keeps its whole frames; one with none is the client's error."""
-    raw = _bytes(data, where)
-    try:
-        with wave.open(io.BytesIO(raw)) as wav:
-            width, channels, rate = wav.getsampwidth(), wav.getnchannels(), wav.getframerate()
-            count = wav.getnframes()
-            too_long = count > MAX_AUDIO_SECONDS * rate
-            frames = b"" if too_long else wav.readframes(count)
-    except (wave.Error, EOFError, ValueError, struct.error):
-        raise StageInputError(f"{where}: not a decodable WAV file") from None
-    if channels < 1 or rate < 1:
-        raise StageInputError(f"{where}: the WAV header has no channels or no rate")
-    if too_long:
-        raise StageInputError(f"{where}: audio longer than {MAX_AUDIO_SECONDS}s")
+    width, channels, rate, _, frames = _read_wav(_bytes(data, where), where, frames=True)
     if width not in (1, 2, 3, 4):
         raise StageInputError(f"{where}: unsupported WAV sample width {8 * width}-bit")
     # A truncated file (an odd byte count, a partial last frame) ends on a whole frame.
@@ -105,6 +186,22 @@ def decode_wav(data: object, where: str, sample_rate: int) -> np.ndarray:
     if len(samples) == 0:
         raise StageInputError(f"{where}: the WAV clip is too short to resample")
     return np.asarray(samples, dtype=np.float32)
+
+
+def charge_media(messages: object, budget: MediaBudget) -> None:
+    """Charge the budget for every image and clip of the messages from their headers,
+    before any is decoded: a request over its budget decodes nothing. Malformed messages
+    are left for the caller's own checks."""
+    if not isinstance(messages, list):
+        return
+    for i, message in enumerate(messages):
+        content = message.get("content") if isinstance(message, dict) else None
+        for j, part in enumerate(content if isinstance(content, list) else ()):
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind == "image":
+                charge_image(part.get("data"), f"messages[{i}].content[{j}]", budget)
+            elif kind == "audio":
+                charge_wav(part.get("data"), f"messages[{i}].content[{j}]", budget)
 
 
 def pcm16(waveform: np.ndarray) -> bytes:

@@ -30,7 +30,7 @@ from omnipipe.worker.stages.chat_media import (
     processor_options,
     processor_warnings_silenced,
 )
-from omnipipe.worker.stages.media import decode_image, decode_wav
+from omnipipe.worker.stages.media import MediaBudget, charge_media, decode_image, decode_wav
 from omnipipe.worker.stages.sampling import Sampling, next_token
 from omnipipe.worker.stages.video import decode_video
 
@@ -171,8 +171,20 @@ class ThinkerStage(StreamingStage):
         """What the talker needs of one fed reply token."""
         return hidden[-1][0, -1:] + hidden[0][0, -1:]
 
+    def prepare(self, job: StageJob) -> None:
+        job.prepared = self.conversation(
+            job.params.get("messages"), job.params.get("mm_processor_kwargs")
+        )
+
+    def prepared_conversation(self, job: StageJob) -> tuple[list[dict[str, Any]], ChatMedia]:
+        """What prepare() made, or (a caller that skipped it) the same made now."""
+        if job.prepared is None:
+            self.prepare(job)
+        conversation, media = job.prepared
+        return conversation, media
+
     def open(self, job: StageJob) -> Session:
-        return ThinkerSession(self, job.params)
+        return ThinkerSession(self, job)
 
     def prompt_text(self, conversation: list[dict[str, Any]]) -> str:
         text: str = self.processor.apply_chat_template(
@@ -210,6 +222,7 @@ class ThinkerStage(StreamingStage):
         rate = self.processor.feature_extractor.sampling_rate
         conversation: list[dict[str, Any]] = []
         media = ChatMedia.from_options(processor_options(mm_processor_kwargs))
+        charge_media(messages, MediaBudget(self.spec.media))
         for i, message in enumerate(messages):
             content = message.get("content") if isinstance(message, dict) else None
             role = message.get("role") if isinstance(message, dict) else None
@@ -259,16 +272,15 @@ class ReplyText:
 
 
 class ThinkerSession(Session):
-    def __init__(self, stage: ThinkerStage, params: dict[str, Any]) -> None:
+    def __init__(self, stage: ThinkerStage, job: StageJob) -> None:
+        params = job.params
         self.stage = stage
         self.want_audio = bool(params.get("audio"))
         if self.want_audio:
             self.voice = pick_voice(params, stage.voices)
         self.sampling = Sampling.from_params(stage.sampling, params.get("sampling"))
         self.generator = self.sampling.generator(stage.device)
-        conversation, media = stage.conversation(
-            params.get("messages"), params.get("mm_processor_kwargs")
-        )
+        conversation, media = stage.prepared_conversation(job)
         inputs = stage.process(stage.prompt_text(conversation), media)
         length = int(inputs["input_ids"].shape[1])
         if length >= stage.context_length:

@@ -38,6 +38,11 @@ MAX_VIDEO_SECONDS = 300
 # The largest frame the decoder may produce at full size (one at a time): 8K UHD.
 MAX_SOURCE_PIXELS = 7680 * 4320
 MAX_SAMPLING_FPS = 8.0
+# What the demuxer may find before any frame is decoded: every frame is decoded (the kept
+# ones are sampled from all), so their count bounds the work, and a clip of thousands of
+# frames a second (20,000 in 0.2 s) is no video a camera made.
+MAX_SOURCE_FRAMES = 18_000
+MAX_SOURCE_FPS = 240.0
 
 
 @dataclass(frozen=True)
@@ -49,6 +54,8 @@ class VideoLimits:
     total_pixels: int = VIDEO_TOTAL_PIXELS
     max_seconds: float = MAX_VIDEO_SECONDS
     max_bytes: int = MAX_VIDEO_BYTES
+    max_source_frames: int = MAX_SOURCE_FRAMES
+    max_source_fps: float = MAX_SOURCE_FPS
 
 
 @dataclass(frozen=True)
@@ -132,6 +139,10 @@ def _decode(container: Any, where: str, limits: VideoLimits, audio_rate: int | N
             times.append(float(packet.pts * base))
             if times[-1] - times[0] > limits.max_seconds:
                 raise StageInputError(f"{where}: video longer than {limits.max_seconds:g}s")
+            if len(times) > limits.max_source_frames:
+                raise StageInputError(
+                    f"{where}: video of more than {limits.max_source_frames} frames"
+                )
     if not times:
         raise StageInputError(f"{where}: the video stream holds no frames")
     times.sort()
@@ -140,12 +151,23 @@ def _decode(container: Any, where: str, limits: VideoLimits, audio_rate: int | N
     seconds = times[-1] - times[0] + step
     if seconds > limits.max_seconds:
         raise StageInputError(f"{where}: video longer than {limits.max_seconds:g}s")
+    if total > limits.max_source_fps * seconds:
+        raise StageInputError(
+            f"{where}: {total} frames in {seconds:.2f}s, more than "
+            f"{limits.max_source_fps:g} frames a second"
+        )
     count = frame_count(total, seconds, limits)
     keep = set(np.linspace(0, total - 1, count).round().astype(int).tolist())
     out_width, out_height = frame_size(width, height, count, limits)
     container.seek(0)
     frames: list[np.ndarray] = []
     for index, frame in enumerate(container.decode(stream)):
+        # Every frame, not the header alone: a stream may change size at a keyframe.
+        if frame.width * frame.height > MAX_SOURCE_PIXELS:
+            raise StageInputError(
+                f"{where}: frame {index} is {frame.width}x{frame.height}, larger than "
+                f"{MAX_SOURCE_PIXELS} pixels"
+            )
         if index in keep:
             frames.append(frame.to_ndarray(width=out_width, height=out_height, format="rgb24"))
         if index + 1 >= total:

@@ -79,7 +79,7 @@ class VllmThinkerMixin(ThinkerStage):
         return self._speakers
 
     def open(self, job: StageJob) -> Session:
-        return VllmThinkerSession(self, job.params)
+        return VllmThinkerSession(self, job)
 
     def advance(self) -> list[Any]:
         """One engine step for every open request; outputs go to their sessions and are
@@ -152,15 +152,14 @@ class VllmThinkerSession(Session):
     reply token fed to the model (so one token behind the text, as vLLM computes a
     token's state in the step that samples the next)."""
 
-    def __init__(self, stage: VllmThinkerMixin, params: dict[str, Any]) -> None:
+    def __init__(self, stage: VllmThinkerMixin, job: StageJob) -> None:
+        params = job.params
         self.stage = stage
         self.want_audio = bool(params.get("audio"))
         if self.want_audio:
             self.voice = pick_voice(params, stage.voices)
         self.sampling = Sampling.from_params(stage.sampling, params.get("sampling"))
-        conversation, chat_media = stage.conversation(
-            params.get("messages"), params.get("mm_processor_kwargs")
-        )
+        conversation, chat_media = stage.prepared_conversation(job)
         text = stage.prompt_text(conversation)
         self.media_inputs: dict[str, torch.Tensor] = {}
         if self.want_audio and chat_media:
