@@ -34,6 +34,8 @@ NETNS = "omnipipe-node"
 HOST_VETH, NODE_VETH = "opnode-host", "opnode-ns"
 HOST_IP, NODE_IP = "10.89.0.1", "10.89.0.2"
 BRIDGE, BRIDGE_IP = "opnode-br0", "10.88.0.1"
+# Locally administered (02:...), never a real card's.
+BRIDGE_MAC = "02:6f:70:6e:6f:01"
 POD_CIDR, SERVICE_CIDR = "10.88.0.0/24", "10.96.0.0/24"
 NODE_NAME = "realnode"
 API_PORT = 6443
@@ -220,6 +222,10 @@ def _network() -> None:
     # Forwarding between the veth and the bridge, inside the namespace only.
     in_node("sh", "-c", "echo 1 > /proc/sys/net/ipv4/ip_forward")
     in_node("ip", "link", "add", BRIDGE, "type", "bridge")
+    # A fixed address: a bridge left to choose takes its lowest port's, and changes it as
+    # pods come and go, so the pods' ARP entries for the gateway go stale and their
+    # replies to the host vanish until the entries are probed again.
+    in_node("ip", "link", "set", BRIDGE, "address", BRIDGE_MAC)
     in_node("ip", "addr", "add", f"{BRIDGE_IP}/24", "dev", BRIDGE)
     in_node("ip", "link", "set", BRIDGE, "up")
     for cidr in (POD_CIDR, SERVICE_CIDR):
