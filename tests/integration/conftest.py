@@ -22,7 +22,9 @@ REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(scope="session")
+# Package scope: the control plane stops after the tier's last test, within its timeout,
+# and is not left running beside the real node and the unit tests.
+@pytest.fixture(scope="package")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     with control_plane(tmp_path_factory.mktemp("k8s"), with_pods=True) as c:
         c.kubectl("apply", "--server-side", "-f", str(REPO / "crds/omnipipelines.omnipipe.io.yaml"))
@@ -83,7 +85,7 @@ class Operator:
         ]
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def operator(cluster: Cluster) -> Iterator[Operator]:
     kubeconfig = service_account_kubeconfig(cluster, "omnipipe-system", "omnipipe-operator")
     op = Operator(cluster, kubeconfig, cluster.workdir / "operator.log")

@@ -119,8 +119,11 @@ class Load:
                 c.images.generate(
                     model="scaled",
                     prompt="load",
-                    size="256x256",
-                    extra_body={"num_inference_steps": 30},
+                    # Denoise-bound, so that requests queue at denoise: at 256x256 the
+                    # decode took as long as 30 steps, and once every worker had its
+                    # own thread budget, requests waited at decode instead.
+                    size="64x64",
+                    extra_body={"num_inference_steps": 150},
                 )
 
     def __enter__(self) -> Load:

@@ -33,7 +33,10 @@ PROMETHEUS_URL = f"http://{BRIDGE_IP}:9090"
 OPERATOR_NAMESPACE = "omnipipe-system"
 
 
-@pytest.fixture(scope="session")
+# Package scope, not session: the node goes down right after the tier's last test,
+# inside that test's teardown and its timeout (900 s), not after the whole run's last
+# test, whose 30 s cut the node's teardown short and left its daemons running.
+@pytest.fixture(scope="package")
 def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealNode]:
     reason = missing_prerequisite()
     if reason:
@@ -42,7 +45,7 @@ def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RealNode]:
         yield n
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def images(node: RealNode) -> dict[str, str]:
     """The operator, router and CPU worker images, built (a no-op when cached, which
     `make test` has done before pytest starts) and imported into the node."""
@@ -61,7 +64,7 @@ def images(node: RealNode) -> dict[str, str]:
     return names
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def prom(node: RealNode, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]:
     """Prometheus inside the node's namespace, on the bridge address the operator's pod
     reaches, scraping every omnipipe pod (router and stages) as the chart's PodMonitor
@@ -107,7 +110,7 @@ def helm(node: RealNode, *args: str, timeout: float = 300) -> str:
     return proc.stdout
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def operator(node: RealNode, images: dict[str, str]) -> Iterator[str]:
     """`helm install` of the chart: the operator runs as a pod under its ServiceAccount,
     from the image built here. Yields the release's namespace."""

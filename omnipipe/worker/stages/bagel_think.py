@@ -61,7 +61,7 @@ def conversation(
         return [Turn("user", (prompt,))], []
     if not isinstance(messages, list) or not messages:
         raise StageInputError("messages must be a non-empty list")
-    charge_media(messages, MediaBudget(limits or MediaLimits()))
+    charge_media(messages, MediaBudget(limits or MediaLimits()), kinds=("image",))
     turns: list[Turn] = []
     images: list[Any] = []
     for i, message in enumerate(messages):

@@ -188,16 +188,20 @@ def decode_wav(data: object, where: str, sample_rate: int) -> np.ndarray:
     return np.asarray(samples, dtype=np.float32)
 
 
-def charge_media(messages: object, budget: MediaBudget) -> None:
-    """Charge the budget for every image and clip of the messages from their headers,
-    before any is decoded: a request over its budget decodes nothing. Malformed messages
-    are left for the caller's own checks."""
+def charge_media(
+    messages: object, budget: MediaBudget, kinds: tuple[str, ...] = ("image", "audio")
+) -> None:
+    """Charge the budget for every image and clip (of `kinds`, those the stage takes) of
+    the messages from their headers, before any is decoded: a request over its budget
+    decodes nothing. Malformed messages are left for the caller's own checks."""
     if not isinstance(messages, list):
         return
     for i, message in enumerate(messages):
         content = message.get("content") if isinstance(message, dict) else None
         for j, part in enumerate(content if isinstance(content, list) else ()):
             kind = part.get("type") if isinstance(part, dict) else None
+            if kind not in kinds:
+                continue
             if kind == "image":
                 charge_image(part.get("data"), f"messages[{i}].content[{j}]", budget)
             elif kind == "audio":
