@@ -258,9 +258,7 @@ class StageRuntime:
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self._preparer, stage.prepare, job.stage_job)
         session: Session = await self._run_on_engine(stage.open, job.stage_job)
-        job.running = True
-        self.metrics.observe_queue_wait(time.monotonic() - job.queued)
-        self._update_load()
+        self._start([job])
         inbox = Inbox()
         feeder = asyncio.create_task(self._feed(request, inbox))
         clock = AudioClock()
@@ -430,11 +428,15 @@ class StageRuntime:
             await self._admit(batch)
             # Requests cancelled while the batch waited have left it.
             batch = [j for j in batch if self._live(j)]
-        for job in batch:
+        self._start(batch)
+        return batch
+
+    def _start(self, jobs: list[Job]) -> None:
+        """Mark jobs running, with the time they waited in the queue."""
+        for job in jobs:
             job.running = True
             self.metrics.observe_queue_wait(time.monotonic() - job.queued)
         self._update_load()
-        return batch
 
     @staticmethod
     def _settle(job: Job, result: StageResult | None, error: BaseException | None) -> None:
@@ -466,10 +468,7 @@ class StageRuntime:
                 if key is not None and stage.batch_key(head.stage_job) == key:
                     joining = [self._queue.popleft()]
                     self._take_compatible(joining, self.max_batch - len(active))
-                    for job in joining:
-                        job.running = True
-                        self.metrics.observe_queue_wait(time.monotonic() - job.queued)
-                    self._update_load()
+                    self._start(joining)
             for job in joining:
                 assert job.stage_job is not None
                 try:

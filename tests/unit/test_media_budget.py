@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import base64
 import io
-import wave
 from typing import Any
 
 import pytest
 from PIL import Image
 
 from omnipipe.api.spec import MediaLimits
+from omnipipe.router.api.audio import wav_bytes
 from omnipipe.worker.stages.base import StageInputError
 from omnipipe.worker.stages.media import MediaBudget, charge_media
 
@@ -23,13 +23,7 @@ def png(width: int, height: int) -> str:
 
 
 def wav(frames: int, rate: int) -> str:
-    buf = io.BytesIO()
-    with wave.open(buf, "wb") as w:
-        w.setnchannels(1)
-        w.setsampwidth(2)
-        w.setframerate(rate)
-        w.writeframes(b"\x00\x01" * frames)
-    return base64.b64encode(buf.getvalue()).decode()
+    return base64.b64encode(wav_bytes(b"\x00\x01" * frames, rate)).decode()
 
 
 def messages(*parts: dict[str, Any]) -> list[dict[str, Any]]:

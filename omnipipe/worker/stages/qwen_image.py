@@ -66,6 +66,21 @@ def padded(rows: list[torch.Tensor]) -> torch.Tensor:
     )
 
 
+def schedule_shift(scheduler_config: Any, image_tokens: int) -> float:
+    """The flow-matching schedule's shift (mu) for an image of this many tokens, as
+    QwenImagePipeline and QwenImageEditPipeline compute it."""
+    from diffusers.pipelines.qwenimage.pipeline_qwenimage import calculate_shift
+
+    mu: float = calculate_shift(
+        image_tokens,
+        scheduler_config.get("base_image_seq_len", 256),
+        scheduler_config.get("max_image_seq_len", 4096),
+        scheduler_config.get("base_shift", 0.5),
+        scheduler_config.get("max_shift", 1.15),
+    )
+    return mu
+
+
 def geometry(params: dict[str, Any]) -> tuple[int, int, int, int, float]:
     """Width, height, images, steps and guidance scale of a text-to-image request."""
     width, height = int_param(params, "width", 1024), int_param(params, "height", 1024)

@@ -19,14 +19,7 @@ import torch
 
 from omnipipe.worker.engines.diffusers import load_qwen_image
 from omnipipe.worker.stages.base import StageJob, StageResult, SteppedStage
-from omnipipe.worker.stages.qwen_image import geometry, int_param, padded
-
-SHIFT_DEFAULTS = {
-    "base_image_seq_len": 256,
-    "max_image_seq_len": 4096,
-    "base_shift": 0.5,
-    "max_shift": 1.15,
-}
+from omnipipe.worker.stages.qwen_image import geometry, int_param, padded, schedule_shift
 
 
 @dataclass
@@ -61,12 +54,8 @@ class SteppedDenoiseStage(SteppedStage):
     def _make_schedule(self, steps: int, image_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The scheduler's shifted sigmas and timesteps, as the pipeline sets them."""
         scheduler = type(self.pipe.scheduler).from_config(self.pipe.scheduler.config)
-        shift = {k: scheduler.config.get(k, v) for k, v in SHIFT_DEFAULTS.items()}
-        slope = (shift["max_shift"] - shift["base_shift"]) / (
-            shift["max_image_seq_len"] - shift["base_image_seq_len"]
-        )
-        mu = image_tokens * slope + (shift["base_shift"] - slope * shift["base_image_seq_len"])
         sigmas = np.linspace(1.0, 1 / steps, steps)
+        mu = schedule_shift(scheduler.config, image_tokens)
         scheduler.set_timesteps(sigmas=sigmas, device=self.device, mu=mu)
         return scheduler.sigmas.clone(), scheduler.timesteps.clone()
 

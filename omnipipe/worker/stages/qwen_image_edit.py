@@ -16,17 +16,10 @@ from omnipipe.api.edit import condition_size
 from omnipipe.worker.engines.diffusers import load_qwen_image
 from omnipipe.worker.stages.base import Stage, StageJob, StageResult, Tensors
 from omnipipe.worker.stages.media import decode_image
-from omnipipe.worker.stages.qwen_image import int_param, prompt_of
+from omnipipe.worker.stages.qwen_image import int_param, prompt_of, schedule_shift
+
 
 # diffusers' calculate_shift defaults, used when the scheduler config names none.
-SHIFT_DEFAULTS = {
-    "base_image_seq_len": 256,
-    "max_image_seq_len": 4096,
-    "base_shift": 0.5,
-    "max_shift": 1.15,
-}
-
-
 def condition_image(pipe: Any, params: dict[str, Any]) -> Image.Image:
     """The request's input image at the conditioning size, as the pipeline resizes it."""
     image = decode_image(params.get("image"), "image")
@@ -164,11 +157,7 @@ class EditDenoiseStage(Stage):
 
         scheduler = pipe.scheduler
         sigmas = np.linspace(1.0, 1 / steps, steps)
-        shift = {k: scheduler.config.get(k, v) for k, v in SHIFT_DEFAULTS.items()}
-        slope = (shift["max_shift"] - shift["base_shift"]) / (
-            shift["max_image_seq_len"] - shift["base_image_seq_len"]
-        )
-        mu = latents.shape[1] * slope + (shift["base_shift"] - slope * shift["base_image_seq_len"])
+        mu = schedule_shift(scheduler.config, latents.shape[1])
         scheduler.set_timesteps(sigmas=sigmas, device=device, mu=mu)
         scheduler.set_begin_index(0)
 
