@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 import pytest
@@ -76,6 +76,16 @@ async def deliver(rt: StageRuntime, rid: str) -> None:
     await rt.mailbox.put(Message(rid, "encode", {"x": torch.zeros(1)}))
 
 
+async def until(what: str, check: Callable[[], bool]) -> None:
+    """Wait for a state rather than a time: a loaded machine stretches any sleep."""
+    try:
+        async with asyncio.timeout(10):
+            while not check():  # noqa: ASYNC110 - the state changes on the engine thread
+                await asyncio.sleep(0.002)
+    except TimeoutError:
+        raise AssertionError(f"timed out waiting for {what}") from None
+
+
 async def finish(rt: StageRuntime, rids: list[str]) -> None:
     tasks = [t for rid in rids if (t := TASKS[id(rt), rid]) is not None]
     await asyncio.wait_for(asyncio.gather(*tasks), 10)
@@ -108,9 +118,10 @@ async def test_without_a_window_only_what_is_queued_runs_together() -> None:
     ids = ["a", "b", "c"]
     for rid in ids:
         submit(rt, request(rid))
-    for rid in ids:
+    # Each arrives once the one before is running: none was queued when a batch began.
+    for n, rid in enumerate(ids, 1):
         await deliver(rt, rid)
-        await asyncio.sleep(0.1)
+        await until(f"{rid} to run", lambda: len(stage.batches) == n)  # noqa: B023 - awaited here
     await finish(rt, ids)
     await rt.close()
     assert stage.batches == [["a"], ["b"], ["c"]]
@@ -215,9 +226,9 @@ def stepped(rid: str, steps: int, k: str | None = "same") -> SubmitRequest:
 async def test_a_request_joins_a_running_batch_at_a_step_boundary() -> None:
     stage = Steps()
     rt = runtime(stage, wait_s=0.0)
-    submit(rt, stepped("a", 10))
+    submit(rt, stepped("a", 40))
     await deliver(rt, "a")
-    await asyncio.sleep(0.1)  # a is a few steps in
+    await until("a to be a few steps in", lambda: len(stage.log) >= 2)
     submit(rt, stepped("b", 3))
     await deliver(rt, "b")
     await finish(rt, ["a", "b"])
@@ -225,23 +236,23 @@ async def test_a_request_joins_a_running_batch_at_a_step_boundary() -> None:
     together = [i for i, rows in enumerate(stage.log) if rows == ["a", "b"]]
     assert len(together) == 3, stage.log  # b's three steps all ran beside a's
     assert stage.log[0] == ["a"]
-    assert stage.log[together[-1] + 1 :] == [["a"]] * (10 - together[-1] - 1)
-    assert sum(rows.count("a") for rows in stage.log) == 10
+    assert stage.log[together[-1] + 1 :] == [["a"]] * (40 - together[-1] - 1)
+    assert sum(rows.count("a") for rows in stage.log) == 40
 
 
 async def test_a_request_whose_client_left_leaves_at_the_next_step() -> None:
     stage = Steps()
     rt = runtime(stage, wait_s=0.0)
-    submit(rt, stepped("a", 8))
-    submit(rt, stepped("b", 8))
+    submit(rt, stepped("a", 20))
+    submit(rt, stepped("b", 20))
     await deliver(rt, "a")
     await deliver(rt, "b")
-    await asyncio.sleep(0.1)
+    await until("b to step", lambda: any("b" in rows for rows in stage.log))
     rt.cancel("b")
     await finish(rt, ["a"])
     await rt.close()
-    assert sum(rows.count("a") for rows in stage.log) == 8  # a went on to its end
-    assert 1 <= sum(rows.count("b") for rows in stage.log) < 8, stage.log
+    assert sum(rows.count("a") for rows in stage.log) == 20  # a went on to its end
+    assert 1 <= sum(rows.count("b") for rows in stage.log) < 20, stage.log
     last_b = max(i for i, rows in enumerate(stage.log) if "b" in rows)
     assert all(rows == ["a"] for rows in stage.log[last_b + 1 :])
 
@@ -265,13 +276,15 @@ async def test_an_incompatible_request_waits_for_the_batch_to_drain() -> None:
 
 
 class Preparing(StreamingStage):
-    """A "heavy" request's prepare takes 0.6 s (decoding its media); every session's
-    steps are timed."""
+    """A "heavy" request's prepare (decoding its media) lasts until the open "light"
+    session has taken 5 more steps, or 5 s: on the engine thread it would get none."""
 
     def __init__(self) -> None:
         super().__init__(spec("thinker", Role.THINKER), "unused", "cpu")
-        self.steps: list[tuple[str, float]] = []
+        self.steps: list[str] = []
         self.prepared_on: list[str] = []
+        self.light_stepped = threading.Event()
+        self.steps_at_prepare: int | None = None
 
     def load(self) -> None:
         pass
@@ -279,7 +292,8 @@ class Preparing(StreamingStage):
     def prepare(self, job: StageJob) -> None:
         self.prepared_on.append(threading.current_thread().name)
         if job.params["id"] == "heavy":
-            time.sleep(0.6)
+            self.steps_at_prepare = self.steps.count("light")
+            self.light_stepped.wait(5)
         job.prepared = job.params["id"]
 
     def open(self, job: StageJob) -> Session:
@@ -289,7 +303,10 @@ class Preparing(StreamingStage):
             left = 40
 
             def step(self, chunks: Sequence[Chunk]) -> StepResult | None:
-                stage.steps.append((job.prepared, time.monotonic()))
+                stage.steps.append(job.prepared)
+                since = stage.steps_at_prepare
+                if since is not None and stage.steps.count("light") >= since + 5:
+                    stage.light_stepped.set()
                 time.sleep(0.02)
                 self.left -= 1
                 return StepResult(done=self.left == 0)
@@ -304,13 +321,11 @@ async def test_a_request_prepares_beside_the_engine_while_others_step() -> None:
     stage = Preparing()
     rt = runtime(stage, wait_s=0.0)
     submit(rt, SubmitRequest(request_id="light", params={"id": "light"}, timeout_seconds=20))
-    await asyncio.sleep(0.1)  # light is stepping
-    started = time.monotonic()
+    await until("light to step", lambda: "light" in stage.steps)
     submit(rt, SubmitRequest(request_id="heavy", params={"id": "heavy"}, timeout_seconds=20))
     await finish(rt, ["light", "heavy"])
     await rt.close()
-    during = [t for who, t in stage.steps if who == "light" and started < t < started + 0.5]
-    assert len(during) >= 10, "the light request's steps stopped while heavy prepared"
+    assert stage.light_stepped.is_set(), "the light request's steps stopped while heavy prepared"
     assert set(stage.prepared_on) == {"prepare_0"}
 
 
