@@ -22,7 +22,7 @@ OMNIPIPE_IMAGE_REPO="$REPO" OMNIPIPE_IMAGE_TAG="$TAG" bash hack/build-images.sh 
 mkdir -p "$OUT"
 for target in "${targets[@]}"; do
   image="$REPO/$target:$TAG"
-  id=$(hack/buildah images --no-trunc --format '{{.ID}}' "$image" | head -n1)
+  id=$(hack/buildah images --no-trunc --format '{{.ID}}' "$image" | awk 'NR == 1')
   if [[ -f "$OUT/$target.id" && "$(cat "$OUT/$target.id")" == "$id" && -s "$OUT/$target/index.json" ]]; then
     log "$image: layout up to date"
     continue
