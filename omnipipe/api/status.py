@@ -20,7 +20,8 @@ class Condition(SpecModel):
     """An observation of one aspect of the pipeline (Kubernetes API conventions)."""
 
     type: Annotated[str, Field(max_length=316)]
-    """Condition type: Ready, StagesReady, RouterReady or Stage<Name>Ready."""
+    """Condition type: Ready, Reconciling, Stalled, StagesReady, StagesAtCapacity,
+    RouterReady, Progressing, ModelCached, ScalingActive or Stage<Name>Ready."""
     status: ConditionStatus
     """True, False or Unknown."""
     reason: Annotated[str, Field(max_length=1024)] = ""
@@ -72,7 +73,9 @@ class OmniPipelineStatus(SpecModel):
 
     conditions: list[Condition] = Field(default_factory=list)
     """Ready rolls up StagesReady, RouterReady and one condition per stage (of the
-    serving revision). Progressing is True while a new revision rolls out."""
+    serving revision). Progressing is True while a new revision rolls out. Reconciling
+    (True while the operator works toward the spec) and Stalled (True when it cannot get
+    there without a change from the user) follow kstatus, which Flux and kubectl read."""
     observed_generation: int | None = None
     """The metadata.generation the operator last reconciled."""
     stages: list[StageStatus] = Field(default_factory=list)

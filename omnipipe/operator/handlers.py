@@ -128,10 +128,7 @@ def build_registry(
                     kube, prom, settings, meta["namespace"], meta["name"], history, metrics
                 )
 
-    @kopf.on.event(
-        "apps", "v1", "deployments", registry=registry, labels={c.LABEL_MANAGED_BY: c.MANAGER}
-    )
-    async def child_changed(body: kopf.Body, type: str | None, **_: Any) -> None:
+    async def refresh_soon(body: kopf.Body) -> None:
         labels = body.get("metadata", {}).get("labels", {})
         pipeline = labels.get(c.LABEL_PIPELINE)
         if not pipeline:
@@ -150,6 +147,22 @@ def build_registry(
                     await refresh_status(kube, settings, key[0], key[1], metrics)
         finally:
             refresh_queued.discard(key)
+
+    @kopf.on.event(
+        "apps", "v1", "deployments", registry=registry, labels={c.LABEL_MANAGED_BY: c.MANAGER}
+    )
+    async def child_changed(body: kopf.Body, **_: Any) -> None:
+        await refresh_soon(body)
+
+    # A pod's waits (an image pull, a crash loop, no node) move Stalled, and a
+    # Deployment's status does not change while its pod crash-loops.
+    @kopf.on.event("", "v1", "pods", registry=registry, labels={c.LABEL_MANAGED_BY: c.MANAGER})
+    async def pod_changed(body: kopf.Body, **_: Any) -> None:
+        if body.get("metadata", {}).get("labels", {}).get(c.LABEL_COMPONENT) in (
+            c.COMPONENT_STAGE,
+            c.COMPONENT_ROUTER,
+        ):
+            await refresh_soon(body)
 
     @kopf.on.event("batch", "v1", "jobs", registry=registry, labels={c.LABEL_MANAGED_BY: c.MANAGER})
     async def fetch_changed(body: kopf.Body, type: str | None, **_: Any) -> None:

@@ -152,6 +152,15 @@ class Kube:
         ]
         return jobs, pods
 
+    async def list_pods(self, namespace: str, pipeline: str) -> list[Manifest]:
+        """The pipeline's pods, read for why one cannot run (Stalled); never written."""
+        return [
+            _as_dict(o)
+            async for o in self._client.list(
+                Pod, namespace=namespace, labels=_child_labels(pipeline)
+            )
+        ]
+
     async def set_replicas(self, namespace: str, deployment: str, replicas: int) -> None:
         """The autoscaler's only write: the Deployment's scale subresource."""
         with _terminating_namespace_is_final():

@@ -17,6 +17,7 @@ from omnipipe.api.status import (
     RevisionStatus,
     StageStatus,
 )
+from omnipipe.operator.stall import DEFAULT_STALL_POLICY, ObservedPod, StallPolicy, progress
 
 ChildKey = tuple[str, str]  # (kind, name)
 
@@ -224,6 +225,8 @@ OWN_CONDITIONS = (
     "StagesAtCapacity",
     "RouterReady",
     "Progressing",
+    "Reconciling",
+    "Stalled",
     "ModelCached",
 )
 
@@ -238,6 +241,9 @@ def compute_status(
     previous_stages: Sequence[StageStatus] = (),
     rollout: Rollout | None = None,
     model_cached: tuple[ConditionStatus, str, str] | None = None,
+    pods: Sequence[ObservedPod] = (),
+    fetch_stall: tuple[str, str] | None = None,
+    stall_policy: StallPolicy = DEFAULT_STALL_POLICY,
 ) -> OmniPipelineStatus:
     """Roll the children's real status up into conditions: Ready = StagesReady and
     RouterReady; StagesReady = every Stage<Name>Ready, of the serving revision (the
@@ -245,7 +251,9 @@ def compute_status(
     _stage_condition); StagesAtCapacity says whether every stage also runs all its
     desired replicas, updated and ready. Progressing says whether a new revision is
     rolling out. model_cached (weights.source cache only) becomes ModelCached, and
-    Ready's reason while the weights are what keeps it False."""
+    Ready's reason while the weights are what keeps it False. Reconciling and Stalled
+    (kstatus' own, see stall.py) come from the update revision's stages, the pods and
+    fetch_stall; a Stalled reason is Ready's too while Ready is False."""
     serving = rollout.current if rollout is not None else pipeline_revision(pipeline)
     before = {c.type: c for c in previous}
     before_stages = {s.name: s for s in previous_stages}
@@ -297,8 +305,22 @@ def compute_status(
         if stages_ok is ConditionStatus.TRUE and router_status is ConditionStatus.TRUE
         else ConditionStatus.FALSE
     )
+    update = rollout.update if rollout is not None else serving
+    kstatus = progress(
+        pipeline,
+        update,
+        rollout is not None and rollout.progressing,
+        {name: d.ready for name, d in deployments.items()},
+        pods,
+        now,
+        stall_policy,
+        model_cached,
+        fetch_stall,
+    )
     if ready is ConditionStatus.TRUE:
         ready_reason, ready_msg = "Serving", f"serving at {endpoint}"
+    elif kstatus.is_stalled:
+        ready_reason, ready_msg = kstatus.stalled[1], kstatus.stalled[2]
     elif model_cached is not None and model_cached[0] is not ConditionStatus.TRUE:
         ready_reason, ready_msg = "ModelNotCached", model_cached[2]
     elif stages_ok is not ConditionStatus.TRUE:
@@ -322,6 +344,8 @@ def compute_status(
         ),
     ]
     roll_up.append(_condition("Progressing", *_progressing(rollout), before, now, generation))
+    roll_up.append(_condition("Reconciling", *kstatus.reconciling, before, now, generation))
+    roll_up.append(_condition("Stalled", *kstatus.stalled, before, now, generation))
     if model_cached is not None:
         roll_up.append(_condition("ModelCached", *model_cached, before, now, generation))
     ready_count = len(pipeline.stages) - len(not_ready)

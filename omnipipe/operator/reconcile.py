@@ -36,7 +36,8 @@ from omnipipe.operator.planner import (
     revision_children,
 )
 from omnipipe.operator.settings import OperatorSettings
-from omnipipe.operator.weights_status import ObservedFetch, model_cached
+from omnipipe.operator.stall import ObservedPod
+from omnipipe.operator.weights_status import ObservedFetch, fetch_stall, model_cached
 
 log = logging.getLogger(__name__)
 
@@ -159,7 +160,13 @@ def _job_of(pod: Mapping[str, Any]) -> str | None:
     return labels.get("batch.kubernetes.io/job-name") or labels.get("job-name")
 
 
-async def _model_cached(kube: Kube, ctx: BuildContext) -> tuple[ConditionStatus, str, str] | None:
+@dataclass(frozen=True)
+class WeightsState:
+    cached: tuple[ConditionStatus, str, str]
+    stall: tuple[str, str] | None
+
+
+async def _weights_state(kube: Kube, ctx: BuildContext) -> WeightsState | None:
     models = cached_models(ctx)
     if not models:
         return None
@@ -170,7 +177,9 @@ async def _model_cached(kube: Kube, ctx: BuildContext) -> tuple[ConditionStatus,
         mine = [p for p in pods if _job_of(p) == name]
         observed[name] = ObservedFetch.from_manifests(job, mine)
     expected = [(m, fetch_job_for(ctx, m)) for m in models]
-    return model_cached(expected, observed, ctx.fetch_backoff_limit)
+    return WeightsState(
+        model_cached(expected, observed, ctx.fetch_backoff_limit), fetch_stall(expected, observed)
+    )
 
 
 async def _announce_cache(
@@ -272,8 +281,10 @@ async def refresh_status(
         ctx.pipeline, (body.get("status") or {}).get("currentRevision"), deployments.values()
     )
     await _advance_rollout(kube, body, namespace, rollout)
-    cached = await _model_cached(kube, ctx)
+    weights = await _weights_state(kube, ctx)
+    cached = weights.cached if weights is not None else None
     await _announce_cache(kube, body, cached)
+    pods = [ObservedPod.from_manifest(p) for p in await kube.list_pods(namespace, name)]
     status = compute_status(
         ctx.pipeline,
         generation
@@ -286,6 +297,9 @@ async def refresh_status(
         previous_stages(body),
         rollout,
         cached,
+        pods,
+        weights.stall if weights is not None else None,
+        settings.stall_policy,
     )
     await _write_status(kube, body, status)
     metrics.observe_status(namespace, name, status)

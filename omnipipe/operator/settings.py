@@ -5,6 +5,7 @@ from typing import Any
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from omnipipe import __version__
+from omnipipe.operator.stall import StallPolicy
 
 
 class OperatorSettings(BaseSettings):
@@ -52,7 +53,17 @@ class OperatorSettings(BaseSettings):
     fetch_backoff_limit: int = 6
     """backoffLimit of the Jobs that fill model caches (weights.source cache): failed
     fetches retried, with the Job controller's exponential back-off, before it gives up."""
+    crash_loop_restarts: int = 3
+    """Restarts after which a crash-looping pod of a stage below its minimum makes the
+    pipeline Stalled (reason CrashLooping)."""
+    unschedulable_seconds: float = 60.0
+    """How long a pod of a stage below its minimum may wait for a node before the
+    pipeline is Stalled (reason Unschedulable): a cluster autoscaler adds one sooner."""
     metrics_port: int = 8080
     """Port of the operator's Prometheus /metrics."""
     health_port: int = 8081
     """Port of kopf's liveness endpoint, /healthz."""
+
+    @property
+    def stall_policy(self) -> StallPolicy:
+        return StallPolicy(self.crash_loop_restarts, self.unschedulable_seconds)

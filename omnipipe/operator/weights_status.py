@@ -17,6 +17,8 @@ _REASON = re.compile(r"^reason: ([A-Za-z]+)\s*$", re.MULTILINE)
 _DETAIL = re.compile(r"^omnipipe fetch: (.+)$", re.MULTILINE)
 # The fetch did not say why (an unexpected crash, an evicted pod).
 UNKNOWN_FAILURE = "FetchFailed"
+# The source said the model is not there for us: no retry can change that.
+MODEL_REFUSED = frozenset({"UnknownModel", "UnknownRevision", "NoAccess"})
 
 
 @dataclass(frozen=True)
@@ -154,3 +156,25 @@ def model_cached(
         "Fetching",
         f"{progress}; fetching {', '.join(waiting)}; its stages start once it is cached",
     )
+
+
+def fetch_stall(
+    expected: Sequence[tuple[str, str]], observed: Mapping[str, ObservedFetch]
+) -> tuple[str, str] | None:
+    """(reason, message) when a fetch cannot succeed without a change from the user:
+    ModelRefused at the first attempt the source refused (no such model or revision,
+    no access), FetchFailed once the Job gave up for any other reason."""
+    for model, job in expected:
+        fetch = observed.get(job)
+        if fetch is None or fetch.succeeded or fetch.failed_attempts == 0:
+            continue
+        failure = fetch.last_failure or FetchFailure(UNKNOWN_FAILURE, "no reason recorded")
+        if failure.reason in MODEL_REFUSED:
+            return "ModelRefused", f"fetching {model}: {failure.reason}: {failure.message}"
+        if fetch.gave_up:
+            return (
+                "FetchFailed",
+                f"fetching {model} gave up after {fetch.failed_attempts} attempts: "
+                f"{failure.reason}: {failure.message} (Job {job})",
+            )
+    return None

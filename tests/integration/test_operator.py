@@ -167,6 +167,12 @@ def test_status_becomes_ready_with_kwok_pods_and_printer_columns(
         assert conds.pop(ready_type)["status"] == "True", ready_type
     capacity = conds.pop("StagesAtCapacity")
     assert (capacity["status"], capacity["reason"]) == ("True", "AllStagesAtCapacity")
+    # kstatus (Flux) reads these two: Current needs both False.
+    reconciling, stalled = conds.pop("Reconciling"), conds.pop("Stalled")
+    assert (reconciling["status"], reconciling["reason"]) == ("False", "Reconciled")
+    assert (stalled["status"], stalled["reason"]) == ("False", "NotStalled")
+    generation = obj["metadata"]["generation"]
+    assert {reconciling["observedGeneration"], stalled["observedGeneration"]} == {generation}
     # The example autoscales denoise; this cluster has no Prometheus, and status says so.
     scaling = conds.pop("ScalingActive")
     assert (scaling["status"], scaling["reason"]) == ("False", "PrometheusUnavailable")

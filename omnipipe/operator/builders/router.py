@@ -57,6 +57,9 @@ def build_router_deployment(ctx: BuildContext) -> Manifest:
         "args": [*pipeline_file_args("router"), "--port", str(c.ROUTER_PORT)],
         "ports": [{"name": "http", "containerPort": c.ROUTER_PORT, "protocol": "TCP"}],
         "env": _env(ctx),
+        # A crash's last log lines become its termination message, which the operator
+        # reads into Stalled (reason CrashLooping) without any right to read logs.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
         "readinessProbe": http_probe("/ready", "http", period=5, failures=3),
         "livenessProbe": http_probe("/health", "http", period=10, failures=6),
         # A terminating pod leaves the Service's endpoints while kube-proxy catches up:

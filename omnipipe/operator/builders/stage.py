@@ -94,6 +94,9 @@ def _container(ctx: BuildContext, stage: ResolvedStage) -> Manifest:
             {"name": "transfer", "containerPort": c.WORKER_TRANSFER_PORT, "protocol": "TCP"},
         ],
         "env": _env(ctx, stage),
+        # A crash's last log lines become its termination message, which the operator
+        # reads into Stalled (reason CrashLooping) without any right to read logs.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
         "readinessProbe": http_probe("/ready", "control", period=5, failures=3),
         "livenessProbe": http_probe("/health", "control", period=10, failures=6),
         # POST /drain makes the worker fail /ready and returns once in-flight work is
