@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, FieldSerializationInfo, field_serializer
 
 from omnipipe.api.constants import DEFAULT_DENOISER_BATCH_WAIT_MS, DEFAULT_MAX_BATCH
 from omnipipe.api.pipelines import PIPELINE_TYPES, StageDefaults, stage_order
@@ -59,7 +59,13 @@ class ResolvedStage(ResolvedModel):
     # Defaults, so that a pipeline file an older operator wrote still loads.
     max_batch: int = DEFAULT_MAX_BATCH
     batch_wait_ms: int = 0
+    # The limits the spec sets; each unset one (absent from model_fields_set) the worker
+    # derives from its model at load, so a written pipeline carries the set ones only.
     media: MediaLimits = MediaLimits()
+
+    @field_serializer("media")
+    def _media_as_set(self, media: MediaLimits, info: FieldSerializationInfo) -> dict[str, Any]:
+        return media.model_dump(mode=info.mode, by_alias=info.by_alias, exclude_unset=True)
 
     @property
     def autoscaled(self) -> bool:

@@ -104,16 +104,23 @@ class Toleration(SpecModel):
 
 class MediaLimits(SpecModel):
     """What one chat request's images and audio may hold, checked from each item's header
-    before it is decoded (a thinker stage's budget)."""
+    before it is decoded (a thinker stage's budget). A limit left unset is the tighter of
+    its default and what the loaded model takes (its context, its processor); one set
+    here wins."""
 
     max_images: Annotated[int, Field(ge=0, le=256)] = 16
-    """Most images in one request."""
+    """Most images in one request. Unset: 16, or fewer where the model's context cannot
+    hold more images at their smallest token cost."""
     max_image_pixels: Annotated[int, Field(ge=1, le=1_000_000_000)] = 64_000_000
     """Most pixels of all the request's images together (one image at most this many)."""
     max_audio_clips: Annotated[int, Field(ge=0, le=256)] = 16
     """Most audio clips in one request."""
     max_audio_seconds: Annotated[float, Field(gt=0, le=3600)] = 300.0
-    """Most seconds of all the request's audio clips together."""
+    """Most seconds of all the request's audio clips together. Unset: 300, or fewer where
+    the model's context cannot hold more at its audio encoder's tokens per second."""
+    max_audio_clip_seconds: Annotated[float, Field(gt=0, le=3600)] = 300.0
+    """Most seconds of one audio clip. Unset: 300, or less where the model's processor
+    keeps only the start of a longer clip (Whisper's chunk_length when it truncates)."""
     min_sample_rate: Annotated[int, Field(ge=1, le=384_000)] = 8_000
     """Lowest sample rate of a clip: a lower one is resampled into many more samples than
     its bytes suggest (a 1 Hz clip of 350 bytes became 16,000 floats a byte)."""
@@ -217,7 +224,8 @@ class Stage(SpecModel):
     requests of one image size as one forward per step, and requests join between steps.
     Default 8."""
     media: MediaLimits | None = None
-    """Per-request budget of a chat stage's images and audio (defaults apply unset)."""
+    """Per-request budget of a chat stage's images and audio. A limit left unset is the
+    tighter of its default and what the stage's model takes."""
     batch_wait_ms: Annotated[int, Field(ge=0, le=c.MAX_BATCH_WAIT_MS)] | None = None
     """How long a batching stage holds a batch that is not full for requests already sent
     to it whose inputs are still upstream. It never waits for requests nobody sent, so a

@@ -328,6 +328,31 @@ def test_media_past_the_request_budget_decodes_nothing_and_others_go_on(
     assert grown_mib < 100, f"the thinker grew {grown_mib:.0f} MiB"
 
 
+def test_the_thinker_derives_its_media_limits_from_its_processor(
+    served: Served, client: openai.OpenAI, variant: Variant
+) -> None:
+    """tiny://qwen2.5-omni's Whisper extractor keeps 30 s of a clip: a longer one is a 400
+    naming the limit and its source. Qwen3-Omni's keeps the whole clip and answers it."""
+    logged = [line for line in served.output if "media limits: maxImages" in line]
+    assert len(logged) == 1, logged  # once, at the thinker's load
+    clip = {"type": "input_audio", "input_audio": {"data": wav_b64(seconds=31), "format": "wav"}}
+    if variant.pipeline == "qwen3-omni":
+        assert "maxAudioClipSeconds 300 (default)" in logged[0]
+        r = client.chat.completions.create(model=MODEL, messages=bad_part(clip))
+        assert r.usage is not None
+        assert r.usage.prompt_tokens > 31 * 13
+        return
+    assert "maxAudioClipSeconds 30 (processor)" in logged[0]
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model=MODEL, messages=bad_part(clip))
+    assert refused.value.body["message"] == (  # type: ignore[index]
+        "messages[0].content[1]: the clip is 31.0s, past the limit of 30s a clip "
+        "(maxAudioClipSeconds, from the model's processor: it keeps only the first 30s of a "
+        "clip)"
+    )
+    assert refused.value.body["param"] == "messages[0].content[1]"  # type: ignore[index]
+
+
 def test_a_megabyte_message_is_a_400_that_names_the_context(
     served: Served, client: openai.OpenAI
 ) -> None:

@@ -82,3 +82,12 @@ def is_bagel(path: str | Path) -> bool:
     with config.open() as f:
         raw = json.load(f)
     return isinstance(raw, dict) and raw.get("model_type") == "bagel"
+
+
+def understanding_image_tokens(path: str | Path) -> int:
+    """The tokens of one image in the think stage's prompt: vLLM's BAGEL expands every
+    image, whatever its size (its SigLIP processor resizes it), into the ViT's whole grid
+    of vit_max_num_patch_per_side squared."""
+    with (Path(path) / "config.json").open() as f:
+        raw = json.load(f)
+    return int(raw.get("vit_max_num_patch_per_side", 70)) ** 2

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from omnipipe.api.spec import MediaLimits
+from omnipipe.worker.bagel.config import understanding_image_tokens
 from omnipipe.worker.bagel.context import (
     FULL,
     Prompt,
@@ -41,16 +41,18 @@ from omnipipe.worker.stages.base import (
     StreamingStage,
     refusal_message,
 )
-from omnipipe.worker.stages.media import MediaBudget, charge_media, decode_image
+from omnipipe.worker.stages.media import charge_media, decode_image
+from omnipipe.worker.stages.media_limits import EffectiveMedia, ModelMedia, effective_media
 from omnipipe.worker.stages.sampling import Sampling
 from omnipipe.worker.stages.thinker import THINKER_SAMPLING, ReplyText
 from omnipipe.worker.stages.vllm_thinker import sampling_params
 
 MAX_IMAGES = 4
+MEDIA_KINDS = ("image",)  # an audio part gets its own refusal below
 
 
 def conversation(
-    params: dict[str, Any], limits: MediaLimits | None = None
+    params: dict[str, Any], media: EffectiveMedia | None = None
 ) -> tuple[list[Turn], list[Any]]:
     """Router messages (or an image request's prompt) -> turns and decoded images."""
     messages = params.get("messages")
@@ -61,7 +63,7 @@ def conversation(
         return [Turn("user", (prompt,))], []
     if not isinstance(messages, list) or not messages:
         raise StageInputError("messages must be a non-empty list")
-    charge_media(messages, MediaBudget(limits or MediaLimits()), kinds=("image",))
+    charge_media(messages, (media or EffectiveMedia()).budget(), kinds=MEDIA_KINDS)
     turns: list[Turn] = []
     images: list[Any] = []
     for i, message in enumerate(messages):
@@ -100,9 +102,11 @@ class BagelThinkStage(StreamingStage):
         args = {**dict(self.spec.engine_args), "kv_transfer_config": kv_transfer_config()}
         self.engine = VllmEngine(self.model_path, args, self.device, [])
         self.sessions: dict[str, BagelThinkSession] = {}
+        model = ModelMedia(self.engine.max_model_len, understanding_image_tokens(self.model_path))
+        self.media_limits = effective_media(self.spec.media, model, MEDIA_KINDS)
 
     def prepare(self, job: StageJob) -> None:
-        job.prepared = conversation(job.params, self.spec.media)
+        job.prepared = conversation(job.params, self.media_limits)
 
     def open(self, job: StageJob) -> Session:
         if job.prepared is None:

@@ -4,6 +4,8 @@ frames, and the processor keyword arguments the request may set (mm_processor_kw
 from __future__ import annotations
 
 import contextlib
+import logging
+import math
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -12,12 +14,14 @@ from typing import Any
 import numpy as np
 
 from omnipipe.worker.stages.base import StageInputError
+from omnipipe.worker.stages.media_limits import ModelMedia
 from omnipipe.worker.stages.video import MAX_SAMPLING_FPS, VIDEO_FPS, Video, VideoLimits
 
 # The mm_processor_kwargs a request may set (the router checks the same): the others
 # change how the checkpoint's processor sizes things, which the limits here bound.
 PROCESSOR_KWARGS = ("use_audio_in_video", "fps")
 MAX_VIDEOS = 1  # the processors take one fps per call; it is the video's own
+log = logging.getLogger(__name__)
 
 
 def processor_options(raw: object) -> dict[str, Any]:
@@ -95,3 +99,51 @@ def processor_warnings_silenced() -> Iterator[None]:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", "__array__ implementation", DeprecationWarning)
         yield
+
+
+def smallest_image_tokens(image_processor: Any) -> int | None:
+    """The fewest tokens the processor makes of an image: Qwen2-VL's smart_resize scales
+    every image to at least min_pixels, in squares of patch_size * merge_size pixels, each
+    one token. None where the processor says no min_pixels, patch or merge size."""
+    size = getattr(image_processor, "size", None)
+    least = getattr(image_processor, "min_pixels", None) or (
+        size.get("shortest_edge")
+        if isinstance(size, dict)
+        else getattr(size, "shortest_edge", None)
+    )
+    patch = getattr(image_processor, "patch_size", None)
+    merge = getattr(image_processor, "merge_size", None)
+    if not (least and patch and merge):
+        return None
+    return max(1, math.ceil(int(least) / (int(patch) * int(merge)) ** 2))
+
+
+def audio_tokens(processor: Any, seconds: float) -> int:
+    """The audio tokens the processor makes of a clip this long (silence)."""
+    extractor = processor.feature_extractor
+    clip = np.zeros(round(seconds * extractor.sampling_rate), np.float32)
+    inputs = processor(text=[processor.audio_token], audio=[clip], return_tensors="pt")
+    token = processor.tokenizer.convert_tokens_to_ids(processor.audio_token)
+    return int((inputs["input_ids"] == token).sum())
+
+
+def processor_media(processor: Any, context: int) -> ModelMedia:
+    """What the thinker's processor makes of media, measured on it: the fewest tokens of
+    an image; the tokens a second of audio over one of the feature extractor's chunks; and
+    whether a clip a second longer than that chunk gets more tokens (Qwen2.5-Omni's
+    extractor pads and truncates every clip to its chunk; Qwen3-Omni's does not)."""
+    images = getattr(processor, "image_processor", None)
+    image = smallest_image_tokens(images) if images is not None else None
+    try:
+        extractor = processor.feature_extractor
+        chunk = extractor.n_samples / extractor.sampling_rate
+        in_chunk, past_chunk = audio_tokens(processor, chunk), audio_tokens(processor, chunk + 1)
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        log.warning("audio limits not derived: the processor's audio tokens unknown (%s)", exc)
+        return ModelMedia(context, image)
+    return ModelMedia(
+        context,
+        image,
+        audio_tokens_per_second=in_chunk / chunk if in_chunk else None,
+        clip_seconds=chunk if past_chunk <= in_chunk else None,
+    )

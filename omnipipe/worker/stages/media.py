@@ -8,6 +8,7 @@ import io
 import struct
 import warnings
 import wave
+from collections.abc import Mapping
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
@@ -25,23 +26,32 @@ MAX_ASPECT_RATIO = 200
 class MediaBudget:
     """What one request's media may still take, charged from each item's header before
     the item is decoded: what a request decodes is bounded by its limits, not its bytes
-    (six 8000x8000 one-colour PNGs are 1.6 MB of body and 1.1 GB decoded)."""
+    (six 8000x8000 one-colour PNGs are 1.6 MB of body and 1.1 GB decoded). `notes` add to
+    a refusal, by limit (field name), where the limit comes from: the model's, named."""
 
-    def __init__(self, limits: MediaLimits) -> None:
+    def __init__(self, limits: MediaLimits, notes: Mapping[str, str] | None = None) -> None:
         self.limits = limits
+        self.notes = notes or {}
         self.images = self.pixels = self.clips = 0
         self.seconds = 0.0
+
+    def _refusal(self, message: str, limit: str, param: str | None = None) -> StageInputError:
+        note = self.notes.get(limit)
+        return StageInputError(f"{message} ({note})" if note else message, param=param)
 
     def take_image(self, width: int, height: int, where: str) -> None:
         lim = self.limits
         if self.images + 1 > lim.max_images:
-            raise StageInputError(
-                f"{where}: more than {lim.max_images} images in one request", param="messages"
+            raise self._refusal(
+                f"{where}: more than {lim.max_images} images in one request",
+                "max_images",
+                param="messages",
             )
         if self.pixels + width * height > lim.max_image_pixels:
-            raise StageInputError(
+            raise self._refusal(
                 f"{where}: {width}x{height} takes the request's images past their limit of "
-                f"{lim.max_image_pixels} pixels in all"
+                f"{lim.max_image_pixels} pixels in all",
+                "max_image_pixels",
             )
         self.images += 1
         self.pixels += width * height
@@ -54,15 +64,23 @@ class MediaBudget:
                 f"{lim.max_sample_rate} Hz"
             )
         if self.clips + 1 > lim.max_audio_clips:
-            raise StageInputError(
+            raise self._refusal(
                 f"{where}: more than {lim.max_audio_clips} audio clips in one request",
+                "max_audio_clips",
                 param="messages",
             )
         seconds = frames / rate
+        if seconds > lim.max_audio_clip_seconds:
+            raise self._refusal(
+                f"{where}: the clip is {seconds:.1f}s, past the limit of "
+                f"{lim.max_audio_clip_seconds:g}s a clip",
+                "max_audio_clip_seconds",
+            )
         if self.seconds + seconds > lim.max_audio_seconds:
-            raise StageInputError(
+            raise self._refusal(
                 f"{where}: {seconds:.0f}s takes the request's audio past its limit of "
-                f"{lim.max_audio_seconds:.0f}s in all"
+                f"{lim.max_audio_seconds:.0f}s in all",
+                "max_audio_seconds",
             )
         self.clips += 1
         self.seconds += seconds

@@ -27,10 +27,12 @@ from omnipipe.worker.stages.base import (
 )
 from omnipipe.worker.stages.chat_media import (
     ChatMedia,
+    processor_media,
     processor_options,
     processor_warnings_silenced,
 )
-from omnipipe.worker.stages.media import MediaBudget, charge_media, decode_image, decode_wav
+from omnipipe.worker.stages.media import charge_media, decode_image, decode_wav
+from omnipipe.worker.stages.media_limits import EffectiveMedia, effective_media
 from omnipipe.worker.stages.sampling import Sampling, next_token
 from omnipipe.worker.stages.video import decode_video
 
@@ -113,6 +115,13 @@ class ThinkerStage(StreamingStage):
         if eos is None:
             eos = self.config.thinker_config.text_config.eos_token_id
         self.eos = frozenset([eos] if isinstance(eos, int) else eos)
+        self.media_limits = self.settle_media_limits()
+
+    def settle_media_limits(self) -> EffectiveMedia:
+        """The request budget: the spec's limits, else what the processor and context take."""
+        return effective_media(
+            self.spec.media, processor_media(self.processor, self.context_length)
+        )
 
     def load_model(self) -> Any:
         return load_qwen25_omni(self.model_path, self.device, "thinker")
@@ -222,7 +231,7 @@ class ThinkerStage(StreamingStage):
         rate = self.processor.feature_extractor.sampling_rate
         conversation: list[dict[str, Any]] = []
         media = ChatMedia.from_options(processor_options(mm_processor_kwargs))
-        charge_media(messages, MediaBudget(self.spec.media))
+        charge_media(messages, self.media_limits.budget())
         for i, message in enumerate(messages):
             content = message.get("content") if isinstance(message, dict) else None
             role = message.get("role") if isinstance(message, dict) else None

@@ -70,6 +70,12 @@ class VllmThinkerMixin(ThinkerStage):
         )
         self.embed = self.engine.embed
         self.sessions = {}
+        self.media_limits = self.settle_media_limits()
+
+    @property
+    def context_length(self) -> int:
+        """The engine's max_model_len (engineArgs', else the model's own)."""
+        return self.engine.max_model_len
 
     def load_speakers(self) -> dict[str, Any]:
         return {}
