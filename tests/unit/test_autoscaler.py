@@ -99,6 +99,19 @@ def test_bad_data_holds_the_count(obs: Observation, reason: str) -> None:
     assert (d.desired, d.active, d.reason) == (3, False, reason)
 
 
+@pytest.mark.parametrize(
+    "obs", [seen(None), seen(50, age=120), seen(50, error="connection refused"), seen(2)]
+)
+def test_the_bounds_need_no_data(obs: Observation) -> None:
+    """A new Deployment starts at 1 replica: with minReplicas 2 and no usable signal it
+    would sit below its minimum (Reconciling, to Flux) for as long as the signal is gone."""
+    two = Policy(SignalKind.TOTAL, 2, 2, 4, 4, 0.1, 0, 60)
+    d = decide(two, current=1, ready=1, seen=obs, history=(), now=0, max_age=30)
+    assert (d.desired, d.reason) == (2, "BelowMinimum")
+    d = decide(two, current=6, ready=6, seen=obs, history=(), now=0, max_age=30)
+    assert (d.desired, d.reason) == (4, "AboveMaximum")
+
+
 def test_scale_to_zero_and_wake_on_demand() -> None:
     zero = Policy(SignalKind.TOTAL, 2, 0, 4, 4, 0.1, 0, 0)
     assert decide(zero, 2, 2, seen(0), (), 0, 30).desired == 0

@@ -2,7 +2,8 @@
 
 HPA semantics: a tolerance band around the target, the lowest recommendation of the
 scale-up window and the highest of the scale-down window, a step limit, and bounds.
-Missing, stale or unreachable data never moves the replica count.
+Missing, stale or unreachable data never moves the replica count, except into the
+spec's bounds: those need no data.
 """
 
 from __future__ import annotations
@@ -96,6 +97,18 @@ def decide(
             "ScaledToZero" if target == 0 else "BelowMinimum",
             "no demand" if target == 0 else f"raising to minReplicas {target}",
             (),
+        )
+    bounded = _clamp(current, policy)
+    if bounded != current:
+        # A new Deployment starts at 1, and a changed spec may move the bounds: neither
+        # waits for a signal (without one, a stage would sit below its minimum forever).
+        raising = bounded > current
+        return Decision(
+            bounded,
+            True,
+            "BelowMinimum" if raising else "AboveMaximum",
+            f"{'raising to minReplicas' if raising else 'lowering to maxReplicas'} {bounded}",
+            history,
         )
     if seen.error is not None:
         return Decision(current, False, seen.error_reason, seen.error, history)
