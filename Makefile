@@ -72,6 +72,7 @@ lint: venv
 manifests: venv
 	$(BIN)/omnipipe crd > crds/omnipipelines.omnipipe.io.yaml
 	cp crds/omnipipelines.omnipipe.io.yaml charts/omnipipe/crds/
+	$(BIN)/python hack/gitops-example.py
 	$(BIN)/python -c "from pathlib import Path; from omnipipe.api.reference import replace_in; \
 	  p = Path('README.md'); p.write_text(replace_in(p.read_text()))"
 

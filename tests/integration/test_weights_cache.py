@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from tests.harness.cluster import Cluster
+from tests.harness.gitops import argo_health, kstatus
 from tests.harness.kwok_stages import MANUAL_PIPELINE, MESSAGE, OUTCOME
 from tests.integration.conftest import REPO, Operator, get_json, operator_can, wait_for
 
@@ -146,6 +147,11 @@ def test_a_failed_fetch_is_retried_stages_wait_and_a_new_model_fills_a_new_claim
     assert "attempt 1 of 2 failed: no space left for Qwen/Qwen-Image" in failed["message"]
     assert "retrying with back-off" in failed["message"]
     assert condition(cluster, namespace, name, "Ready")["reason"] == "ModelNotCached"
+    # A retry may yet succeed: Flux and Argo CD wait (InProgress, Progressing), not fail.
+    assert condition(cluster, namespace, name, "Stalled")["status"] == "False"
+    assert condition(cluster, namespace, name, "Reconciling")["reason"] == "FetchingWeights"
+    live = get_json(cluster, "omnip", name, "-n", namespace)
+    assert (kstatus(live)[0], argo_health(live)[0]) == ("InProgress", "Progressing")
     assert any(
         t == "Warning" and r == "FetchFailed" and m.startswith("NoSpace: ")
         for t, r, m in events(cluster, namespace)
@@ -219,6 +225,13 @@ def test_a_fetch_that_keeps_failing_gives_up_with_its_reason(
     )
     assert (gave_up["status"], gave_up["reason"]) == ("False", "NoSpace")
     assert f"kubectl delete job {job_name}" in gave_up["message"]
+    # No retry is left: Stalled, which Flux reads as Failed and Argo CD as Degraded.
+    stalled = condition(cluster, namespace, name, "Stalled")
+    assert (stalled["status"], stalled["reason"]) == ("True", "FetchFailed")
+    assert "gave up after 2 attempts: NoSpace" in stalled["message"]
+    live = get_json(cluster, "omnip", name, "-n", namespace)
+    assert kstatus(live) == ("Failed", stalled["message"])
+    assert argo_health(live)[0] == "Degraded"
     assert stage_deployments(cluster, namespace, name) == []
     assert (
         json.loads(cluster.kubectl("get", "job", job_name, "-n", namespace, "-o", "json").stdout)[
@@ -228,7 +241,30 @@ def test_a_fetch_that_keeps_failing_gives_up_with_its_reason(
     )
 
 
-def test_the_operator_may_fill_caches_but_only_list_pods(cluster: Cluster) -> None:
+def test_a_model_the_source_refuses_stalls_at_its_first_attempt(
+    cluster: Cluster, operator: Operator, namespace: str
+) -> None:
+    name = MANUAL_PIPELINE
+    volumes(cluster, namespace, 1)
+    apply(cluster, namespace, pipeline(name, namespace))
+    [job] = wait_for("the fetch Job", lambda: of_kind(cluster, namespace, "jobs", name))
+    pod = running_fetch_pod(cluster, namespace, job["metadata"]["name"], set())
+    refused = "omnipipe fetch: Qwen/Qwen-Image: no such model\nreason: UnknownModel\n"
+    end_attempt(cluster, namespace, pod, "fail", refused)
+    stalled = wait_for(
+        "Stalled ModelRefused",
+        lambda: (
+            (c := condition(cluster, namespace, name, "Stalled")).get("status") == "True" and c
+        ),
+    )
+    assert stalled["reason"] == "ModelRefused"
+    assert "UnknownModel: Qwen/Qwen-Image: no such model" in stalled["message"]
+    live = get_json(cluster, "omnip", name, "-n", namespace)
+    assert kstatus(live)[0] == "Failed"
+    assert argo_health(live) == ("Degraded", f"ModelRefused: {stalled['message']}")
+
+
+def test_the_operator_may_fill_caches_but_only_list_and_watch_pods(cluster: Cluster) -> None:
     def can(*args: str) -> bool:
         return operator_can(cluster, *args)
 
@@ -237,7 +273,8 @@ def test_the_operator_may_fill_caches_but_only_list_pods(cluster: Cluster) -> No
         assert can(verb, "jobs.batch", "-A"), verb
     assert can("watch", "jobs.batch", "-A")
     assert can("list", "pods", "-A")
-    for verb in ("get", "watch", "create", "patch", "delete"):
+    assert can("watch", "pods", "-A")  # a pod's waits move Stalled
+    for verb in ("get", "create", "patch", "delete"):
         assert not can(verb, "pods", "-A"), verb
     assert not can("get", "pods/log", "-A")
     assert not can("create", "pods/exec", "-A")

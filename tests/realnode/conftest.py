@@ -9,14 +9,18 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.harness.cluster import BIN, REPO
+from tests.harness.gitops import argo_health, kstatus
 from tests.harness.node import (
     BRIDGE_IP,
     IMAGE_LAYOUTS,
@@ -144,6 +148,12 @@ def operator(node: RealNode, images: dict[str, str]) -> Iterator[str]:
         "operator.metricMaxAgeSeconds=10",
         "--set",
         "operator.terminationGraceSeconds=30",
+        # Stalled sooner than a user's defaults (3 restarts, 60 s), so test_gitops sees
+        # each Failed verdict in well under a minute of crash loop or Pending.
+        "--set",
+        "operator.crashLoopRestarts=2",
+        "--set",
+        "operator.unschedulableSeconds=5",
         "--wait",
         "--timeout",
         "3m",
@@ -244,6 +254,51 @@ def apply_and_wait_ready(
             f"{pipeline} never Ready: {waited.stderr}\n{diagnose(node, namespace)}"
         )
     return time.monotonic() - started
+
+
+def gitops_verdicts(node: RealNode, namespace: str, name: str) -> tuple[str, str]:
+    """(kstatus' status, Argo CD's health status) of the pipeline as it is now."""
+    obj = get_json(node, "omnipipeline", name, "-n", namespace)
+    return kstatus(obj)[0], argo_health(obj)[0]
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One reading of a live pipeline, as kubectl wait, Flux and Argo CD see it."""
+
+    ready: str
+    flux: str
+    argo: str
+    below_capacity: bool  # some stage has fewer ready replicas than it asks for now
+
+
+@contextmanager
+def verdict_watch(node: RealNode, namespace: str, name: str) -> Iterator[list[Verdict]]:
+    """Every reading of the pipeline (twice a second) while the block runs."""
+    seen: list[Verdict] = []
+    stop = threading.Event()
+
+    def run() -> None:
+        while not stop.is_set():
+            obj = get_json(node, "omnipipeline", name, "-n", namespace)
+            status = obj.get("status") or {}
+            conds = {c["type"]: c["status"] for c in status.get("conditions") or []}
+            below = any(
+                s.get("readyReplicas", 0) < s.get("desiredReplicas", 0)
+                for s in status.get("stages") or []
+            )
+            seen.append(
+                Verdict(conds.get("Ready", ""), kstatus(obj)[0], argo_health(obj)[0], below)
+            )
+            time.sleep(0.5)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    try:
+        yield seen
+    finally:
+        stop.set()
+        t.join(timeout=10)
 
 
 def diagnose(node: RealNode, namespace: str) -> str:

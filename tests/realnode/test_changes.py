@@ -21,8 +21,10 @@ from tests.harness.node import RealNode
 from tests.realnode.conftest import (
     apply_and_wait_ready,
     get_json,
+    gitops_verdicts,
     pods,
     router_url,
+    verdict_watch,
     wait_for,
 )
 
@@ -141,7 +143,11 @@ def test_a_new_revision_rolls_out_under_steady_requests(
     apply_and_wait_ready(node, namespace, manifest(name, "ucx"), name)
     old = status(node, namespace, name)["currentRevision"]
     url = router_url(node, namespace, name)
-    with stage_logs(node, namespace, name) as lines, steady_stream(url, name) as (ok, failed):
+    with (
+        stage_logs(node, namespace, name) as lines,
+        steady_stream(url, name) as (ok, failed),
+        verdict_watch(node, namespace, name) as readings,
+    ):
         wait_for("requests on the first revision", lambda: len(ok) >= 5, 60)
         # What stages hand each other changes: old and new stages cannot be mixed, so
         # this is a new revision, rolled out beside the old one as a model change is.
@@ -171,6 +177,15 @@ def test_a_new_revision_rolls_out_under_steady_requests(
     ran_on = {next(iter(revs)) for revs in revisions.values()}
     assert ran_on == {old, new}, ran_on
     assert condition_true(node, namespace, name)
+    # Flux and Argo CD saw the rollout as one: InProgress/Progressing, never Failed.
+    verdicts = [(r.flux, r.argo) for r in readings]
+    assert ("InProgress", "Progressing") in verdicts, verdicts
+    assert not {"Failed", "Degraded"} & {v for pair in verdicts for v in pair}, verdicts
+    wait_for(
+        "Current and Healthy once rolled out",
+        lambda: gitops_verdicts(node, namespace, name) == ("Current", "Healthy"),
+        60,
+    )
 
 
 def condition_true(node: RealNode, namespace: str, name: str) -> bool:

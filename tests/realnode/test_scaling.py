@@ -24,6 +24,7 @@ from tests.realnode.conftest import (
     condition,
     pods,
     router_url,
+    verdict_watch,
     wait_for,
 )
 
@@ -162,26 +163,6 @@ def pipeline_pods(node: RealNode, namespace: str, name: str) -> str:
     return f"pods:\n{listing}\nevents:\n{events[-3000:]}"
 
 
-@contextmanager
-def ready_watch(node: RealNode, namespace: str, name: str) -> Iterator[list[str]]:
-    """Every value the pipeline's Ready condition takes while the block runs."""
-    seen: list[str] = []
-    stop = threading.Event()
-
-    def run() -> None:
-        while not stop.is_set():
-            seen.append(condition(node, namespace, name, "Ready"))
-            time.sleep(0.5)
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
-    try:
-        yield seen
-    finally:
-        stop.set()
-        t.join(timeout=10)
-
-
 def test_denoise_scales_up_under_load_serves_on_the_new_pod_and_back(
     node: RealNode, operator: str, prom: Prometheus, namespace: str
 ) -> None:
@@ -213,7 +194,7 @@ def test_denoise_scales_up_under_load_serves_on_the_new_pod_and_back(
         ),
         60,
     )
-    with ready_watch(node, namespace, name) as readiness, load(url, 4, name) as errors:
+    with verdict_watch(node, namespace, name) as readings, load(url, 4, name) as errors:
         try:
             wait_for(
                 "the autoscaler to ask for 2 replicas",
@@ -240,9 +221,13 @@ def test_denoise_scales_up_under_load_serves_on_the_new_pod_and_back(
             file=sys.stderr,
         )
     assert errors == [], f"{errors[:3]}\n{pipeline_pods(node, namespace, name)}"
-    # Serving is what Ready means: the first pod served while the second started.
-    assert readiness, "the Ready condition was never read"
-    assert set(readiness) == {"True"}, readiness
+    # Serving is what Ready means: the first pod served while the second started. Flux
+    # (kstatus) and Argo CD read the same: Current and Healthy through the scale-up.
+    assert readings, "the pipeline was never read"
+    assert any(r.below_capacity for r in readings), "no reading during the scale-up"
+    assert {(r.ready, r.flux, r.argo) for r in readings} == {("True", "Current", "Healthy")}, [
+        r for r in readings if (r.ready, r.flux, r.argo) != ("True", "Current", "Healthy")
+    ][:5]
     wait_for(
         "the autoscaler to scale back to 1 when idle",
         lambda: deployment_replicas(node, namespace, name) == 1,

@@ -1,0 +1,99 @@
+"""What GitOps tools see on live pipelines of the real node: Flux's kstatus (built from
+sigs.k8s.io/cli-utils) and Argo CD's health check (charts/omnipipe/health/, run by Argo
+CD's Lua runtime). A pipeline that cannot start is Failed/Degraded with its stage's
+reason, not InProgress until a timeout; one that starts is InProgress/Progressing, then
+Current/Healthy. The serving, scale-up and rollout verdicts are read in test_scaling.py
+and test_changes.py, on the pipelines those tests run."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.harness.gitops import argo_health, kstatus
+from tests.harness.node import RealNode
+from tests.realnode.conftest import get_json, gitops_verdicts, wait_for
+
+pytestmark = [pytest.mark.realnode, pytest.mark.timeout(600)]
+
+
+def pipeline(name: str, **spec: Any) -> str:
+    return yaml.safe_dump(
+        {
+            "apiVersion": "omnipipe.io/v1alpha1",
+            "kind": "OmniPipeline",
+            "metadata": {"name": name},
+            "spec": {"model": "tiny://qwen-image", "pipeline": "qwen-image", **spec},
+        }
+    )
+
+
+def stalled_condition(node: RealNode, namespace: str, name: str) -> dict[str, Any]:
+    obj = get_json(node, "omnipipeline", name, "-n", namespace)
+    conds = {c["type"]: c for c in obj.get("status", {}).get("conditions", [])}
+    found: dict[str, Any] = conds["Stalled"]
+    return found
+
+
+def expect_failed(
+    node: RealNode, namespace: str, name: str, manifest: str, reason: str, detail: str
+) -> None:
+    """Apply, then watch both verdicts: InProgress/Progressing (or nothing yet) until the
+    pipeline is Failed/Degraded with the reason; never Current/Healthy on the way."""
+    node.kubectl("apply", "-n", namespace, "-f", "-", input=manifest)
+    seen: list[tuple[str, str]] = []
+
+    def failed() -> bool:
+        obj = get_json(node, "omnipipeline", name, "-n", namespace)
+        if "status" not in obj:
+            # kstatus reads a custom resource with no status at all as Current: the
+            # moment between the create and the operator's first status write.
+            return False
+        (flux, _), (argo, argo_msg) = kstatus(obj), argo_health(obj)
+        seen.append((flux, argo))
+        return flux == "Failed" and argo == "Degraded" and reason in argo_msg
+
+    wait_for(f"{name} to be Failed (kstatus) and Degraded (Argo CD)", failed, 300)
+    assert all(flux != "Current" and argo != "Healthy" for flux, argo in seen), seen
+    assert seen[0][0] == "InProgress", seen
+    stalled = stalled_condition(node, namespace, name)
+    assert stalled["reason"] == reason
+    assert detail in stalled["message"], stalled["message"]
+    flux_message = kstatus(get_json(node, "omnipipeline", name, "-n", namespace))[1]
+    assert detail in flux_message, flux_message
+
+
+def test_an_image_that_cannot_be_pulled_fails_with_the_stage(
+    node: RealNode, operator: str, namespace: str
+) -> None:
+    manifest = pipeline("nopull", images={"worker": "localhost/omnipipe/missing:dev"})
+    expect_failed(node, namespace, "nopull", manifest, "ImagePullFailed", "stage encode")
+
+
+def test_a_model_the_worker_cannot_load_fails_as_a_crash_loop(
+    node: RealNode, operator: str, namespace: str
+) -> None:
+    manifest = pipeline("nomodel", model="/models/missing")
+    expect_failed(node, namespace, "nomodel", manifest, "CrashLooping", "/models/missing")
+
+
+def test_a_stage_no_node_can_take_fails_as_unschedulable(
+    node: RealNode, operator: str, namespace: str
+) -> None:
+    manifest = pipeline("toobig", stages=[{"name": "denoise", "cpu": "500"}])
+    expect_failed(node, namespace, "toobig", manifest, "Unschedulable", "Insufficient cpu")
+    # The other stages started and serve nothing alone: not Ready, and not Reconciling
+    # (kstatus takes the first of the two that is True).
+    obj = get_json(node, "omnipipeline", "toobig", "-n", namespace)
+    conds = {c["type"]: c for c in obj["status"]["conditions"]}
+    assert conds["Reconciling"]["status"] == "False"
+    assert (conds["Ready"]["status"], conds["Ready"]["reason"]) == ("False", "Unschedulable")
+    # Fixing it in Git (here: applying the fix) clears the stall.
+    node.kubectl("apply", "-n", namespace, "-f", "-", input=pipeline("toobig"))
+    wait_for(
+        "the fixed pipeline to be Current and Healthy",
+        lambda: gitops_verdicts(node, namespace, "toobig") == ("Current", "Healthy"),
+        300,
+    )
