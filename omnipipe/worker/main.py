@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from pathlib import Path
 
 import uvicorn
 
 from omnipipe.api.loading import load_pipeline
 from omnipipe.worker.server import build_app
 from omnipipe.worker.settings import WorkerSettings
+
+# Kubernetes' default terminationMessagePath; its size limit is 4096 bytes.
+TERMINATION_LOG = Path("/dev/termination-log")
+MAX_TERMINATION_MESSAGE = 4000
 
 
 def _quiet_progress_bars() -> None:
@@ -45,4 +51,17 @@ def run_worker(settings: WorkerSettings) -> None:
     if error := state.load_error:
         # A stage that could not load ends the process as a failure: Kubernetes then
         # reports an Error and CrashLoopBackOff, not a container that Completed.
-        raise SystemExit(f"omnipipe worker: stage {settings.stage}: {error}")
+        message = f"omnipipe worker: stage {settings.stage}: {error}"
+        report_termination(message)
+        raise SystemExit(message)
+
+
+def report_termination(message: str, path: Path = TERMINATION_LOG) -> None:
+    """One line in the container's termination message (the file exists only in a
+    container): the pod's status shows it, and the operator reads it into Stalled. A
+    library's multi-line error would otherwise leave only its last line there."""
+    if not path.exists():
+        return
+    line = " ".join(part.strip() for part in message.splitlines() if part.strip())
+    with contextlib.suppress(OSError):
+        path.write_text(line[:MAX_TERMINATION_MESSAGE])

@@ -69,7 +69,9 @@ def test_an_image_that_cannot_be_pulled_fails_with_the_stage(
     node: RealNode, operator: str, namespace: str
 ) -> None:
     manifest = pipeline("nopull", images={"worker": "localhost/omnipipe/missing:dev"})
-    expect_failed(node, namespace, "nopull", manifest, "ImagePullFailed", "stage encode")
+    expect_failed(
+        node, namespace, "nopull", manifest, "ImagePullFailed", "localhost/omnipipe/missing:dev"
+    )
 
 
 def test_a_model_the_worker_cannot_load_fails_as_a_crash_loop(
@@ -82,7 +84,7 @@ def test_a_model_the_worker_cannot_load_fails_as_a_crash_loop(
 def test_a_stage_no_node_can_take_fails_as_unschedulable(
     node: RealNode, operator: str, namespace: str
 ) -> None:
-    manifest = pipeline("toobig", stages=[{"name": "denoise", "cpu": "500"}])
+    manifest = pipeline("toobig", stages=[{"name": "denoise", "resources": {"cpu": "500"}}])
     expect_failed(node, namespace, "toobig", manifest, "Unschedulable", "Insufficient cpu")
     # The other stages started and serve nothing alone: not Ready, and not Reconciling
     # (kstatus takes the first of the two that is True).

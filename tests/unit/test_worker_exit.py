@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 
 from omnipipe.local.ports import free_port
+from omnipipe.worker.main import report_termination
+from omnipipe.worker.models.tiny import resolve_model_path
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -48,3 +50,28 @@ def test_a_stage_that_cannot_load_exits_nonzero_and_names_the_reason(tmp_path: P
     )
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert "omnipipe worker: stage decode: load failed:" in proc.stderr, proc.stderr[-3000:]
+
+
+def test_a_missing_model_directory_is_never_taken_for_a_hub_id(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a node with no way out, diffusers' guess (the Hub) cost minutes of DNS
+    timeouts per crash before the pod even reached CrashLoopBackOff."""
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    missing = str(tmp_path / "no-such-model")
+    with pytest.raises(FileNotFoundError, match="no such directory, and not a Hugging Face id"):
+        resolve_model_path(missing)
+    (tmp_path / "here").mkdir()
+    assert resolve_model_path(str(tmp_path / "here")) == str(tmp_path / "here")
+    assert resolve_model_path("Qwen/Qwen-Image") == "Qwen/Qwen-Image"
+
+
+def test_the_termination_message_is_one_line_and_only_in_a_container(tmp_path: Path) -> None:
+    log = tmp_path / "termination-log"
+    report_termination("stage encode: load failed: first\n\n  second\n", log)
+    assert not log.exists()  # no file: not in a container, nothing written
+    log.touch()
+    report_termination("stage encode: load failed: first\n\n  second\n", log)
+    assert log.read_text() == "stage encode: load failed: first second"
+    report_termination("x" * 10_000, log)
+    assert len(log.read_text()) == 4000

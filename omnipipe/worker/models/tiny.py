@@ -14,6 +14,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, cast
 
+from omnipipe.api.from_model import is_hub_id
+
 log = logging.getLogger(__name__)
 TINY_SCHEME = "tiny://"
 # Bump when a builder changes, so stale caches are rebuilt.
@@ -151,7 +153,10 @@ def resolve_model_path(model: str, cache_dir: Path | None = None) -> str:
     through `omnipipe fetch` (the same path the operator's fetch Job takes), under a file
     lock so that concurrent workers build once."""
     if not model.startswith(TINY_SCHEME):
-        return model
+        if Path(model).expanduser().is_dir() or is_hub_id(model):
+            return model
+        # Never taken for a Hub id (diffusers would try the network, then say so).
+        raise FileNotFoundError(f"model {model}: no such directory, and not a Hugging Face id")
     name = model.removeprefix(TINY_SCHEME)
     if name not in BUILDERS:
         raise ValueError(f"unknown tiny model {model!r}; available: {', '.join(BUILDERS)}")
