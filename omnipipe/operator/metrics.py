@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from omnipipe.api.status import OmniPipelineStatus
+from omnipipe.api.status import ConditionStatus, OmniPipelineStatus
+
+# ModelCached reasons that are progress, not a failed attempt.
+_FETCH_PROGRESS = frozenset({"Cached", "Fetching", "FetchPending"})
 
 
 @dataclass(frozen=True)
@@ -17,7 +21,14 @@ class OperatorMetrics:
     reconcile_seconds: Histogram
     replicas_desired: Gauge
     replicas_ready: Gauge
+    replicas_max: Gauge
+    fetch_failing: Gauge
+    stalled: Gauge
     scaling_decisions: Counter
+    # (namespace, pipeline) -> the series set for it, so a deleted pipeline's go too.
+    _series: dict[tuple[str, str], set[tuple[str, tuple[str, ...]]]] = field(
+        default_factory=dict
+    )
 
     @classmethod
     def create(cls) -> OperatorMetrics:
@@ -56,6 +67,26 @@ class OperatorMetrics:
                 stage_labels,
                 registry=registry,
             ),
+            replicas_max=Gauge(
+                "omnipipe_stage_replicas_max",
+                "An autoscaled stage's maxReplicas.",
+                stage_labels,
+                registry=registry,
+            ),
+            fetch_failing=Gauge(
+                "omnipipe_weights_fetch_failing",
+                "1 while the pipeline's model fetch has failed (retrying or given up), "
+                "with the fetch's reason; absent otherwise.",
+                ("namespace", "pipeline", "reason"),
+                registry=registry,
+            ),
+            stalled=Gauge(
+                "omnipipe_pipeline_stalled",
+                "1 while the pipeline is Stalled, with the condition's reason; absent "
+                "otherwise.",
+                ("namespace", "pipeline", "reason"),
+                registry=registry,
+            ),
             scaling_decisions=Counter(
                 "omnipipe_operator_scaling_decisions_total",
                 "Autoscaler decisions by stage and reason.",
@@ -64,8 +95,52 @@ class OperatorMetrics:
             ),
         )
 
-    def observe_status(self, namespace: str, pipeline: str, status: OmniPipelineStatus) -> None:
+    def _gauges(self) -> dict[str, Gauge]:
+        return {
+            "desired": self.replicas_desired,
+            "ready": self.replicas_ready,
+            "max": self.replicas_max,
+            "fetch": self.fetch_failing,
+            "stalled": self.stalled,
+        }
+
+    def observe_status(
+        self,
+        namespace: str,
+        pipeline: str,
+        status: OmniPipelineStatus,
+        max_replicas: Mapping[str, int] | None = None,
+    ) -> None:
+        """The pipeline's series as its status says now; series it no longer has (a
+        removed stage, a cleared failure) go. max_replicas: autoscaled stage -> max."""
+        wanted: dict[tuple[str, tuple[str, ...]], float] = {}
         for stage in status.stages:
             labels = (namespace, pipeline, stage.name)
-            self.replicas_desired.labels(*labels).set(stage.desired_replicas)
-            self.replicas_ready.labels(*labels).set(stage.ready_replicas)
+            wanted[("desired", labels)] = stage.desired_replicas
+            wanted[("ready", labels)] = stage.ready_replicas
+            if max_replicas and stage.name in max_replicas:
+                wanted[("max", labels)] = max_replicas[stage.name]
+        conditions = {c.type: c for c in status.conditions}
+        cached = conditions.get("ModelCached")
+        if (
+            cached
+            and cached.status is not ConditionStatus.TRUE
+            and cached.reason not in _FETCH_PROGRESS
+        ):
+            wanted[("fetch", (namespace, pipeline, cached.reason))] = 1
+        stalled = conditions.get("Stalled")
+        if stalled and stalled.status is ConditionStatus.TRUE:
+            wanted[("stalled", (namespace, pipeline, stalled.reason))] = 1
+        gauges = self._gauges()
+        key = (namespace, pipeline)
+        for gone in self._series.get(key, set()) - set(wanted):
+            gauges[gone[0]].remove(*gone[1])
+        for (name, labels), value in wanted.items():
+            gauges[name].labels(*labels).set(value)
+        self._series[key] = set(wanted)
+
+    def forget(self, namespace: str, pipeline: str) -> None:
+        """A deleted pipeline: its series go, so no alert fires on what is gone."""
+        gauges = self._gauges()
+        for name, labels in self._series.pop((namespace, pipeline), set()):
+            gauges[name].remove(*labels)

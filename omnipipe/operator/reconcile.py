@@ -270,6 +270,7 @@ async def refresh_status(
     fresh), without re-applying anything. `generation`: what a reconcile just handled."""
     body = await kube.get_pipeline(namespace, name)
     if body is None or body.get("metadata", {}).get("deletionTimestamp"):
+        metrics.forget(namespace, name)
         return None
     resource = parse_resource(body)
     ctx = build_context(resource, settings)
@@ -302,7 +303,12 @@ async def refresh_status(
         settings.stall_policy,
     )
     await _write_status(kube, body, status)
-    metrics.observe_status(namespace, name, status)
+    metrics.observe_status(
+        namespace,
+        name,
+        status,
+        {s.name: s.autoscaling.max_replicas for s in ctx.pipeline.stages if s.autoscaling},
+    )
     return status
 
 

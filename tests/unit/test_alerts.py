@@ -92,6 +92,9 @@ def exported_labels() -> dict[str, set[str]]:
     operator.reconcile_seconds.labels("create").observe(1)
     operator.replicas_desired.labels("n", "p", "s").set(0)
     operator.replicas_ready.labels("n", "p", "s").set(0)
+    operator.replicas_max.labels("n", "p", "s").set(0)
+    operator.fetch_failing.labels("n", "p", "NoSpace").set(1)
+    operator.stalled.labels("n", "p", "FetchFailed").set(1)
     operator.scaling_decisions.labels("n", "p", "s", "ScaleUp").inc()
     labels: dict[str, set[str]] = {}
     registries: list[CollectorRegistry] = [worker.registry, router.registry, operator.registry]
@@ -176,7 +179,9 @@ def test_every_alert_is_labelled_and_has_a_runbook_section() -> None:
         assert rule["labels"]["severity"] in {"critical", "warning"}, name
         notes = rule["annotations"]
         assert "{{ $labels.pipeline }}" in notes["summary"], name
-        if name != "OmnipipeErrorRatioHigh":  # the router's counter has no stage label
+        # The router's counter has no stage label, and a model's fetch is every stage's
+        # that uses the model.
+        if name not in ("OmnipipeErrorRatioHigh", "OmnipipeWeightsFetchFailing"):
             assert "{{ $labels.stage }}" in notes["summary"], name
         assert notes["runbook"] == f"docs/runbooks.md#{name.lower()}", name
         assert name.lower() in headings, f"docs/runbooks.md has no section {name}"
