@@ -26,9 +26,7 @@ class OperatorMetrics:
     stalled: Gauge
     scaling_decisions: Counter
     # (namespace, pipeline) -> the series set for it, so a deleted pipeline's go too.
-    _series: dict[tuple[str, str], set[tuple[str, tuple[str, ...]]]] = field(
-        default_factory=dict
-    )
+    _series: dict[tuple[str, str], set[tuple[str, tuple[str, ...]]]] = field(default_factory=dict)
 
     @classmethod
     def create(cls) -> OperatorMetrics:
@@ -82,8 +80,7 @@ class OperatorMetrics:
             ),
             stalled=Gauge(
                 "omnipipe_pipeline_stalled",
-                "1 while the pipeline is Stalled, with the condition's reason; absent "
-                "otherwise.",
+                "1 while the pipeline is Stalled, with the condition's reason; absent otherwise.",
                 ("namespace", "pipeline", "reason"),
                 registry=registry,
             ),
@@ -115,7 +112,7 @@ class OperatorMetrics:
         removed stage, a cleared failure) go. max_replicas: autoscaled stage -> max."""
         wanted: dict[tuple[str, tuple[str, ...]], float] = {}
         for stage in status.stages:
-            labels = (namespace, pipeline, stage.name)
+            labels: tuple[str, ...] = (namespace, pipeline, stage.name)
             wanted[("desired", labels)] = stage.desired_replicas
             wanted[("ready", labels)] = stage.ready_replicas
             if max_replicas and stage.name in max_replicas:

@@ -253,9 +253,7 @@ def test_a_model_the_source_refuses_stalls_at_its_first_attempt(
     end_attempt(cluster, namespace, pod, "fail", refused)
     stalled = wait_for(
         "Stalled ModelRefused",
-        lambda: (
-            (c := condition(cluster, namespace, name, "Stalled")).get("status") == "True" and c
-        ),
+        lambda: (c := condition(cluster, namespace, name, "Stalled")).get("status") == "True" and c,
     )
     assert stalled["reason"] == "ModelRefused"
     assert "UnknownModel: Qwen/Qwen-Image: no such model" in stalled["message"]
