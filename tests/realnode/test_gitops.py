@@ -77,7 +77,9 @@ def test_an_image_that_cannot_be_pulled_fails_with_the_stage(
 def test_a_model_the_worker_cannot_load_fails_as_a_crash_loop(
     node: RealNode, operator: str, namespace: str
 ) -> None:
-    manifest = pipeline("nomodel", model="/models/missing")
+    # Not a tiny model, so each stage would ask for its GPU: this node has none.
+    cpu_only = [{"name": s, "resources": {"gpus": 0}} for s in ("encode", "denoise", "decode")]
+    manifest = pipeline("nomodel", model="/models/missing", stages=cpu_only)
     expect_failed(node, namespace, "nomodel", manifest, "CrashLooping", "/models/missing")
 
 
