@@ -103,10 +103,10 @@ class Toleration(SpecModel):
 
 
 class MediaLimits(SpecModel):
-    """What one chat request's images and audio may hold, checked from each item's header
-    before it is decoded (a thinker stage's budget). A limit left unset is the tighter of
-    its default and what the loaded model takes (its context, its processor); one set
-    here wins."""
+    """What one chat request's images, audio and video may hold, checked from each item's
+    header (a video's demuxed packets) before it is decoded (a thinker stage's budget). A
+    limit left unset is the tighter of its default and what the loaded model takes (its
+    context, its processor); one set here wins."""
 
     max_images: Annotated[int, Field(ge=0, le=256)] = 16
     """Most images in one request. Unset: 16, or fewer where the model's context cannot
@@ -116,11 +116,17 @@ class MediaLimits(SpecModel):
     max_audio_clips: Annotated[int, Field(ge=0, le=256)] = 16
     """Most audio clips in one request."""
     max_audio_seconds: Annotated[float, Field(gt=0, le=3600)] = 300.0
-    """Most seconds of all the request's audio clips together. Unset: 300, or fewer where
-    the model's context cannot hold more at its audio encoder's tokens per second."""
+    """Most seconds of all the request's audio clips together (a video's sound track among
+    them when use_audio_in_video is set). Unset: 300, or fewer where the model's context
+    cannot hold more at its audio encoder's tokens per second."""
     max_audio_clip_seconds: Annotated[float, Field(gt=0, le=3600)] = 300.0
     """Most seconds of one audio clip. Unset: 300, or less where the model's processor
     keeps only the start of a longer clip (Whisper's chunk_length when it truncates)."""
+    max_video_frames: Annotated[int, Field(ge=0, le=768)] = 768
+    """Most frames a request's video keeps once sampled (at the request's fps, 2 a second
+    by default); a video that keeps more is refused before its frames are decoded. Unset:
+    768 (the sampler's own cap), or fewer where the model's context cannot hold more
+    frames at their smallest token cost."""
     min_sample_rate: Annotated[int, Field(ge=1, le=384_000)] = 8_000
     """Lowest sample rate of a clip: a lower one is resampled into many more samples than
     its bytes suggest (a 1 Hz clip of 350 bytes became 16,000 floats a byte)."""
@@ -224,8 +230,8 @@ class Stage(SpecModel):
     requests of one image size as one forward per step, and requests join between steps.
     Default 8."""
     media: MediaLimits | None = None
-    """Per-request budget of a chat stage's images and audio. A limit left unset is the
-    tighter of its default and what the stage's model takes."""
+    """Per-request budget of a chat stage's images, audio and video. A limit left unset is
+    the tighter of its default and what the stage's model takes."""
     batch_wait_ms: Annotated[int, Field(ge=0, le=c.MAX_BATCH_WAIT_MS)] | None = None
     """How long a batching stage holds a batch that is not full for requests already sent
     to it whose inputs are still upstream. It never waits for requests nobody sent, so a

@@ -72,28 +72,32 @@ def image_tokens_of(proc: Any, size: tuple[int, int]) -> int:
 
 def test_the_tiny_processors_give_the_model_side_of_each_limit(tiny25: Any, tiny3: Any) -> None:
     # Qwen2.5-Omni: 28-pixel squares (patch 14, merge 2) from min_pixels 784: one token;
-    # its Whisper extractor pads and truncates every clip to 30 s, 25 tokens a second.
-    assert processor_media(tiny25, 32768) == ModelMedia(32768, 1, 25.0, 30.0)
+    # its Whisper extractor pads and truncates every clip to 30 s, 25 tokens a second; a
+    # video's pair of frames (one temporal patch) at least 128 squares.
+    assert processor_media(tiny25, 32768) == ModelMedia(32768, 1, 25.0, 30.0, 128, 2)
     # Qwen3-Omni: 32-pixel squares from min_pixels 1024; 13 tokens a second, no cut.
-    assert processor_media(tiny3, 32768) == ModelMedia(32768, 1, 13.0, None)
+    assert processor_media(tiny3, 32768) == ModelMedia(32768, 1, 13.0, None, 128, 2)
     for proc in (tiny25, tiny3):
         assert image_tokens_of(proc, (28, 28)) == smallest_image_tokens(proc.image_processor)
 
 
 def test_the_released_qwen25_omni_processor(released25: Any) -> None:
     model = processor_media(released25, 32768)
-    assert model == ModelMedia(32768, 4, 25.0, 300.0)
+    assert model == ModelMedia(32768, 4, 25.0, 300.0, 128, 2)
     # 3136 pixels at the least: 4 tokens, and no image makes fewer.
     assert image_tokens_of(released25, (56, 56)) == 4
     assert image_tokens_of(released25, (20, 300)) >= 4
-    # At its own 32768 tokens every limit stays at its default; at 4096, audio binds.
+    # At its own 32768 tokens every limit but video stays at its default (510 frames of
+    # 64 tokens fill 32640); at 4096, audio and video bind.
     defaults = effective_media(MediaLimits(), model)
-    assert defaults.limits == MediaLimits()
-    assert set(defaults.sources.values()) == {"default"}
+    assert defaults.limits == MediaLimits().model_copy(update={"max_video_frames": 510})
+    assert {n for n, s in defaults.sources.items() if s != "default"} == {"max_video_frames"}
+    assert defaults.sources["max_video_frames"] == "context"
     short = effective_media(MediaLimits(), processor_media(released25, 4096))
     assert short.limits.max_audio_seconds == 163  # 4095 // 25
     assert short.sources["max_audio_seconds"] == "context"
     assert short.limits.max_images == 16  # 1023 images of 4 tokens would fit
+    assert short.limits.max_video_frames == 62  # 4095 // 128 pairs
 
 
 def test_a_short_context_derives_the_limits_and_logs_them_once(
@@ -112,7 +116,7 @@ def test_a_short_context_derives_the_limits_and_logs_them_once(
         "maxAudioClips 16 (default), maxAudioSeconds 10 (context), maxAudioClipSeconds 30 "
         "(processor), minSampleRate 8000 (default), maxSampleRate 192000 (default); the "
         "model: context 256 tokens, an image 1 token or more, audio 25 tokens a second, "
-        "clips cut at 30s"
+        "clips cut at 30s, video 64 tokens a frame or more"
     ]
 
 
@@ -163,7 +167,8 @@ def test_a_limit_the_spec_sets_wins_with_a_warning_where_the_model_cannot_use_it
         "max_audio_clip_seconds": "spec",
         "max_images": "spec",
     }
-    assert media.notes == {}  # a refusal by the spec's own limit reads as before
+    # A refusal by the spec's own limit reads as before: only the unset video one is noted.
+    assert set(media.notes) == {"max_video_frames"}
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert warnings == [
         "media.maxAudioSeconds 120 is more than the model takes (its context: its 256 tokens "

@@ -118,6 +118,35 @@ def smallest_image_tokens(image_processor: Any) -> int | None:
     return max(1, math.ceil(int(least) / (int(patch) * int(merge)) ** 2))
 
 
+def _edge(size: Any, key: str) -> Any:
+    return size.get(key) if isinstance(size, dict) else getattr(size, key, None)
+
+
+def smallest_video_patch(processor: Any) -> tuple[int, int] | None:
+    """The fewest tokens the processor makes of one temporal patch of a video, and the
+    frames in that patch. Frames are resized as images are, to at least the shortest_edge
+    pixels the processor's call gives its video processor, in squares of patch_size *
+    merge_size pixels, one token each; a patch is temporal_patch_size frames.
+
+    The call's size comes from the processor class's own defaults (transformers 5.19:
+    `valid_processor_kwargs._defaults`, 128 squares a patch on both Qwen Omni families),
+    which win over the checkpoint's preprocessor config (Qwen2.5-Omni-7B's min_pixels 3136
+    does not reach videos); tests/unit/test_media_limits.py measures a patch against it.
+    None where the processor has no video processor or says no size."""
+    videos = getattr(processor, "video_processor", None)
+    if videos is None:
+        return None
+    defaults = getattr(getattr(processor, "valid_processor_kwargs", None), "_defaults", None)
+    size = (defaults or {}).get("videos_kwargs", {}).get("size") or getattr(videos, "size", None)
+    least = _edge(size, "shortest_edge") or getattr(videos, "min_pixels", None)
+    patch = getattr(videos, "patch_size", None)
+    merge = getattr(videos, "merge_size", None)
+    frames = getattr(videos, "temporal_patch_size", None)
+    if not (least and patch and merge and frames):
+        return None
+    return max(1, math.ceil(int(least) / (int(patch) * int(merge)) ** 2)), int(frames)
+
+
 def audio_tokens(processor: Any, seconds: float) -> int:
     """The audio tokens the processor makes of a clip this long (silence)."""
     extractor = processor.feature_extractor
@@ -129,21 +158,25 @@ def audio_tokens(processor: Any, seconds: float) -> int:
 
 def processor_media(processor: Any, context: int) -> ModelMedia:
     """What the thinker's processor makes of media, measured on it: the fewest tokens of
-    an image; the tokens a second of audio over one of the feature extractor's chunks; and
-    whether a clip a second longer than that chunk gets more tokens (Qwen2.5-Omni's
-    extractor pads and truncates every clip to its chunk; Qwen3-Omni's does not)."""
+    an image and of a video's temporal patch; the tokens a second of audio over one of the
+    feature extractor's chunks; and whether a clip a second longer than that chunk gets
+    more tokens (Qwen2.5-Omni's extractor pads and truncates every clip to its chunk;
+    Qwen3-Omni's does not)."""
     images = getattr(processor, "image_processor", None)
     image = smallest_image_tokens(images) if images is not None else None
+    patch = smallest_video_patch(processor)
+    video = {"video_patch_tokens": patch[0], "video_patch_frames": patch[1]} if patch else {}
     try:
         extractor = processor.feature_extractor
         chunk = extractor.n_samples / extractor.sampling_rate
         in_chunk, past_chunk = audio_tokens(processor, chunk), audio_tokens(processor, chunk + 1)
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
         log.warning("audio limits not derived: the processor's audio tokens unknown (%s)", exc)
-        return ModelMedia(context, image)
+        return ModelMedia(context, image, **video)
     return ModelMedia(
         context,
         image,
         audio_tokens_per_second=in_chunk / chunk if in_chunk else None,
         clip_seconds=chunk if past_chunk <= in_chunk else None,
+        **video,
     )

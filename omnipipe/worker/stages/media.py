@@ -1,4 +1,5 @@
-"""Decode the images and audio clips of a chat request; bad bytes are the client's error."""
+"""Decode the images and audio clips of a chat request, and charge its media (a video
+too) to the request's budget; bad bytes are the client's error."""
 
 from __future__ import annotations
 
@@ -84,6 +85,18 @@ class MediaBudget:
             )
         self.clips += 1
         self.seconds += seconds
+
+    def take_video(self, frames: int, seconds: float, where: str) -> None:
+        """Charge a video for the frames it keeps once sampled (its demuxed length known,
+        no frame decoded)."""
+        lim = self.limits
+        if frames > lim.max_video_frames:
+            raise self._refusal(
+                f"{where}: the video keeps {frames} frames of its {seconds:.1f}s once "
+                f"sampled, past the limit of {lim.max_video_frames} frames (send a shorter "
+                "clip or a lower mm_processor_kwargs.fps)",
+                "max_video_frames",
+            )
 
 
 def _bytes(data: object, where: str) -> bytes:

@@ -9,6 +9,8 @@ What a model takes, where it can be known:
   second (measured on the processor).
 - maxAudioClipSeconds: where the processor keeps only the start of a longer clip (the
   Whisper feature extractor's chunk_length, when it truncates), that length.
+- maxVideoFrames: sampled frames of the smallest token cost (the video processor's least
+  tokens a temporal patch, over its frames) that fit the context beside one reply token.
 Not derived, and why: maxImagePixels (the processors resize every image down to their
 max_pixels, so pixels cost decoding memory here, not context), maxAudioClips (a clip of
 a few milliseconds is one token or none, so the context bounds seconds, not clips), and
@@ -40,6 +42,7 @@ AUDIO_LIMITS = (
     "min_sample_rate",
     "max_sample_rate",
 )
+VIDEO_LIMITS = ("max_video_frames",)
 
 
 @dataclass(frozen=True)
@@ -50,6 +53,9 @@ class ModelMedia:
     image_tokens: int | None = None  # the fewest tokens an image takes
     audio_tokens_per_second: float | None = None
     clip_seconds: float | None = None  # the processor keeps at most this much of a clip
+    # The fewest tokens a temporal patch of a video takes, and its frames.
+    video_patch_tokens: int | None = None
+    video_patch_frames: int = 2
 
     def bounds(self) -> dict[str, tuple[float, Source, str]]:
         """Limit -> (the most the model takes, its source, why), for the derivable ones."""
@@ -77,7 +83,18 @@ class ModelMedia:
                 "processor",
                 f"it keeps only the first {_number(self.clip_seconds)}s of a clip",
             )
+        if self.video_patch_tokens:
+            frames = room // self.video_patch_tokens * self.video_patch_frames
+            bounds["max_video_frames"] = (
+                frames,
+                "context",
+                f"its {self.context} tokens hold at most {frames} frames of video at "
+                f"{self._per_frame()} tokens a frame or more",
+            )
         return bounds
+
+    def _per_frame(self) -> str:
+        return _number((self.video_patch_tokens or 0) / self.video_patch_frames)
 
     def describe(self) -> str:
         parts = [f"context {self.context} tokens"]
@@ -87,6 +104,8 @@ class ModelMedia:
             parts.append(f"audio {_number(self.audio_tokens_per_second)} tokens a second")
         if self.clip_seconds:
             parts.append(f"clips cut at {_number(self.clip_seconds)}s")
+        if self.video_patch_tokens:
+            parts.append(f"video {self._per_frame()} tokens a frame or more")
         return ", ".join(parts)
 
 
@@ -105,8 +124,10 @@ class EffectiveMedia:
 
     def summary(self) -> str:
         """One line: each limit the stage charges, its value and its source."""
-        names = (IMAGE_LIMITS if "image" in self.kinds else ()) + (
-            AUDIO_LIMITS if "audio" in self.kinds else ()
+        names = (
+            (IMAGE_LIMITS if "image" in self.kinds else ())
+            + (AUDIO_LIMITS if "audio" in self.kinds else ())
+            + (VIDEO_LIMITS if "video" in self.kinds else ())
         )
         values = self.limits.model_dump()
         return ", ".join(

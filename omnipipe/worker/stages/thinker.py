@@ -43,6 +43,7 @@ HiddenStates = tuple[torch.Tensor, ...] | Mapping[int, torch.Tensor]
 
 # transformers' defaults (Qwen2_5OmniForConditionalGeneration.generate).
 THINKER_SAMPLING = Sampling(temperature=1.0, top_p=1.0, top_k=0, max_tokens=2048)
+MEDIA_KINDS = ("image", "audio", "video")
 
 
 # The processor outputs the talker's rope index reads (see media_layout).
@@ -120,7 +121,7 @@ class ThinkerStage(StreamingStage):
     def settle_media_limits(self) -> EffectiveMedia:
         """The request budget: the spec's limits, else what the processor and context take."""
         return effective_media(
-            self.spec.media, processor_media(self.processor, self.context_length)
+            self.spec.media, processor_media(self.processor, self.context_length), MEDIA_KINDS
         )
 
     def load_model(self) -> Any:
@@ -231,7 +232,8 @@ class ThinkerStage(StreamingStage):
         rate = self.processor.feature_extractor.sampling_rate
         conversation: list[dict[str, Any]] = []
         media = ChatMedia.from_options(processor_options(mm_processor_kwargs))
-        charge_media(messages, self.media_limits.budget())
+        budget = self.media_limits.budget()
+        charge_media(messages, budget)
         for i, message in enumerate(messages):
             content = message.get("content") if isinstance(message, dict) else None
             role = message.get("role") if isinstance(message, dict) else None
@@ -254,7 +256,7 @@ class ThinkerStage(StreamingStage):
                     parts.append({"type": "audio"})
                 elif kind == "video":
                     track = rate if media.use_audio_in_video else None
-                    video = decode_video(part.get("data"), where, media.limits, track)
+                    video = decode_video(part.get("data"), where, media.limits, track, budget)
                     media.add_video(video, where)
                     parts.append({"type": "video"})
                 else:

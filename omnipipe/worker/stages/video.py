@@ -6,7 +6,9 @@ Memory stays bounded whatever the file says about itself: the byte size is check
 the container is opened, the frame size and the duration are checked on the demuxed
 packets before any frame is decoded, and kept frames are scaled down by the decoder as
 they arrive (one full-resolution frame at a time, never the whole clip), at most
-max_frames of them within a total pixel budget.
+max_frames of them within a total pixel budget. With a request's media budget, the frames
+the clip keeps and its sound track's length (from its demuxed packets) are charged to it
+before any frame or sample is decoded.
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ from typing import Any
 
 import numpy as np
 
+from omnipipe.api.spec import MediaLimits
 from omnipipe.worker.stages.base import StageInputError
+from omnipipe.worker.stages.media import MediaBudget
 
 # qwen-omni-utils' vision_process.py: 2 frames/s, 4 to 768 frames in pairs (the vision
 # tower's temporal patch), at most 768 x 28 x 28 pixels a frame and 128000 x 28 x 28 x 0.9
@@ -105,22 +109,31 @@ def video_bytes(data: object, where: str, limits: VideoLimits) -> bytes:
 
 
 def decode_video(
-    data: object, where: str, limits: VideoLimits, audio_rate: int | None = None
+    data: object,
+    where: str,
+    limits: VideoLimits,
+    audio_rate: int | None = None,
+    budget: MediaBudget | None = None,
 ) -> Video:
     """The sampled frames (and with audio_rate, the audio track as mono float32 at that
-    rate) of an mp4 or webm clip sent as base64."""
+    rate) of an mp4 or webm clip sent as base64, charged to `budget` before decoding."""
     import av
 
     raw = video_bytes(data, where, limits)
     try:
         with av.open(io.BytesIO(raw), mode="r", metadata_errors="ignore") as container:
-            return _decode(container, where, limits, audio_rate)
+            return _decode(container, where, limits, audio_rate, budget or _unbounded())
     except av.FFmpegError as exc:
         raise StageInputError(f"{where}: not a decodable video (mp4, webm): {exc}") from None
 
 
-def _decode(container: Any, where: str, limits: VideoLimits, audio_rate: int | None) -> Video:
+def _unbounded() -> MediaBudget:
+    return MediaBudget(MediaLimits())
 
+
+def _decode(
+    container: Any, where: str, limits: VideoLimits, audio_rate: int | None, budget: MediaBudget
+) -> Video:
     if not container.streams.video:
         raise StageInputError(f"{where}: the file has no video stream")
     stream = container.streams.video[0]
@@ -131,11 +144,21 @@ def _decode(container: Any, where: str, limits: VideoLimits, audio_rate: int | N
         raise StageInputError(
             f"{where}: frames of {width}x{height} are larger than {MAX_SOURCE_PIXELS} pixels"
         )
+    sound = None
+    if audio_rate is not None:
+        if not container.streams.audio:
+            raise StageInputError(
+                f"{where}: use_audio_in_video is set but the video has no audio track"
+            )
+        sound = container.streams.audio[0]
     # Demux only (no decoding) for the true frame count and duration: headers can lie.
     base = stream.time_base
     times: list[float] = []
-    for packet in container.demux(stream):
-        if packet.pts is not None and packet.size:
+    track = _TrackSpan()
+    for packet in container.demux(*[s for s in (stream, sound) if s is not None]):
+        if packet.stream is sound:
+            track.add(packet)
+        elif packet.pts is not None and packet.size:
             times.append(float(packet.pts * base))
             if times[-1] - times[0] > limits.max_seconds:
                 raise StageInputError(f"{where}: video longer than {limits.max_seconds:g}s")
@@ -157,6 +180,11 @@ def _decode(container: Any, where: str, limits: VideoLimits, audio_rate: int | N
             f"{limits.max_source_fps:g} frames a second"
         )
     count = frame_count(total, seconds, limits)
+    budget.take_video(count, seconds, where)
+    if sound is not None:
+        # The track is a clip of the request's audio; its demuxed length is what it costs.
+        rate = int(sound.codec_context.sample_rate or audio_rate or 1)
+        budget.take_audio(round(track.seconds * rate), rate, f"{where} (its audio track)")
     keep = set(np.linspace(0, total - 1, count).round().astype(int).tolist())
     out_width, out_height = frame_size(width, height, count, limits)
     container.seek(0)
@@ -178,29 +206,52 @@ def _decode(container: Any, where: str, limits: VideoLimits, audio_rate: int | N
     while len(frames) % FRAME_FACTOR:
         frames.append(frames[-1])
     audio = None
-    if audio_rate is not None:
-        audio = _audio_track(container, where, audio_rate, limits)
+    if sound is not None and audio_rate is not None:
+        # The decoded track may run a little past its packets' span (a codec's priming
+        # samples), not past what was charged by more than that.
+        most = min(limits.max_seconds, track.seconds + TRACK_SLACK_SECONDS)
+        audio = _audio_track(container, sound, where, audio_rate, most)
     return Video(np.stack(frames), len(frames) / seconds, seconds, audio)
 
 
-def _audio_track(container: Any, where: str, rate: int, limits: VideoLimits) -> np.ndarray:
+TRACK_SLACK_SECONDS = 1.0
+
+
+class _TrackSpan:
+    """The seconds a stream's demuxed packets cover: first start to last end."""
+
+    def __init__(self) -> None:
+        self.start: float | None = None
+        self.end = 0.0
+
+    def add(self, packet: Any) -> None:
+        if packet.pts is None or not packet.size:
+            return
+        start = float(packet.pts * packet.time_base)
+        end = start + float((packet.duration or 0) * packet.time_base)
+        self.start = start if self.start is None else min(self.start, start)
+        self.end = max(self.end, end)
+
+    @property
+    def seconds(self) -> float:
+        return 0.0 if self.start is None else max(0.0, self.end - self.start)
+
+
+def _audio_track(
+    container: Any, stream: Any, where: str, rate: int, most_seconds: float
+) -> np.ndarray:
     import av
 
-    if not container.streams.audio:
-        raise StageInputError(
-            f"{where}: use_audio_in_video is set but the video has no audio track"
-        )
     container.seek(0)
-    stream = container.streams.audio[0]
     resampler = av.AudioResampler(format="flt", layout="mono", rate=rate)
     parts: list[np.ndarray] = []
-    kept, most = 0, int(limits.max_seconds * rate)
+    kept, most = 0, int(most_seconds * rate)
     for frame in container.decode(stream):
         for out in resampler.resample(frame):
             parts.append(out.to_ndarray().reshape(-1))
             kept += parts[-1].shape[0]
         if kept > most:
-            raise StageInputError(f"{where}: audio track longer than {limits.max_seconds:g}s")
+            raise StageInputError(f"{where}: audio track longer than {most_seconds:g}s")
     for out in resampler.resample(None):
         parts.append(out.to_ndarray().reshape(-1))
     if not parts or sum(p.shape[0] for p in parts) == 0:
