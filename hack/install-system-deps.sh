@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Debian packages the tests need: etcd (the API server's store), openssl (test certs),
-# prometheus (autoscaling tests), curl (a test client), and the benchmarks' anchors and
+# prometheus and promtool (autoscaling and alert tests), curl (a test client), and the benchmarks' anchors and
 # load generator: ucx_perftest (ucx-utils) and wrk; buildah and mmdebstrap build the
 # container images from a local Debian base (hack/build-images.sh, hack/debian-base.sh);
 # containerd, runc, the CNI plugins, iptables and conntrack run the test tier's real node
@@ -11,7 +11,8 @@ set -euo pipefail
 need=()
 command -v etcd >/dev/null || need+=(etcd-server)
 command -v openssl >/dev/null || need+=(openssl)
-command -v prometheus >/dev/null || need+=(prometheus)
+# promtool too (the alert rules' unit tests): a prometheus on PATH from elsewhere may lack it.
+{ command -v prometheus && command -v promtool; } >/dev/null || need+=(prometheus)
 command -v curl >/dev/null || need+=(curl)
 command -v ucx_perftest >/dev/null || need+=(ucx-utils)
 command -v wrk >/dev/null || need+=(wrk)
