@@ -25,6 +25,19 @@ def port_number(text: str) -> int:
     return port
 
 
+def otlp_endpoint(text: str) -> str:
+    """An argparse type: an OTLP/HTTP collector's base URL, as spec.tracing.endpoint."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(text)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not an OTLP/HTTP endpoint: give http(s)://HOST:PORT, e.g. "
+            "http://127.0.0.1:4318"
+        )
+    return text
+
+
 def positive_int(text: str) -> int:
     """An argparse type: a count of one or more."""
     try:
@@ -166,6 +179,9 @@ def _serve_file(path: Path, args: argparse.Namespace) -> int:
             raise ManifestError(
                 f"{path}: this omnipipe cannot run these stages yet: {', '.join(missing)}"
             )
+        if args.otlp_endpoint:
+            tracing = pipeline.tracing.model_copy(update={"endpoint": args.otlp_endpoint})
+            pipeline = pipeline.model_copy(update={"tracing": tracing})
         return pipeline
 
     return serve(load(path), path, args.host, args.port, args.ready_timeout, load)
@@ -234,6 +250,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=600.0,
         help="seconds to wait for every process to be ready",
+    )
+    serve.add_argument(
+        "--otlp-endpoint",
+        type=otlp_endpoint,
+        metavar="URL",
+        help="export a trace of every request over OTLP/HTTP to this collector, e.g. "
+        "http://127.0.0.1:4318 (overrides the file's spec.tracing.endpoint)",
     )
     serve.set_defaults(run=_cmd_serve)
 

@@ -10,6 +10,7 @@ from pydantic import ValidationError
 
 from omnipipe.api import constants as c
 from omnipipe.api.resolve import ResolvedPipeline, resolve
+from omnipipe.api.spec import Tracing
 from omnipipe.api.resource import (
     ManifestError,
     load_file,
@@ -40,4 +41,9 @@ def load_pipeline(path: str | Path) -> ResolvedPipeline:
 def pipeline_yaml(pipeline: ResolvedPipeline) -> str:
     """The resolved pipeline as a file that load_pipeline reads back unchanged: what the
     operator's ConfigMap holds and what `omnipipe serve` hands each revision's workers."""
-    return yaml.safe_dump(pipeline.model_dump(mode="json"), sort_keys=False)
+    data = pipeline.model_dump(mode="json")
+    if pipeline.tracing == Tracing():
+        # Untraced pipelines' files (and so their ConfigMaps and pods) stay as they were
+        # before tracing existed: an operator upgrade must not roll every pipeline.
+        del data["tracing"]
+    return yaml.safe_dump(data, sort_keys=False)

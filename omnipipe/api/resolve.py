@@ -23,6 +23,7 @@ from omnipipe.api.spec import (
     Router,
     Stage,
     Toleration,
+    Tracing,
     Transfer,
 )
 
@@ -88,6 +89,7 @@ class ResolvedPipeline(ResolvedModel):
     stages: tuple[ResolvedStage, ...]
     router: Router
     transfer: Transfer
+    tracing: Tracing = Tracing()
 
     def stage(self, name: str) -> ResolvedStage:
         for stage in self.stages:
@@ -185,4 +187,5 @@ def resolve(resource: OmniPipeline) -> ResolvedPipeline:
         stages=stages,
         router=spec.router,
         transfer=spec.transfer,
+        tracing=spec.tracing,
     )

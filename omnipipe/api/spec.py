@@ -265,6 +265,19 @@ class Transfer(SpecModel):
     """ucx (ucxx: shared memory, CMA, TCP or RDMA) or tcp (asyncio sockets, the fallback)."""
 
 
+class Tracing(SpecModel):
+    """OpenTelemetry traces of every request: the router's span, and each stage's
+    waiting, transfer-in, queue, engine and hand-off spans, exported with OTLP."""
+
+    endpoint: Annotated[str, Field(pattern=r"^https?://", max_length=512)] | None = None
+    """OTLP/HTTP endpoint of a collector, e.g. http://otel-collector.observability:4318
+    (spans go to its /v1/traces). Unset: no traces are exported (a client's
+    traceparent is still passed on to the stages)."""
+    sample_ratio: Annotated[float, Field(ge=0, le=1)] = 1.0
+    """Share of requests traced, when the client sent no sampled traceparent; a client's
+    sampling decision is kept."""
+
+
 class Images(SpecModel):
     """Container image overrides; the operator's defaults apply otherwise."""
 
@@ -289,6 +302,8 @@ class OmniPipelineSpec(SpecModel):
     """Stage-to-stage tensor transfer settings."""
     images: Images = Images()
     """Container image overrides."""
+    tracing: Tracing = Tracing()
+    """Request traces over OTLP; off unless an endpoint is set."""
     prometheus_url: Annotated[str, Field(pattern=r"^https?://")] | None = None
     """Prometheus the autoscaler queries for this pipeline; defaults to the operator's."""
     weights: Weights = Weights()

@@ -19,6 +19,7 @@ from starlette.exceptions import HTTPException
 
 from omnipipe.api import ResolvedPipeline
 from omnipipe.api.constants import CREDENTIAL_HEADER
+from omnipipe.api.tracing import make_tracer
 from omnipipe.router.api.chat import ChatRequest, chat_router
 from omnipipe.router.api.common import error_param
 from omnipipe.router.api.edits import ImageEditRequest, edits_router
@@ -81,6 +82,7 @@ def build_app(pipeline: ResolvedPipeline, settings: RouterSettings) -> FastAPI:
         settings.discovery_interval_seconds,
     )
     router_metrics = RouterMetrics.create()
+    tracer = make_tracer(pipeline.tracing, "omnipipe-router", pipeline.name)
     for stage in pipeline.stages:
         # Zero demand must read as 0, not as an absent series.
         router_metrics.pending.labels(pipeline.name, stage.name).set(0)
@@ -107,6 +109,7 @@ def build_app(pipeline: ResolvedPipeline, settings: RouterSettings) -> FastAPI:
             await pool.close()
             await orchestrator.session.close()
             await client.aclose()
+            tracer.close()
 
     app = FastAPI(title=f"omnipipe router: {pipeline.name}", lifespan=lifespan)
     app.add_exception_handler(OpenAIError, openai_error_handler)
@@ -118,6 +121,7 @@ def build_app(pipeline: ResolvedPipeline, settings: RouterSettings) -> FastAPI:
         api_key=settings.api_key,
         max_body_bytes=settings.max_body_bytes,
         metrics=router_metrics,
+        tracer=tracer.tracer,
     )
 
     @app.exception_handler(RequestValidationError)

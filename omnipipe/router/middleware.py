@@ -1,5 +1,6 @@
 """Plain ASGI middleware (not BaseHTTPMiddleware, which hides client disconnects from
-endpoints): API-key auth, the body-size limit, and request metrics."""
+endpoints): API-key auth, the body-size limit, request metrics, and each request's
+root span (a child of the client's traceparent, if it sent one)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,9 @@ import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
+from opentelemetry import trace
+
+from omnipipe.api.tracing import header, parent_context
 from omnipipe.router.errors import OpenAIError, PayloadTooLarge, Unauthorized
 from omnipipe.router.metrics import RouterMetrics
 
@@ -29,8 +33,10 @@ class GuardMiddleware:
         api_key: str | None,
         max_body_bytes: int,
         metrics: RouterMetrics,
+        tracer: trace.Tracer | None = None,
     ) -> None:
         self.app = app
+        self.tracer = tracer or trace.NoOpTracer()
         self.pipeline = pipeline
         self.expected = f"Bearer {api_key}".encode() if api_key is not None else None
         self.max_body = max_body_bytes
@@ -73,17 +79,33 @@ class GuardMiddleware:
             return message
 
         error = self._reject(scope)
+        method = str(scope.get("method", ""))
+        span = self.tracer.start_span(
+            f"{method} {scope['path']}",
+            context=parent_context(header(dict(scope.get("headers") or []))),
+            kind=trace.SpanKind.SERVER,
+            attributes={"http.request.method": method, "omnipipe.pipeline": self.pipeline},
+        )
         try:
-            if error is not None:
-                await error.response()(scope, receive, send_recording)
-            else:
-                await self.app(scope, receive_limited, send_recording)
+            # Current while the endpoint runs, and in the tasks it starts (a streamed
+            # body's): the orchestrator hands it to the stages as their traceparent.
+            with trace.use_span(span, end_on_exit=False):
+                if error is not None:
+                    await error.response()(scope, receive, send_recording)
+                else:
+                    await self.app(scope, receive_limited, send_recording)
         finally:
+            # The route's template, never the raw path: a scanner's made-up paths must not
+            # grow a metric series each.
+            route = scope.get("route")
+            path = str(getattr(route, "path", "unmatched"))
+            span.update_name(f"{method} {path}")
+            span.set_attribute("http.route", path)
+            span.set_attribute("http.response.status_code", status["code"])
+            if status["code"] >= 500:
+                span.set_status(trace.StatusCode.ERROR)
+            span.end()
             if scope["path"].startswith("/v1/"):
-                # The route's template, never the raw path: a scanner's made-up paths
-                # must not grow a metric series each.
-                route = scope.get("route")
-                path = str(getattr(route, "path", "unmatched"))
                 self.metrics.requests.labels(self.pipeline, path, str(status["code"])).inc()
                 self.metrics.duration.labels(self.pipeline, path).observe(
                     time.monotonic() - started

@@ -12,9 +12,11 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 import aiohttp
+from opentelemetry import trace
 
 from omnipipe.api import ResolvedPipeline
 from omnipipe.api.revision import pipeline_revision
+from omnipipe.api.tracing import traceparent_of
 from omnipipe.api.wire import Destination, StageEvent, SubmitRequest
 from omnipipe.router.errors import (
     BadRequest,
@@ -232,7 +234,7 @@ class Orchestrator:
         try:
             async with self.session.post(
                 f"{replica.url}/v1/requests",
-                data=submit.model_dump_json(),
+                data=submit.to_json(),
                 headers={"content-type": "application/json"},
                 timeout=aiohttp.ClientTimeout(total=None, sock_connect=5.0, sock_read=self.timeout),
             ) as resp:
@@ -350,6 +352,8 @@ class Orchestrator:
     ) -> AsyncGenerator[Output | OutputPart | StageDone]:
         stages = self.needed(emitters)
         request_id = uuid.uuid4().hex
+        # The span the router's middleware made current for this request.
+        traceparent = traceparent_of(trace.get_current_span())
         chosen = await self._choose(stages)
         sink: asyncio.Queue[Output | OutputPart | StageDone] = asyncio.Queue(SINK_EVENTS)
         tasks: list[asyncio.Task[None]] = []
@@ -372,6 +376,7 @@ class Orchestrator:
                     outputs=outputs,
                     emit=name in emitters,
                     timeout_seconds=self.timeout,
+                    traceparent=traceparent,
                 )
                 tasks.append(
                     asyncio.create_task(self._events(name, chosen[name], submit, sink, whole))

@@ -85,6 +85,20 @@ class BlockTable:
         return [self.storage[i] for i in ids]
 
 
+# A received message's meta key: (start, end) of its receipt, wall-clock nanoseconds,
+# which a worker's trace shows as the request's transfer-in.
+RECEIVED_NS = "received_ns"
+
+
+def stamp_received(message: Message, started: float) -> float:
+    """Records in the message when its receipt (begun at perf_counter() `started`) ran;
+    returns its seconds."""
+    seconds = time.perf_counter() - started
+    end = time.time_ns()
+    message.meta[RECEIVED_NS] = (end - int(seconds * 1e9), end)
+    return seconds
+
+
 @dataclass
 class TransferStats:
     """Called after each message moved: (bytes, seconds). Feeds worker metrics."""

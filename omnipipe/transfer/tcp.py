@@ -30,6 +30,7 @@ from omnipipe.transfer.base import (
     Sender,
     TransferStats,
     split_address,
+    stamp_received,
 )
 from omnipipe.transfer.codec import (
     MAX_HEADER,
@@ -311,8 +312,9 @@ class TcpReceiver(ListeningReceiver):
             if ids and self.block_table is not None:
                 self.block_table.free(ids)
             raise
+        seconds = stamp_received(message, started)
         await self.mailbox.put(message, charge)
-        self.stats.on_transfer(message.nbytes, time.perf_counter() - started)
+        self.stats.on_transfer(message.nbytes, seconds)
         await loop.sock_sendall(conn, ACK)
 
 

@@ -18,7 +18,7 @@ import torch
 
 from omnipipe.transfer import ucx_worker
 from omnipipe.transfer.auth import HANDSHAKE_TIMEOUT_SECONDS, REFUSED
-from omnipipe.transfer.base import BlockTableFull, Charge, MailboxFull, Message
+from omnipipe.transfer.base import BlockTableFull, Charge, MailboxFull, Message, stamp_received
 from omnipipe.transfer.codec import MAX_HEADER, CodecError, decode_header
 from omnipipe.transfer.tcp import (
     ACK,
@@ -372,7 +372,7 @@ class UcxReceiver(ListeningReceiver):
         """Hands the charge (and the rows, through on_drop) over to the mailbox."""
         charge, landing.charge, landing.ids = landing.charge, None, []
         assert charge is not None
-        self.stats.on_transfer(message.nbytes, time.perf_counter() - landing.started)
+        self.stats.on_transfer(message.nbytes, stamp_received(message, landing.started))
         return charge
 
     def _message(self, landing: _Landing) -> Message | None:

@@ -51,6 +51,7 @@ class WorkerMetrics:
     transfer_bytes: Counter
     transfer_seconds: Histogram
     queue_wait: Histogram
+    engine_duration: Histogram
     first_audio: Histogram
     real_time_factor: Histogram
     seconds_without_progress: Gauge
@@ -102,6 +103,14 @@ class WorkerMetrics:
                 registry=registry,
                 buckets=LATENCY_BUCKETS,
             ),
+            engine_duration=Histogram(
+                "omnipipe_stage_engine_duration_seconds",
+                "Time a request spent in the engine, from leaving the queue to its result "
+                "(a streamed request: to its last chunk).",
+                labels,
+                registry=registry,
+                buckets=LATENCY_BUCKETS,
+            ),
             first_audio=Histogram(
                 "omnipipe_stage_time_to_first_audio_seconds",
                 "Time from submission to the stage's first chunk of audio (codes or samples).",
@@ -125,6 +134,7 @@ class WorkerMetrics:
         m.seconds_without_progress.labels(pipeline, stage).set(0)
         m.duration.labels(pipeline, stage)
         m.queue_wait.labels(pipeline, stage)
+        m.engine_duration.labels(pipeline, stage)
         m.first_audio.labels(pipeline, stage)
         m.real_time_factor.labels(pipeline, stage)
         return m
@@ -145,6 +155,9 @@ class WorkerMetrics:
 
     def observe_queue_wait(self, seconds: float) -> None:
         self.queue_wait.labels(*self._labels).observe(seconds)
+
+    def observe_engine(self, seconds: float) -> None:
+        self.engine_duration.labels(*self._labels).observe(seconds)
 
     def observe_duration(self, seconds: float) -> None:
         self.duration.labels(*self._labels).observe(seconds)

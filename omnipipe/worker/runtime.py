@@ -15,8 +15,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from opentelemetry import trace
+
 from omnipipe.api.wire import StageEvent, SubmitRequest
-from omnipipe.transfer import Mailbox, Message, Sender, TransferRefused
+from omnipipe.transfer import RECEIVED_NS, Mailbox, Message, Sender, TransferRefused
+from omnipipe.worker import tracing
 from omnipipe.worker.metrics import WorkerMetrics
 from omnipipe.worker.stages.base import (
     Chunk,
@@ -71,6 +74,11 @@ class Job:
     submitted: float = field(default_factory=time.monotonic)
     queued: float = 0.0
     running: bool = False
+    timeline: tracing.Timeline = field(default_factory=tracing.Timeline)
+    error: str = ""
+
+    def __post_init__(self) -> None:
+        self.timeline.mark(tracing.SUBMITTED)
 
 
 class StageRuntime:
@@ -83,8 +91,10 @@ class StageRuntime:
         metrics: WorkerMetrics,
         max_batch: int,
         batch_wait_seconds: float = 0.0,
+        tracer: trace.Tracer | None = None,
     ) -> None:
         self.stage_name = stage_name
+        self.tracer = tracer or trace.NoOpTracer()
         self.stage = stage
         self.mailbox = mailbox
         self.sender = sender
@@ -200,6 +210,9 @@ class StageRuntime:
                     "request %s: unexpected input from %s", request.request_id, message.source
                 )
                 continue
+            received = message.meta.get(RECEIVED_NS)
+            if received is not None and request.request_id in self.jobs:
+                self.jobs[request.request_id].timeline.mark_first(tracing.FIRST_INPUT, received[0])
             yield message
             if message.final:
                 pending.discard(message.source)
@@ -255,10 +268,12 @@ class StageRuntime:
         request = job.request
         job.stage_job = StageJob(request.params, {})
         job.queued = time.monotonic()
+        job.timeline.mark(tracing.QUEUED)
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self._preparer, stage.prepare, job.stage_job)
         session: Session = await self._run_on_engine(stage.open, job.stage_job)
         self._start([job])
+        started_at = time.monotonic()
         inbox = Inbox()
         feeder = asyncio.create_task(self._feed(request, inbox))
         clock = AudioClock()
@@ -301,6 +316,11 @@ class StageRuntime:
                         )
                         event_index += 1
                 if step.done:
+                    job.timeline.mark(tracing.ENGINE_DONE)
+                    job.timeline.mark(tracing.HANDED_OFF)
+                    job.timeline.attributes["omnipipe.engine_busy_seconds"] = clock.engine_seconds
+                    job.timeline.attributes["omnipipe.chunks"] = chunk_index
+                    self.metrics.observe_engine(time.monotonic() - started_at)
                     return
         finally:
             feeder.cancel()
@@ -313,13 +333,17 @@ class StageRuntime:
             async with asyncio.timeout(request.timeout_seconds):
                 if isinstance(self.stage, StreamingStage):
                     await self._stream(job, self.stage)
+                    job.timeline.mark(tracing.DONE)
                     await job.events.put(StageEvent(type="done"))
                     self.metrics.observe_duration(time.monotonic() - job.submitted)
                     return
                 job.stage_job = StageJob(request.params, {})
                 await self._collect_inputs(request, job.stage_job)
+                if request.inputs:
+                    job.timeline.mark(tracing.INPUTS)
                 job.result = asyncio.get_running_loop().create_future()
                 job.queued = time.monotonic()
+                job.timeline.mark(tracing.QUEUED)
                 self._queue.append(job)
                 self._wakeup.set()
                 result = await job.result
@@ -328,16 +352,20 @@ class StageRuntime:
                         dest.address,
                         Message(request.request_id, self.stage_name, result.tensors),
                     )
+                job.timeline.mark(tracing.HANDED_OFF)
             if request.emit:
                 for i, output in enumerate(result.outputs):
                     await job.events.put(StageEvent(type="result", index=i, data=output))
+            job.timeline.mark(tracing.DONE)
             await job.events.put(StageEvent(type="done"))
             self.metrics.observe_duration(time.monotonic() - job.submitted)
         except asyncio.CancelledError:
+            job.error = "cancelled"
             if job.stage_job is not None:
                 job.stage_job.cancelled.set()
             await job.events.put(StageEvent(type="error", code="cancelled", message="cancelled"))
         except TimeoutError:
+            job.error = "timeout"
             # Stop the engine's work too: a denoising loop checks this between steps (a
             # streaming session is closed by _stream's finally).
             if job.stage_job is not None:
@@ -346,8 +374,10 @@ class StageRuntime:
                 StageEvent(type="error", code="timeout", message=f"{self.stage_name} timed out")
             )
         except StageInputError as exc:
+            job.error = "invalid_request"
             await job.events.put(exc.event())
         except TransferRefused as exc:
+            job.error = "stage_unavailable"
             # The next stage refused the hand-off (its mailbox is full, or it is no peer):
             # the stage is unavailable for this request, not broken.
             await job.events.put(
@@ -356,6 +386,7 @@ class StageRuntime:
                 )
             )
         except Exception as exc:
+            job.error = "stage_error"
             log.exception("request %s failed in %s", request.request_id, self.stage_name)
             await job.events.put(
                 StageEvent(type="error", code="stage_error", message=f"{self.stage_name}: {exc}")
@@ -367,6 +398,14 @@ class StageRuntime:
             self.mailbox.discard(request.request_id)
             self.jobs.pop(request.request_id, None)
             self._update_load()
+            tracing.record_request(
+                self.tracer,
+                self.stage_name,
+                request.request_id,
+                request.traceparent,
+                job.timeline,
+                job.error,
+            )
 
     # ---- engine ------------------------------------------------------------------------
     def _take_batch(self) -> list[Job]:
@@ -435,12 +474,16 @@ class StageRuntime:
         """Mark jobs running, with the time they waited in the queue."""
         for job in jobs:
             job.running = True
+            job.timeline.mark(tracing.STARTED)
             self.metrics.observe_queue_wait(time.monotonic() - job.queued)
         self._update_load()
 
-    @staticmethod
-    def _settle(job: Job, result: StageResult | None, error: BaseException | None) -> None:
+    def _settle(self, job: Job, result: StageResult | None, error: BaseException | None) -> None:
         job.running = False
+        job.timeline.mark(tracing.ENGINE_DONE)
+        engine_seconds = job.timeline.seconds(tracing.STARTED, tracing.ENGINE_DONE)
+        if engine_seconds is not None:
+            self.metrics.observe_engine(engine_seconds)
         if job.result and not job.result.done():
             if error is not None:
                 job.result.set_exception(error)

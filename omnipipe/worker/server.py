@@ -21,6 +21,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from omnipipe.api import ResolvedPipeline
 from omnipipe.api.constants import CREDENTIAL_HEADER
 from omnipipe.api.revision import pipeline_revision
+from omnipipe.api.tracing import make_tracer
 from omnipipe.api.wire import StageEvent, SubmitRequest, WorkerStatus, event_lines
 from omnipipe.transfer import Mailbox, Receiver, TransferStats, make_receiver, make_sender
 from omnipipe.worker.metrics import WorkerMetrics
@@ -156,6 +157,7 @@ async def _sweep(mailbox: Mailbox, every_seconds: float = 30.0) -> None:
 def build_app(pipeline: ResolvedPipeline, settings: WorkerSettings) -> FastAPI:
     spec = pipeline.stage(settings.stage)  # fails fast on an unknown stage
     state = WorkerState(pipeline, settings, WorkerMetrics.create(pipeline.name, spec.name))
+    tracer = make_tracer(pipeline.tracing, f"omnipipe-{spec.name}", pipeline.name, spec.name)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -184,6 +186,7 @@ def build_app(pipeline: ResolvedPipeline, settings: WorkerSettings) -> FastAPI:
             state.metrics,
             settings.max_batch or spec.max_batch,
             spec.batch_wait_ms / 1000,
+            tracer.tracer,
         )
         log.info(
             "stage %s: transfer %s listening at %s", spec.name, backend, state.receiver.address
@@ -201,6 +204,7 @@ def build_app(pipeline: ResolvedPipeline, settings: WorkerSettings) -> FastAPI:
             await state.runtime.close()
             await sender.close()
             await state.receiver.close()
+            tracer.close()
 
     app = FastAPI(title=f"omnipipe worker: {pipeline.name}/{spec.name}", lifespan=lifespan)
     app.state.worker = state

@@ -1,0 +1,111 @@
+"""One request's spans in one stage, built once it ends from the times it passed each
+point (wall-clock nanoseconds), so that tracing adds nothing to the engine's path.
+
+Under the stage's span (a child of the router's, through the request's traceparent),
+the phases tile it in order:
+
+    wait-upstream  submitted, until its first input began to arrive
+    transfer-in    until its last input was taken (every upstream stage sent its last)
+    queue          until the engine took it
+    engine         until its result (a streamed request: until its last chunk)
+    hand-off       until its output reached every downstream stage
+    emit           until the router was sent its results
+
+A phase whose points were not reached (a first stage has no inputs; a failed request
+stops early) is left out.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from opentelemetry import trace
+
+from omnipipe.api.tracing import parent_context
+
+SUBMITTED = "submitted"
+FIRST_INPUT = "first_input"
+INPUTS = "inputs"
+QUEUED = "queued"
+STARTED = "started"
+ENGINE_DONE = "engine_done"
+HANDED_OFF = "handed_off"
+DONE = "done"
+
+# Each phase: its name, and the marks it runs between.
+PHASES: tuple[tuple[str, str, str], ...] = (
+    ("wait-upstream", SUBMITTED, FIRST_INPUT),
+    ("transfer-in", FIRST_INPUT, INPUTS),
+    ("queue", QUEUED, STARTED),
+    ("engine", STARTED, ENGINE_DONE),
+    ("hand-off", ENGINE_DONE, HANDED_OFF),
+    ("emit", HANDED_OFF, DONE),
+)
+
+
+@dataclass
+class Timeline:
+    """When one request passed each point in this stage, and what it counted."""
+
+    marks: dict[str, int] = field(default_factory=dict)
+    attributes: dict[str, str | int | float] = field(default_factory=dict)
+
+    def mark(self, point: str, at_ns: int | None = None) -> None:
+        self.marks[point] = time.time_ns() if at_ns is None else at_ns
+
+    def mark_first(self, point: str, at_ns: int) -> None:
+        self.marks[point] = min(self.marks.get(point, at_ns), at_ns)
+
+    def seconds(self, start: str, end: str) -> float | None:
+        if start in self.marks and end in self.marks:
+            return max(0, self.marks[end] - self.marks[start]) / 1e9
+        return None
+
+
+def _phases(marks: Mapping[str, int]) -> list[tuple[str, int, int]]:
+    """The phases reached, each from where the previous one ended, so they never
+    overlap (a mark taken on the engine thread may be a hair before the loop's)."""
+    spans: list[tuple[str, int, int]] = []
+    cursor = marks[SUBMITTED]
+    for name, start, end in PHASES:
+        if start in marks and end in marks:
+            begin = max(cursor, marks[start])
+            finish = max(begin, marks[end])
+            spans.append((name, begin, finish))
+            cursor = finish
+    return spans
+
+
+def record_request(
+    tracer: trace.Tracer,
+    stage: str,
+    request_id: str,
+    traceparent: str,
+    timeline: Timeline,
+    error: str = "",
+) -> None:
+    """Exports the request's stage span and its phases (nothing unless the tracer
+    samples it: the router's decision travels in the traceparent)."""
+    marks = timeline.marks
+    if SUBMITTED not in marks:
+        return
+    end = marks.get(DONE, time.time_ns())
+    span = tracer.start_span(
+        f"stage {stage}",
+        context=parent_context(traceparent),
+        kind=trace.SpanKind.SERVER,
+        start_time=marks[SUBMITTED],
+        attributes={"omnipipe.stage": stage, "omnipipe.request_id": request_id},
+    )
+    if not span.is_recording():
+        return
+    span.set_attributes(timeline.attributes)
+    if error:
+        span.set_status(trace.StatusCode.ERROR, error)
+        span.set_attribute("omnipipe.error", error)
+    context = trace.set_span_in_context(span)
+    for name, begin, finish in _phases({**marks, DONE: end}):
+        tracer.start_span(name, context=context, start_time=begin).end(end_time=finish)
+    span.end(end_time=end)
