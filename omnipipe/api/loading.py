@@ -10,7 +10,6 @@ from pydantic import ValidationError
 
 from omnipipe.api import constants as c
 from omnipipe.api.resolve import ResolvedPipeline, resolve
-from omnipipe.api.spec import Tracing
 from omnipipe.api.resource import (
     ManifestError,
     load_file,
@@ -18,6 +17,7 @@ from omnipipe.api.resource import (
     validation_lines,
     yaml_problem,
 )
+from omnipipe.api.spec import Tracing
 
 
 def load_pipeline(path: str | Path) -> ResolvedPipeline:

@@ -210,19 +210,20 @@ class StageRuntime:
                     "request %s: unexpected input from %s", request.request_id, message.source
                 )
                 continue
-            received = message.meta.get(RECEIVED_NS)
-            if received is not None and request.request_id in self.jobs:
-                self.jobs[request.request_id].timeline.mark_first(tracing.FIRST_INPUT, received[0])
             yield message
             if message.final:
                 pending.discard(message.source)
 
-    async def _collect_inputs(self, request: SubmitRequest, job: StageJob) -> None:
+    async def _collect_inputs(
+        self, request: SubmitRequest, job: StageJob, timeline: tracing.Timeline
+    ) -> None:
         """Fills the job's inputs, and its KV blocks (rows of the receiver's BlockTable,
         which job.free_rows gives back)."""
         inputs: dict[str, Tensors] = {name: {} for name in request.inputs}
         try:
             async for message in self._messages(request):
+                if (received := message.meta.get(RECEIVED_NS)) is not None:
+                    timeline.mark_first(tracing.FIRST_INPUT, received[0])
                 inputs[message.source].update(message.tensors)
                 if message.blocks:
                     job.blocks.setdefault(message.source, []).extend(message.blocks)
@@ -316,8 +317,10 @@ class StageRuntime:
                         )
                         event_index += 1
                 if step.done:
-                    job.timeline.mark(tracing.ENGINE_DONE)
-                    job.timeline.mark(tracing.HANDED_OFF)
+                    # Its hand-offs ran between its steps, inside the engine phase.
+                    finished = time.time_ns()
+                    job.timeline.mark(tracing.ENGINE_DONE, finished)
+                    job.timeline.mark(tracing.HANDED_OFF, finished)
                     job.timeline.attributes["omnipipe.engine_busy_seconds"] = clock.engine_seconds
                     job.timeline.attributes["omnipipe.chunks"] = chunk_index
                     self.metrics.observe_engine(time.monotonic() - started_at)
@@ -338,7 +341,7 @@ class StageRuntime:
                     self.metrics.observe_duration(time.monotonic() - job.submitted)
                     return
                 job.stage_job = StageJob(request.params, {})
-                await self._collect_inputs(request, job.stage_job)
+                await self._collect_inputs(request, job.stage_job, job.timeline)
                 if request.inputs:
                     job.timeline.mark(tracing.INPUTS)
                 job.result = asyncio.get_running_loop().create_future()

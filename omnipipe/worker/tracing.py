@@ -12,7 +12,9 @@ the phases tile it in order:
     emit           until the router was sent its results
 
 A phase whose points were not reached (a first stage has no inputs; a failed request
-stops early) is left out.
+stops early), or that was marked as no time at all (a streamed request hands off
+between its engine steps), is left out. A streamed request's inputs arrive while it
+runs: it has no wait-upstream or transfer-in phase.
 """
 
 from __future__ import annotations
@@ -70,7 +72,7 @@ def _phases(marks: Mapping[str, int]) -> list[tuple[str, int, int]]:
     spans: list[tuple[str, int, int]] = []
     cursor = marks[SUBMITTED]
     for name, start, end in PHASES:
-        if start in marks and end in marks:
+        if start in marks and end in marks and marks[start] != marks[end]:
             begin = max(cursor, marks[start])
             finish = max(begin, marks[end])
             spans.append((name, begin, finish))

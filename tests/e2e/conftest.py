@@ -78,13 +78,24 @@ def start_serve(
     env: dict[str, str] | None = None,
     timeout: float = 180,
     code: Path = REPO,
+    args: tuple[str, ...] = (),
 ) -> Served:
-    """`omnipipe serve` of `manifest`, from the checkout at `code` (another commit's
-    worktree, for a benchmark's anchor), once it says it is ready."""
+    """`omnipipe serve` of `manifest` (with more of serve's flags: `args`), from the
+    checkout at `code` (another commit's worktree, for a benchmark's anchor), once it says
+    it is ready."""
     port = free_port()
     pythonpath = {} if code == REPO else {"PYTHONPATH": str(code)}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "omnipipe.cli", "serve", str(manifest), "--port", str(port)],
+        [
+            sys.executable,
+            "-m",
+            "omnipipe.cli",
+            "serve",
+            str(manifest),
+            "--port",
+            str(port),
+            *args,
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
