@@ -2,7 +2,7 @@
 point (wall-clock nanoseconds), so that tracing adds nothing to the engine's path.
 
 Under the stage's span (a child of the router's, through the request's traceparent),
-the phases tile it in order:
+the phases tile it in order, each ending when the request passed its point:
 
     wait-upstream  submitted, until its first input began to arrive
     transfer-in    until its last input was taken (every upstream stage sent its last)
@@ -67,15 +67,15 @@ class Timeline:
 
 
 def _phases(marks: Mapping[str, int]) -> list[tuple[str, int, int]]:
-    """The phases reached, each from where the previous one ended, so they never
-    overlap (a mark taken on the engine thread may be a hair before the loop's)."""
+    """The phases reached, each from where the previous one ended: they tile the stage's
+    span with no gap and no overlap. So the moments between two phases count in the
+    later one (a first stage's wait for its worker's loop to start it is queueing)."""
     spans: list[tuple[str, int, int]] = []
     cursor = marks[SUBMITTED]
     for name, start, end in PHASES:
         if start in marks and end in marks and marks[start] != marks[end]:
-            begin = max(cursor, marks[start])
-            finish = max(begin, marks[end])
-            spans.append((name, begin, finish))
+            finish = max(cursor, marks[end])
+            spans.append((name, cursor, finish))
             cursor = finish
     return spans
 
