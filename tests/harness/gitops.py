@@ -9,14 +9,14 @@ runs them: a missing or stale binary is an error that names `make gitops-tools`.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import re
 import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from tests.harness.gotools import cached_binary, go_sources, pinned_default, source_digest
 
 REPO = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO / "hack/build-gitops-tools.sh"
@@ -26,46 +26,21 @@ HEALTH_LUA = REPO / "charts/omnipipe/health/omnipipe.io_OmniPipeline.lua"
 ARGOCD_KEY = "omnipipe.io_OmniPipeline"
 
 
-def _pinned(variable: str) -> str:
-    """The version the build script pins (its `VAR="${VAR:-vX}"` default), unless the
-    environment overrides it, as it does for the script."""
-    if variable in os.environ:
-        return os.environ[variable]
-    found = re.search(
-        rf'^{variable}="\$\{{{variable}:-([^}}]+)\}}"$', BUILD_SCRIPT.read_text(), re.M
-    )
-    if found is None:
-        raise RuntimeError(f"{BUILD_SCRIPT} pins no {variable}")
-    return found.group(1)
-
-
 def bin_dir() -> Path:
     cache = Path(os.environ.get("OMNIPIPE_GITOPS_CACHE", Path.home() / ".cache/omnipipe/gitops"))
-    versions = f"cli-utils-{_pinned('CLI_UTILS_VERSION')}_argo-cd-{_pinned('ARGOCD_VERSION')}"
+    versions = (
+        f"cli-utils-{pinned_default(BUILD_SCRIPT, 'CLI_UTILS_VERSION')}"
+        f"_argo-cd-{pinned_default(BUILD_SCRIPT, 'ARGOCD_VERSION')}"
+    )
     return cache / versions / "bin"
 
 
-def source_digest(tool: str) -> str:
-    """The build script's digest of tools/gitops/<tool>/*.go: sha256 over each file's
-    path relative to tools/gitops, a NUL and its bytes, in byte order of the paths."""
-    digest = hashlib.sha256()
-    for rel in sorted(p.relative_to(SOURCES).as_posix() for p in (SOURCES / tool).glob("*.go")):
-        digest.update(rel.encode() + b"\0" + (SOURCES / rel).read_bytes())
-    return digest.hexdigest()
-
-
 def tool_path(tool: str) -> Path:
-    """The built program, checked against its sources; never builds it."""
-    path = bin_dir() / tool
-    if not path.is_file():
-        raise RuntimeError(f"{path} is missing: run `make gitops-tools` ({BUILD_SCRIPT.name})")
-    stamp = path.with_name(f"{tool}.src")
-    if not stamp.is_file() or stamp.read_text().strip() != source_digest(tool):
-        raise RuntimeError(
-            f"{path} was built from other sources than tools/gitops/{tool}: "
-            f"run `make gitops-tools` ({BUILD_SCRIPT.name})"
-        )
-    return path
+    """The built program, checked against tools/gitops/<tool>/*.go; never builds it."""
+    stamp = source_digest(SOURCES, go_sources(SOURCES / tool))
+    return cached_binary(
+        bin_dir() / tool, stamp, f"tools/gitops/{tool}", "gitops-tools", BUILD_SCRIPT
+    )
 
 
 class ToolFailed(RuntimeError):

@@ -9,12 +9,12 @@ missing or stale binary is an error that names `make grafana-tools`.
 
 from __future__ import annotations
 
-import hashlib
 import os
-import re
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+
+from tests.harness.gotools import cached_binary, go_sources, pinned_default, source_digest
 
 REPO = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO / "hack/build-grafana-tools.sh"
@@ -22,53 +22,24 @@ SOURCES = REPO / "tools/grafana"
 DASHBOARDS = REPO / "charts/omnipipe/files/dashboards"
 
 
-def _pinned(variable: str) -> str:
-    """The version the build script pins (its `VAR="${VAR:-vX}"` default), unless the
-    environment overrides it, as it does for the script."""
-    if variable in os.environ:
-        return os.environ[variable]
-    found = re.search(
-        rf'^{variable}="\$\{{{variable}:-([^}}]+)\}}"$', BUILD_SCRIPT.read_text(), re.M
-    )
-    if found is None:
-        raise RuntimeError(f"{BUILD_SCRIPT} pins no {variable}")
-    return found.group(1)
-
-
 def bin_dir() -> Path:
     cache = Path(os.environ.get("OMNIPIPE_GRAFANA_CACHE", Path.home() / ".cache/omnipipe/grafana"))
     versions = (
-        f"sdk-{_pinned('GRAFANA_SDK_VERSION')}"
-        f"_dashboard-linter-{_pinned('DASHBOARD_LINTER_VERSION')}"
+        f"sdk-{pinned_default(BUILD_SCRIPT, 'GRAFANA_SDK_VERSION')}"
+        f"_dashboard-linter-{pinned_default(BUILD_SCRIPT, 'DASHBOARD_LINTER_VERSION')}"
     )
     return cache / versions / "bin"
 
 
-def source_digest(tool: str) -> str:
-    """The build script's stamp of a tool: for dashcheck, sha256 over each file of
-    tools/grafana/dashcheck/*.go, its path relative to tools/grafana, a NUL and its bytes,
-    in byte order of the paths; for dashboard-linter, which is built unchanged from its
-    module, its pinned version."""
-    if tool == "dashboard-linter":
-        return _pinned("DASHBOARD_LINTER_VERSION")
-    digest = hashlib.sha256()
-    for rel in sorted(p.relative_to(SOURCES).as_posix() for p in (SOURCES / tool).glob("*.go")):
-        digest.update(rel.encode() + b"\0" + (SOURCES / rel).read_bytes())
-    return digest.hexdigest()
-
-
 def tool_path(tool: str) -> Path:
-    """The built program, checked against its sources; never builds it."""
-    path = bin_dir() / tool
-    if not path.is_file():
-        raise RuntimeError(f"{path} is missing: run `make grafana-tools` ({BUILD_SCRIPT.name})")
-    stamp = path.with_name(f"{tool}.src")
-    if not stamp.is_file() or stamp.read_text().strip() != source_digest(tool):
-        raise RuntimeError(
-            f"{path} was built from other sources than {tool}'s: "
-            f"run `make grafana-tools` ({BUILD_SCRIPT.name})"
-        )
-    return path
+    """The built program, checked against its stamp; never builds it. dashcheck's stamp is
+    the digest of tools/grafana/dashcheck/*.go; dashboard-linter, built unchanged from its
+    module, is stamped with its pinned version."""
+    if tool == "dashboard-linter":
+        stamp = pinned_default(BUILD_SCRIPT, "DASHBOARD_LINTER_VERSION")
+    else:
+        stamp = source_digest(SOURCES, go_sources(SOURCES / tool))
+    return cached_binary(bin_dir() / tool, stamp, f"{tool}'s", "grafana-tools", BUILD_SCRIPT)
 
 
 @dataclass(frozen=True)

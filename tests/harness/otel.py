@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import hashlib
 import json
 import os
 import re
@@ -32,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from omnipipe.local.ports import free_port
+from tests.harness.gotools import cached_binary, source_digest
 
 REPO = Path(__file__).resolve().parents[2]
 BUILD_SCRIPT = REPO / "hack/build-otel-collector.sh"
@@ -64,33 +64,18 @@ def bin_dir() -> Path:
     return cache / versions / "bin"
 
 
-def source_digest() -> str:
-    """The build script's digest of tools/otel/collector's *.go, go.mod and go.sum: sha256
-    over each file's path relative to tools/otel, a NUL and its bytes, in byte order of
-    the paths."""
-    digest = hashlib.sha256()
-    names = [
-        p.relative_to(SOURCES).as_posix()
+def collector_path() -> Path:
+    """The built collector, checked against tools/otel/collector's *.go, go.mod and go.sum;
+    never builds it."""
+    sources = [
+        p
         for p in MODULE_DIR.iterdir()
         if p.is_file() and (p.suffix == ".go" or p.name in ("go.mod", "go.sum"))
     ]
-    for rel in sorted(names, key=str.encode):
-        digest.update(rel.encode() + b"\0" + (SOURCES / rel).read_bytes())
-    return digest.hexdigest()
-
-
-def collector_path() -> Path:
-    """The built collector, checked against its sources; never builds it."""
-    path = bin_dir() / BINARY
-    if not path.is_file():
-        raise RuntimeError(f"{path} is missing: run `make otel-collector` ({BUILD_SCRIPT.name})")
-    stamp = path.with_name(f"{BINARY}.src")
-    if not stamp.is_file() or stamp.read_text().strip() != source_digest():
-        raise RuntimeError(
-            f"{path} was built from other sources than tools/otel/collector: "
-            f"run `make otel-collector` ({BUILD_SCRIPT.name})"
-        )
-    return path
+    stamp = source_digest(SOURCES, sources)
+    return cached_binary(
+        bin_dir() / BINARY, stamp, "tools/otel/collector", "otel-collector", BUILD_SCRIPT
+    )
 
 
 @dataclass(frozen=True)
