@@ -37,38 +37,24 @@ CACHE="${OMNIPIPE_OTEL_CACHE:-$HOME/.cache/omnipipe/otel}/otelcol-${COLLECTOR_VE
 BIN="$CACHE/bin"
 NAME=otelcol
 
-log() { printf '[build-otel-collector %s] %s\n' "$(date +%H:%M:%S)" "$*"; }
+TOOLSET=build-otel-collector
+# shellcheck source=hack/lib/go-tools.sh
+source "$REPO/hack/lib/go-tools.sh"
 
-# A digest of tools/otel/collector's *.go, go.mod and go.sum is kept beside the binary as
-# otelcol.src, so that editing any of them rebuilds it. tests/harness/otel.py computes the
-# same digest: sha256 over each file's path relative to tools/otel, a NUL, then its bytes,
-# in byte order of the paths.
-source_digest() {
-  local f
-  while IFS= read -r f; do
-    printf '%s\0' "$f"
-    cat "$SOURCES/$f"
-  done < <(cd "$SOURCES" && find collector -maxdepth 1 -type f \( -name '*.go' -o -name go.mod -o -name go.sum \) \
-    | LC_ALL=C sort) | sha256sum | awk '{print $1}'
-}
-
-if [[ -x "$BIN/$NAME" && -f "$BIN/$NAME.src" && "$(cat "$BIN/$NAME.src")" == "$(source_digest)" ]]; then
+# The collector's stamp: the digest of tools/otel/collector's *.go, go.mod and go.sum.
+STAMP="$(source_digest collector -maxdepth 1 -type f \( -name '*.go' -o -name go.mod -o -name go.sum \))"
+if fresh "$NAME" "$STAMP"; then
   echo "otel collector: cached in $BIN"
   exit 0
 fi
 
-[[ -x /usr/local/go/bin/go ]] && export PATH="/usr/local/go/bin:$PATH"
-command -v go >/dev/null || { echo "build-otel-collector: Go >= 1.26 is required" >&2; exit 1; }
-# Fail on a Go older than the modules ask for, rather than download another toolchain.
-export GOTOOLCHAIN=local CGO_ENABLED=0
-mkdir -p "$BIN"
-
+use_go 1.26
 start=$SECONDS
 log "$NAME: downloading otelcol $COLLECTOR_VERSION, fileexporter $CONTRIB_VERSION and their dependencies (a no-op when the module cache has them)"
 (cd "$MODULE_DIR" && go mod download)
 log "$NAME: building"
 (cd "$MODULE_DIR" && go build -mod=readonly -trimpath -ldflags "-s -w" -o "$BIN/$NAME.tmp" .)
 mv "$BIN/$NAME.tmp" "$BIN/$NAME"
-source_digest > "$BIN/$NAME.src"
+echo "$STAMP" > "$BIN/$NAME.src"
 log "$NAME built in $((SECONDS - start))s"
 log "done: $BIN"
