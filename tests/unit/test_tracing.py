@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,6 +16,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from pydantic import ValidationError
 from starlette.testclient import TestClient
 
+from omnipipe.api.loading import load_pipeline, pipeline_yaml
 from omnipipe.api.spec import Tracing
 from omnipipe.api.tracing import make_tracer, parent_context, traceparent_of
 from omnipipe.api.wire import SubmitRequest
@@ -166,3 +168,23 @@ def test_the_routers_span_is_the_clients_child_and_the_stages_parent(
     assert flags == "01"
     assert router.attributes["http.response.status_code"] == 200  # type: ignore[index]
     assert parent_context(handed_on) is not None
+
+
+def test_the_operators_pipeline_file_carries_tracing_only_when_set(tmp_path: Path) -> None:
+    """The ConfigMap the router and workers read: an untraced pipeline's is what it was
+    before tracing existed (an operator upgrade rolls no pod), a traced one's round-trips."""
+    manifest = tmp_path / "p.yaml"
+    manifest.write_text(
+        "apiVersion: omnipipe.io/v1alpha1\nkind: OmniPipeline\nmetadata: {name: p}\n"
+        "spec: {model: 'tiny://qwen-image', pipeline: qwen-image}\n"
+    )
+    plain = load_pipeline(manifest)
+    assert "tracing" not in pipeline_yaml(plain)
+    traced = plain.model_copy(
+        update={"tracing": Tracing(endpoint="http://collector:4318", sample_ratio=0.25)}
+    )
+    resolved = tmp_path / "pipeline.yaml"
+    resolved.write_text(pipeline_yaml(traced))
+    assert load_pipeline(resolved).tracing == traced.tracing
+    resolved.write_text(pipeline_yaml(plain))
+    assert load_pipeline(resolved).tracing == Tracing()
