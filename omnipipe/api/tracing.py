@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.context import Context
@@ -23,6 +24,17 @@ from omnipipe.api.spec import Tracing
 
 TRACEPARENT = "traceparent"
 _PROPAGATOR = TraceContextTextMapPropagator()
+# One export's longest wait on the collector, and the longest a process's exit waits to
+# flush: well inside the pods' termination grace.
+EXPORT_SECONDS = 5.0
+CLOSE_SECONDS = 5.0
+
+
+def tracing_config(tracing: Tracing) -> dict[str, Any]:
+    """spec.tracing as the processes' configuration hashes see it: empty when it is the
+    default, so that untraced pipelines' hashes (and pods) stay what they were before
+    tracing existed, and turning it on or off rolls the pods that read it."""
+    return {} if tracing == Tracing() else {"tracing": tracing.model_dump(mode="json")}
 
 
 @dataclass
@@ -37,7 +49,10 @@ class Tracer:
         return self.provider is not None
 
     def close(self) -> None:
+        """Exports what is buffered, for at most CLOSE_SECONDS: a collector that is down
+        must not hold a pod's shutdown (its spans are then lost)."""
         if self.provider is not None:
+            self.provider.force_flush(timeout_millis=int(CLOSE_SECONDS * 1000))
             self.provider.shutdown()
 
 
@@ -60,8 +75,9 @@ def make_tracer(tracing: Tracing, service: str, pipeline: str, stage: str = "") 
         resource=Resource.create(attributes),
         sampler=ParentBased(TraceIdRatioBased(tracing.sample_ratio)),
     )
+    exporter = OTLPSpanExporter(endpoint=traces_url(tracing.endpoint), timeout=EXPORT_SECONDS)
     provider.add_span_processor(
-        BatchSpanProcessor(OTLPSpanExporter(endpoint=traces_url(tracing.endpoint), timeout=5))
+        BatchSpanProcessor(exporter, export_timeout_millis=EXPORT_SECONDS * 1000)
     )
     return Tracer(provider.get_tracer("omnipipe"), provider)
 
@@ -80,6 +96,11 @@ def traceparent_of(span: trace.Span) -> str:
     carrier: dict[str, str] = {}
     _PROPAGATOR.inject(carrier, trace.set_span_in_context(span))
     return carrier.get(TRACEPARENT, "")
+
+
+def is_valid(traceparent: str) -> bool:
+    """A traceparent that names a span to continue."""
+    return trace.get_current_span(parent_context(traceparent)).get_span_context().is_valid
 
 
 def header(headers: Mapping[bytes, bytes]) -> str:

@@ -37,12 +37,6 @@ class SubmitRequest(WireModel):
     outputs: list[Destination] = []
     emit: bool = False
     timeout_seconds: float = Field(default=300.0, gt=0)
-    traceparent: str = Field(default="", max_length=128)
-    """W3C traceparent of the router's span for this request: the stage's spans are its
-    children. Empty: not traced (and left out of the JSON, for workers that predate it)."""
-
-    def to_json(self) -> str:
-        return self.model_dump_json(exclude=None if self.traceparent else {"traceparent"})
 
 
 class StageEvent(WireModel):

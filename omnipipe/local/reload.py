@@ -26,6 +26,8 @@ def router_view(pipeline: ResolvedPipeline) -> dict[str, Any]:
         "pipeline": pipeline.pipeline,
         "outputs": list(pipeline.outputs),
         "stages": [(s.name, s.role.value, list(s.inputs)) for s in pipeline.stages],
+        # Every process makes its tracer at its start, the router included.
+        "tracing": pipeline.tracing.model_dump(mode="json"),
     }
 
 
@@ -66,8 +68,8 @@ def plan_reload(old: ResolvedPipeline, new: ResolvedPipeline) -> ReloadPlan:
             (),
             {},
             refused=f"it changes {', '.join(changed)}: the running router is built on the "
-            "pipeline's name, type and stage graph (a model change reloads, these do "
-            "not); restart `omnipipe serve` to apply it",
+            "pipeline's name, type and stage graph, and every process on its tracing (a "
+            "model change reloads, these do not); restart `omnipipe serve` to apply it",
         )
     old_stages = {s.name: s for s in old.stages}
     if old_rev != new_rev:

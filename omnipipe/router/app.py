@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator
@@ -109,7 +110,7 @@ def build_app(pipeline: ResolvedPipeline, settings: RouterSettings) -> FastAPI:
             await pool.close()
             await orchestrator.session.close()
             await client.aclose()
-            tracer.close()
+            await asyncio.to_thread(tracer.close)
 
     app = FastAPI(title=f"omnipipe router: {pipeline.name}", lifespan=lifespan)
     app.add_exception_handler(OpenAIError, openai_error_handler)

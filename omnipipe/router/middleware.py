@@ -80,7 +80,15 @@ class GuardMiddleware:
 
         error = self._reject(scope)
         method = str(scope.get("method", ""))
-        span = self.tracer.start_span(
+        # A span for API calls only, and only for clients that passed the key: an
+        # unauthenticated caller must not be able to force traces (its traceparent's
+        # sampled flag) or fill the collector with scans.
+        tracer = (
+            self.tracer
+            if error is None and scope["path"].startswith("/v1/")
+            else trace.NoOpTracer()
+        )
+        span = tracer.start_span(
             f"{method} {scope['path']}",
             context=parent_context(header(dict(scope.get("headers") or []))),
             kind=trace.SpanKind.SERVER,
@@ -102,7 +110,10 @@ class GuardMiddleware:
             span.update_name(f"{method} {path}")
             span.set_attribute("http.route", path)
             span.set_attribute("http.response.status_code", status["code"])
-            if status["code"] >= 500:
+            # An error status use_span set for an exception keeps its description.
+            recorded = getattr(span, "status", None)
+            unset = recorded is None or recorded.status_code is trace.StatusCode.UNSET
+            if status["code"] >= 500 and unset:
                 span.set_status(trace.StatusCode.ERROR)
             span.end()
             if scope["path"].startswith("/v1/"):

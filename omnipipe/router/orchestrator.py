@@ -16,7 +16,7 @@ from opentelemetry import trace
 
 from omnipipe.api import ResolvedPipeline
 from omnipipe.api.revision import pipeline_revision
-from omnipipe.api.tracing import traceparent_of
+from omnipipe.api.tracing import TRACEPARENT, traceparent_of
 from omnipipe.api.wire import Destination, StageEvent, SubmitRequest
 from omnipipe.router.errors import (
     BadRequest,
@@ -228,14 +228,18 @@ class Orchestrator:
         submit: SubmitRequest,
         sink: asyncio.Queue[Output | OutputPart | StageDone],
         whole: bool,
+        traceparent: str = "",
     ) -> None:
         assert self.session is not None
         parts = PartAssembler()
+        trace_headers = {TRACEPARENT: traceparent} if traceparent else {}
         try:
             async with self.session.post(
                 f"{replica.url}/v1/requests",
-                data=submit.to_json(),
-                headers={"content-type": "application/json"},
+                data=submit.model_dump_json(),
+                # W3C trace context rides as the HTTP header: a worker that predates
+                # tracing ignores it (the body's model forbids unknown fields).
+                headers={"content-type": "application/json", **trace_headers},
                 timeout=aiohttp.ClientTimeout(total=None, sock_connect=5.0, sock_read=self.timeout),
             ) as resp:
                 if resp.status != 200:
@@ -376,10 +380,11 @@ class Orchestrator:
                     outputs=outputs,
                     emit=name in emitters,
                     timeout_seconds=self.timeout,
-                    traceparent=traceparent,
                 )
                 tasks.append(
-                    asyncio.create_task(self._events(name, chosen[name], submit, sink, whole))
+                    asyncio.create_task(
+                        self._events(name, chosen[name], submit, sink, whole, traceparent)
+                    )
                 )
             remaining = len(tasks)
             # A deadline checked around each wait, not asyncio.timeout(): this generator is

@@ -76,6 +76,7 @@ class Job:
     running: bool = False
     timeline: tracing.Timeline = field(default_factory=tracing.Timeline)
     error: str = ""
+    traceparent: str = ""  # the router's span, this stage's spans' parent
 
     def __post_init__(self) -> None:
         self.timeline.mark(tracing.SUBMITTED)
@@ -177,10 +178,10 @@ class StageRuntime:
         self._engine.shutdown(wait=False, cancel_futures=True)
         self._preparer.shutdown(wait=False, cancel_futures=True)
 
-    def submit(self, request: SubmitRequest) -> Job:
+    def submit(self, request: SubmitRequest, traceparent: str = "") -> Job:
         if request.request_id in self.jobs:
             raise DuplicateRequest(request.request_id)
-        job = Job(request)
+        job = Job(request, traceparent=traceparent)
         if request.inputs:
             # Inputs may arrive before the job first asks for them; claimed now, they are
             # never refused for the share a flood of unclaimed inputs may hold.
@@ -274,7 +275,6 @@ class StageRuntime:
         await loop.run_in_executor(self._preparer, stage.prepare, job.stage_job)
         session: Session = await self._run_on_engine(stage.open, job.stage_job)
         self._start([job])
-        started_at = time.monotonic()
         inbox = Inbox()
         feeder = asyncio.create_task(self._feed(request, inbox))
         clock = AudioClock()
@@ -323,7 +323,9 @@ class StageRuntime:
                     job.timeline.mark(tracing.HANDED_OFF, finished)
                     job.timeline.attributes["omnipipe.engine_busy_seconds"] = clock.engine_seconds
                     job.timeline.attributes["omnipipe.chunks"] = chunk_index
-                    self.metrics.observe_engine(time.monotonic() - started_at)
+                    engine_seconds = job.timeline.seconds(tracing.STARTED, tracing.ENGINE_DONE)
+                    if engine_seconds is not None:
+                        self.metrics.observe_engine(engine_seconds)
                     return
         finally:
             feeder.cancel()
@@ -405,7 +407,7 @@ class StageRuntime:
                 self.tracer,
                 self.stage_name,
                 request.request_id,
-                request.traceparent,
+                job.traceparent,
                 job.timeline,
                 job.error,
             )

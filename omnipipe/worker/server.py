@@ -11,10 +11,10 @@ import signal
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
 
 import torch
-from fastapi import FastAPI, HTTPException
+from fastapi import FastAPI, Header, HTTPException
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
@@ -204,7 +204,7 @@ def build_app(pipeline: ResolvedPipeline, settings: WorkerSettings) -> FastAPI:
             await state.runtime.close()
             await sender.close()
             await state.receiver.close()
-            tracer.close()
+            await asyncio.to_thread(tracer.close)
 
     app = FastAPI(title=f"omnipipe worker: {pipeline.name}/{spec.name}", lifespan=lifespan)
     app.state.worker = state
@@ -241,13 +241,17 @@ def build_app(pipeline: ResolvedPipeline, settings: WorkerSettings) -> FastAPI:
         return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.post("/v1/requests")
-    async def submit(request: SubmitRequest) -> StreamingResponse:
+    async def submit(
+        request: SubmitRequest,
+        traceparent: Annotated[str, Header(max_length=128)] = "",
+    ) -> StreamingResponse:
         """Accept a request and stream its events (NDJSON) until done or error. If the
-        caller goes away, the request is cancelled: nothing runs for nobody."""
+        caller goes away, the request is cancelled: nothing runs for nobody. The W3C
+        traceparent header names the router's span, the parent of this stage's spans."""
         if not state.loaded or state.draining or state.runtime is None:
             raise HTTPException(503, detail=state.status().message)
         try:
-            job = state.runtime.submit(request)
+            job = state.runtime.submit(request, traceparent)
         except DuplicateRequest:
             raise HTTPException(409, detail=f"request {request.request_id} exists") from None
         # One line per request and stage, with the revision: what shows that no request

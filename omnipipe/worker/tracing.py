@@ -9,7 +9,7 @@ the phases tile it in order, each ending when the request passed its point:
     queue          until the engine took it
     engine         until its result (a streamed request: until its last chunk)
     hand-off       until its output reached every downstream stage
-    emit           until the router was sent its results
+    emit           until its results were queued on the router's event stream
 
 A phase whose points were not reached (a first stage has no inputs; a failed request
 stops early), or that was marked as no time at all (a streamed request hands off
@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from opentelemetry import trace
 
-from omnipipe.api.tracing import parent_context
+from omnipipe.api.tracing import is_valid, parent_context
 
 SUBMITTED = "submitted"
 FIRST_INPUT = "first_input"
@@ -75,7 +75,9 @@ def _phases(marks: Mapping[str, int]) -> list[tuple[str, int, int]]:
     for name, start, end in PHASES:
         if start in marks and end in marks and marks[start] != marks[end]:
             finish = max(cursor, marks[end])
-            spans.append((name, cursor, finish))
+            # Inputs may arrive before the submission: then no time was spent waiting.
+            if finish > cursor:
+                spans.append((name, cursor, finish))
             cursor = finish
     return spans
 
@@ -91,7 +93,8 @@ def record_request(
     """Exports the request's stage span and its phases (nothing unless the tracer
     samples it: the router's decision travels in the traceparent)."""
     marks = timeline.marks
-    if SUBMITTED not in marks:
+    # No traceparent: the router traces nothing (or predates tracing), nor does the stage.
+    if SUBMITTED not in marks or not is_valid(traceparent):
         return
     end = marks.get(DONE, time.time_ns())
     span = tracer.start_span(

@@ -154,6 +154,17 @@ def test_editing_one_stage_changes_only_its_pod_template() -> None:
     )
 
 
+def test_turning_tracing_on_rolls_every_pod_in_place() -> None:
+    """Every process makes its tracer at its start: the router's and every stage's pod
+    template change, the revision does not (no tensor changes)."""
+    spec: dict[str, Any] = {"model": "m", "pipeline": "qwen-image"}
+    traced = {**spec, "tracing": {"endpoint": "http://collector:4318"}}
+    before, after = children(spec), children(traced)
+    changed = {k for k in before if k[0] == "Deployment" and before[k] != after[k]}
+    assert changed == {k for k in before if k[0] == "Deployment"}
+    assert revision_of(spec) == revision_of(traced)
+
+
 @pytest.mark.parametrize(
     "edit",
     [

@@ -116,6 +116,7 @@ class FakeWorker:
     emit: Callable[[SubmitRequest], Iterator[bytes]]
     credentials: list[str | None] = field(default_factory=list)
     cancelled: list[str] = field(default_factory=list)
+    traceparents: list[str | None] = field(default_factory=list)
 
     def app(self) -> FastAPI:
         app = FastAPI()
@@ -135,6 +136,8 @@ class FakeWorker:
         @app.post("/v1/requests")
         async def submit(request: Request) -> StreamingResponse:
             self.credentials.append(request.headers.get(CREDENTIAL_HEADER))
+            self.traceparents.append(request.headers.get("traceparent"))
+            # The body's model forbids unknown fields, as a worker of an older release does.
             body = SubmitRequest.model_validate_json(await request.body())
 
             async def events() -> AsyncIterator[bytes]:
@@ -371,3 +374,22 @@ def test_a_stream_that_stalls_after_its_first_output_ends_in_a_timeout_event(
     assert "hello" in events[-3]
     assert time.monotonic() - started < 10
     assert worker.cancelled
+
+
+def test_a_clients_traceparent_reaches_every_stage_as_a_header(
+    tmp_path: Path, serve_worker: Callable[[FakeWorker], str]
+) -> None:
+    """Tracing off: the router passes the client's trace context on untouched, in the W3C
+    header (never in the body, which an older worker would refuse), and adds none."""
+    traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    worker = FakeWorker(results({"b64_json": "aGk="}))
+    with router(tmp_path, serve_worker(worker)) as client:
+        resp = client.post(
+            "/v1/images/generations",
+            json={"model": "tiny-image", "prompt": "x"},
+            headers={"traceparent": traceparent},
+        )
+        assert resp.status_code == 200, resp.text
+        assert worker.traceparents == [traceparent] * len(IMAGE.stages)
+        generate(client)
+    assert worker.traceparents[len(IMAGE.stages) :] == [None] * len(IMAGE.stages)

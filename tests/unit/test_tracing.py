@@ -18,9 +18,9 @@ from starlette.testclient import TestClient
 
 from omnipipe.api.loading import load_pipeline, pipeline_yaml
 from omnipipe.api.spec import Tracing
-from omnipipe.api.tracing import make_tracer, parent_context, traceparent_of
-from omnipipe.api.wire import SubmitRequest
+from omnipipe.api.tracing import make_tracer, traceparent_of
 from omnipipe.cli import otlp_endpoint
+from omnipipe.local.reload import plan_reload
 from omnipipe.router.metrics import RouterMetrics
 from omnipipe.router.middleware import GuardMiddleware
 from omnipipe.worker import tracing as wt
@@ -118,11 +118,33 @@ def test_the_spec_field_is_off_by_default_and_checked() -> None:
         otlp_endpoint("127.0.0.1:4318")
 
 
-def test_submit_leaves_an_empty_traceparent_out_of_its_json() -> None:
-    plain = SubmitRequest(request_id="r", params={})
-    assert "traceparent" not in plain.to_json()
-    traced = plain.model_copy(update={"traceparent": CLIENT})
-    assert SubmitRequest.model_validate_json(traced.to_json()).traceparent == CLIENT
+def test_a_stage_with_no_traceparent_records_nothing(
+    spans: tuple[trace.Tracer, InMemorySpanExporter],
+) -> None:
+    """The router traces nothing (or predates tracing): no orphan trace per stage."""
+    tracer, exporter = spans
+    for traceparent in ("", "garbage", "00-" + "0" * 32 + "-" + "0" * 16 + "-01"):
+        wt.record_request(tracer, "vae", "r4", traceparent, _timeline(submitted=0, done=5))
+    assert exporter.get_finished_spans() == ()
+
+
+def test_inputs_that_arrived_before_the_submission_make_no_wait_upstream(
+    spans: tuple[trace.Tracer, InMemorySpanExporter],
+) -> None:
+    tracer, exporter = spans
+    timeline = _timeline(
+        first_input=-3,
+        submitted=0,
+        inputs=2,
+        queued=2,
+        started=4,
+        engine_done=9,
+        handed_off=9,
+        done=10,
+    )
+    wt.record_request(tracer, "decode", "r5", CLIENT, timeline)
+    names = [s.name for s in exporter.get_finished_spans()]
+    assert names == ["transfer-in", "queue", "engine", "emit", "stage decode"]
 
 
 def _seen_traceparent(tracer: trace.Tracer | None, headers: dict[str, str]) -> str:
@@ -167,7 +189,32 @@ def test_the_routers_span_is_the_clients_child_and_the_stages_parent(
     assert span_id == f"{router.context.span_id:016x}"
     assert flags == "01"
     assert router.attributes["http.response.status_code"] == 200  # type: ignore[index]
-    assert parent_context(handed_on) is not None
+
+
+def test_the_router_traces_no_unauthenticated_or_non_api_call(
+    spans: tuple[trace.Tracer, InMemorySpanExporter],
+) -> None:
+    tracer, exporter = spans
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 404, "headers": []})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    guarded = GuardMiddleware(
+        app,
+        pipeline="p",
+        api_key="k",
+        max_body_bytes=1024,
+        metrics=RouterMetrics.create(),
+        tracer=tracer,
+    )
+    client = TestClient(guarded)
+    headers = {"traceparent": CLIENT}
+    assert client.post("/v1/images/generations", headers=headers).status_code == 401
+    client.get("/docs", headers={**headers, "authorization": "Bearer k"})
+    assert exporter.get_finished_spans() == ()
+    client.post("/v1/images/generations", headers={**headers, "authorization": "Bearer k"})
+    assert len(exporter.get_finished_spans()) == 1
 
 
 def test_the_operators_pipeline_file_carries_tracing_only_when_set(tmp_path: Path) -> None:
@@ -188,3 +235,17 @@ def test_the_operators_pipeline_file_carries_tracing_only_when_set(tmp_path: Pat
     assert load_pipeline(resolved).tracing == traced.tracing
     resolved.write_text(pipeline_yaml(plain))
     assert load_pipeline(resolved).tracing == Tracing()
+
+
+def test_a_reload_that_changes_tracing_asks_for_a_restart(tmp_path: Path) -> None:
+    manifest = tmp_path / "p.yaml"
+    manifest.write_text(
+        "apiVersion: omnipipe.io/v1alpha1\nkind: OmniPipeline\nmetadata: {name: p}\n"
+        "spec: {model: 'tiny://qwen-image', pipeline: qwen-image}\n"
+    )
+    old = load_pipeline(manifest)
+    new = old.model_copy(update={"tracing": Tracing(endpoint="http://collector:4318")})
+    plan = plan_reload(old, new)
+    assert plan.refused is not None
+    assert "tracing" in plan.refused
+    assert "restart `omnipipe serve`" in plan.refused

@@ -14,6 +14,7 @@ from omnipipe.api.names import (
     stage_selector,
 )
 from omnipipe.api.spec import Engine
+from omnipipe.api.tracing import tracing_config
 from omnipipe.operator.builders.common import (
     Manifest,
     config_mount,
@@ -78,6 +79,7 @@ def stage_config_hash(ctx: BuildContext, stage: ResolvedStage) -> str:
         {
             "stage": stage.model_dump(mode="json"),
             "transfer": ctx.pipeline.transfer.model_dump(mode="json"),
+            **tracing_config(ctx.pipeline.tracing),
         }
     )
 
