@@ -9,6 +9,7 @@ import json
 import shutil
 import subprocess
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Iterator, Sequence
@@ -36,6 +37,27 @@ class Prometheus:
         with urllib.request.urlopen(f"{self.url}/api/v1/query?{q}", timeout=5) as r:
             return json.loads(r.read())["data"]["result"]
 
+    def query_range(self, expr: str, start: float, end: float, step: float) -> Any:
+        """The matrix /api/v1/query_range answers (a list of {metric, values}); a query
+        Prometheus rejects raises with its reason, not a bare HTTP 400."""
+        return self._get(
+            "/api/v1/query_range",
+            {"query": expr, "start": f"{start:.3f}", "end": f"{end:.3f}", "step": f"{step:g}"},
+        )["result"]
+
+    def alerts(self) -> list[dict[str, Any]]:
+        """The alerts the rules hold now, pending or firing (/api/v1/alerts)."""
+        alerts: list[dict[str, Any]] = self._get("/api/v1/alerts", {})["alerts"]
+        return alerts
+
+    def _get(self, path: str, params: dict[str, str]) -> Any:
+        url = f"{self.url}{path}?{urllib.parse.urlencode(params)}"
+        try:
+            with urllib.request.urlopen(url, timeout=30) as r:
+                return json.loads(r.read())["data"]
+        except urllib.error.HTTPError as exc:
+            raise RuntimeError(f"{path} {params}: {exc.code} {exc.read().decode()}") from None
+
     def stop(self) -> None:
         if self.proc.poll() is None:
             self.proc.terminate()
@@ -51,10 +73,13 @@ def prometheus(
     listen: str | None = None,
     wrapper: Sequence[str] = (),
     binary: str | None = None,
+    rule_files: Sequence[Path] = (),
 ) -> Iterator[Prometheus]:
     """scrape_configs: YAML of the `scrape_configs:` list (default: one job over the
     targets file); listen: host:port (default: a free loopback port); wrapper: argv that
-    runs the server (nsenter into a network namespace); binary: default Debian's."""
+    runs the server (nsenter into a network namespace); binary: default Debian's;
+    rule_files: alerting and recording rule files, copied into workdir and loaded
+    (evaluated every second, as targets are scraped)."""
     binary = binary or shutil.which("prometheus")
     if binary is None:
         raise RuntimeError("prometheus not found: install Debian's prometheus (make test does)")
@@ -66,9 +91,16 @@ def prometheus(
             "  - job_name: omnipipe\n"
             "    file_sd_configs: [{files: ['" + str(targets) + "'], refresh_interval: 1s}]\n"
         )
+    rules = []
+    for i, source in enumerate(rule_files):
+        rules.append(workdir / f"rules-{i}-{source.name}")
+        shutil.copyfile(source, rules[-1])
     config = workdir / "prometheus.yml"
     config.write_text(
-        "global: {scrape_interval: 1s, evaluation_interval: 1s}\nscrape_configs:\n" + scrape_configs
+        "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
+        + (f"rule_files: {json.dumps([str(r) for r in rules])}\n" if rules else "")
+        + "scrape_configs:\n"
+        + scrape_configs
     )
     listen = listen or f"127.0.0.1:{free_port()}"
     log = (workdir / "prometheus.log").open("wb")
