@@ -135,6 +135,10 @@ class WorkerMetrics:
         m.duration.labels(pipeline, stage)
         m.queue_wait.labels(pipeline, stage)
         m.engine_duration.labels(pipeline, stage)
+        for direction in ("in", "out"):
+            # Else a pod's first hand-off creates the series, and rate() never counts it.
+            m.transfer_bytes.labels(pipeline, stage, direction)
+            m.transfer_seconds.labels(pipeline, stage, direction)
         m.first_audio.labels(pipeline, stage)
         m.real_time_factor.labels(pipeline, stage)
         return m
