@@ -6,7 +6,6 @@ One interface (Sender / Receiver / Mailbox), two backends: ucx (ucxx) and tcp (a
 from omnipipe.transfer.auth import CREDENTIAL_ENV, TransferRefused
 from omnipipe.transfer.base import (
     DEFAULT_MAX_BYTES,
-    RECEIVED_NS,
     UNCLAIMED_SHARE,
     BlockTable,
     BlockTableFull,
@@ -23,7 +22,6 @@ from omnipipe.transfer.factory import make_receiver, make_sender
 __all__ = [
     "CREDENTIAL_ENV",
     "DEFAULT_MAX_BYTES",
-    "RECEIVED_NS",
     "UNCLAIMED_SHARE",
     "BlockTable",
     "BlockTableFull",

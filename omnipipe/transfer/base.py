@@ -33,6 +33,9 @@ class Message:
     # What gives back a received message's KV rows if the mailbox drops it unread (its
     # request cancelled or expired); a consumer that takes it frees them itself.
     on_drop: Callable[[], None] | None = field(default=None, repr=False, compare=False)
+    # Received: (start, end) of its receipt, wall-clock nanoseconds, which a worker's trace
+    # shows as the request's transfer-in. Local: never sent, never compared.
+    received_ns: tuple[int, int] | None = field(default=None, repr=False, compare=False)
 
     @property
     def nbytes(self) -> int:
@@ -85,17 +88,12 @@ class BlockTable:
         return [self.storage[i] for i in ids]
 
 
-# A received message's meta key: (start, end) of its receipt, wall-clock nanoseconds,
-# which a worker's trace shows as the request's transfer-in.
-RECEIVED_NS = "received_ns"
-
-
 def stamp_received(message: Message, started: float) -> float:
     """Records in the message when its receipt (begun at perf_counter() `started`) ran;
     returns its seconds."""
     seconds = time.perf_counter() - started
     end = time.time_ns()
-    message.meta[RECEIVED_NS] = (end - int(seconds * 1e9), end)
+    message.received_ns = (end - int(seconds * 1e9), end)
     return seconds
 
 

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 from opentelemetry import trace
 
 from omnipipe.api.wire import StageEvent, SubmitRequest
-from omnipipe.transfer import RECEIVED_NS, Mailbox, Message, Sender, TransferRefused
+from omnipipe.transfer import Mailbox, Message, Sender, TransferRefused
 from omnipipe.worker import tracing
 from omnipipe.worker.metrics import WorkerMetrics
 from omnipipe.worker.stages.base import (
@@ -223,8 +223,8 @@ class StageRuntime:
         inputs: dict[str, Tensors] = {name: {} for name in request.inputs}
         try:
             async for message in self._messages(request):
-                if (received := message.meta.get(RECEIVED_NS)) is not None:
-                    timeline.mark_first(tracing.FIRST_INPUT, received[0])
+                if message.received_ns is not None:
+                    timeline.mark_first(tracing.FIRST_INPUT, message.received_ns[0])
                 inputs[message.source].update(message.tensors)
                 if message.blocks:
                     job.blocks.setdefault(message.source, []).extend(message.blocks)
