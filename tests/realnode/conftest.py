@@ -11,6 +11,8 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -243,7 +245,11 @@ def get_json(node: RealNode, *args: str) -> Any:
 
 
 def router_url(node: RealNode, namespace: str, pipeline: str) -> str:
-    """The router's Service, by its ClusterIP: the host reaches Services through the node."""
+    """The router's Service, by its ClusterIP (the host reaches Services through the node),
+    once it answers. A pod is Ready (and so the pipeline) a moment before kube-proxy has
+    its rules for the Service: until then the node has no route for the ClusterIP and a
+    connection fails with ENETUNREACH (seen in CI as the first of four load clients'
+    requests failing at 0.1 s)."""
     ip = node.kubectl(
         "get",
         "service",
@@ -253,7 +259,22 @@ def router_url(node: RealNode, namespace: str, pipeline: str) -> str:
         "-o",
         "jsonpath={.spec.clusterIP}",
     ).stdout.strip()
+    wait_for(
+        f"the {pipeline} router's Service to answer",
+        lambda: _answers(f"http://{ip}:8000/health"),
+        60,
+    )
     return f"http://{ip}:8000/v1"
+
+
+def _answers(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=5):
+            return True
+    except urllib.error.HTTPError:
+        return True  # an answer all the same: the Service reached the router
+    except OSError:
+        return False
 
 
 def condition(node: RealNode, namespace: str, pipeline: str, kind: str) -> str:

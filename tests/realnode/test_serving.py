@@ -58,8 +58,6 @@ def test_text_to_image_serves_a_1024_image(node: RealNode, operator: str, namesp
     url = router_url(node, namespace, "tiny-image")
     started = time.monotonic()
     with openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=300) as client:
-        # The Service answers a moment after its pod is Ready (kube-proxy's rules).
-        wait_for("the router's Service", lambda: _models(client), 30)
         r = client.images.generate(
             model="tiny-image",
             prompt="a lighthouse at dusk",
@@ -76,13 +74,6 @@ def test_text_to_image_serves_a_1024_image(node: RealNode, operator: str, namesp
     assert np.asarray(image).std() > 0, "a flat image: the stages did not run"
 
 
-def _models(client: openai.OpenAI) -> bool:
-    try:
-        return any(m.id for m in client.models.list())
-    except openai.APIConnectionError:
-        return False
-
-
 def test_omni_streams_text_then_audio_and_speaks(
     node: RealNode, operator: str, namespace: str
 ) -> None:
@@ -92,7 +83,6 @@ def test_omni_streams_text_then_audio_and_speaks(
     assert len(thinker) == 1
     url = router_url(node, namespace, "tiny-omni")
     with openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=300) as client:
-        wait_for("the router's Service", lambda: _models(client), 30)
         kinds: list[str] = []
         text, pcm = "", b""
         stream = client.chat.completions.create(
@@ -133,7 +123,6 @@ def test_deleting_the_pipeline_removes_every_child(
     )
     url = router_url(node, namespace, "tiny-image")
     with openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=300) as client:
-        wait_for("the router's Service", lambda: _models(client), 30)
         r = client.images.generate(model="tiny-image", prompt="a lighthouse", size="64x64")
         assert r.data[0].b64_json
     print(
