@@ -17,7 +17,6 @@ from omnipipe.api.resource import (
     validation_lines,
     yaml_problem,
 )
-from omnipipe.api.spec import Tracing
 
 
 def load_pipeline(path: str | Path) -> ResolvedPipeline:
@@ -42,8 +41,6 @@ def pipeline_yaml(pipeline: ResolvedPipeline) -> str:
     """The resolved pipeline as a file that load_pipeline reads back unchanged: what the
     operator's ConfigMap holds and what `omnipipe serve` hands each revision's workers."""
     data = pipeline.model_dump(mode="json")
-    if pipeline.tracing == Tracing():
-        # Untraced pipelines' files (and so their ConfigMaps and pods) stay as they were
-        # before tracing existed: an operator upgrade must not roll every pipeline.
+    if not pipeline.tracing.as_config():
         del data["tracing"]
     return yaml.safe_dump(data, sort_keys=False)

@@ -277,6 +277,13 @@ class Tracing(SpecModel):
     """Share of requests traced, when the client sent no sampled traceparent; a client's
     sampling decision is kept."""
 
+    def as_config(self) -> dict[str, Any]:
+        """As the processes' configuration (and its hashes) carry it: empty when it is the
+        default, so that untraced pipelines' files, hashes and pods stay what they were
+        before tracing existed (an operator upgrade must not roll every pipeline), and
+        turning it on or off rolls the pods that read it."""
+        return {} if self == Tracing() else {"tracing": self.model_dump(mode="json")}
+
 
 class Images(SpecModel):
     """Container image overrides; the operator's defaults apply otherwise."""

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.context import Context
@@ -28,13 +27,6 @@ _PROPAGATOR = TraceContextTextMapPropagator()
 # flush: well inside the pods' termination grace.
 EXPORT_SECONDS = 5.0
 CLOSE_SECONDS = 5.0
-
-
-def tracing_config(tracing: Tracing) -> dict[str, Any]:
-    """spec.tracing as the processes' configuration hashes see it: empty when it is the
-    default, so that untraced pipelines' hashes (and pods) stay what they were before
-    tracing existed, and turning it on or off rolls the pods that read it."""
-    return {} if tracing == Tracing() else {"tracing": tracing.model_dump(mode="json")}
 
 
 @dataclass

@@ -21,6 +21,7 @@ from omnipipe.api.wire import StageEvent, SubmitRequest
 from omnipipe.transfer import Mailbox, Message, Sender, TransferRefused
 from omnipipe.worker import tracing
 from omnipipe.worker.metrics import WorkerMetrics
+from omnipipe.worker.session_steps import SessionStepper
 from omnipipe.worker.stages.base import (
     Chunk,
     Session,
@@ -117,6 +118,7 @@ class StageRuntime:
         self._progress_at: float | None = None
         # Per request: what gives its received KV rows back to the receiver's BlockTable.
         self._row_releases: dict[str, list[Callable[[], None]]] = {}
+        self._stepper: SessionStepper | None = None
 
     # ---- load accounting -------------------------------------------------------------
     @property
@@ -274,6 +276,7 @@ class StageRuntime:
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self._preparer, stage.prepare, job.stage_job)
         session: Session = await self._run_on_engine(stage.open, job.stage_job)
+        stepper = self._session_stepper(stage)
         self._start([job])
         inbox = Inbox()
         feeder = asyncio.create_task(self._feed(request, inbox))
@@ -282,7 +285,7 @@ class StageRuntime:
         try:
             while True:
                 started = time.monotonic()
-                step = await self._run_on_engine(session.step, inbox.take())
+                step = await stepper.step(session, inbox.take())
                 if step is None:
                     if inbox.chunks:
                         continue
@@ -331,6 +334,11 @@ class StageRuntime:
             feeder.cancel()
             # Runs after any step still on the engine thread, never beside it.
             self._engine.submit(session.close)
+
+    def _session_stepper(self, stage: StreamingStage) -> SessionStepper:
+        if self._stepper is None:
+            self._stepper = SessionStepper(stage, self._run_on_engine)
+        return self._stepper
 
     async def _drive(self, job: Job) -> None:
         request = job.request

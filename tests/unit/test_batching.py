@@ -25,6 +25,7 @@ from omnipipe.worker.stages.base import (
     Stage,
     StageJob,
     StageResult,
+    StepOutcome,
     SteppedStage,
     StepResult,
     StreamingStage,
@@ -327,6 +328,78 @@ async def test_a_request_prepares_beside_the_engine_while_others_step() -> None:
     await rt.close()
     assert stage.light_stepped.is_set(), "the light request's steps stopped while heavy prepared"
     assert set(stage.prepared_on) == {"prepare_0"}
+
+
+class Gathering(StreamingStage):
+    """Sessions of `steps` steps each; records how many sessions each engine call stepped
+    and every session's steps and close, in order."""
+
+    def __init__(self, steps: int) -> None:
+        super().__init__(spec("code2wav", Role.CODE2WAV), "unused", "cpu")
+        self.calls: list[int] = []
+        self.log: list[str] = []
+        self.steps = steps
+
+    def load(self) -> None:
+        pass
+
+    def step_sessions(self, work: Sequence[tuple[Session, Sequence[Chunk]]]) -> list[StepOutcome]:
+        self.calls.append(len(work))
+        time.sleep(0.05)
+        return super().step_sessions(work)
+
+    def open(self, job: StageJob) -> Session:
+        stage, rid = self, str(job.params["id"])
+
+        class Counting(Session):
+            left = self.steps
+
+            def step(self, chunks: Sequence[Chunk]) -> StepResult | None:
+                stage.log.append(f"step {rid}")
+                if rid == "bad":
+                    raise ValueError("bad codes")
+                self.left -= 1
+                return StepResult(done=self.left == 0)
+
+            def close(self) -> None:
+                stage.log.append(f"close {rid}")
+
+        return Counting()
+
+
+async def test_open_sessions_waiting_to_step_are_stepped_in_one_engine_call() -> None:
+    """Four streams started together: after the first call, every call steps all the
+    sessions then waiting (four, not one at a time); one session's error is its own."""
+    stage = Gathering(steps=5)
+    rt = runtime(stage, wait_s=0.0)
+    rids = ["a", "b", "c", "d"]
+    for rid in rids:
+        submit(rt, SubmitRequest(request_id=rid, params={"id": rid}, timeout_seconds=20))
+    bad = rt.submit(SubmitRequest(request_id="bad", params={"id": "bad"}, timeout_seconds=20))
+    await finish(rt, rids)
+    assert bad.task is not None
+    await asyncio.wait_for(bad.task, 10)
+    await rt.close()
+    assert max(stage.calls) == 5, stage.calls
+    assert sum(stage.calls) == 4 * 5 + 1
+    assert len(stage.calls) <= 7, stage.calls  # 21 steps in 5 or 6 calls, not 21
+    assert bad.error == "stage_error"
+    assert [e for e in stage.log if e.endswith("bad")] == ["step bad", "close bad"]
+
+
+async def test_a_stream_cancelled_before_its_step_is_taken_is_never_stepped_again() -> None:
+    stage = Gathering(steps=1000)
+    rt = runtime(stage, wait_s=0.0)
+    submit(rt, SubmitRequest(request_id="a", params={"id": "a"}, timeout_seconds=20))
+    submit(rt, SubmitRequest(request_id="b", params={"id": "b"}, timeout_seconds=20))
+    await until("both to step", lambda: "step b" in stage.log and "step a" in stage.log)
+    assert rt.cancel("b")
+    await until("b to close", lambda: "close b" in stage.log)
+    steps_of_a = stage.log.count("step a")
+    await until("a to step on", lambda: stage.log.count("step a") > steps_of_a + 3)
+    await rt.close()
+    closed = stage.log.index("close b")
+    assert "step b" not in stage.log[closed:], stage.log
 
 
 def test_cpu_quantities_become_threads() -> None:

@@ -22,7 +22,7 @@ from omnipipe.worker.stages.qwen3_omni import (
     Qwen3TalkerStage,
     Qwen3ThinkerStage,
 )
-from tests.unit.test_omni_stages import audio_in_parts, drain, spec
+from tests.unit.test_omni_stages import audio_in_parts, drain, samples, spec, step_together
 
 pytestmark = pytest.mark.timeout(300)
 MODEL = "tiny://qwen3-omni"
@@ -214,6 +214,34 @@ def test_code2wav_audio_does_not_depend_on_chunking(code2wav: Qwen3Code2WavStage
         return audio_in_parts(code2wav.open(StageJob({}, {})), frames, sizes)
 
     assert audio([25, 25, 10]) == audio([60]) == audio([7, 50, 3])
+
+
+def test_code2wav_decodes_requests_together_as_each_alone(
+    code2wav: Qwen3Code2WavStage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    requests = [
+        torch.arange(60 * 4).reshape(60, 4) % 64,
+        (torch.arange(60 * 4) * 5).reshape(60, 4) % 64,
+    ]
+    alone = []
+    for frames in requests:
+        steps = drain(code2wav.open(StageJob({}, {})), [Chunk("talker", {"codes": frames}, True)])
+        alone.append(samples([o for step in steps for o in step.outputs]))
+    calls: list[int] = []
+    forward = code2wav.code2wav.forward
+
+    def counted(codes: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        calls.append(codes.shape[0])
+        return forward(codes, *args, **kwargs)
+
+    monkeypatch.setattr(code2wav.code2wav, "forward", counted)
+    sessions = [code2wav.open(StageJob({}, {})) for _ in requests]
+    outputs = step_together(code2wav, sessions, requests)
+    assert calls == [2, 2, 2]
+    for made, solo in zip(outputs, alone, strict=True):
+        together = samples(made)
+        assert together.shape == solo.shape
+        assert np.abs(together.astype(int) - solo.astype(int)).max() <= 1
 
 
 def test_voices_are_the_checkpoints_and_match_any_case(

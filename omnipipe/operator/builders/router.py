@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from omnipipe.api import constants as c
 from omnipipe.api.names import router_labels, router_object_name, router_selector
-from omnipipe.api.tracing import tracing_config
 from omnipipe.operator.builders.common import (
     Manifest,
     config_mount,
@@ -31,7 +30,7 @@ def router_config_hash(ctx: BuildContext) -> str:
             "model": p.model,
             "pipeline": p.pipeline,
             "stages": [(s.name, s.role, s.inputs) for s in p.stages],
-            **tracing_config(p.tracing),
+            **p.tracing.as_config(),
         }
     )
 

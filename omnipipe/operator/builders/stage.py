@@ -14,7 +14,6 @@ from omnipipe.api.names import (
     stage_selector,
 )
 from omnipipe.api.spec import Engine
-from omnipipe.api.tracing import tracing_config
 from omnipipe.operator.builders.common import (
     Manifest,
     config_mount,
@@ -79,7 +78,7 @@ def stage_config_hash(ctx: BuildContext, stage: ResolvedStage) -> str:
         {
             "stage": stage.model_dump(mode="json"),
             "transfer": ctx.pipeline.transfer.model_dump(mode="json"),
-            **tracing_config(ctx.pipeline.tracing),
+            **ctx.pipeline.tracing.as_config(),
         }
     )
 

@@ -168,6 +168,10 @@ class StepResult:
     audio_seconds: float = 0.0  # audio this step produced, for TTFA and real-time factor
 
 
+# What one session's step came to: its result, None (it waits for input), or its error.
+StepOutcome = StepResult | Exception | None
+
+
 class Session(ABC):
     """One request inside a streaming stage. Only the engine thread touches it."""
 
@@ -193,6 +197,20 @@ class StreamingStage(Stage):
 
     @abstractmethod
     def open(self, job: StageJob) -> Session: ...
+
+    def step_sessions(self, work: Sequence[tuple[Session, Sequence[Chunk]]]) -> list[StepOutcome]:
+        """Each session stepped on its chunks: what its step returned, or what it raised
+        (one request's failure is its own). The runtime hands over every session waiting
+        to step; a stage that can run several sessions' steps as one forward overrides
+        this."""
+        results: list[StepOutcome] = []
+        for session, chunks in work:
+            try:
+                results.append(session.step(chunks))
+            except Exception as exc:
+                results.append(exc)
+            self.progress()
+        return results
 
     def run(self, job: StageJob) -> StageResult:
         raise TypeError(f"{type(self).__name__} streams: use open()")

@@ -11,6 +11,7 @@ import dataclasses
 from abc import abstractmethod
 from collections import deque
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -20,6 +21,7 @@ from omnipipe.worker.stages.base import (
     Chunk,
     Session,
     StageInputError,
+    StepOutcome,
     StepResult,
     StreamingStage,
     Tensors,
@@ -120,10 +122,59 @@ class CodecTalkerSession(Session):
         self.cache = None
 
 
+@dataclass
+class Decode:
+    """A chunk a code2wav session is ready to decode: codes[context:] are new, and the
+    session has decoded up to `end` once it is done."""
+
+    codes: torch.Tensor
+    context: int
+    end: int
+
+
 class ChunkedCode2WavStage(StreamingStage):
     # Set by load(): codes decoded per chunk, and codes of left context decoded again.
     chunk_codes: int
     context_codes: int
+
+    def decode_many(
+        self, sessions: Sequence[ChunkedCode2WavSession], decodes: Sequence[Decode]
+    ) -> list[np.ndarray]:
+        """Each session's audio for its decode; all have equal code and context lengths.
+        One at a time here; a stage whose model takes a batch runs them as one forward."""
+        return [s._decode(d.codes, d.context) for s, d in zip(sessions, decodes, strict=True)]
+
+    def step_sessions(self, work: Sequence[tuple[Session, Sequence[Chunk]]]) -> list[StepOutcome]:
+        """The sessions ready to decode a chunk of the same length (and left context) are
+        decoded together, up to max_batch at a time: the requests' chunks share forwards."""
+        outcomes: list[StepOutcome] = []
+        ready: dict[tuple[int, int], list[tuple[int, ChunkedCode2WavSession, Decode]]] = {}
+        for i, (session, chunks) in enumerate(work):
+            assert isinstance(session, ChunkedCode2WavSession)
+            planned: Decode | StepOutcome
+            try:
+                planned = session.plan(chunks)
+            except Exception as exc:
+                planned = exc
+            if isinstance(planned, Decode):
+                ready.setdefault((len(planned.codes), planned.context), []).append(
+                    (i, session, planned)
+                )
+                planned = None  # filled in below
+            outcomes.append(planned)
+        for group in ready.values():
+            for at in range(0, len(group), self.spec.max_batch):
+                part = group[at : at + self.spec.max_batch]
+                try:
+                    with torch.inference_mode():
+                        audio = self.decode_many([s for _, s, _ in part], [d for _, _, d in part])
+                    for (i, session, decode), made in zip(part, audio, strict=True):
+                        outcomes[i] = session.finish(decode, made)
+                except Exception as exc:
+                    for i, _, _ in part:
+                        outcomes[i] = exc
+                self.progress()
+        return outcomes
 
 
 class ChunkedCode2WavSession(Session):
@@ -147,7 +198,8 @@ class ChunkedCode2WavSession(Session):
     def close(self) -> None:
         self.parts = []
 
-    def step(self, chunks: Sequence[Chunk]) -> StepResult | None:
+    def plan(self, chunks: Sequence[Chunk]) -> Decode | StepResult | None:
+        """Take the chunks; the next chunk to decode, if a whole one (or the last) is in."""
         for chunk in chunks:
             if "codes" in chunk.tensors:
                 self.parts.append(chunk.tensors["codes"])
@@ -161,12 +213,21 @@ class ChunkedCode2WavSession(Session):
         codes = torch.cat(self.parts)
         self.parts = [codes]
         context = min(self.context_codes, self.decoded)
-        with torch.inference_mode():
-            audio = self._decode(codes[self.decoded - context : end].to(self.device), context)
-        self.decoded = end
+        return Decode(codes[self.decoded - context : end].to(self.device), context, end)
+
+    def finish(self, decode: Decode, audio: np.ndarray) -> StepResult:
+        self.decoded = decode.end
         return StepResult(
             outputs=[
                 {"audio": base64.b64encode(pcm16(audio)).decode(), "sample_rate": SAMPLE_RATE}
             ],
             audio_seconds=len(audio) / SAMPLE_RATE,
         )
+
+    def step(self, chunks: Sequence[Chunk]) -> StepResult | None:
+        planned = self.plan(chunks)
+        if not isinstance(planned, Decode):
+            return planned
+        with torch.inference_mode():
+            audio = self._decode(planned.codes, planned.context)
+        return self.finish(planned, audio)

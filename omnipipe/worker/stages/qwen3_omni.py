@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import deque
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -32,6 +33,7 @@ from omnipipe.worker.stages.codec import (
     ChunkedCode2WavStage,
     CodecTalkerSession,
     CodecTalkerStage,
+    Decode,
 )
 from omnipipe.worker.stages.sampling import Sampling, next_token
 from omnipipe.worker.stages.thinker import (
@@ -341,6 +343,18 @@ class Qwen3Code2WavStage(ChunkedCode2WavStage):
     def open(self, job: StageJob) -> Session:
         pick_voice(job.params, self.voices)  # the talker speaks it; a bad one fails early
         return Qwen3Code2WavSession(self)
+
+    def decode_many(
+        self, sessions: Sequence[ChunkedCode2WavSession], decodes: Sequence[Decode]
+    ) -> list[np.ndarray]:
+        """Several requests' chunks as one batch through the (deterministic) decoder."""
+        if len(decodes) == 1:
+            return super().decode_many(sessions, decodes)
+        # frames x groups each -> batch x groups x frames
+        waveforms = self.code2wav(torch.stack([d.codes.T for d in decodes]))
+        skip = decodes[0].context * self.samples_per_frame
+        audio = waveforms[..., skip:].reshape(len(decodes), -1).float().cpu()
+        return [row.numpy() for row in audio]
 
 
 class Qwen3Code2WavSession(ChunkedCode2WavSession):

@@ -8,6 +8,7 @@ code2wav turns each chunk into audio (re-decoding a little left context for cont
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -24,6 +25,7 @@ from omnipipe.worker.stages.codec import (
     ChunkedCode2WavStage,
     CodecTalkerSession,
     CodecTalkerStage,
+    Decode,
 )
 from omnipipe.worker.stages.sampling import Sampling, next_token
 from omnipipe.worker.stages.thinker import layout_kwargs, pick_voice
@@ -43,6 +45,47 @@ def samples_per_code(config: Any) -> int:
     for rate in t2w.bigvgan_config.upsample_rates:
         samples *= int(rate)
     return samples
+
+
+def sample_mel(
+    dit: Any,
+    conditioning: torch.Tensor,
+    reference_mel: torch.Tensor,
+    codes: torch.Tensor,
+    noise: torch.Tensor,
+    num_steps: int,
+    guidance_scale: float = 0.5,
+    sway_coefficient: float = -1.0,
+) -> torch.Tensor:
+    """transformers' Qwen2_5OmniToken2WavDiTModel.sample (its defaults too) with the
+    starting noise given rather than drawn: a batch of requests each starts from its own
+    seed's noise, where sample() draws one tensor for the whole batch."""
+    from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import RungeKutta4ODESolver
+
+    frames = codes.shape[1] * dit.repeats
+    if frames > dit.config.max_position_embeddings:
+        raise ValueError(
+            f"mel length {frames} exceeds the DiT's {dit.config.max_position_embeddings}"
+        )
+    speaker = conditioning.unsqueeze(1).repeat(1, frames, 1)
+
+    def velocity(time_step: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
+        out = dit(
+            hidden_states=hidden_states,
+            quantized_code=codes,
+            speaker_embedding=speaker,
+            condition_vector=reference_mel,
+            time_step=time_step,
+            apply_cfg=True,
+        )
+        guided, null = torch.chunk(out, 2, dim=0)
+        return guided + (guided - null) * guidance_scale
+
+    times = torch.linspace(0, 1, num_steps, device=codes.device, dtype=speaker.dtype)
+    times += sway_coefficient * (torch.cos(torch.pi / 2 * times) - 1 + times)
+    trajectory = RungeKutta4ODESolver(function=velocity, initial_value=noise).integrate(times)
+    mel: torch.Tensor = trajectory[-1].permute(0, 2, 1)
+    return mel
 
 
 # ---- talker ---------------------------------------------------------------------------
@@ -169,6 +212,27 @@ class Code2WavStage(ChunkedCode2WavStage):
     def open(self, job: StageJob) -> Session:
         return Code2WavSession(self, job.params)
 
+    def decode_many(
+        self, sessions: Sequence[ChunkedCode2WavSession], decodes: Sequence[Decode]
+    ) -> list[np.ndarray]:
+        """Several requests' chunks through one DiT sampling and one vocoder pass: each
+        keeps its own voice and starting noise, so its audio is what it gets alone."""
+        if len(decodes) == 1:
+            return super().decode_many(sessions, decodes)
+        own = [s for s in sessions if isinstance(s, Code2WavSession)]
+        codes = torch.stack([d.codes for d in decodes])
+        mel = sample_mel(
+            self.token2wav.code2wav_dit_model,
+            torch.cat([s.conditioning for s in own]),
+            torch.cat([s.reference_mel for s in own]),
+            codes,
+            torch.cat([s.noise(len(d.codes)) for s, d in zip(own, decodes, strict=True)]),
+            self.num_steps,
+        )
+        waveforms = self.token2wav.code2wav_bigvgan_model(mel).reshape(len(decodes), -1)
+        new = (codes.shape[1] - decodes[0].context) * self.samples_per_code
+        return [w[-new:].float().cpu().numpy() for w in waveforms]
+
 
 class Code2WavSession(ChunkedCode2WavSession):
     def __init__(self, stage: Code2WavStage, params: dict[str, Any]) -> None:
@@ -179,6 +243,18 @@ class Code2WavSession(ChunkedCode2WavSession):
         self.reference_mel = speaker["ref_mel"].to(stage.device).float()
         seed = params.get("seed")
         self.seed = seed if isinstance(seed, int) else None
+
+    def noise(self, codes: int) -> torch.Tensor:
+        """The DiT's starting noise for a chunk of `codes` codes, as transformers draws it
+        (torch.randn of 1 x mel frames x mel bins) after the manual seed _decode sets."""
+        dit = self.stage.token2wav.code2wav_dit_model
+        shape = (1, codes * dit.repeats, dit.mel_dim)
+        generator = None
+        if self.seed is not None:
+            generator = torch.Generator(self.stage.device).manual_seed(self.seed + self.decoded)
+        return torch.randn(
+            shape, generator=generator, dtype=self.reference_mel.dtype, device=self.stage.device
+        )
 
     def _decode(self, codes: torch.Tensor, context: int) -> np.ndarray:
         if self.seed is not None:

@@ -1,0 +1,86 @@
+"""Steps a streaming stage's open sessions on the engine thread, every session that is
+waiting to step at once, in one engine call: the stage's step_sessions() may run them as
+one forward (code2wav decodes equal-length chunks of several requests together). While a
+call runs, the next sessions to step gather, so the batch grows with the load and a lone
+request never waits for company."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+
+from omnipipe.worker.stages.base import (
+    Chunk,
+    Session,
+    StepOutcome,
+    StepResult,
+    StreamingStage,
+)
+
+SessionStep = tuple[Session, Sequence[Chunk]]
+RunOnEngine = Callable[
+    [
+        Callable[[Sequence[SessionStep]], list[StepOutcome]],
+        Sequence[SessionStep],
+    ],
+    Awaitable[list[StepOutcome]],
+]
+
+
+@dataclass
+class _Waiting:
+    session: Session
+    chunks: Sequence[Chunk]
+    result: asyncio.Future[StepResult | None]
+
+
+class SessionStepper:
+    def __init__(self, stage: StreamingStage, run_on_engine: RunOnEngine) -> None:
+        self._stage = stage
+        self._run_on_engine = run_on_engine
+        self._waiting: list[_Waiting] = []
+        self._drain: asyncio.Task[None] | None = None
+
+    async def step(self, session: Session, chunks: Sequence[Chunk]) -> StepResult | None:
+        """The session's step on these chunks, run with whatever else is waiting. A caller
+        cancelled before its step was taken is dropped from the call, so a session is
+        never stepped after it is closed."""
+        result: asyncio.Future[StepResult | None] = asyncio.get_running_loop().create_future()
+        self._waiting.append(_Waiting(session, chunks, result))
+        if self._drain is None:
+            self._drain = asyncio.create_task(self._run(), name="session-steps")
+        return await result
+
+    async def _run(self) -> None:
+        taken: list[_Waiting] = []
+        try:
+            while True:
+                taken = [w for w in self._waiting if not w.result.done()]
+                self._waiting = []
+                if not taken:
+                    return
+                try:
+                    results = await self._run_on_engine(
+                        self._stage.step_sessions, [(w.session, w.chunks) for w in taken]
+                    )
+                except Exception as exc:  # the call itself failed: each step with it
+                    results = [exc] * len(taken)
+                for waiting, outcome in zip(taken, results, strict=True):
+                    if waiting.result.done():
+                        continue  # its caller was cancelled meanwhile
+                    if isinstance(outcome, Exception):
+                        waiting.result.set_exception(outcome)
+                    else:
+                        waiting.result.set_result(outcome)
+                # The sessions just stepped run on to their next step (their outputs put
+                # on unbounded queues do not block) before the next call is made up, or
+                # it would hold only those that sat this call out.
+                await asyncio.sleep(0)
+        finally:
+            # Cancelled (the runtime closing): no caller waits for ever.
+            self._drain = None
+            for waiting in taken + self._waiting:
+                if not waiting.result.done():
+                    waiting.result.cancel()
+            self._waiting = []
