@@ -137,9 +137,14 @@ class Orchestrator:
         revision = self.serving_revision() or self.preferred[0]
         return self.pool.pipelines.get(revision, self.pipeline)
 
-    async def _wait_for_replica(self, stage: str, revision: str | None) -> Replica | None:
+    async def _wait_for_replica(
+        self, stage: str, revision: str | None, stages: list[str] | None = None
+    ) -> Replica | str | None:
         """Hold the request while the stage wakes (its demand is exported as
-        omnipipe_router_pending_requests, which the autoscaler reads), bounded."""
+        omnipipe_router_pending_requests, which the autoscaler reads), bounded. Given
+        the request's `stages`, stop waiting for a revision's replica as soon as another
+        revision is whole, and name it: in a rollout the old revision loses its pods
+        for good, and the new one may be whole only a moment after the first look."""
         # Polls lag by up to a second: look again before anything else.
         await self.pool.refresh(stage)
         replica = self.pool.pick(stage, self.max_load, revision)
@@ -155,6 +160,10 @@ class Orchestrator:
                 replica = self.pool.pick(stage, self.max_load, revision)
                 if replica is not None:
                     return replica
+                if stages is not None and revision is not None:
+                    whole = self.pool.revision_for(stages, self.max_load, self.preferred)
+                    if whole is not None and whole != revision:
+                        return whole
             return None
         finally:
             gauge.dec()
@@ -205,7 +214,12 @@ class Orchestrator:
                 if whole is not None and whole != revision:
                     return whole
             if replica is None:
-                replica = await self._wait_for_replica(stage.name, revision)
+                waited = await self._wait_for_replica(
+                    stage.name, revision, stages if switch else None
+                )
+                if isinstance(waited, str):
+                    return waited
+                replica = waited
             if replica is None:
                 of = f" of revision {revision}" if revision else ""
                 if self.pool.stage_ready(stage.name, revision):

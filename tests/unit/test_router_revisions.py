@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from pathlib import Path
 
 import httpx
@@ -187,3 +188,47 @@ def test_the_served_model_follows_the_revision_new_requests_start_on(tmp_path: P
     asyncio.run(pool._discover())
     assert pool.generation == 1
     assert pool._discovery.preferred_pipeline() == v2
+
+
+def test_a_request_waiting_on_a_lost_stage_moves_once_the_new_revision_is_whole() -> None:
+    # The same switch, one moment earlier (CI, the real node): when the old revision's
+    # denoise went, the new revision was not whole yet either, so the request waited for
+    # the old revision's replica, which never came back, until its 60 s were up. It must
+    # take the new revision as soon as that one is whole.
+    started = [time.monotonic()]
+    ready_after = 0.8
+
+    def worker(request: httpx.Request) -> httpx.Response:
+        url = f"http://{request.url.host}"
+        stage, name = request.url.host.split("-")
+        if url == "http://decode-old":
+            raise httpx.ConnectError("refused", request=request)
+        late = url == "http://decode-new" and time.monotonic() < started[0] + ready_after
+        status = WorkerStatus(
+            pipeline="p",
+            stage=stage,
+            ready=not late,
+            draining=False,
+            running=0,
+            waiting=0,
+            transfer_address=f"tcp://{url}",
+            revision=NEW if name == "new" else "old",
+        )
+        return httpx.Response(200, content=status.model_dump_json())
+
+    both = {s: [(f"http://{s}-old", "old"), (f"http://{s}-new", NEW)] for s in STAGES}
+    orch = _orchestrator(
+        both, wake_wait=10, client=httpx.AsyncClient(transport=httpx.MockTransport(worker))
+    )
+    pool = orch.pool
+    pool._replicas["decode"]["http://decode-new"].ready = False
+    pool.mark_down(pool._replicas["decode"]["http://decode-old"])
+    for stage in ("encode", "denoise"):
+        pool._replicas[stage][f"http://{stage}-new"].reported_load = 1
+
+    async def choose() -> dict[str, str]:
+        started[0] = time.monotonic()
+        chosen = await asyncio.wait_for(orch._choose(list(STAGES)), 4)
+        return {stage: r.revision for stage, r in chosen.items()}
+
+    assert asyncio.run(choose()) == dict.fromkeys(STAGES, NEW)
