@@ -337,7 +337,7 @@ class StageRuntime:
 
     def _session_stepper(self, stage: StreamingStage) -> SessionStepper:
         if self._stepper is None:
-            self._stepper = SessionStepper(stage, self._run_on_engine)
+            self._stepper = SessionStepper(stage, self._run_on_engine, self.max_batch)
         return self._stepper
 
     async def _drive(self, job: Job) -> None:

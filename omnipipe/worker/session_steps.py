@@ -1,8 +1,8 @@
-"""Steps a streaming stage's open sessions on the engine thread, every session that is
-waiting to step at once, in one engine call: the stage's step_sessions() may run them as
-one forward (code2wav decodes equal-length chunks of several requests together). While a
-call runs, the next sessions to step gather, so the batch grows with the load and a lone
-request never waits for company."""
+"""Steps a streaming stage's open sessions on the engine thread: every session waiting to
+step (up to maxBatch, first come first stepped) in one engine call, where the stage's
+step_sessions() may run them as one forward (code2wav decodes equal-length chunks of
+several requests together). While a call runs, the next sessions to step gather, so the
+batch grows with the load and a lone request never waits for company."""
 
 from __future__ import annotations
 
@@ -36,9 +36,10 @@ class _Waiting:
 
 
 class SessionStepper:
-    def __init__(self, stage: StreamingStage, run_on_engine: RunOnEngine) -> None:
+    def __init__(self, stage: StreamingStage, run_on_engine: RunOnEngine, limit: int) -> None:
         self._stage = stage
         self._run_on_engine = run_on_engine
+        self._limit = limit  # sessions one call steps at most (the stage's maxBatch)
         self._waiting: list[_Waiting] = []
         self._drain: asyncio.Task[None] | None = None
 
@@ -56,8 +57,8 @@ class SessionStepper:
         taken: list[_Waiting] = []
         try:
             while True:
-                taken = [w for w in self._waiting if not w.result.done()]
-                self._waiting = []
+                live = [w for w in self._waiting if not w.result.done()]
+                taken, self._waiting = live[: self._limit], live[self._limit :]
                 if not taken:
                     return
                 try:

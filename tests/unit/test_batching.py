@@ -5,6 +5,7 @@ a lone request never waits; a request cancelled while the batch waited leaves it
 from __future__ import annotations
 
 import asyncio
+import itertools
 import threading
 import time
 from collections.abc import Callable, Hashable, Sequence
@@ -385,6 +386,23 @@ async def test_open_sessions_waiting_to_step_are_stepped_in_one_engine_call() ->
     assert len(stage.calls) <= 7, stage.calls  # 21 steps in 5 or 6 calls, not 21
     assert bad.error == "stage_error"
     assert [e for e in stage.log if e.endswith("bad")] == ["step bad", "close bad"]
+
+
+async def test_a_call_steps_at_most_max_batch_sessions_first_come_first_stepped() -> None:
+    stage = Gathering(steps=3)
+    rt = runtime(stage, wait_s=0.0, max_batch=2)
+    rids = ["a", "b", "c", "d", "e"]
+    for rid in rids:
+        submit(rt, SubmitRequest(request_id=rid, params={"id": rid}, timeout_seconds=20))
+    await finish(rt, rids)
+    await rt.close()
+    assert max(stage.calls) == 2, stage.calls
+    assert sum(stage.calls) == 5 * 3
+    steps = [e.split()[1] for e in stage.log if e.startswith("step")]
+    # Round-robin in the order they came: none waits two calls while another steps twice.
+    for rid in rids:
+        at = [i for i, r in enumerate(steps) if r == rid]
+        assert all(b - a <= len(rids) for a, b in itertools.pairwise(at)), steps
 
 
 async def test_a_stream_cancelled_before_its_step_is_taken_is_never_stepped_again() -> None:

@@ -146,7 +146,8 @@ class ChunkedCode2WavStage(StreamingStage):
 
     def step_sessions(self, work: Sequence[tuple[Session, Sequence[Chunk]]]) -> list[StepOutcome]:
         """The sessions ready to decode a chunk of the same length (and left context) are
-        decoded together, up to max_batch at a time: the requests' chunks share forwards."""
+        decoded together: the requests' chunks share forwards. The runtime hands over at
+        most maxBatch sessions a call."""
         outcomes: list[StepOutcome] = []
         ready: dict[tuple[int, int], list[tuple[int, ChunkedCode2WavSession, Decode]]] = {}
         for i, (session, chunks) in enumerate(work):
@@ -163,17 +164,15 @@ class ChunkedCode2WavStage(StreamingStage):
                 planned = None  # filled in below
             outcomes.append(planned)
         for group in ready.values():
-            for at in range(0, len(group), self.spec.max_batch):
-                part = group[at : at + self.spec.max_batch]
-                try:
-                    with torch.inference_mode():
-                        audio = self.decode_many([s for _, s, _ in part], [d for _, _, d in part])
-                    for (i, session, decode), made in zip(part, audio, strict=True):
-                        outcomes[i] = session.finish(decode, made)
-                except Exception as exc:
-                    for i, _, _ in part:
-                        outcomes[i] = exc
-                self.progress()
+            try:
+                with torch.inference_mode():
+                    audio = self.decode_many([s for _, s, _ in group], [d for _, _, d in group])
+                for (i, session, decode), made in zip(group, audio, strict=True):
+                    outcomes[i] = session.finish(decode, made)
+            except Exception as exc:
+                for i, _, _ in group:
+                    outcomes[i] = exc
+            self.progress()
         return outcomes
 
 
