@@ -7,6 +7,7 @@ batch grows with the load and a lone request never waits for company."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
@@ -18,6 +19,7 @@ from omnipipe.worker.stages.base import (
     StreamingStage,
 )
 
+log = logging.getLogger(__name__)
 SessionStep = tuple[Session, Sequence[Chunk]]
 RunOnEngine = Callable[
     [
@@ -36,6 +38,9 @@ class _Waiting:
 
 
 class SessionStepper:
+    """The engine-thread side of a streaming stage's sessions: each request's coroutine
+    awaits its session's step here, and one drain task makes up the engine calls."""
+
     def __init__(self, stage: StreamingStage, run_on_engine: RunOnEngine, limit: int) -> None:
         self._stage = stage
         self._run_on_engine = run_on_engine
@@ -74,14 +79,26 @@ class SessionStepper:
                         waiting.result.set_exception(outcome)
                     else:
                         waiting.result.set_result(outcome)
-                # The sessions just stepped run on to their next step (their outputs put
-                # on unbounded queues do not block) before the next call is made up, or
-                # it would hold only those that sat this call out.
+                # Let the sessions just stepped come back for their next step before the
+                # next call is made up, or it would hold only those that sat this one
+                # out. A session whose step only put events on its (unbounded) queue is
+                # back by then; one that waits on a hand-off's send joins a later call.
                 await asyncio.sleep(0)
+        except Exception as exc:  # a bug in the drain itself: every caller hears of it
+            log.exception("stepping the open sessions failed")
+            self._settle(taken + self._waiting, exc)
         finally:
             # Cancelled (the runtime closing): no caller waits for ever.
             self._drain = None
-            for waiting in taken + self._waiting:
-                if not waiting.result.done():
-                    waiting.result.cancel()
+            self._settle(taken + self._waiting, None)
             self._waiting = []
+
+    @staticmethod
+    def _settle(waiting: list[_Waiting], error: Exception | None) -> None:
+        for w in waiting:
+            if w.result.done():
+                continue
+            if error is None:
+                w.result.cancel()
+            else:
+                w.result.set_exception(error)

@@ -340,12 +340,19 @@ class Gathering(StreamingStage):
         self.calls: list[int] = []
         self.log: list[str] = []
         self.steps = steps
+        self.hold_a = threading.Event()
+        self.hold_a.set()
+        self.holding = threading.Event()
 
     def load(self) -> None:
         pass
 
     def step_sessions(self, work: Sequence[tuple[Session, Sequence[Chunk]]]) -> list[StepOutcome]:
         self.calls.append(len(work))
+        if any(getattr(session, "rid", "") == "a" for session, _ in work):
+            self.holding.set()
+            self.hold_a.wait(5)  # a test holds the call stepping "a" by clearing hold_a
+            self.holding.clear()
         time.sleep(0.05)
         return super().step_sessions(work)
 
@@ -354,6 +361,7 @@ class Gathering(StreamingStage):
 
         class Counting(Session):
             left = self.steps
+            rid = str(job.params["id"])
 
             def step(self, chunks: Sequence[Chunk]) -> StepResult | None:
                 stage.log.append(f"step {rid}")
@@ -406,12 +414,20 @@ async def test_a_call_steps_at_most_max_batch_sessions_first_come_first_stepped(
 
 
 async def test_a_stream_cancelled_before_its_step_is_taken_is_never_stepped_again() -> None:
+    """One session a call: while the call stepping "a" is held on the engine thread, "b"
+    waits for the next call and is cancelled there. Its close runs after the held call;
+    the next call must leave it out, or it would step a closed session."""
     stage = Gathering(steps=1000)
-    rt = runtime(stage, wait_s=0.0)
+    rt = runtime(stage, wait_s=0.0, max_batch=1)
     submit(rt, SubmitRequest(request_id="a", params={"id": "a"}, timeout_seconds=20))
     submit(rt, SubmitRequest(request_id="b", params={"id": "b"}, timeout_seconds=20))
     await until("both to step", lambda: "step b" in stage.log and "step a" in stage.log)
+    stage.hold_a.clear()
+    await until("a call stepping a to be held", stage.holding.is_set)
+    await asyncio.sleep(0.05)  # b, stepped in the call before, is back and waiting
     assert rt.cancel("b")
+    await asyncio.sleep(0.05)
+    stage.hold_a.set()
     await until("b to close", lambda: "close b" in stage.log)
     steps_of_a = stage.log.count("step a")
     await until("a to step on", lambda: stage.log.count("step a") > steps_of_a + 3)

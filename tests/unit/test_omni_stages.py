@@ -230,33 +230,57 @@ def test_a_prompt_past_the_context_is_refused_before_it_runs(path: str) -> None:
 def test_code2wav_decodes_requests_together_as_each_alone(
     code2wav: Code2WavStage, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Three requests' chunks of equal length go through one DiT sampling and one vocoder
-    pass (3 forwards for 3 chunks each, not 9), and each request's audio is what it gets
-    alone: its own voice and its own seed's noise."""
-    requests = [
+    """Requests' chunks of equal length (and left context) go through one DiT sampling
+    and one vocoder pass, and each request's audio is what it gets alone: its own voice
+    and its own seed's noise. Three requests of 60 codes and one of 40: chunks of 25, then
+    25 + 25 of context (the 40-code one: 15 + 25, its own group), then 10 + 25."""
+    requests: list[tuple[dict[str, Any], torch.Tensor]] = [
         ({"seed": 5, "voice": "Chelsie"}, torch.arange(60) % 128),
         ({"seed": 6, "voice": "Ethan"}, (torch.arange(60) * 7) % 128),
         ({"seed": 7}, (torch.arange(60) * 3 + 1) % 128),
+        ({"seed": 8}, (torch.arange(40) * 5 + 2) % 128),
     ]
-    alone = []
-    for params, codes in requests:
-        steps = drain(
-            code2wav.open(StageJob(params, {})), [Chunk("talker", {"codes": codes}, True)]
-        )
-        alone.append(samples([o for step in steps for o in step.outputs]))
-    vocoder = code2wav.token2wav.code2wav_bigvgan_model
-    calls: list[int] = []
-    forward = vocoder.forward
-
-    def counted(mel: torch.Tensor, **kwargs: Any) -> torch.Tensor:
-        calls.append(mel.shape[0])
-        return forward(mel, **kwargs)
-
-    monkeypatch.setattr(vocoder, "forward", counted)
+    alone = [decode_alone(code2wav, params, codes) for params, codes in requests]
+    calls = count_calls(monkeypatch, code2wav.token2wav.code2wav_bigvgan_model)
     sessions = [code2wav.open(StageJob(params, {})) for params, _ in requests]
     outputs = step_together(code2wav, sessions, [codes for _, codes in requests])
-    assert calls == [3, 3, 3]
+    assert calls == [4, 3, 1, 3]
+    assert_alike(outputs, alone)
+
+
+def test_one_requests_bad_codes_fail_it_alone_not_its_batch(code2wav: Code2WavStage) -> None:
+    good = [({"seed": 5}, torch.arange(30) % 128), ({"seed": 6}, (torch.arange(30) * 7) % 128)]
+    bad = torch.arange(30) + 10_000  # past the codec's vocabulary: the embedding raises
+    alone = [decode_alone(code2wav, params, codes) for params, codes in good]
+    sessions = [code2wav.open(StageJob(params, {})) for params, _ in [*good, ({"seed": 7}, bad)]]
+    outputs = step_together(code2wav, sessions, [codes for _, codes in good] + [bad])
+    assert isinstance(outputs[2], IndexError), outputs[2]
+    assert_alike(outputs[:2], alone)
+
+
+def decode_alone(stage: StreamingStage, params: dict[str, Any], codes: torch.Tensor) -> np.ndarray:
+    steps = drain(stage.open(StageJob(params, {})), [Chunk("talker", {"codes": codes}, True)])
+    return samples([o for step in steps for o in step.outputs])
+
+
+def count_calls(monkeypatch: pytest.MonkeyPatch, module: torch.nn.Module) -> list[int]:
+    """The batch size of each forward of `module` from now on."""
+    calls: list[int] = []
+    forward = module.forward
+
+    def counted(x: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        calls.append(x.shape[0])
+        return forward(x, *args, **kwargs)
+
+    monkeypatch.setattr(module, "forward", counted)
+    return calls
+
+
+def assert_alike(
+    outputs: Sequence[list[dict[str, Any]] | Exception], alone: Sequence[np.ndarray]
+) -> None:
     for made, solo in zip(outputs, alone, strict=True):
+        assert not isinstance(made, Exception), made
         together = samples(made)
         assert together.shape == solo.shape
         assert solo.any()
@@ -267,19 +291,26 @@ def test_code2wav_decodes_requests_together_as_each_alone(
 
 def step_together(
     stage: StreamingStage, sessions: Sequence[Session], codes: Sequence[torch.Tensor]
-) -> list[list[dict[str, Any]]]:
+) -> list[list[dict[str, Any]] | Exception]:
     """Each session given its codes at once, then all stepped together (as the runtime
-    steps every session waiting) until each is done; each one's outputs."""
-    outputs: list[list[dict[str, Any]]] = [[] for _ in sessions]
+    steps every session waiting) until each is done or failed; each one's outputs, or
+    its error."""
+    outputs: list[list[dict[str, Any]] | Exception] = [[] for _ in sessions]
     chunks: list[list[Chunk]] = [[Chunk("talker", {"codes": c}, True)] for c in codes]
     done: set[int] = set()
     while len(done) < len(sessions):
         live = [i for i in range(len(sessions)) if i not in done]
         outcomes = stage.step_sessions([(sessions[i], chunks[i]) for i in live])
         for i, outcome in zip(live, outcomes, strict=True):
-            assert isinstance(outcome, StepResult), outcome
-            outputs[i] += outcome.outputs
             chunks[i] = []
+            made = outputs[i]
+            if isinstance(outcome, Exception):
+                outputs[i] = outcome
+                done.add(i)
+                continue
+            assert isinstance(outcome, StepResult), outcome
+            assert not isinstance(made, Exception)
+            made += outcome.outputs
             if outcome.done:
                 done.add(i)
     return outputs

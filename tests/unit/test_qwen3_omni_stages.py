@@ -22,7 +22,15 @@ from omnipipe.worker.stages.qwen3_omni import (
     Qwen3TalkerStage,
     Qwen3ThinkerStage,
 )
-from tests.unit.test_omni_stages import audio_in_parts, drain, samples, spec, step_together
+from tests.unit.test_omni_stages import (
+    assert_alike,
+    audio_in_parts,
+    count_calls,
+    decode_alone,
+    drain,
+    spec,
+    step_together,
+)
 
 pytestmark = pytest.mark.timeout(300)
 MODEL = "tiny://qwen3-omni"
@@ -223,25 +231,12 @@ def test_code2wav_decodes_requests_together_as_each_alone(
         torch.arange(60 * 4).reshape(60, 4) % 64,
         (torch.arange(60 * 4) * 5).reshape(60, 4) % 64,
     ]
-    alone = []
-    for frames in requests:
-        steps = drain(code2wav.open(StageJob({}, {})), [Chunk("talker", {"codes": frames}, True)])
-        alone.append(samples([o for step in steps for o in step.outputs]))
-    calls: list[int] = []
-    forward = code2wav.code2wav.forward
-
-    def counted(codes: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-        calls.append(codes.shape[0])
-        return forward(codes, *args, **kwargs)
-
-    monkeypatch.setattr(code2wav.code2wav, "forward", counted)
+    alone = [decode_alone(code2wav, {}, frames) for frames in requests]
+    calls = count_calls(monkeypatch, code2wav.code2wav)
     sessions = [code2wav.open(StageJob({}, {})) for _ in requests]
     outputs = step_together(code2wav, sessions, requests)
     assert calls == [2, 2, 2]
-    for made, solo in zip(outputs, alone, strict=True):
-        together = samples(made)
-        assert together.shape == solo.shape
-        assert np.abs(together.astype(int) - solo.astype(int)).max() <= 1
+    assert_alike(outputs, alone)
 
 
 def test_voices_are_the_checkpoints_and_match_any_case(

@@ -122,7 +122,7 @@ class CodecTalkerSession(Session):
         self.cache = None
 
 
-@dataclass
+@dataclass(frozen=True)
 class Decode:
     """A chunk a code2wav session is ready to decode: codes[context:] are new, and the
     session has decoded up to `end` once it is done."""
@@ -164,16 +164,31 @@ class ChunkedCode2WavStage(StreamingStage):
                 planned = None  # filled in below
             outcomes.append(planned)
         for group in ready.values():
+            sessions, decodes = [s for _, s, _ in group], [d for _, _, d in group]
+            audio: list[np.ndarray | Exception]
             try:
                 with torch.inference_mode():
-                    audio = self.decode_many([s for _, s, _ in group], [d for _, _, d in group])
-                for (i, session, decode), made in zip(group, audio, strict=True):
-                    outcomes[i] = session.finish(decode, made)
+                    audio = list(self.decode_many(sessions, decodes))
             except Exception as exc:
-                for i, _, _ in group:
-                    outcomes[i] = exc
+                # One request's bad input must not fail its batch-mates: each alone.
+                audio = (
+                    [exc]
+                    if len(group) == 1
+                    else [self._decode_alone(s, d) for s, d in zip(sessions, decodes, strict=True)]
+                )
+            for (i, session, decode), made in zip(group, audio, strict=True):
+                outcomes[i] = made if isinstance(made, Exception) else session.finish(decode, made)
             self.progress()
         return outcomes
+
+    def _decode_alone(
+        self, session: ChunkedCode2WavSession, decode: Decode
+    ) -> np.ndarray | Exception:
+        try:
+            with torch.inference_mode():
+                return self.decode_many([session], [decode])[0]
+        except Exception as exc:
+            return exc
 
 
 class ChunkedCode2WavSession(Session):

@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from omnipipe.worker.engines.omni import load_qwen25_omni
+from omnipipe.worker.engines.token2wav import sample_mel
 from omnipipe.worker.stages.base import (
     Session,
     StageJob,
@@ -45,47 +46,6 @@ def samples_per_code(config: Any) -> int:
     for rate in t2w.bigvgan_config.upsample_rates:
         samples *= int(rate)
     return samples
-
-
-def sample_mel(
-    dit: Any,
-    conditioning: torch.Tensor,
-    reference_mel: torch.Tensor,
-    codes: torch.Tensor,
-    noise: torch.Tensor,
-    num_steps: int,
-    guidance_scale: float = 0.5,
-    sway_coefficient: float = -1.0,
-) -> torch.Tensor:
-    """transformers' Qwen2_5OmniToken2WavDiTModel.sample (its defaults too) with the
-    starting noise given rather than drawn: a batch of requests each starts from its own
-    seed's noise, where sample() draws one tensor for the whole batch."""
-    from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import RungeKutta4ODESolver
-
-    frames = codes.shape[1] * dit.repeats
-    if frames > dit.config.max_position_embeddings:
-        raise ValueError(
-            f"mel length {frames} exceeds the DiT's {dit.config.max_position_embeddings}"
-        )
-    speaker = conditioning.unsqueeze(1).repeat(1, frames, 1)
-
-    def velocity(time_step: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
-        out = dit(
-            hidden_states=hidden_states,
-            quantized_code=codes,
-            speaker_embedding=speaker,
-            condition_vector=reference_mel,
-            time_step=time_step,
-            apply_cfg=True,
-        )
-        guided, null = torch.chunk(out, 2, dim=0)
-        return guided + (guided - null) * guidance_scale
-
-    times = torch.linspace(0, 1, num_steps, device=codes.device, dtype=speaker.dtype)
-    times += sway_coefficient * (torch.cos(torch.pi / 2 * times) - 1 + times)
-    trajectory = RungeKutta4ODESolver(function=velocity, initial_value=noise).integrate(times)
-    mel: torch.Tensor = trajectory[-1].permute(0, 2, 1)
-    return mel
 
 
 # ---- talker ---------------------------------------------------------------------------
@@ -217,9 +177,12 @@ class Code2WavStage(ChunkedCode2WavStage):
     ) -> list[np.ndarray]:
         """Several requests' chunks through one DiT sampling and one vocoder pass: each
         keeps its own voice and starting noise, so its audio is what it gets alone."""
-        if len(decodes) == 1:
-            return super().decode_many(sessions, decodes)
         own = [s for s in sessions if isinstance(s, Code2WavSession)]
+        assert len(own) == len(sessions), "sessions of another stage"
+        if len(decodes) == 1 or len({s.reference_mel.shape for s in own}) > 1:
+            # Alone, or voices whose reference mels differ in length (no shipped pair
+            # does): transformers' own path, one at a time.
+            return super().decode_many(sessions, decodes)
         codes = torch.stack([d.codes for d in decodes])
         mel = sample_mel(
             self.token2wav.code2wav_dit_model,

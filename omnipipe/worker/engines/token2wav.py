@@ -1,0 +1,58 @@
+"""The one place omnipipe re-implements part of transformers' Qwen2.5-Omni token2wav:
+Qwen2_5OmniToken2WavDiTModel.sample, with the starting noise given rather than drawn.
+
+sample() draws one noise tensor for its whole batch, so a batch of requests could not
+each start from its own seed's noise, and a request's audio would depend on its
+batch-mates. This copy takes the noise; everything else is sample() as it was read from
+PINNED_TRANSFORMERS (its defaults too: guidance 0.5, sway -1, classifier-free guidance
+always on). tests/unit/test_omni_stages.py checks batched audio against transformers' own
+sample() for each request alone and fails the day sample() changes.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+PINNED_TRANSFORMERS = "5.19.0"
+GUIDANCE_SCALE = 0.5
+SWAY_COEFFICIENT = -1.0
+
+
+def sample_mel(
+    dit: Any,
+    conditioning: torch.Tensor,
+    reference_mel: torch.Tensor,
+    codes: torch.Tensor,
+    noise: torch.Tensor,
+    num_steps: int,
+) -> torch.Tensor:
+    """Mel spectrograms (batch x mel bins x frames) for a batch of code rows, each row's
+    ODE starting from its own row of `noise` (batch x frames x mel bins)."""
+    from transformers.models.qwen2_5_omni.modeling_qwen2_5_omni import RungeKutta4ODESolver
+
+    frames = codes.shape[1] * dit.repeats
+    if frames > dit.config.max_position_embeddings:
+        raise ValueError(
+            f"mel length {frames} exceeds the DiT's {dit.config.max_position_embeddings}"
+        )
+    speaker = conditioning.unsqueeze(1).repeat(1, frames, 1)
+
+    def velocity(time_step: torch.Tensor, hidden_states: torch.Tensor) -> torch.Tensor:
+        out = dit(
+            hidden_states=hidden_states,
+            quantized_code=codes,
+            speaker_embedding=speaker,
+            condition_vector=reference_mel,
+            time_step=time_step,
+            apply_cfg=True,
+        )
+        guided, null = torch.chunk(out, 2, dim=0)
+        return guided + (guided - null) * GUIDANCE_SCALE
+
+    times = torch.linspace(0, 1, num_steps, device=codes.device, dtype=speaker.dtype)
+    times += SWAY_COEFFICIENT * (torch.cos(torch.pi / 2 * times) - 1 + times)
+    trajectory = RungeKutta4ODESolver(function=velocity, initial_value=noise).integrate(times)
+    mel: torch.Tensor = trajectory[-1].permute(0, 2, 1)
+    return mel
