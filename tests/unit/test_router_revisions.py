@@ -104,46 +104,65 @@ def test_a_request_moves_to_the_new_revision_when_the_old_one_loses_a_stage() ->
     # The switch of a rollout on a real node: the old revision's decode pod went while
     # the router still pinned new requests to the old revision, and they waited for it
     # (60 s) instead of taking the new revision, whole by then.
-    ready = {
-        f"http://{s}-{name}": rev for s in STAGES for name, rev in (("old", "old"), ("new", NEW))
-    }
-    ready.pop("http://decode-old")
+    assert rollout_choice(decode_new_ready_after=0, wake_wait=5, limit=2) == dict.fromkeys(
+        STAGES, NEW
+    )
+
+
+def test_a_request_waiting_on_a_lost_stage_moves_once_the_new_revision_is_whole() -> None:
+    # The same switch, one moment earlier (CI, the real node): when the old revision's
+    # denoise went, the new revision was not whole yet either, so the request waited for
+    # the old revision's replica, which never came back, until its 60 s were up. It must
+    # take the new revision as soon as that one is whole.
+    assert rollout_choice(decode_new_ready_after=0.8, wake_wait=10, limit=4) == dict.fromkeys(
+        STAGES, NEW
+    )
+
+
+def rollout_choice(decode_new_ready_after: float, wake_wait: float, limit: float) -> dict[str, str]:
+    """The revision of each stage a request is given in the middle of a rollout. What the
+    router last saw: the new decode still starting (so old was the revision requests
+    started on), the old decode just marked down, and the new encode and denoise busier,
+    so the first pick pins the old revision. The old decode is gone for good; the new one
+    reports ready `decode_new_ready_after` seconds after the request comes."""
+    started = [time.monotonic()]
 
     def worker(request: httpx.Request) -> httpx.Response:
         url = f"http://{request.url.host}"
-        if url not in ready:
+        stage, name = request.url.host.split("-")
+        if url == "http://decode-old":
             raise httpx.ConnectError("refused", request=request)
-        stage = request.url.host.split("-")[0]
+        late = url == "http://decode-new" and (
+            time.monotonic() < started[0] + decode_new_ready_after
+        )
         status = WorkerStatus(
             pipeline="p",
             stage=stage,
-            ready=True,
+            ready=not late,
             draining=False,
             running=0,
             waiting=0,
             transfer_address=f"tcp://{url}",
-            revision=ready[url],
+            revision=NEW if name == "new" else "old",
         )
         return httpx.Response(200, content=status.model_dump_json())
 
     both = {s: [(f"http://{s}-old", "old"), (f"http://{s}-new", NEW)] for s in STAGES}
     orch = _orchestrator(
-        both, wake_wait=5, client=httpx.AsyncClient(transport=httpx.MockTransport(worker))
+        both, wake_wait=wake_wait, client=httpx.AsyncClient(transport=httpx.MockTransport(worker))
     )
     pool = orch.pool
-    # What the router last saw: the new decode still starting (so old was the revision
-    # requests started on), and the old decode just marked down.
     pool._replicas["decode"]["http://decode-new"].ready = False
     pool.mark_down(pool._replicas["decode"]["http://decode-old"])
-    # The new encode and denoise busier, so the first pick pins the old revision.
     for stage in ("encode", "denoise"):
         pool._replicas[stage][f"http://{stage}-new"].reported_load = 1
 
     async def choose() -> dict[str, str]:
-        chosen = await asyncio.wait_for(orch._choose(list(STAGES)), 2)
+        started[0] = time.monotonic()
+        chosen = await asyncio.wait_for(orch._choose(list(STAGES)), limit)
         return {stage: r.revision for stage, r in chosen.items()}
 
-    assert asyncio.run(choose()) == dict.fromkeys(STAGES, NEW)
+    return asyncio.run(choose())
 
 
 def test_the_served_model_follows_the_revision_new_requests_start_on(tmp_path: Path) -> None:
@@ -188,47 +207,3 @@ def test_the_served_model_follows_the_revision_new_requests_start_on(tmp_path: P
     asyncio.run(pool._discover())
     assert pool.generation == 1
     assert pool._discovery.preferred_pipeline() == v2
-
-
-def test_a_request_waiting_on_a_lost_stage_moves_once_the_new_revision_is_whole() -> None:
-    # The same switch, one moment earlier (CI, the real node): when the old revision's
-    # denoise went, the new revision was not whole yet either, so the request waited for
-    # the old revision's replica, which never came back, until its 60 s were up. It must
-    # take the new revision as soon as that one is whole.
-    started = [time.monotonic()]
-    ready_after = 0.8
-
-    def worker(request: httpx.Request) -> httpx.Response:
-        url = f"http://{request.url.host}"
-        stage, name = request.url.host.split("-")
-        if url == "http://decode-old":
-            raise httpx.ConnectError("refused", request=request)
-        late = url == "http://decode-new" and time.monotonic() < started[0] + ready_after
-        status = WorkerStatus(
-            pipeline="p",
-            stage=stage,
-            ready=not late,
-            draining=False,
-            running=0,
-            waiting=0,
-            transfer_address=f"tcp://{url}",
-            revision=NEW if name == "new" else "old",
-        )
-        return httpx.Response(200, content=status.model_dump_json())
-
-    both = {s: [(f"http://{s}-old", "old"), (f"http://{s}-new", NEW)] for s in STAGES}
-    orch = _orchestrator(
-        both, wake_wait=10, client=httpx.AsyncClient(transport=httpx.MockTransport(worker))
-    )
-    pool = orch.pool
-    pool._replicas["decode"]["http://decode-new"].ready = False
-    pool.mark_down(pool._replicas["decode"]["http://decode-old"])
-    for stage in ("encode", "denoise"):
-        pool._replicas[stage][f"http://{stage}-new"].reported_load = 1
-
-    async def choose() -> dict[str, str]:
-        started[0] = time.monotonic()
-        chosen = await asyncio.wait_for(orch._choose(list(STAGES)), 4)
-        return {stage: r.revision for stage, r in chosen.items()}
-
-    assert asyncio.run(choose()) == dict.fromkeys(STAGES, NEW)
