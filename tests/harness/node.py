@@ -118,9 +118,32 @@ class RealNode(Cluster):
         from an earlier import are read past, not written again."""
         index = json.loads((layout / "index.json").read_text())
         want = str(index["manifests"][0]["digest"])
-        if want in self.ctr("images", "ls", f"name=={name}", check=False):
+        held = self.ctr("images", "ls", f"name=={name}", check=False)
+        if want in held:
             return False
         started = time.monotonic()
+        # Replacing the image under its name lets containerd's garbage collector take the
+        # old image's snapshots while the new one, which shares its lower layers, is
+        # still unpacking ("parent snapshot ... does not exist"); a second name keeps
+        # the old image referenced until the new one is whole.
+        keep = f"{name}-replaced"
+        if name in held:
+            self.ctr("images", "tag", "--force", name, keep, check=False)
+        try:
+            imported = self._ctr_import(layout, name)
+            if imported.returncode != 0 and "snapshot" in imported.stderr:
+                # A store a killed run left half-written: import afresh once.
+                print(f"[node] {name}: {imported.stderr.strip()}; importing again", file=sys.stderr)
+                self.ctr("images", "rm", name, check=False)
+                imported = self._ctr_import(layout, name)
+        finally:
+            self.ctr("images", "rm", keep, check=False)
+        if imported.returncode != 0 or want not in self.ctr("images", "ls", f"name=={name}"):
+            raise RuntimeError(f"importing {layout} as {name} failed: {imported.stderr}")
+        print(f"[node] imported {name} in {time.monotonic() - started:.0f} s", file=sys.stderr)
+        return True
+
+    def _ctr_import(self, layout: Path, name: str) -> subprocess.CompletedProcess[str]:
         tar = subprocess.Popen(["tar", "-C", str(layout), "-cf", "-", "."], stdout=subprocess.PIPE)
         # Unpacked on import, into the snapshotter the CRI uses: a pod's start does not
         # pay for it.
@@ -147,10 +170,7 @@ class RealNode(Cluster):
         assert tar.stdout is not None
         tar.stdout.close()
         tar.wait()
-        if imported.returncode != 0 or want not in self.ctr("images", "ls", f"name=={name}"):
-            raise RuntimeError(f"importing {layout} as {name} failed: {imported.stderr}")
-        print(f"[node] imported {name} in {time.monotonic() - started:.0f} s", file=sys.stderr)
-        return True
+        return imported
 
 
 def _start(node: RealNode, name: str, argv: list[str]) -> None:
@@ -180,6 +200,13 @@ def _clean_leftovers(socket: Path) -> None:
         _kill_cgroup_tree(top)
     time.sleep(0.3)
     _unmount_under(socket.parent)
+    # A killed run's pod volumes and container root filesystems stay mounted under its own
+    # work dir, a sibling of this one: pytest cannot remove that dir, and its disk stays
+    # taken, until they are unmounted.
+    for earlier in socket.parent.parent.parent.glob("*/node*"):
+        if earlier != socket.parent:
+            _unmount_under(earlier / "kubelet")
+            _unmount_under(earlier / "containerd-state")
     _run("ip", "link", "delete", HOST_VETH, check=False)
     _run("ip", "netns", "delete", NETNS, check=False)
 
