@@ -33,13 +33,14 @@ from _common import median, record, table
 from PIL import Image
 
 from omnipipe.api.spec import Engine, Role
+from omnipipe.families.bagel import think as bagel_think
+from omnipipe.families.bagel.image import BagelGenerateStage
+from omnipipe.families.bagel.kv_blocks import BLOCK_TOKENS, LAYOUT
+from omnipipe.families.bagel.reference import prefill_text
+from omnipipe.families.bagel.think import BagelThinkStage
 from omnipipe.transfer import BlockTable, Mailbox, Message, make_receiver, make_sender
-from omnipipe.worker.bagel.kv_blocks import BLOCK_TOKENS, LAYOUT
-from omnipipe.worker.bagel.reference import prefill_text
 from omnipipe.worker.models.tiny import resolve_model_path
-from omnipipe.worker.stages import bagel_think, stage_class
-from omnipipe.worker.stages.bagel_image import BagelGenerateStage
-from omnipipe.worker.stages.bagel_think import BagelThinkStage
+from omnipipe.worker.stages import stage_class
 from omnipipe.worker.stages.base import StageJob
 from tests.unit.test_omni_stages import spec
 
@@ -222,8 +223,8 @@ def main() -> None:
 
 
 def _contexts(params: dict[str, Any]) -> list[Any]:
-    from omnipipe.worker.bagel.context import image_contexts
-    from omnipipe.worker.stages.bagel_think import conversation
+    from omnipipe.families.bagel.context import image_contexts
+    from omnipipe.families.bagel.think import conversation
 
     turns, images = conversation(params)
     text_cfg = float(params.get("cfg_text_scale", 4.0)) > 1

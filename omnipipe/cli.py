@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from omnipipe.api import ManifestError, OmniPipeline, load_file
+from omnipipe.api.families import FamilyError
 from omnipipe.api.yamlio import dump, dump_all
 
 MAX_PORT = 65535
@@ -53,6 +54,25 @@ def _cmd_crd(args: argparse.Namespace) -> int:
     from omnipipe.api.crd import render_crd_yaml
 
     sys.stdout.write(render_crd_yaml())
+    return 0
+
+
+def _cmd_families(args: argparse.Namespace) -> int:
+    """The installed families (entry point group omnipipe.families), a block each."""
+    from omnipipe.api.families import installed_families
+
+    for family in installed_families().values():
+        print(f"{family.name}  (from {family.package or 'an unnamed package'})")
+        print(f"  {family.description}")
+        for p in family.pipelines:
+            graph = " -> ".join(f"{s.name} ({s.role.value} on {s.engine.value})" for s in p.stages)
+            print(f"  pipeline {p.name}: {graph}")
+            if p.checkpoints:
+                print(f"    checkpoints: {', '.join(p.checkpoints)}")
+            if p.example_models:
+                print(f"    e.g. {', '.join(p.example_models)}")
+        if family.tiny_models:
+            print(f"  tiny models: {', '.join(f'tiny://{n}' for n in family.tiny_models)}")
     return 0
 
 
@@ -218,6 +238,12 @@ def build_parser() -> argparse.ArgumentParser:
     crd = sub.add_parser("crd", help="print the OmniPipeline CustomResourceDefinition")
     crd.set_defaults(run=_cmd_crd)
 
+    families = sub.add_parser(
+        "families",
+        help="list the installed model families and the pipeline types each registers",
+    )
+    families.set_defaults(run=_cmd_families)
+
     render = sub.add_parser(
         "render",
         help="print the manifests the operator would apply for FILE (no cluster), or the "
@@ -302,7 +328,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         code: int = args.run(args)
-    except ManifestError as exc:
+    except (ManifestError, FamilyError) as exc:
         print(f"omnipipe: {exc}", file=sys.stderr)
         return 2
     return code

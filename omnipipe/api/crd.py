@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from omnipipe.api import constants as c
-from omnipipe.api.pipelines import CUSTOM, PIPELINE_TYPE_NAMES, PIPELINE_TYPES
+from omnipipe.api.families import CUSTOM, pipeline_type_names, pipeline_types
 from omnipipe.api.resource import MAX_PIPELINE_NAME
 from omnipipe.api.spec import OmniPipelineSpec
 from omnipipe.api.status import OmniPipelineStatus
@@ -68,10 +68,10 @@ def _per_pipeline(
     """A stage-graph rule specialised for each pipeline type's default stage names, one
     CEL rule per type (and one for types with no defaults): the API server prices each
     rule against a budget, and one rule over every type outgrows it as types are added."""
-    known = _cel_str_list(list(PIPELINE_TYPES))
+    known = _cel_str_list(list(pipeline_types()))
     conditions = [
         (f"self.pipeline != {json.dumps(name)}", p.stage_names)
-        for name, p in PIPELINE_TYPES.items()
+        for name, p in pipeline_types().items()
     ]
     conditions.append((f"self.pipeline in {known}", ()))
     return [
@@ -238,7 +238,7 @@ def _require_descriptions(schema: Schema, root: str) -> None:
 def _spec_schema() -> Schema:
     spec = _model_schema(OmniPipelineSpec)
     props = spec["properties"]
-    props["pipeline"]["enum"] = list(PIPELINE_TYPE_NAMES)
+    props["pipeline"]["enum"] = list(pipeline_type_names())
     props["pipeline"].pop("pattern", None)
     stages = props["stages"]
     stages["x-kubernetes-list-type"] = "map"

@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from omnipipe.api import constants as c
-from omnipipe.api.pipelines import PIPELINE_TYPES, pipeline_for_checkpoint
+from omnipipe.api.families import pipeline_types
+from omnipipe.api.pipelines import pipeline_for_checkpoint
 from omnipipe.api.resolve import TINY_SCHEME
 from omnipipe.api.resource import MAX_PIPELINE_NAME, ManifestError, OmniPipeline, parse_resource
 
@@ -124,7 +125,7 @@ def pipeline_name_for(model: str) -> str:
 def known_checkpoints() -> str:
     return "; ".join(
         f"{p.name} ({', '.join(p.checkpoints)}; e.g. {', '.join(p.example_models)})"
-        for p in PIPELINE_TYPES.values()
+        for p in pipeline_types().values()
         if p.checkpoints
     )
 

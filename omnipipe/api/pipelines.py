@@ -1,137 +1,33 @@
-"""Registered stage-graph types (from vLLM-Omni) and the rules a stage graph obeys."""
+"""The rules a stage graph obeys, over the pipeline types the installed families register
+(omnipipe.api.families)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from omnipipe.api.spec import Engine, Role
+from omnipipe.api.families import (
+    CUSTOM,
+    PipelineType,
+    StageDefaults,
+    family_for_checkpoint,
+    installed_summary,
+    pipeline_type_names,
+    pipeline_types,
+)
 
 if TYPE_CHECKING:
     from omnipipe.api.spec import OmniPipelineSpec
 
-CUSTOM = "custom"
-
-
-@dataclass(frozen=True)
-class StageDefaults:
-    """A stage as a pipeline type defines it before any user override."""
-
-    name: str
-    role: Role
-    engine: Engine
-    inputs: tuple[str, ...] = ()
-    # GPUs per replica for a real model; tiny:// models always run on the CPU.
-    gpus: int = 1
-    engine_args: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class PipelineType:
-    name: str
-    description: str
-    stages: tuple[StageDefaults, ...]
-    # Model ids this type serves, for error messages and docs.
-    example_models: tuple[str, ...] = ()
-    # What a checkpoint of this type says it is: its model_index.json `_class_name`
-    # (diffusers) or its config.json `model_type` (transformers).
-    checkpoints: tuple[str, ...] = ()
-
-    @property
-    def stage_names(self) -> tuple[str, ...]:
-        return tuple(s.name for s in self.stages)
-
-
-def _omni(name: str, description: str, models: tuple[str, ...], checkpoint: str) -> PipelineType:
-    return PipelineType(
-        name=name,
-        description=description,
-        example_models=models,
-        checkpoints=(checkpoint,),
-        stages=(
-            StageDefaults("thinker", Role.THINKER, Engine.VLLM),
-            StageDefaults("talker", Role.TALKER, Engine.TRANSFORMERS, inputs=("thinker",)),
-            StageDefaults("code2wav", Role.CODE2WAV, Engine.TRANSFORMERS, inputs=("talker",)),
-        ),
-    )
-
-
-PIPELINE_TYPES: dict[str, PipelineType] = {
-    p.name: p
-    for p in (
-        PipelineType(
-            name="qwen-image",
-            description="Text to image: text encoder (AR) -> DiT denoiser (true CFG) -> VAE.",
-            example_models=("Qwen/Qwen-Image", "tiny://qwen-image"),
-            checkpoints=("QwenImagePipeline",),
-            stages=(
-                StageDefaults("encode", Role.TEXT_ENCODER, Engine.TRANSFORMERS),
-                StageDefaults("denoise", Role.DENOISER, Engine.DIFFUSERS, inputs=("encode",)),
-                StageDefaults("decode", Role.VAE_DECODER, Engine.DIFFUSERS, inputs=("denoise",)),
-            ),
-        ),
-        PipelineType(
-            name="qwen-image-edit",
-            description=(
-                "Image editing: vision-language encoder (input image and edit prompt) and "
-                "VAE encoder (input image) -> DiT denoiser (true CFG) -> VAE."
-            ),
-            example_models=("Qwen/Qwen-Image-Edit", "tiny://qwen-image-edit"),
-            checkpoints=("QwenImageEditPipeline",),
-            stages=(
-                StageDefaults("encode", Role.TEXT_ENCODER, Engine.TRANSFORMERS),
-                StageDefaults("encode-image", Role.VAE_ENCODER, Engine.DIFFUSERS),
-                StageDefaults(
-                    "denoise", Role.DENOISER, Engine.DIFFUSERS, inputs=("encode", "encode-image")
-                ),
-                StageDefaults("decode", Role.VAE_DECODER, Engine.DIFFUSERS, inputs=("denoise",)),
-            ),
-        ),
-        PipelineType(
-            name="bagel",
-            description=(
-                "BAGEL (AR main, DiT generator): think (vLLM; text answers, and the KV "
-                "cache of an image's context and its CFG companions) -> generate (the "
-                "generation expert over those caches, flow matching) -> decode (VAE)."
-            ),
-            example_models=("ByteDance-Seed/BAGEL-7B-MoT", "tiny://bagel"),
-            checkpoints=("bagel",),
-            stages=(
-                StageDefaults("think", Role.THINKER, Engine.VLLM),
-                StageDefaults("generate", Role.DENOISER, Engine.DIFFUSERS, inputs=("think",)),
-                StageDefaults("decode", Role.VAE_DECODER, Engine.DIFFUSERS, inputs=("generate",)),
-            ),
-        ),
-        _omni(
-            "qwen2.5-omni",
-            "Any to text and speech: thinker -> talker -> code2wav, streaming.",
-            ("Qwen/Qwen2.5-Omni-7B", "tiny://qwen2.5-omni"),
-            "qwen2_5_omni",
-        ),
-        _omni(
-            "qwen3-omni",
-            "Qwen3-Omni-MoE: thinker -> talker -> code2wav, streaming.",
-            ("Qwen/Qwen3-Omni-30B-A3B-Instruct", "tiny://qwen3-omni"),
-            "qwen3_omni_moe",
-        ),
-    )
-}
-
-PIPELINE_TYPE_NAMES: tuple[str, ...] = (*PIPELINE_TYPES, CUSTOM)
-
 
 def pipeline_for_checkpoint(kinds: Sequence[str]) -> str | None:
     """The pipeline type whose checkpoints say they are one of `kinds`."""
-    for kind in kinds:
-        for p in PIPELINE_TYPES.values():
-            if kind in p.checkpoints:
-                return p.name
-    return None
+    found = family_for_checkpoint(kinds)
+    return found[1].name if found else None
 
 
 def default_stage_names(pipeline: str) -> tuple[str, ...]:
-    known = PIPELINE_TYPES.get(pipeline)
+    known = pipeline_types().get(pipeline)
     return known.stage_names if known else ()
 
 
@@ -146,10 +42,10 @@ def check_stage_graph(spec: OmniPipelineSpec) -> None:
 
     The same rules are CEL rules of the CRD (see ``omnipipe.api.crd``).
     """
-    if spec.pipeline not in PIPELINE_TYPE_NAMES:
+    if spec.pipeline not in pipeline_type_names():
         raise ValueError(
-            f"spec.pipeline: unknown pipeline type {spec.pipeline!r}; "
-            f"supported: {', '.join(PIPELINE_TYPE_NAMES)}"
+            f"spec.pipeline: unknown pipeline type {spec.pipeline!r}; installed families: "
+            f"{installed_summary()}; or {CUSTOM}"
         )
     names = [s.name for s in spec.stages]
     duplicates = sorted({n for n in names if names.count(n) > 1})
@@ -177,3 +73,14 @@ def check_stage_graph(spec: OmniPipelineSpec) -> None:
                     f"spec.stages[{stage.name}].inputs: {upstream!r} must be an earlier stage "
                     "(the stage graph may not have cycles)"
                 )
+
+
+__all__ = [
+    "CUSTOM",
+    "PipelineType",
+    "StageDefaults",
+    "check_stage_graph",
+    "default_stage_names",
+    "pipeline_for_checkpoint",
+    "stage_order",
+]

@@ -11,7 +11,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, FieldSerializationInfo, field_serializer
 
 from omnipipe.api.constants import DEFAULT_DENOISER_BATCH_WAIT_MS, DEFAULT_MAX_BATCH
-from omnipipe.api.pipelines import PIPELINE_TYPES, StageDefaults, stage_order
+from omnipipe.api.families import StageDefaults, pipeline_types
+from omnipipe.api.pipelines import stage_order
 from omnipipe.api.resource import OmniPipeline
 from omnipipe.api.spec import (
     Autoscaling,
@@ -172,7 +173,7 @@ def _resolve_stage(model: str, default: StageDefaults | None, user: Stage) -> Re
 def resolve(resource: OmniPipeline) -> ResolvedPipeline:
     """The pipeline type's defaults merged with the user's stage entries."""
     spec = resource.spec
-    known = PIPELINE_TYPES.get(spec.pipeline)
+    known = pipeline_types().get(spec.pipeline)
     defaults = {s.name: s for s in known.stages} if known else {}
     users = {s.name: s for s in spec.stages}
     stages = tuple(

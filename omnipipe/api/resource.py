@@ -9,14 +9,12 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from omnipipe.api import constants as c
-from omnipipe.api.pipelines import PIPELINE_TYPES
+from omnipipe.api.families import MAX_STAGE_NAME
 from omnipipe.api.spec import OmniPipelineSpec
 
-# The longest default stage name decides how long a pipeline name may be: every child
-# name <pipeline>-<stage> must stay a 63-character DNS label.
-MAX_PIPELINE_NAME = (
-    c.MAX_OBJECT_NAME - 1 - max(len(s.name) for p in PIPELINE_TYPES.values() for s in p.stages)
-)
+# The longest stage name a family may define decides how long a pipeline name may be:
+# every child name <pipeline>-<stage> must stay a 63-character DNS label.
+MAX_PIPELINE_NAME = c.MAX_OBJECT_NAME - 1 - MAX_STAGE_NAME
 
 
 class ObjectMeta(BaseModel):

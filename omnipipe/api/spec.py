@@ -13,27 +13,15 @@ from typing import Annotated, Any
 from pydantic import Field, model_validator
 
 from omnipipe.api import constants as c
+
+# Re-exported: the resource's stages are written in these words.
+from omnipipe.api.roles import Engine as Engine
+from omnipipe.api.roles import Role as Role
 from omnipipe.api.spec_base import DnsLabel, Quantity, SpecModel
 from omnipipe.api.weights import Weights
 
 ENV_NAME_PATTERN = r"^[-._a-zA-Z][-._a-zA-Z0-9]*$"
 TAINT_EFFECT_PATTERN = r"^(NoSchedule|PreferNoSchedule|NoExecute)$"
-
-
-class Engine(StrEnum):
-    TRANSFORMERS = "transformers"
-    DIFFUSERS = "diffusers"
-    VLLM = "vllm"
-
-
-class Role(StrEnum):
-    TEXT_ENCODER = "text-encoder"
-    DENOISER = "denoiser"
-    VAE_DECODER = "vae-decoder"
-    VAE_ENCODER = "vae-encoder"
-    THINKER = "thinker"
-    TALKER = "talker"
-    CODE2WAV = "code2wav"
 
 
 class Metric(StrEnum):

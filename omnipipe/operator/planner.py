@@ -88,7 +88,7 @@ def _stage_condition(
     return ConditionStatus.TRUE, serving_reason, message
 
 
-def _condition(
+def condition(
     type_: str,
     status: ConditionStatus,
     reason: str,
@@ -268,7 +268,7 @@ def compute_status(
         if at_capacity[0] is not ConditionStatus.TRUE:
             below_capacity.append(f"{stage.name} ({message})")
         conditions.append(
-            _condition(
+            condition(
                 stage_condition_type(stage.name), status, reason, message, before, now, generation
             )
         )
@@ -328,8 +328,8 @@ def compute_status(
     else:
         ready_reason, ready_msg = "RouterNotReady", router_msg
     roll_up = [
-        _condition("Ready", ready, ready_reason, ready_msg, before, now, generation),
-        _condition(
+        condition("Ready", ready, ready_reason, ready_msg, before, now, generation),
+        condition(
             "StagesReady",
             stages_ok,
             "AllStagesReady" if not not_ready else "StageNotReady",
@@ -338,16 +338,14 @@ def compute_status(
             now,
             generation,
         ),
-        _condition("StagesAtCapacity", *capacity, before, now, generation),
-        _condition(
-            "RouterReady", router_status, router_reason, router_msg, before, now, generation
-        ),
+        condition("StagesAtCapacity", *capacity, before, now, generation),
+        condition("RouterReady", router_status, router_reason, router_msg, before, now, generation),
     ]
-    roll_up.append(_condition("Progressing", *_progressing(rollout), before, now, generation))
-    roll_up.append(_condition("Reconciling", *kstatus.reconciling, before, now, generation))
-    roll_up.append(_condition("Stalled", *kstatus.stalled, before, now, generation))
+    roll_up.append(condition("Progressing", *_progressing(rollout), before, now, generation))
+    roll_up.append(condition("Reconciling", *kstatus.reconciling, before, now, generation))
+    roll_up.append(condition("Stalled", *kstatus.stalled, before, now, generation))
     if model_cached is not None:
-        roll_up.append(_condition("ModelCached", *model_cached, before, now, generation))
+        roll_up.append(condition("ModelCached", *model_cached, before, now, generation))
     ready_count = len(pipeline.stages) - len(not_ready)
     # Conditions owned by others (the autoscaler's ScalingActive) pass through.
     mine = set(OWN_CONDITIONS) | {c.type for c in conditions}

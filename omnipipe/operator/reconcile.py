@@ -37,6 +37,7 @@ from omnipipe.operator.planner import (
 )
 from omnipipe.operator.settings import OperatorSettings
 from omnipipe.operator.stall import ObservedPod
+from omnipipe.operator.uninstalled import uninstalled_pipeline_type, uninstalled_status
 from omnipipe.operator.weights_status import ObservedFetch, fetch_stall, model_cached
 
 log = logging.getLogger(__name__)
@@ -81,6 +82,8 @@ async def ensure_credential(kube: Kube, ctx: BuildContext) -> str | None:
 async def reconcile(
     kube: Kube, settings: OperatorSettings, body: Mapping[str, Any], metrics: OperatorMetrics
 ) -> ReconcileResult:
+    if await _stalled_on_pipeline_type(kube, body, body.get("metadata", {}).get("generation")):
+        return ReconcileResult((), (), (), False)
     resource = parse_resource(dict(body))
     meta = resource.metadata
     existing = {child_key(o): o for o in await kube.list_children(meta.namespace, meta.name)}
@@ -272,6 +275,14 @@ async def refresh_status(
     if body is None or body.get("metadata", {}).get("deletionTimestamp"):
         metrics.forget(namespace, name)
         return None
+    if await _stalled_on_pipeline_type(
+        kube,
+        body,
+        generation
+        if generation is not None
+        else (body.get("status") or {}).get("observedGeneration"),
+    ):
+        return None
     resource = parse_resource(body)
     ctx = build_context(resource, settings)
     deployments = {
@@ -310,6 +321,19 @@ async def refresh_status(
         {s.name: s.autoscaling.max_replicas for s in ctx.pipeline.stages if s.autoscaling},
     )
     return status
+
+
+async def _stalled_on_pipeline_type(
+    kube: Kube, body: Mapping[str, Any], generation: int | None
+) -> bool:
+    """Whether the pipeline's type is one no installed family registers; its status
+    then says so (Stalled) and nothing is applied."""
+    pipeline = uninstalled_pipeline_type(body)
+    if pipeline is None:
+        return False
+    status = uninstalled_status(pipeline, generation, _previous_conditions(body), utc_now())
+    await _write_status(kube, body, status)
+    return True
 
 
 async def _write_status(kube: Kube, body: Mapping[str, Any], computed: OmniPipelineStatus) -> None:

@@ -22,24 +22,24 @@ from PIL import Image
 from transformers import AutoImageProcessor
 
 from omnipipe.api.spec import Engine, Role
-from omnipipe.transfer import Mailbox, Message, make_receiver, make_sender
-from omnipipe.worker.bagel.config import BagelConfig
-from omnipipe.worker.bagel.context import NO_IMAGE, Turn, image_contexts
-from omnipipe.worker.bagel.flow import FlowParams
-from omnipipe.worker.bagel.generator import BagelGenerator
-from omnipipe.worker.bagel.kv_blocks import BLOCK_TOKENS, LAYOUT, unpack
-from omnipipe.worker.bagel.mot import ContextKV
-from omnipipe.worker.bagel.reference import (
+from omnipipe.families.bagel.config import BagelConfig
+from omnipipe.families.bagel.context import NO_IMAGE, Turn, image_contexts
+from omnipipe.families.bagel.flow import FlowParams
+from omnipipe.families.bagel.generator import BagelGenerator
+from omnipipe.families.bagel.image import BagelDecodeStage, BagelGenerateStage
+from omnipipe.families.bagel.kv_blocks import BLOCK_TOKENS, LAYOUT, unpack
+from omnipipe.families.bagel.mot import ContextKV
+from omnipipe.families.bagel.reference import (
     generate_image,
     prefill_prompt,
     prefill_text,
     text_to_image,
 )
-from omnipipe.worker.bagel.vision import BagelVision
+from omnipipe.families.bagel.think import BagelThinkStage, conversation
+from omnipipe.families.bagel.vision import BagelVision
+from omnipipe.transfer import Mailbox, Message, make_receiver, make_sender
 from omnipipe.worker.models.tiny import resolve_model_path
 from omnipipe.worker.stages import stage_class
-from omnipipe.worker.stages.bagel_image import BagelDecodeStage, BagelGenerateStage
-from omnipipe.worker.stages.bagel_think import BagelThinkStage, conversation
 from omnipipe.worker.stages.base import StageInputError, StageJob, StreamingStage, Tensors
 from tests.unit.test_omni_stages import spec
 

@@ -14,14 +14,14 @@ from PIL import Image
 
 from omnipipe.api.resolve import ResolvedPipeline
 from omnipipe.api.spec import MediaLimits, Role
-from omnipipe.worker.bagel.config import understanding_image_tokens
+from omnipipe.families.bagel.config import understanding_image_tokens
+from omnipipe.families.bagel.think import conversation
+from omnipipe.families.qwen_omni.thinker import ThinkerStage
 from omnipipe.worker.models.tiny import resolve_model_path
-from omnipipe.worker.stages.bagel_think import conversation
 from omnipipe.worker.stages.base import StageInputError, StageJob
 from omnipipe.worker.stages.chat_media import processor_media, smallest_image_tokens
 from omnipipe.worker.stages.media import charge_media
 from omnipipe.worker.stages.media_limits import ModelMedia, effective_media
-from omnipipe.worker.stages.thinker import ThinkerStage
 from tests.unit.test_media_budget import audio, image, messages, png, wav
 from tests.unit.test_omni_stages import spec
 

@@ -13,6 +13,8 @@ import torch
 
 from omnipipe.api import ResolvedStage
 from omnipipe.api.spec import Engine, Role
+from omnipipe.families.qwen_omni.qwen25 import Code2WavStage, TalkerStage
+from omnipipe.families.qwen_omni.thinker import ThinkerStage
 from omnipipe.worker.models.tiny import resolve_model_path
 from omnipipe.worker.stages.base import (
     Chunk,
@@ -22,8 +24,6 @@ from omnipipe.worker.stages.base import (
     StepResult,
     StreamingStage,
 )
-from omnipipe.worker.stages.qwen_omni import Code2WavStage, TalkerStage
-from omnipipe.worker.stages.thinker import ThinkerStage
 
 pytestmark = pytest.mark.timeout(300)
 HELLO = [{"role": "user", "content": "hello there"}]

@@ -13,13 +13,14 @@ import pytest
 from fastapi.testclient import TestClient
 
 from omnipipe.api import load_file, parse_resource, resolve
-from omnipipe.api.bagel import SCALAR_RANGES
-from omnipipe.router.api.bagel import bagel_image_params
+from omnipipe.api.families import RequestProblem
+from omnipipe.families.bagel.params import flow_params
+from omnipipe.families.bagel.ranges import SCALAR_RANGES
+from omnipipe.families.bagel.requests import bagel_image_params
 from omnipipe.router.api.chat import ChatPlan, ChatRequest
 from omnipipe.router.app import build_app
 from omnipipe.router.errors import BadRequest
 from omnipipe.router.settings import RouterSettings
-from omnipipe.worker.stages.bagel_params import flow_params
 from omnipipe.worker.stages.base import StageInputError
 from tests.unit.test_router_edges import openai_error
 
@@ -65,7 +66,8 @@ AT_THE_BOUNDS = [
 def test_out_of_range_extensions_are_400s_naming_the_field(
     extra: dict[str, Any], param: str
 ) -> None:
-    with pytest.raises(BadRequest) as err:
+    # The family's RequestProblem; the router answers it as a 400 (the endpoint tests below).
+    with pytest.raises(RequestProblem) as err:
         bagel_image_params(extra)
     assert err.value.param == param
     assert err.value.message.startswith(f"{param}: ")

@@ -14,12 +14,12 @@ import numpy as np
 import pytest
 
 from omnipipe.api.spec import MediaLimits, Role
+from omnipipe.families.qwen_omni.thinker import ThinkerStage
 from omnipipe.worker.models.tiny import resolve_model_path
 from omnipipe.worker.stages import video as video_module
 from omnipipe.worker.stages.base import StageInputError, StageJob
 from omnipipe.worker.stages.chat_media import processor_media, smallest_video_patch
 from omnipipe.worker.stages.media_limits import effective_media
-from omnipipe.worker.stages.thinker import ThinkerStage
 from omnipipe.worker.stages.video import VideoLimits, decode_video
 from tests.unit.test_media_budget import audio, wav
 from tests.unit.test_media_limits import processor

@@ -17,18 +17,20 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from omnipipe.api import ResolvedPipeline
+from omnipipe.api.families import RequestExtensions
 from omnipipe.api.spec import Role
 from omnipipe.router.api.audio import pcm_of, wav_bytes
-from omnipipe.router.api.bagel import bagel_chat_image_params, is_bagel
 from omnipipe.router.api.common import (
     after,
     check_model,
+    family_requests,
     first_output,
     json_body,
     parse_body,
     sampling_overrides,
     stage_with_role,
     unless_disconnected,
+    with_family_checks,
 )
 from omnipipe.router.api.images import parse_size
 from omnipipe.router.api.inputs import check_processor_kwargs, check_sampling, check_token_range
@@ -65,7 +67,7 @@ class ChatRequest(BaseModel):
     stream_options: StreamOptions | None = None
     modalities: list[Literal["text", "audio", "image"]] = ["text"]
     """"image" (BAGEL): the answer text, then an image made over the conversation and
-    the answer; see omnipipe/router/api/bagel.py for the image's request extensions."""
+    the answer; see omnipipe/families/bagel/requests.py for the image's request extensions."""
     audio: AudioOptions | None = None
     max_tokens: int | None = Field(default=None, ge=1, le=65536)
     max_completion_tokens: int | None = Field(default=None, ge=1, le=65536)
@@ -94,7 +96,9 @@ class ChatPlan:
         self.thinker = thinker
         self.want_audio = "audio" in body.modalities
         self.want_image = "image" in body.modalities
-        if self.want_image and not is_bagel(pipeline):
+        extensions = family_requests(pipeline)
+        makes_images = extensions is not None and extensions.chat_makes_images
+        if self.want_image and not makes_images:
             raise BadRequest(
                 f"model {body.model!r} ({pipeline.pipeline}) makes no images in chat",
                 param="modalities",
@@ -141,12 +145,20 @@ class ChatPlan:
             or "max_tokens" in overrides.get(thinker, {}),
             "max_completion_tokens" if body.max_completion_tokens else "max_tokens",
         )
-        if is_bagel(pipeline):
-            self._bagel(pipeline, body, seed)
+        if makes_images:
+            assert extensions is not None
+            self._image(pipeline, body, seed, extensions)
 
-    def _bagel(self, pipeline: ResolvedPipeline, body: ChatRequest, seed: int) -> None:
-        """BAGEL's think stage answers when text is asked for; with an image, the
-        decode stage emits it and every stage gets the image's parameters."""
+    def _image(
+        self,
+        pipeline: ResolvedPipeline,
+        body: ChatRequest,
+        seed: int,
+        extensions: RequestExtensions,
+    ) -> None:
+        """For a family that makes images in chat (BAGEL): the thinker answers when text
+        is asked for; with an image, the decode stage emits it and every stage gets the
+        image's parameters."""
         self.params[self.thinker]["text"] = "text" in body.modalities
         self.params[self.thinker]["image"] = self.want_image
         if not self.want_image:
@@ -155,7 +167,12 @@ class ChatPlan:
         if decode is None:
             raise BadRequest(f"model {body.model!r} has no image output stage", param="modalities")
         self.emitters.add(decode)
-        image = {**bagel_chat_image_params(body.model_extra, parse_size), "seed": seed, "n": 1}
+        extra = body.model_extra or {}
+        image = {
+            **with_family_checks(lambda: extensions.chat_image_params(extra, parse_size)),
+            "seed": seed,
+            "n": 1,
+        }
         for params in self.params.values():
             params.update(image)
 

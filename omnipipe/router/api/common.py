@@ -7,13 +7,14 @@ import asyncio
 import json
 import logging
 import re
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from fastapi import Request
 from pydantic import BaseModel, ValidationError
 
 from omnipipe.api import ResolvedPipeline
+from omnipipe.api.families import RequestExtensions, RequestProblem, family_of, load_attribute
 from omnipipe.api.spec import Role, Sampling
 from omnipipe.router.api.inputs import check_sampling, check_token_range
 from omnipipe.router.errors import BadRequest, ModelNotFound
@@ -86,6 +87,23 @@ def check_model(model: str, model_ids: set[str]) -> None:
         raise ModelNotFound(
             f"model {model!r} does not exist", param="model", code="model_not_found"
         )
+
+
+def family_requests(pipeline: ResolvedPipeline) -> RequestExtensions | None:
+    """The request extensions of the family that registered the pipeline's type."""
+    family = family_of(pipeline.pipeline)
+    if family is None or family.requests is None:
+        return None
+    extensions: RequestExtensions = load_attribute(family.requests)
+    return extensions
+
+
+def with_family_checks(call: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """A family extension's parameters, its RequestProblem answered as a 400."""
+    try:
+        return call()
+    except RequestProblem as exc:
+        raise BadRequest(exc.message, param=exc.param) from None
 
 
 def stage_with_role(pipeline: ResolvedPipeline, role: Role) -> str | None:

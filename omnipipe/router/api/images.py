@@ -14,17 +14,17 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from omnipipe.api.bagel import MIN_STEPS as BAGEL_MIN_STEPS
 from omnipipe.api.spec import Role
-from omnipipe.router.api.bagel import bagel_image_params, is_bagel
 from omnipipe.router.api.common import (
     after,
     check_model,
+    family_requests,
     first_output,
     json_body,
     parse_body,
     stage_with_role,
     unless_disconnected,
+    with_family_checks,
 )
 from omnipipe.router.errors import BadRequest, OpenAIError
 from omnipipe.router.orchestrator import Orchestrator, Output, OutputPart
@@ -160,24 +160,9 @@ def images_router(orchestrator: Orchestrator, model_ids: Callable[[], set[str]])
         if edits_images(orchestrator):
             raise BadRequest("this pipeline edits images: send the image to POST /v1/images/edits")
         params = image_params(body)
-        if is_bagel(orchestrator.pipeline):
-            if body.negative_prompt:
-                # BAGEL's text CFG runs against the context without its text.
-                raise BadRequest(
-                    "BAGEL takes no negative_prompt: its text CFG (cfg_text_scale) is "
-                    "against the context without the prompt",
-                    param="negative_prompt",
-                )
-            if body.num_inference_steps < BAGEL_MIN_STEPS:
-                raise BadRequest(
-                    f"num_inference_steps: BAGEL's flow takes at least {BAGEL_MIN_STEPS}",
-                    param="num_inference_steps",
-                )
-            # guidance_scale is the text CFG scale unless cfg_text_scale says otherwise.
-            extra = dict(body.model_extra or {})
-            given_as = {} if "cfg_text_scale" in extra else {"cfg_text_scale": "guidance_scale"}
-            extra.setdefault("cfg_text_scale", body.guidance_scale)
-            params.update(bagel_image_params(extra, given_as))
+        if (extensions := family_requests(orchestrator.pipeline)) is not None:
+            fields = {**body.model_dump(), **(body.model_extra or {})}
+            params.update(with_family_checks(lambda: extensions.image_params(fields)))
         return await respond_with_images(
             request, orchestrator, {stage: params for stage in orchestrator.stages}
         )

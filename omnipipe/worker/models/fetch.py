@@ -14,9 +14,11 @@ import logging
 import os
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 
-from omnipipe.worker.models.tiny import BUILDERS, TINY_SCHEME
+from omnipipe.api.families import installed_families, load_attribute
+from omnipipe.api.resolve import TINY_SCHEME
 
 log = logging.getLogger(__name__)
 COMPLETE = ".omnipipe-complete"
@@ -69,6 +71,22 @@ def _download(model: str, revision: str | None, staging: Path) -> None:
         raise FetchError("Unreachable", f"{model}: the Hugging Face Hub cannot be reached") from exc
 
 
+def tiny_builders() -> dict[str, Callable[[Path], None]]:
+    """tiny://NAME -> the function that writes it, from every installed family."""
+    return {
+        name: _lazy(reference)
+        for family in installed_families().values()
+        for name, reference in family.tiny_models.items()
+    }
+
+
+def _lazy(reference: str) -> Callable[[Path], None]:
+    def build(target: Path) -> None:
+        load_attribute(reference)(target)
+
+    return build
+
+
 def fetch(model: str, target: Path, revision: str | None = None) -> Path:
     """Makes `target` hold `model` (a Hub id or tiny://NAME); a no-op when it already does."""
     target = target.expanduser().absolute()
@@ -91,13 +109,14 @@ def fetch(model: str, target: Path, revision: str | None = None) -> Path:
         staging.mkdir(parents=True, exist_ok=True)
         if model.startswith(TINY_SCHEME):
             name = model.removeprefix(TINY_SCHEME)
-            if name not in BUILDERS:
+            builders = tiny_builders()
+            if name not in builders:
                 raise FetchError(
                     "UnknownModel",
-                    f"unknown tiny model {model!r}; available: {', '.join(BUILDERS)}",
+                    f"unknown tiny model {model!r}; available: {', '.join(builders)}",
                 )
             shutil.rmtree(staging)  # built whole each time: deterministic, and quick
-            BUILDERS[name](staging)
+            builders[name](staging)
         else:
             _download(model, revision, staging)
         (staging / COMPLETE).write_text(json.dumps({"model": model, "revision": revision}))

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import torch
 
-from omnipipe.worker.bagel.config import LlmShape
-from omnipipe.worker.bagel.context import FULL, NO_IMAGE, NO_TEXT
-from omnipipe.worker.bagel.mot import ContextKV
+from omnipipe.families.bagel.config import LlmShape
+from omnipipe.families.bagel.context import FULL, NO_IMAGE, NO_TEXT
+from omnipipe.families.bagel.mot import ContextKV
 
 BLOCK_TOKENS = 16
 CONTEXTS = (FULL, NO_TEXT, NO_IMAGE)

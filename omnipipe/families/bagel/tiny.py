@@ -69,8 +69,8 @@ def build_bagel(target: Path) -> None:
     from safetensors.torch import save_file
     from transformers import SiglipImageProcessor, SiglipVisionConfig, SiglipVisionModel
 
-    from omnipipe.worker.bagel.config import BagelConfig
-    from omnipipe.worker.bagel.generator import WEIGHTS_FILE, BagelGenerator
+    from omnipipe.families.bagel.config import BagelConfig
+    from omnipipe.families.bagel.generator import WEIGHTS_FILE, BagelGenerator
 
     target.mkdir(parents=True, exist_ok=True)
     raw = bagel_config()

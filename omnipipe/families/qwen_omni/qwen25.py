@@ -14,8 +14,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from omnipipe.worker.engines.omni import load_qwen25_omni
-from omnipipe.worker.engines.token2wav import sample_mel
+from omnipipe.families.qwen_omni.engine import load_qwen25_omni
+from omnipipe.families.qwen_omni.thinker import layout_kwargs, pick_voice
+from omnipipe.families.qwen_omni.token2wav import sample_mel
 from omnipipe.worker.stages.base import (
     Session,
     StageJob,
@@ -29,7 +30,6 @@ from omnipipe.worker.stages.codec import (
     Decode,
 )
 from omnipipe.worker.stages.sampling import Sampling, next_token
-from omnipipe.worker.stages.thinker import layout_kwargs, pick_voice
 
 # transformers' defaults (Qwen2_5OmniForConditionalGeneration.generate).
 TALKER_SAMPLING = Sampling(

@@ -13,19 +13,19 @@
 - timestep_shift (default 3.0, 1 to 10): moves the flow's timesteps toward the noise end.
 - In chat only: size ("WIDTHxHEIGHT"), num_inference_steps (2 to 200), for the image.
 
-omnipipe/api/bagel.py says why each range is what it is; a value outside one is a 400
+omnipipe/families/bagel/ranges.py says why each range is what it is; a value outside one is a 400
 naming the field.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from omnipipe.api import ResolvedPipeline
-from omnipipe.api.bagel import (
+from omnipipe.api.families import RequestProblem
+from omnipipe.families.bagel.ranges import (
     DEFAULT_CFG_INTERVAL,
     MAX_STEPS,
     MIN_STEPS,
@@ -33,9 +33,6 @@ from omnipipe.api.bagel import (
     interval_problem,
     scalar_problem,
 )
-from omnipipe.router.errors import BadRequest
-
-PIPELINE = "bagel"
 
 
 class BagelChatImageOptions(BaseModel):
@@ -45,12 +42,8 @@ class BagelChatImageOptions(BaseModel):
     num_inference_steps: int = Field(default=50, ge=MIN_STEPS, le=MAX_STEPS)
 
 
-def is_bagel(pipeline: ResolvedPipeline) -> bool:
-    return pipeline.pipeline == PIPELINE
-
-
 def bagel_image_params(
-    extra: dict[str, Any] | None, given_as: Mapping[str, str] | None = None
+    extra: Mapping[str, Any] | None, given_as: Mapping[str, str] | None = None
 ) -> dict[str, Any]:
     """The CFG and flow extensions of an image request, checked. given_as names the
     request field a value came from when it is not the extension's own (guidance_scale
@@ -62,23 +55,25 @@ def bagel_image_params(
         if (problem := scalar_problem(key, value)) is not None:
             param = (given_as or {}).get(key, key)
             message = problem if param == key else f"{param} (BAGEL's {problem})"
-            raise BadRequest(message, param=param)
+            raise RequestProblem(message, param=param)
         params[key] = float(value)
     interval = extra.get("cfg_interval", list(DEFAULT_CFG_INTERVAL))
     if (problem := interval_problem(interval)) is not None:
-        raise BadRequest(problem, param="cfg_interval")
+        raise RequestProblem(problem, param="cfg_interval")
     params["cfg_interval"] = [float(interval[0]), float(interval[1])]
     return params
 
 
-def bagel_chat_image_params(extra: dict[str, Any] | None, parse_size: Any) -> dict[str, Any]:
+def bagel_chat_image_params(
+    extra: Mapping[str, Any] | None, parse_size: Callable[[str], tuple[int, int]]
+) -> dict[str, Any]:
     """A chat request's image: its size and steps beside the CFG extensions."""
     try:
         options = BagelChatImageOptions.model_validate(extra or {})
     except ValidationError as exc:
         error = exc.errors(include_input=False)[0]
         where = ".".join(str(p) for p in error["loc"])
-        raise BadRequest(f"{where}: {error['msg']}", param=where) from None
+        raise RequestProblem(f"{where}: {error['msg']}", param=where) from None
     width, height = parse_size(options.size)
     return {
         **bagel_image_params(extra),
@@ -86,3 +81,36 @@ def bagel_chat_image_params(extra: dict[str, Any] | None, parse_size: Any) -> di
         "height": height,
         "num_inference_steps": options.num_inference_steps,
     }
+
+
+class BagelRequests:
+    """BAGEL's request extensions (omnipipe.api.families.RequestExtensions)."""
+
+    chat_makes_images = True
+
+    def image_params(self, request: Mapping[str, Any]) -> dict[str, Any]:
+        if request.get("negative_prompt"):
+            # BAGEL's text CFG runs against the context without its text.
+            raise RequestProblem(
+                "BAGEL takes no negative_prompt: its text CFG (cfg_text_scale) is "
+                "against the context without the prompt",
+                param="negative_prompt",
+            )
+        if request["num_inference_steps"] < MIN_STEPS:
+            raise RequestProblem(
+                f"num_inference_steps: BAGEL's flow takes at least {MIN_STEPS}",
+                param="num_inference_steps",
+            )
+        # guidance_scale is the text CFG scale unless cfg_text_scale says otherwise.
+        extra = dict(request)
+        given_as = {} if "cfg_text_scale" in extra else {"cfg_text_scale": "guidance_scale"}
+        extra.setdefault("cfg_text_scale", request["guidance_scale"])
+        return bagel_image_params(extra, given_as)
+
+    def chat_image_params(
+        self, request: Mapping[str, Any], parse_size: Callable[[str], tuple[int, int]]
+    ) -> dict[str, Any]:
+        return bagel_chat_image_params(request, parse_size)
+
+
+EXTENSIONS = BagelRequests()

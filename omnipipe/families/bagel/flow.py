@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
-from omnipipe.worker.bagel.generator import BagelGenerator
-from omnipipe.worker.bagel.mot import ContextKV
+from omnipipe.families.bagel.generator import BagelGenerator
+from omnipipe.families.bagel.mot import ContextKV
 
 
 @dataclass(frozen=True)

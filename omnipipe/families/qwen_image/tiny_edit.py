@@ -24,7 +24,7 @@ def build_qwen_image_edit(target: Path) -> None:
         Qwen2VLVideoProcessor,
     )
 
-    from omnipipe.worker.models.tiny import (
+    from omnipipe.families.qwen_image.tiny import (
         tiny_qwen_image_text_encoder,
         tiny_qwen_image_transformer,
         tiny_qwen_image_vae,

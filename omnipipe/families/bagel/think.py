@@ -18,8 +18,8 @@ from typing import Any
 
 import torch
 
-from omnipipe.worker.bagel.config import understanding_image_tokens
-from omnipipe.worker.bagel.context import (
+from omnipipe.families.bagel.config import understanding_image_tokens
+from omnipipe.families.bagel.context import (
     FULL,
     Prompt,
     Turn,
@@ -27,11 +27,11 @@ from omnipipe.worker.bagel.context import (
     image_contexts,
     token_id,
 )
-from omnipipe.worker.bagel.kv_blocks import LAYOUT, kv_dtype, pack
-from omnipipe.worker.bagel.mot import ContextKV
+from omnipipe.families.bagel.kv_blocks import LAYOUT, kv_dtype, pack
+from omnipipe.families.bagel.mot import ContextKV
+from omnipipe.families.bagel.params import cfg_scale
 from omnipipe.worker.engines.vllm import VllmEngine
 from omnipipe.worker.engines.vllm_kv import EXPORT_PREFIX, kv_transfer_config, take_exported
-from omnipipe.worker.stages.bagel_params import cfg_scale
 from omnipipe.worker.stages.base import (
     Chunk,
     Session,
@@ -43,9 +43,8 @@ from omnipipe.worker.stages.base import (
 )
 from omnipipe.worker.stages.media import charge_media, decode_image
 from omnipipe.worker.stages.media_limits import EffectiveMedia, ModelMedia, effective_media
+from omnipipe.worker.stages.replies import THINKER_SAMPLING, ReplyText, sampling_params
 from omnipipe.worker.stages.sampling import Sampling
-from omnipipe.worker.stages.thinker import THINKER_SAMPLING, ReplyText
-from omnipipe.worker.stages.vllm_thinker import sampling_params
 
 MAX_IMAGES = 4
 MEDIA_KINDS = ("image",)  # an audio part gets its own refusal below

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from omnipipe.worker.bagel.context import (
+from omnipipe.families.bagel.context import (
     FULL,
     NO_IMAGE,
     NO_TEXT,
@@ -18,10 +18,10 @@ from omnipipe.worker.bagel.context import (
     image_markers,
     token_id,
 )
-from omnipipe.worker.bagel.flow import Conditions, FlowParams, denoise
-from omnipipe.worker.bagel.generator import BagelGenerator
-from omnipipe.worker.bagel.mot import ContextKV
-from omnipipe.worker.bagel.vae import decode_latents, load_vae, to_png, unpatchify
+from omnipipe.families.bagel.flow import Conditions, FlowParams, denoise
+from omnipipe.families.bagel.generator import BagelGenerator
+from omnipipe.families.bagel.mot import ContextKV
+from omnipipe.families.bagel.vae import decode_latents, load_vae, to_png, unpatchify
 
 
 def prefill_text(generator: BagelGenerator, tokenizer: Any, text: str) -> ContextKV:
@@ -57,8 +57,8 @@ def generate_image(
     """An image over a conversation (text and input images), in one process."""
     from transformers import AutoImageProcessor, AutoTokenizer
 
-    from omnipipe.worker.bagel.config import BagelConfig
-    from omnipipe.worker.bagel.vision import BagelVision
+    from omnipipe.families.bagel.config import BagelConfig
+    from omnipipe.families.bagel.vision import BagelVision
 
     generator = BagelGenerator.from_pretrained(model_path)
     vision = BagelVision.from_pretrained(model_path)

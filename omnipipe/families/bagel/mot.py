@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from omnipipe.worker.bagel.config import LlmShape
+from omnipipe.families.bagel.config import LlmShape
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from omnipipe.worker.engines.omni import load_qwen3_omni
+from omnipipe.families.qwen_omni.engine import load_qwen3_omni
+from omnipipe.families.qwen_omni.thinker import (
+    HiddenStates,
+    ThinkerStage,
+    layout_kwargs,
+    media_layout,
+    pick_voice,
+)
 from omnipipe.worker.stages.base import (
     Session,
     StageInputError,
@@ -36,13 +43,6 @@ from omnipipe.worker.stages.codec import (
     Decode,
 )
 from omnipipe.worker.stages.sampling import Sampling, next_token
-from omnipipe.worker.stages.thinker import (
-    HiddenStates,
-    ThinkerStage,
-    layout_kwargs,
-    media_layout,
-    pick_voice,
-)
 
 # transformers' defaults (Qwen3OmniMoeForConditionalGeneration.generate).
 TALKER_SAMPLING = Sampling(

@@ -15,8 +15,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from omnipipe.worker.bagel.config import BagelConfig
-from omnipipe.worker.bagel.mot import ContextKV, LanguageModel
+from omnipipe.families.bagel.config import BagelConfig
+from omnipipe.families.bagel.mot import ContextKV, LanguageModel
 
 TIMESTEP_FREQUENCIES = 256
 # Checkpoint weights the generator does not hold: vLLM's understanding side (ViT,

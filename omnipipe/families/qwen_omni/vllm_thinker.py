@@ -19,7 +19,13 @@ from typing import Any
 
 import torch
 
-from omnipipe.worker.engines.omni import QWEN25_OMNI, omni_model_type
+from omnipipe.families.qwen_omni.engine import QWEN25_OMNI, omni_model_type
+from omnipipe.families.qwen_omni.qwen3 import Qwen3ThinkerStage
+from omnipipe.families.qwen_omni.thinker import (
+    LAYOUT_INPUTS,
+    ThinkerStage,
+    pick_voice,
+)
 from omnipipe.worker.engines.vllm import VllmEngine
 from omnipipe.worker.engines.vllm_tap import FINAL
 from omnipipe.worker.stages.base import (
@@ -31,15 +37,8 @@ from omnipipe.worker.stages.base import (
     refusal_message,
 )
 from omnipipe.worker.stages.chat_media import processor_warnings_silenced
-from omnipipe.worker.stages.qwen3_omni import Qwen3ThinkerStage
+from omnipipe.worker.stages.replies import THINKER_SAMPLING, ReplyText, sampling_params
 from omnipipe.worker.stages.sampling import Sampling
-from omnipipe.worker.stages.thinker import (
-    LAYOUT_INPUTS,
-    THINKER_SAMPLING,
-    ReplyText,
-    ThinkerStage,
-    pick_voice,
-)
 
 
 class VllmThinkerMixin(ThinkerStage):
@@ -129,27 +128,6 @@ def vllm_thinker_class(model_path: str) -> type[VllmThinkerMixin]:
     if omni_model_type(model_path) == QWEN25_OMNI:
         return VllmThinkerStage
     return VllmQwen3ThinkerStage
-
-
-def sampling_params(sampling: Sampling, eos: frozenset[int], max_tokens: int) -> Any:
-    from vllm import SamplingParams
-    from vllm.sampling_params import RequestOutputKind
-
-    try:
-        return SamplingParams(
-            temperature=sampling.temperature,
-            top_p=sampling.top_p,
-            top_k=sampling.top_k,
-            max_tokens=max_tokens,
-            min_tokens=min(sampling.min_tokens, max_tokens),
-            repetition_penalty=sampling.repetition_penalty,
-            seed=sampling.seed,
-            stop_token_ids=sorted(eos),
-            detokenize=False,
-            output_kind=RequestOutputKind.DELTA,
-        )
-    except ValueError as exc:
-        raise StageInputError(f"invalid sampling parameter: {exc}") from None
 
 
 class VllmThinkerSession(Session):

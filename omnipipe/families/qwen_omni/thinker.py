@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from omnipipe.worker.engines.omni import load_qwen25_omni
+from omnipipe.families.qwen_omni.engine import load_qwen25_omni
 from omnipipe.worker.stages.base import (
     Chunk,
     Session,
@@ -33,6 +33,7 @@ from omnipipe.worker.stages.chat_media import (
 )
 from omnipipe.worker.stages.media import charge_media, decode_image, decode_wav
 from omnipipe.worker.stages.media_limits import EffectiveMedia, effective_media
+from omnipipe.worker.stages.replies import THINKER_SAMPLING, ReplyText
 from omnipipe.worker.stages.sampling import Sampling, next_token
 from omnipipe.worker.stages.video import decode_video
 
@@ -42,7 +43,6 @@ DEFAULT_VOICE = "Chelsie"
 HiddenStates = tuple[torch.Tensor, ...] | Mapping[int, torch.Tensor]
 
 # transformers' defaults (Qwen2_5OmniForConditionalGeneration.generate).
-THINKER_SAMPLING = Sampling(temperature=1.0, top_p=1.0, top_k=0, max_tokens=2048)
 MEDIA_KINDS = ("image", "audio", "video")
 
 
@@ -263,23 +263,6 @@ class ThinkerStage(StreamingStage):
                     raise StageInputError(f"{where}: unsupported content type {kind!r}")
             conversation.append({"role": role, "content": parts})
         return conversation, media
-
-
-class ReplyText:
-    """The reply's token ids as text deltas for the router."""
-
-    def __init__(self, tokenizer: Any, eos: frozenset[int]) -> None:
-        self.tokenizer = tokenizer
-        self.eos = eos
-        self.text = ""
-
-    def delta(self, generated: list[int], final: bool) -> list[dict[str, Any]]:
-        ids = [t for t in generated if t not in self.eos]
-        decoded = self.tokenizer.decode(ids, skip_special_tokens=True)
-        if decoded.endswith("\ufffd") and not final:
-            return []  # a multi-byte character is still incomplete
-        delta, self.text = decoded[len(self.text) :], decoded
-        return [{"text": delta}] if delta else []
 
 
 class ThinkerSession(Session):

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from omnipipe.worker.bagel.generator import sincos_2d
+from omnipipe.families.bagel.generator import sincos_2d
 
 PREFIX = "vit_model.vision_model."
 

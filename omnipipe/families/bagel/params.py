@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from omnipipe.api.bagel import (
+from omnipipe.families.bagel.flow import FlowParams
+from omnipipe.families.bagel.ranges import (
     DEFAULT_CFG_INTERVAL,
     MAX_STEPS,
     MIN_STEPS,
@@ -12,7 +13,6 @@ from omnipipe.api.bagel import (
     interval_problem,
     scalar_problem,
 )
-from omnipipe.worker.bagel.flow import FlowParams
 from omnipipe.worker.stages.base import StageInputError
 
 # The stage params that come from a request field of another name.
@@ -20,7 +20,7 @@ REQUEST_FIELD = {"width": "size", "height": "size"}
 
 
 def cfg_scale(params: dict[str, Any], key: str, default: float | None = None) -> float:
-    """One of BAGEL's scalar extensions (omnipipe/api/bagel.py), within its range."""
+    """One of BAGEL's scalar extensions (omnipipe/families/bagel/ranges.py), within its range."""
     value = params.get(key, SCALAR_RANGES[key][2] if default is None else default)
     if (problem := scalar_problem(key, value)) is not None:
         raise StageInputError(problem, param=key)

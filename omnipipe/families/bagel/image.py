@@ -7,20 +7,20 @@ import base64
 
 import torch
 
-from omnipipe.transfer import BlockTable
-from omnipipe.worker.bagel.context import FULL, NO_IMAGE, NO_TEXT, image_markers
-from omnipipe.worker.bagel.flow import Conditions, FlowParams, denoise
-from omnipipe.worker.bagel.generator import BagelGenerator
-from omnipipe.worker.bagel.kv_blocks import (
+from omnipipe.families.bagel.context import FULL, NO_IMAGE, NO_TEXT, image_markers
+from omnipipe.families.bagel.flow import Conditions, FlowParams, denoise
+from omnipipe.families.bagel.generator import BagelGenerator
+from omnipipe.families.bagel.kv_blocks import (
     DEFAULT_TABLE_BLOCKS,
     LAYOUT,
     block_bytes,
     kv_dtype,
     unpack,
 )
-from omnipipe.worker.bagel.mot import ContextKV
-from omnipipe.worker.bagel.vae import decode_latents, load_vae, to_png, unpatchify
-from omnipipe.worker.stages.bagel_params import flow_params, int_param
+from omnipipe.families.bagel.mot import ContextKV
+from omnipipe.families.bagel.params import flow_params, int_param
+from omnipipe.families.bagel.vae import decode_latents, load_vae, to_png, unpatchify
+from omnipipe.transfer import BlockTable
 from omnipipe.worker.stages.base import Stage, StageInputError, StageJob, StageResult
 
 UPSTREAM = "think"
@@ -92,7 +92,7 @@ class BagelGenerateStage(Stage):
 
 class BagelDecodeStage(Stage):
     def load(self) -> None:
-        from omnipipe.worker.bagel.config import BagelConfig
+        from omnipipe.families.bagel.config import BagelConfig
 
         self.config = BagelConfig.from_pretrained(self.model_path)
         self.vae = load_vae(self.model_path).to(self.device)

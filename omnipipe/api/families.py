@@ -1,0 +1,208 @@
+"""Model families: the one registry of pipeline types, filled from the `omnipipe.families`
+entry-point group (as vLLM finds out-of-tree models through `vllm.general_plugins`).
+
+A family is a Python object, `Family`, that a package names in its metadata:
+
+    [project.entry-points."omnipipe.families"]
+    qwen-image = "omnipipe.families.qwen_image:FAMILY"
+
+omnipipe's own families register exactly so (pyproject.toml); nothing is special-cased.
+A family's module is imported by every component (the CRD generator, the operator, the
+router), so it imports only `omnipipe.api`: its heavy parts (stage classes, tiny-model
+builders, request extensions) are named as "module:attribute" strings and imported only
+by the process that runs them. docs/adding-a-family.md is the contract in prose.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from importlib.metadata import entry_points
+from typing import Any, Protocol
+
+from omnipipe.api.roles import Engine, Role
+
+ENTRY_POINT_GROUP = "omnipipe.families"
+CUSTOM = "custom"
+# Every child object is named <pipeline>-<stage> within 63 characters, so the longest
+# stage name a family may define fixes how long a pipeline's name may be; a constant, so
+# that installing a family never shortens the names of pipelines that already exist.
+MAX_STAGE_NAME = 12
+
+
+@dataclass(frozen=True)
+class StageDefaults:
+    """A stage as a pipeline type defines it before any user override."""
+
+    name: str
+    role: Role
+    engine: Engine
+    inputs: tuple[str, ...] = ()
+    # GPUs per replica for a real model; tiny:// models always run on the CPU.
+    gpus: int = 1
+    engine_args: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PipelineType:
+    name: str
+    description: str
+    stages: tuple[StageDefaults, ...]
+    # Model ids this type serves, for error messages and docs.
+    example_models: tuple[str, ...] = ()
+    # What a checkpoint of this type says it is: its model_index.json `_class_name`
+    # (diffusers) or its config.json `model_type` (transformers).
+    checkpoints: tuple[str, ...] = ()
+
+    @property
+    def stage_names(self) -> tuple[str, ...]:
+        return tuple(s.name for s in self.stages)
+
+
+class RequestProblem(ValueError):
+    """A request a family's extensions refuse: the router answers 400 naming `param`."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+
+class RequestExtensions(Protocol):
+    """A family's own request fields (the openai client's `extra_body`), checked by the
+    router before any stage sees them. Each method raises RequestProblem on bad input."""
+
+    # Whether /v1/chat/completions may ask this family for an image (modalities).
+    chat_makes_images: bool
+
+    def image_params(self, request: Mapping[str, Any]) -> dict[str, Any]:
+        """Stage parameters for /v1/images/generations; `request` is the request body."""
+        ...
+
+    def chat_image_params(
+        self, request: Mapping[str, Any], parse_size: Callable[[str], tuple[int, int]]
+    ) -> dict[str, Any]:
+        """Stage parameters for a chat request that asks for an image; parse_size reads
+        a "WIDTHxHEIGHT" as the router's image endpoints do."""
+        ...
+
+
+@dataclass(frozen=True)
+class Family:
+    """What a model family registers. Strings name "module:attribute" to import lazily."""
+
+    name: str
+    description: str
+    pipelines: tuple[PipelineType, ...]
+    # The (role, engine) pairs its stage classes run.
+    runs: frozenset[tuple[Role, Engine]]
+    # A function (ResolvedStage, model path) -> the Stage class that runs it.
+    stage_class: str
+    # tiny://NAME -> a function (target directory) that writes that checkpoint.
+    tiny_models: Mapping[str, str] = field(default_factory=dict)
+    # A RequestExtensions object, for families with request fields of their own.
+    requests: str | None = None
+    # Set by the registry: the distribution that registered the family.
+    package: str = ""
+
+
+class FamilyError(RuntimeError):
+    """An installed family that cannot be used: omnipipe refuses to start with it."""
+
+
+def load_attribute(reference: str) -> Any:
+    """The object a "module:attribute" string names."""
+    module, _, attribute = reference.partition(":")
+    return getattr(importlib.import_module(module), attribute)
+
+
+def _check(family: Family, where: str, known: Mapping[str, str]) -> None:
+    if not isinstance(family, Family):
+        raise FamilyError(f"{where}: is {type(family).__name__}, not an omnipipe Family")
+    for pipeline in family.pipelines:
+        if pipeline.name == CUSTOM:
+            raise FamilyError(f"{where}: the pipeline type name {CUSTOM!r} is reserved")
+        if pipeline.name in known:
+            raise FamilyError(
+                f"{where}: pipeline type {pipeline.name!r} is already registered by "
+                f"family {known[pipeline.name]!r}"
+            )
+        for stage in pipeline.stages:
+            if len(stage.name) > MAX_STAGE_NAME:
+                raise FamilyError(
+                    f"{where}: stage {pipeline.name}/{stage.name} is longer than "
+                    f"{MAX_STAGE_NAME} characters"
+                )
+            if (stage.role, stage.engine) not in family.runs:
+                raise FamilyError(
+                    f"{where}: stage {pipeline.name}/{stage.name} is {stage.role.value} on "
+                    f"{stage.engine.value}, which the family does not say it runs"
+                )
+
+
+def register(loaded: Iterable[tuple[str, str, Any]]) -> dict[str, Family]:
+    """Families by name from (entry-point name, distribution, loaded object), checked."""
+    families: dict[str, Family] = {}
+    owners: dict[str, str] = {}
+    for name, package, family in loaded:
+        where = f"family {name!r} (entry point of {package or 'an unnamed package'})"
+        _check(family, where, owners)
+        if family.name in families:
+            raise FamilyError(f"{where}: a family named {family.name!r} is already installed")
+        families[family.name] = dataclasses.replace(family, package=package)
+        owners.update(dict.fromkeys((p.name for p in family.pipelines), family.name))
+    return dict(sorted(families.items()))
+
+
+@functools.cache
+def installed_families() -> dict[str, Family]:
+    """Every family installed in this environment, by name; read once per process."""
+    loaded = []
+    for point in entry_points(group=ENTRY_POINT_GROUP):
+        package = point.dist.name if point.dist is not None else ""
+        try:
+            family = point.load()
+        except Exception as exc:
+            raise FamilyError(
+                f"family {point.name!r} ({point.value}, from {package}) does not load: {exc}"
+            ) from exc
+        loaded.append((point.name, package, family))
+    return register(loaded)
+
+
+def pipeline_types() -> dict[str, PipelineType]:
+    """Every installed pipeline type by name, in family order."""
+    return {p.name: p for f in installed_families().values() for p in f.pipelines}
+
+
+def pipeline_type_names() -> tuple[str, ...]:
+    return (*pipeline_types(), CUSTOM)
+
+
+def family_of(pipeline: str) -> Family | None:
+    """The family that registered pipeline type `pipeline`."""
+    for family in installed_families().values():
+        if any(p.name == pipeline for p in family.pipelines):
+            return family
+    return None
+
+
+def family_for_checkpoint(kinds: Sequence[str]) -> tuple[Family, PipelineType] | None:
+    """The family and pipeline type whose checkpoints say they are one of `kinds`."""
+    for kind in kinds:
+        for family in installed_families().values():
+            for pipeline in family.pipelines:
+                if kind in pipeline.checkpoints:
+                    return family, pipeline
+    return None
+
+
+def installed_summary() -> str:
+    """The installed families and their pipeline types, for error messages."""
+    return "; ".join(
+        f"{f.name} ({', '.join(p.name for p in f.pipelines)})"
+        for f in installed_families().values()
+    )

@@ -1,0 +1,53 @@
+"""Qwen-Image and Qwen-Image-Edit (diffusers' pipelines/qwenimage): a text or
+vision-language encoder, a DiT denoiser with true CFG, and the VAE."""
+
+from omnipipe.api.families import Family, PipelineType, StageDefaults
+from omnipipe.api.roles import Engine, Role
+
+FAMILY = Family(
+    name="qwen-image",
+    description="Qwen-Image text to image and Qwen-Image-Edit image editing (diffusers).",
+    pipelines=(
+        PipelineType(
+            name="qwen-image",
+            description="Text to image: text encoder (AR) -> DiT denoiser (true CFG) -> VAE.",
+            example_models=("Qwen/Qwen-Image", "tiny://qwen-image"),
+            checkpoints=("QwenImagePipeline",),
+            stages=(
+                StageDefaults("encode", Role.TEXT_ENCODER, Engine.TRANSFORMERS),
+                StageDefaults("denoise", Role.DENOISER, Engine.DIFFUSERS, inputs=("encode",)),
+                StageDefaults("decode", Role.VAE_DECODER, Engine.DIFFUSERS, inputs=("denoise",)),
+            ),
+        ),
+        PipelineType(
+            name="qwen-image-edit",
+            description=(
+                "Image editing: vision-language encoder (input image and edit prompt) and "
+                "VAE encoder (input image) -> DiT denoiser (true CFG) -> VAE."
+            ),
+            example_models=("Qwen/Qwen-Image-Edit", "tiny://qwen-image-edit"),
+            checkpoints=("QwenImageEditPipeline",),
+            stages=(
+                StageDefaults("encode", Role.TEXT_ENCODER, Engine.TRANSFORMERS),
+                StageDefaults("encode-image", Role.VAE_ENCODER, Engine.DIFFUSERS),
+                StageDefaults(
+                    "denoise", Role.DENOISER, Engine.DIFFUSERS, inputs=("encode", "encode-image")
+                ),
+                StageDefaults("decode", Role.VAE_DECODER, Engine.DIFFUSERS, inputs=("denoise",)),
+            ),
+        ),
+    ),
+    runs=frozenset(
+        {
+            (Role.TEXT_ENCODER, Engine.TRANSFORMERS),
+            (Role.VAE_ENCODER, Engine.DIFFUSERS),
+            (Role.DENOISER, Engine.DIFFUSERS),
+            (Role.VAE_DECODER, Engine.DIFFUSERS),
+        }
+    ),
+    stage_class="omnipipe.families.qwen_image.classes:stage_class",
+    tiny_models={
+        "qwen-image": "omnipipe.families.qwen_image.tiny:build_qwen_image",
+        "qwen-image-edit": "omnipipe.families.qwen_image.tiny_edit:build_qwen_image_edit",
+    },
+)
