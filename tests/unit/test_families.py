@@ -1,0 +1,148 @@
+"""The family registry: what it takes from entry points, what it refuses, and the shape
+it keeps the code in (a family module is light, families import no other family, no
+import cycle, no module over 400 lines)."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+from pathlib import Path
+
+import grimp
+import pytest
+
+from omnipipe.api.families import (
+    Family,
+    FamilyError,
+    PipelineType,
+    StageDefaults,
+    family_for_checkpoint,
+    installed_families,
+    register,
+)
+from omnipipe.api.roles import Engine, Role
+from omnipipe.operator.uninstalled import uninstalled_pipeline_type, uninstalled_status
+from tests.harness.families import only_families, own_family_names
+
+REPO = Path(__file__).resolve().parents[2]
+ENCODE = StageDefaults("encode", Role.TEXT_ENCODER, Engine.TRANSFORMERS)
+
+
+def family(name: str = "one", *pipelines: PipelineType) -> Family:
+    return Family(
+        name=name,
+        description="",
+        pipelines=pipelines or (PipelineType(f"{name}-type", "", (ENCODE,)),),
+        runs=frozenset({(Role.TEXT_ENCODER, Engine.TRANSFORMERS)}),
+        stage_class="nowhere:stage_class",
+    )
+
+
+def test_installed_families_come_from_their_packages_entry_points() -> None:
+    families = installed_families()
+    assert {n: f.package for n, f in families.items()} == {
+        "bagel": "omnipipe",
+        "qwen-image": "omnipipe",
+        "qwen-omni": "omnipipe",
+        "sketch": "omnipipe-sketch",
+    }
+    assert sorted(own_family_names()) == ["bagel", "qwen-image", "qwen-omni"]
+    found = family_for_checkpoint(["omnipipe_sketch"])
+    assert found is not None
+    assert (found[0].name, found[1].name) == ("sketch", "sketch-image")
+
+
+def test_omnipipe_families_loads_only_the_families_it_names(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    with only_families(monkeypatch, ["sketch", "bagel"]):
+        assert list(installed_families()) == ["bagel", "sketch"]
+    with only_families(monkeypatch, ["bagel", "nope"]), pytest.raises(FamilyError) as err:
+        installed_families()
+    assert "nope" in str(err.value)
+    assert "qwen-image" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("families", "says"),
+    [
+        ([family("one"), family("two", PipelineType("one-type", "", (ENCODE,)))], "already"),
+        ([family("one", PipelineType("custom", "", (ENCODE,)))], "reserved"),
+        (
+            [family("one", PipelineType("t", "", (dataclasses.replace(ENCODE, name="x" * 13),)))],
+            "longer than 12",
+        ),
+        (
+            [
+                family(
+                    "one",
+                    PipelineType("t", "", (StageDefaults("d", Role.DENOISER, Engine.DIFFUSERS),)),
+                )
+            ],
+            "does not say it runs",
+        ),
+        ([family("one"), dataclasses.replace(family("one"), pipelines=())], "already installed"),
+    ],
+)
+def test_a_family_that_would_clash_or_break_a_name_is_refused(
+    families: list[Family], says: str
+) -> None:
+    with pytest.raises(FamilyError) as err:
+        register((f.name, "pkg", f) for f in families)
+    assert says in str(err.value)
+    assert "pkg" in str(err.value)
+
+
+def test_an_entry_point_that_is_no_family_is_refused() -> None:
+    with pytest.raises(FamilyError) as err:
+        register([("broken", "pkg", object())])
+    assert "not an omnipipe Family" in str(err.value)
+
+
+def test_a_family_module_imports_only_api_as_the_router_and_operator_load_it() -> None:
+    probe = (
+        "import sys, omnipipe.families.qwen_image, omnipipe.families.qwen_omni, "
+        "omnipipe.families.bagel, omnipipe.families.bagel.requests, omnipipe_sketch\n"
+        "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'diffusers', "
+        "'transformers', 'vllm') or m.startswith(('omnipipe.worker', 'omnipipe.router', "
+        "'omnipipe.operator')))\n"
+        "print(heavy)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert out.stdout.strip() == "[]"
+
+
+def test_no_import_cycle_and_no_family_module_over_400_lines() -> None:
+    graph = grimp.build_graph("omnipipe", exclude_type_checking_imports=True)
+    cycles = [
+        (module, imported)
+        for module in graph.modules
+        for imported in graph.find_modules_directly_imported_by(module)
+        if imported != module and graph.chain_exists(importer=imported, imported=module)
+    ]
+    assert cycles == []
+    long = [
+        f"{p.relative_to(REPO)}: {n}"
+        for p in sorted((REPO / "omnipipe/families").rglob("*.py"))
+        if (n := len(p.read_text().splitlines())) > 400
+    ]
+    assert long == []
+
+
+def test_a_type_no_installed_family_registers_is_stalled_naming_them() -> None:
+    body = {"spec": {"model": "m", "pipeline": "sketch-video"}}
+    assert uninstalled_pipeline_type(body) == "sketch-video"
+    assert uninstalled_pipeline_type({"spec": {"pipeline": "sketch-image"}}) is None
+    assert uninstalled_pipeline_type({"spec": {"pipeline": "custom"}}) is None
+    status = uninstalled_status("sketch-video", 3, [], "2026-11-25T00:00:00Z")
+    conditions = {c.type: c for c in status.conditions}
+    assert [c.type for c in status.conditions] == ["Ready", "Reconciling", "Stalled"]
+    assert conditions["Stalled"].status == "True"
+    assert conditions["Ready"].status == conditions["Reconciling"].status == "False"
+    assert "bagel (bagel)" in conditions["Stalled"].message
+    assert status.observed_generation == 3
+    again = uninstalled_status("sketch-video", 4, status.conditions, "2026-11-25T01:00:00Z")
+    assert again.conditions[2].last_transition_time == "2026-11-25T00:00:00Z"
