@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from omnipipe.api import ResolvedStage
 from omnipipe.api.spec import Role
-from omnipipe.worker.engines.diffusers import QWEN_IMAGE_EDIT, pipeline_class_name
+from omnipipe.families.qwen_image.loading import QWEN_IMAGE_EDIT, pipeline_class_name
 from omnipipe.worker.stages.base import Stage
 
 

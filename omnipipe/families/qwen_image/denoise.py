@@ -17,8 +17,8 @@ from functools import lru_cache
 import numpy as np
 import torch
 
+from omnipipe.families.qwen_image.loading import load_qwen_image
 from omnipipe.families.qwen_image.stages import geometry, int_param, padded, schedule_shift
-from omnipipe.worker.engines.diffusers import load_qwen_image
 from omnipipe.worker.stages.base import StageJob, StageResult, SteppedStage
 
 

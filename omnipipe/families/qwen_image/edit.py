@@ -13,8 +13,8 @@ import torch
 from PIL import Image
 
 from omnipipe.api.edit import condition_size
+from omnipipe.families.qwen_image.loading import load_qwen_image
 from omnipipe.families.qwen_image.stages import int_param, prompt_of, schedule_shift
-from omnipipe.worker.engines.diffusers import load_qwen_image
 from omnipipe.worker.stages.base import Stage, StageJob, StageResult, Tensors
 from omnipipe.worker.stages.media import decode_image
 

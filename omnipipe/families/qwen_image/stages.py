@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from omnipipe.worker.engines.diffusers import load_qwen_image
+from omnipipe.families.qwen_image.loading import load_qwen_image
 from omnipipe.worker.stages.base import Stage, StageInputError, StageJob, StageResult, Tensors
 
 MAX_SEQUENCE_LENGTH = 512

@@ -1,4 +1,4 @@
-"""diffusers adapter: load only the pipeline components a stage needs."""
+"""Qwen-Image's diffusers loading: only the pipeline components a stage needs."""
 
 from __future__ import annotations
 
