@@ -126,9 +126,11 @@ def _cmd_render(args: argparse.Namespace) -> int:
 
 
 def _cmd_operator(args: argparse.Namespace) -> int:
+    from omnipipe.api.families import load_installed
     from omnipipe.operator.handlers import run_operator
     from omnipipe.operator.settings import OperatorSettings
 
+    load_installed()
     run_operator(OperatorSettings())
     return 0
 
@@ -161,9 +163,11 @@ def _cmd_worker(args: argparse.Namespace) -> int:
 
 
 def _cmd_router(args: argparse.Namespace) -> int:
+    from omnipipe.api.families import load_installed
     from omnipipe.router.main import run_router
     from omnipipe.router.settings import RouterSettings
 
+    load_installed()
     values = _overrides(args, ("host", "port", "replicas_file"))
     values["pipeline_file"] = args.pipeline
     run_router(RouterSettings(**values))  # type: ignore[arg-type]

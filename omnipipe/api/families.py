@@ -76,13 +76,14 @@ class RequestProblem(ValueError):
 
 class RequestExtensions(Protocol):
     """A family's own request fields (the openai client's `extra_body`), checked by the
-    router before any stage sees them. Each method raises RequestProblem on bad input."""
+    router before any stage sees them. `request` is the request's body as the client sent
+    it, its extensions included. Each method raises RequestProblem on bad input."""
 
     # Whether /v1/chat/completions may ask this family for an image (modalities).
     chat_makes_images: bool
 
     def image_params(self, request: Mapping[str, Any]) -> dict[str, Any]:
-        """Stage parameters for /v1/images/generations; `request` is the request body."""
+        """Stage parameters for /v1/images/generations."""
         ...
 
     def chat_image_params(
@@ -146,15 +147,31 @@ def _check(family: Family, where: str, known: Mapping[str, str]) -> None:
                 )
 
 
+def _claim(
+    owners: dict[str, str], what: str, names: Iterable[str], family: str, where: str
+) -> None:
+    """Each checkpoint marker and tiny model is one family's: a second claim is refused,
+    not settled by which family happens to load first."""
+    for name in names:
+        if name in owners:
+            raise FamilyError(f"{where}: {what} {name!r} is already family {owners[name]!r}'s")
+        owners[name] = family
+
+
 def register(loaded: Iterable[tuple[str, str, Any]]) -> dict[str, Family]:
     """Families by name from (entry-point name, distribution, loaded object), checked."""
     families: dict[str, Family] = {}
     owners: dict[str, str] = {}
+    markers: dict[str, str] = {}
+    tiny: dict[str, str] = {}
     for name, package, family in loaded:
         where = f"family {name!r} (entry point of {package or 'an unnamed package'})"
         _check(family, where, owners)
         if family.name in families:
             raise FamilyError(f"{where}: a family named {family.name!r} is already installed")
+        checkpoints = (c for p in family.pipelines for c in p.checkpoints)
+        _claim(markers, "checkpoint marker", checkpoints, family.name, where)
+        _claim(tiny, "tiny model", family.tiny_models, family.name, where)
         families[family.name] = dataclasses.replace(family, package=package)
         owners.update(dict.fromkeys((p.name for p in family.pipelines), family.name))
     return dict(sorted(families.items()))
@@ -195,6 +212,23 @@ def installed_families() -> dict[str, Family]:
             )
         loaded.append((point.name, package, family))
     return register(loaded)
+
+
+def load_installed() -> dict[str, Family]:
+    """The registry read now, with each family's request extensions imported (light, by
+    the contract): a long-running process calls it as it starts, so a broken family
+    stops it there, not at the first reconcile or request that needs the family."""
+    families = installed_families()
+    for family in families.values():
+        if family.requests is not None:
+            try:
+                load_attribute(family.requests)
+            except Exception as exc:
+                raise FamilyError(
+                    f"family {family.name!r} (from {family.package}): its request "
+                    f"extensions {family.requests} do not load: {exc}"
+                ) from exc
+    return families
 
 
 def pipeline_types() -> dict[str, PipelineType]:

@@ -332,7 +332,14 @@ async def _stalled_on_pipeline_type(
     if pipeline is None:
         return False
     status = uninstalled_status(pipeline, generation, _previous_conditions(body), utc_now())
-    await _write_status(kube, body, status)
+    # A merge patch: an earlier status's endpoint, revisions and stages are cleared with
+    # explicit nulls, not left beside a Stalled that says nothing is served through them.
+    written = status.model_dump(mode="json", by_alias=True, exclude_none=True)
+    before = body.get("status") or {}
+    if before != written:
+        cleared = {key: None for key in before if key not in written}
+        meta = body["metadata"]
+        await kube.patch_status(meta["namespace"], meta["name"], {**cleared, **written})
     return True
 
 

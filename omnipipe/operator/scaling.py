@@ -30,6 +30,7 @@ from omnipipe.operator.metrics import OperatorMetrics
 from omnipipe.operator.planner import ObservedDeployment
 from omnipipe.operator.reconcile import previous_stages
 from omnipipe.operator.settings import OperatorSettings
+from omnipipe.operator.uninstalled import uninstalled_pipeline_type
 
 log = logging.getLogger(__name__)
 History = MutableMapping[str, tuple[Recommendation, ...]]
@@ -62,6 +63,8 @@ async def autoscale(
     body = await kube.get_pipeline(namespace, name)
     if body is None or body.get("metadata", {}).get("deletionTimestamp"):
         return
+    if uninstalled_pipeline_type(body) is not None:
+        return  # Stalled, said by reconcile; nothing of it to scale
     resource = parse_resource(body)
     pipeline = resolve(resource)
     url = resource.spec.prometheus_url or settings.prometheus_url

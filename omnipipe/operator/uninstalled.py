@@ -33,7 +33,8 @@ def uninstalled_status(
     message = (
         f"pipeline type {pipeline!r} is not installed in this operator; installed "
         f"families: {installed_summary()}. Install the package of the family that "
-        "registers it in the operator's image."
+        "registers it in the operator's image. What it built before, if anything, is left "
+        "as it is."
     )
     before = {c.type: c for c in previous}
     false, true = ConditionStatus.FALSE, ConditionStatus.TRUE

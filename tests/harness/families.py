@@ -20,10 +20,11 @@ def own_family_names() -> list[str]:
 @contextmanager
 def only_families(monkeypatch: pytest.MonkeyPatch, names: list[str]) -> Iterator[None]:
     """The registry as a process with OMNIPIPE_FAMILIES=names would load it."""
-    monkeypatch.setenv(FAMILIES_ENV, ",".join(names))
-    installed_families.cache_clear()
-    try:
-        yield
-    finally:
-        monkeypatch.undo()
+    with monkeypatch.context() as patch:
+        patch.setenv(FAMILIES_ENV, ",".join(names))
         installed_families.cache_clear()
+        try:
+            yield
+        finally:
+            installed_families.cache_clear()
+    installed_families.cache_clear()

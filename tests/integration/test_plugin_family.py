@@ -106,15 +106,46 @@ def test_the_operator_builds_and_readies_an_outside_familys_pipeline(
 def test_a_type_no_family_of_the_operators_registers_is_stalled_naming_the_installed(
     cluster: Cluster, operator: Operator, namespace: str
 ) -> None:
+    """A pipeline that served, then names a type the operator lacks (as when the operator
+    is rolled back to an image without the family): Stalled, its served status cleared,
+    what it built left as it was."""
     cluster.kubectl(
-        "apply", "-n", namespace, "-f", "-", input=pipeline("elsewhere", "some/model", ELSEWHERE)
+        "apply",
+        "-n",
+        namespace,
+        "-f",
+        "-",
+        input=pipeline("moved", "tiny://sketch-image", "sketch-image"),
+    )
+    cluster.kubectl(
+        "wait",
+        "-n",
+        namespace,
+        "omnip/moved",
+        "--for=condition=Ready",
+        "--timeout=90s",
+        timeout=100,
+    )
+    built = set(children(cluster, namespace, "moved"))
+    assert get_json(cluster, "omnip", "moved", "-n", namespace)["status"]["endpoint"]
+    cluster.kubectl(
+        "apply",
+        "-n",
+        namespace,
+        "-f",
+        "-",
+        input=pipeline("moved", "tiny://sketch-image", ELSEWHERE),
     )
     conditions = wait_for(
         "Stalled",
-        lambda: (c := _conditions(cluster, namespace, "elsewhere")) and "Stalled" in c and c,
+        lambda: (
+            (c := _conditions(cluster, namespace, "moved"))
+            and c.get("Stalled", {}).get("status") == "True"
+            and c
+        ),
     )
     stalled = conditions["Stalled"]
-    assert (stalled["status"], stalled["reason"]) == ("True", "PipelineTypeNotInstalled")
+    assert stalled["reason"] == "PipelineTypeNotInstalled"
     for family in ("qwen-image (qwen-image, qwen-image-edit)", "sketch (sketch-image)"):
         assert family in stalled["message"]
     assert f"{ELSEWHERE!r} is not installed" in stalled["message"]
@@ -122,6 +153,11 @@ def test_a_type_no_family_of_the_operators_registers_is_stalled_naming_the_insta
         "False",
         "False",
     )
-    assert children(cluster, namespace, "elsewhere") == {}
+    status = get_json(cluster, "omnip", "moved", "-n", namespace)["status"]
+    assert {k: v for k, v in status.items() if k not in ("conditions", "observedGeneration")} == {
+        "stages": [],
+        "revisions": [],
+    }
+    assert set(children(cluster, namespace, "moved")) == built
     # Said once in status, not retried as an error.
     assert operator.errors() == []

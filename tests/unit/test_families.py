@@ -5,6 +5,7 @@ import cycle, no module over 400 lines)."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +13,7 @@ from pathlib import Path
 import grimp
 import pytest
 
+from omnipipe.api import parse_resource, resolve
 from omnipipe.api.families import (
     Family,
     FamilyError,
@@ -23,6 +25,7 @@ from omnipipe.api.families import (
 )
 from omnipipe.api.roles import Engine, Role
 from omnipipe.operator.uninstalled import uninstalled_pipeline_type, uninstalled_status
+from omnipipe.worker.stages import stage_class
 from tests.harness.families import only_families, own_family_names
 
 REPO = Path(__file__).resolve().parents[2]
@@ -83,6 +86,20 @@ def test_omnipipe_families_loads_only_the_families_it_names(
             "does not say it runs",
         ),
         ([family("one"), dataclasses.replace(family("one"), pipelines=())], "already installed"),
+        (
+            [
+                family("one", PipelineType("a", "", (ENCODE,), checkpoints=("Marker",))),
+                family("two", PipelineType("b", "", (ENCODE,), checkpoints=("Marker",))),
+            ],
+            "checkpoint marker 'Marker' is already family 'one'",
+        ),
+        (
+            [
+                dataclasses.replace(family("one"), tiny_models={"t": "m:f"}),
+                dataclasses.replace(family("two"), tiny_models={"t": "m:g"}),
+            ],
+            "tiny model 't' is already family 'one'",
+        ),
     ],
 )
 def test_a_family_that_would_clash_or_break_a_name_is_refused(
@@ -146,3 +163,41 @@ def test_a_type_no_installed_family_registers_is_stalled_naming_them() -> None:
     assert status.observed_generation == 3
     again = uninstalled_status("sketch-video", 4, status.conditions, "2026-11-25T01:00:00Z")
     assert again.conditions[2].last_transition_time == "2026-11-25T00:00:00Z"
+
+
+def _checkpoint(directory: Path, model_type: str) -> str:
+    directory.mkdir()
+    (directory / "config.json").write_text(json.dumps({"model_type": model_type}))
+    return str(directory)
+
+
+def test_a_worker_names_what_no_installed_family_runs(tmp_path: Path) -> None:
+    unknown = _checkpoint(tmp_path / "unknown", "nobodys_model")
+    custom = resolve(
+        parse_resource(
+            {
+                "apiVersion": "omnipipe.io/v1alpha1",
+                "kind": "OmniPipeline",
+                "metadata": {"name": "custom"},
+                "spec": {
+                    "model": "some/model",
+                    "pipeline": "custom",
+                    "stages": [
+                        {"name": "encode", "role": "text-encoder", "engine": "transformers"},
+                        {"name": "think", "role": "thinker", "engine": "vllm"},
+                    ],
+                },
+            }
+        )
+    )
+    stage, thinker = custom.stage("encode"), custom.stage("think")
+    with pytest.raises(NotImplementedError) as err:
+        stage_class(stage, unknown)
+    assert "no installed family runs this checkpoint (nobodys_model)" in str(err.value)
+    assert "sketch (sketch-image)" in str(err.value)
+    sketch = _checkpoint(tmp_path / "sketch", "omnipipe_sketch")
+    with pytest.raises(NotImplementedError) as err:
+        stage_class(thinker, sketch)
+    assert "the sketch family" in str(err.value)
+    assert "not thinker on vllm" in str(err.value)
+    assert stage_class(stage, sketch).__name__ == "SketchEncode"

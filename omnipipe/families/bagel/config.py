@@ -74,16 +74,6 @@ class BagelConfig:
             return cls.from_dict(json.load(f))
 
 
-def is_bagel(path: str | Path) -> bool:
-    """A local checkpoint whose config.json says model_type bagel."""
-    config = Path(path) / "config.json"
-    if not config.is_file():
-        return False
-    with config.open() as f:
-        raw = json.load(f)
-    return isinstance(raw, dict) and raw.get("model_type") == "bagel"
-
-
 def understanding_image_tokens(path: str | Path) -> int:
     """The tokens of one image in the think stage's prompt: vLLM's BAGEL expands every
     image, whatever its size (its SigLIP processor resizes it), into the ViT's whole grid

@@ -1,6 +1,6 @@
 """Qwen-Image split into three stages, reproducing QwenImagePipeline.__call__:
 encode (prompt and negative prompt in one batch) -> denoise (true CFG,
-qwen_image_denoise.py) -> decode."""
+denoise.py) -> decode."""
 
 from __future__ import annotations
 

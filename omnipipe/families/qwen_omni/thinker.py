@@ -3,7 +3,7 @@ and, per generated token, the hidden state the talker consumes. The first chunk 
 also carries the talker's prompt package (see talker_prompt).
 
 What the stage hands the talker depends only on `config`, `embed` (the thinker's input
-embedding table) and `speaker_map`, so another engine (worker/stages/vllm_thinker.py) can
+embedding table) and `speaker_map`, so another engine (families/qwen_omni/vllm_thinker.py) can
 reuse talker_prompt and reply_row around its own forward pass.
 """
 

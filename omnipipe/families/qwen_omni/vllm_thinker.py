@@ -6,7 +6,7 @@ advance every request) until its own request has something new, so N open sessio
 one engine step per round, not N. Prompts go through vLLM's own multimodal processing.
 
 What the talker gets is built by the transformers stage's own talker_prompt and reply_row
-(thinker.py, qwen3_omni.py) from states read off vLLM's forward pass (the tap in
+(thinker.py, qwen3.py) from states read off vLLM's forward pass (the tap in
 engines/vllm_tap.py): the same package, from the same layers.
 """
 

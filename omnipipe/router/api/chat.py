@@ -22,11 +22,13 @@ from omnipipe.api.spec import Role
 from omnipipe.router.api.audio import pcm_of, wav_bytes
 from omnipipe.router.api.common import (
     after,
+    chat_makes_images,
     check_model,
     family_requests,
     first_output,
     json_body,
     parse_body,
+    request_fields,
     sampling_overrides,
     stage_with_role,
     unless_disconnected,
@@ -97,7 +99,7 @@ class ChatPlan:
         self.want_audio = "audio" in body.modalities
         self.want_image = "image" in body.modalities
         extensions = family_requests(pipeline)
-        makes_images = extensions is not None and extensions.chat_makes_images
+        makes_images = chat_makes_images(extensions)
         if self.want_image and not makes_images:
             raise BadRequest(
                 f"model {body.model!r} ({pipeline.pipeline}) makes no images in chat",
@@ -167,9 +169,9 @@ class ChatPlan:
         if decode is None:
             raise BadRequest(f"model {body.model!r} has no image output stage", param="modalities")
         self.emitters.add(decode)
-        extra = body.model_extra or {}
+        fields = request_fields(body)
         image = {
-            **with_family_checks(lambda: extensions.chat_image_params(extra, parse_size)),
+            **with_family_checks(lambda: extensions.chat_image_params(fields, parse_size)),
             "seed": seed,
             "n": 1,
         }

@@ -98,6 +98,15 @@ def family_requests(pipeline: ResolvedPipeline) -> RequestExtensions | None:
     return extensions
 
 
+def request_fields(body: BaseModel) -> dict[str, Any]:
+    """The body as a family's extensions read it: its fields and its extensions."""
+    return {**body.model_dump(), **(body.model_extra or {})}
+
+
+def chat_makes_images(extensions: RequestExtensions | None) -> bool:
+    return extensions is not None and bool(getattr(extensions, "chat_makes_images", False))
+
+
 def with_family_checks(call: Callable[[], dict[str, Any]]) -> dict[str, Any]:
     """A family extension's parameters, its RequestProblem answered as a 400."""
     try:

@@ -22,6 +22,7 @@ from omnipipe.router.api.common import (
     first_output,
     json_body,
     parse_body,
+    request_fields,
     stage_with_role,
     unless_disconnected,
     with_family_checks,
@@ -161,7 +162,7 @@ def images_router(orchestrator: Orchestrator, model_ids: Callable[[], set[str]])
             raise BadRequest("this pipeline edits images: send the image to POST /v1/images/edits")
         params = image_params(body)
         if (extensions := family_requests(orchestrator.pipeline)) is not None:
-            fields = {**body.model_dump(), **(body.model_extra or {})}
+            fields = request_fields(body)
             params.update(with_family_checks(lambda: extensions.image_params(fields)))
         return await respond_with_images(
             request, orchestrator, {stage: params for stage in orchestrator.stages}
