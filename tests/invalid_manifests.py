@@ -260,4 +260,41 @@ CASES = [
         'unknown field "spec.weights.token"',
         "weights.token",
     ),
+    Invalid(
+        "step-cache-on-the-text-encoder",
+        lambda: with_spec(stages=[{"name": "encode", "acceleration": {"cache": {}}}]),
+        "acceleration.cache (step caching) applies to a denoiser stage",
+        "spec.stages[encode].acceleration.cache: step caching applies to a denoiser stage",
+    ),
+    Invalid(
+        "step-cache-on-a-custom-vae",
+        lambda: custom(
+            {
+                "name": "decode",
+                "role": "vae-decoder",
+                "engine": "diffusers",
+                "acceleration": {"cache": {"threshold": 0.1}},
+            }
+        ),
+        "acceleration.cache (step caching) applies to a denoiser stage",
+        "spec.stages[decode].acceleration.cache: step caching applies to a denoiser stage",
+    ),
+    Invalid(
+        "step-cache-negative-threshold",
+        lambda: with_stage(acceleration={"cache": {"threshold": -0.1}}),
+        "spec.stages[0].acceleration.cache.threshold: Invalid value: -0.1",
+        "acceleration.cache.threshold",
+    ),
+    Invalid(
+        "step-cache-unknown-method",
+        lambda: with_stage(acceleration={"cache": {"method": "teacache"}}),
+        "spec.stages[0].acceleration.cache.method: Unsupported value",
+        "acceleration.cache.method",
+    ),
+    Invalid(
+        "step-cache-no-first-blocks",
+        lambda: with_stage(acceleration={"cache": {"firstBlocks": 0}}),
+        "spec.stages[0].acceleration.cache.firstBlocks: Invalid value: 0",
+        "acceleration.cache.firstBlocks",
+    ),
 ]

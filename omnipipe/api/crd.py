@@ -15,6 +15,7 @@ from typing import Any
 from omnipipe.api import constants as c
 from omnipipe.api.families import CUSTOM, pipeline_type_names, pipeline_types
 from omnipipe.api.resource import MAX_PIPELINE_NAME
+from omnipipe.api.roles import Role
 from omnipipe.api.spec import OmniPipelineSpec
 from omnipipe.api.status import OmniPipelineStatus
 from omnipipe.api.weights import weights_cel_rules
@@ -85,6 +86,32 @@ def _per_pipeline(
     ]
 
 
+def _cache_on_denoisers() -> list[Schema]:
+    """acceleration.cache only on a denoiser stage: its own role, or its type's default
+    role for a stage it names; one rule per type, as _per_pipeline's."""
+    known = _cel_str_list(list(pipeline_types()))
+    denoisers = [
+        (
+            f"self.pipeline != {json.dumps(name)}",
+            [s.name for s in p.stages if s.role is Role.DENOISER],
+        )
+        for name, p in pipeline_types().items()
+    ]
+    denoisers.append((f"self.pipeline in {known}", []))
+    return [
+        {
+            "rule": f"{skip} || !has(self.stages) || self.stages.all(s, "
+            "!has(s.acceleration) || !has(s.acceleration.cache) || "
+            f"(has(s.role) ? s.role == {json.dumps(Role.DENOISER.value)} : "
+            f"s.name in {_cel_str_list(names)}))",
+            "message": "acceleration.cache (step caching) applies to a denoiser stage",
+            "fieldPath": ".stages",
+            "reason": "FieldValueInvalid",
+        }
+        for skip, names in denoisers
+    ]
+
+
 def _spec_rules() -> list[Schema]:
     return [
         {
@@ -116,6 +143,7 @@ def _spec_rules() -> list[Schema]:
             "inputs must name earlier stages: the stage graph may not have cycles",
             "FieldValueInvalid",
         ),
+        *_cache_on_denoisers(),
     ]
 
 

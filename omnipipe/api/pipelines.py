@@ -15,6 +15,7 @@ from omnipipe.api.families import (
     pipeline_type_names,
     pipeline_types,
 )
+from omnipipe.api.roles import Role
 
 if TYPE_CHECKING:
     from omnipipe.api.spec import OmniPipelineSpec
@@ -60,6 +61,7 @@ def check_stage_graph(spec: OmniPipelineSpec) -> None:
                 f"spec.stages[{stage.name}]: role and engine are required for a stage "
                 f"the {spec.pipeline} pipeline does not define"
             )
+    _check_acceleration(spec)
     order = stage_order(spec)
     for stage in spec.stages:
         for upstream in stage.inputs or ():
@@ -73,6 +75,19 @@ def check_stage_graph(spec: OmniPipelineSpec) -> None:
                     f"spec.stages[{stage.name}].inputs: {upstream!r} must be an earlier stage "
                     "(the stage graph may not have cycles)"
                 )
+
+
+def _check_acceleration(spec: OmniPipelineSpec) -> None:
+    known = pipeline_types().get(spec.pipeline)
+    roles = {s.name: s.role for s in known.stages} if known else {}
+    for stage in spec.stages:
+        role = stage.role or roles.get(stage.name)
+        if stage.acceleration and stage.acceleration.cache and role is not Role.DENOISER:
+            what = role.value if role else "stage with no role"
+            raise ValueError(
+                f"spec.stages[{stage.name}].acceleration.cache: step caching applies to a "
+                f"denoiser stage, not a {what}"
+            )
 
 
 __all__ = [

@@ -8,8 +8,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, FieldSerializationInfo, field_serializer
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    FieldSerializationInfo,
+    SerializerFunctionWrapHandler,
+    field_serializer,
+    model_serializer,
+)
 
+from omnipipe.api.acceleration import Acceleration
 from omnipipe.api.constants import DEFAULT_DENOISER_BATCH_WAIT_MS, DEFAULT_MAX_BATCH
 from omnipipe.api.families import StageDefaults, pipeline_types
 from omnipipe.api.pipelines import stage_order
@@ -64,6 +72,16 @@ class ResolvedStage(ResolvedModel):
     # The limits the spec sets; each unset one (absent from model_fields_set) the worker
     # derives from its model at load, so a written pipeline carries the set ones only.
     media: MediaLimits = MediaLimits()
+    # Left out of the written stage when unset, so that a pipeline without it keeps its
+    # files and config hashes (an operator upgrade must not roll every pipeline).
+    acceleration: Acceleration | None = None
+
+    @model_serializer(mode="wrap")
+    def _without_unset_acceleration(self, handler: SerializerFunctionWrapHandler) -> Any:
+        data = handler(self)
+        if self.acceleration is None and isinstance(data, dict):
+            data.pop("acceleration", None)
+        return data
 
     @field_serializer("media")
     def _media_as_set(self, media: MediaLimits, info: FieldSerializationInfo) -> dict[str, Any]:
@@ -160,6 +178,7 @@ def _resolve_stage(model: str, default: StageDefaults | None, user: Stage) -> Re
         target=(scaling.target or DEFAULT_TARGETS[scaling.metric]) if scaling else None,
         max_batch=user.max_batch or DEFAULT_MAX_BATCH,
         media=user.media or MediaLimits(),
+        acceleration=user.acceleration,
         batch_wait_ms=(
             user.batch_wait_ms
             if user.batch_wait_ms is not None

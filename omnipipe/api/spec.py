@@ -13,6 +13,7 @@ from typing import Annotated, Any
 from pydantic import Field, model_validator
 
 from omnipipe.api import constants as c
+from omnipipe.api.acceleration import Acceleration
 
 # Re-exported: the resource's stages are written in these words.
 from omnipipe.api.roles import Engine as Engine
@@ -224,6 +225,8 @@ class Stage(SpecModel):
     """How long a batching stage holds a batch that is not full for requests already sent
     to it whose inputs are still upstream. It never waits for requests nobody sent, so a
     lone request pays nothing. Default 20 for denoisers, 0 otherwise."""
+    acceleration: Acceleration | None = None
+    """A denoiser's acceleration: step caching (cache-dit). Off unless set."""
 
 
 class SecretKeyRef(SpecModel):

@@ -55,6 +55,7 @@ class WorkerMetrics:
     first_audio: Histogram
     real_time_factor: Histogram
     seconds_without_progress: Gauge
+    denoise_steps: Counter
 
     @classmethod
     def create(cls, pipeline: str, stage: str) -> WorkerMetrics:
@@ -118,6 +119,13 @@ class WorkerMetrics:
                 registry=registry,
                 buckets=LATENCY_BUCKETS,
             ),
+            denoise_steps=Counter(
+                "omnipipe_stage_denoise_steps_total",
+                "Denoising steps of requests: kind computed ran the whole transformer, "
+                "kind reused took its blocks' output from the step cache (acceleration).",
+                (*labels, "kind"),
+                registry=registry,
+            ),
             real_time_factor=Histogram(
                 "omnipipe_stage_real_time_factor",
                 "Engine seconds spent per second of audio produced, per request (<1 is "
@@ -152,6 +160,9 @@ class WorkerMetrics:
     def transfer(self, direction: str, nbytes: int, seconds: float) -> None:
         self.transfer_bytes.labels(*self._labels, direction).inc(nbytes)
         self.transfer_seconds.labels(*self._labels, direction).observe(seconds)
+
+    def count_steps(self, kind: str, n: int) -> None:
+        self.denoise_steps.labels(*self._labels, kind).inc(n)
 
     def set_load(self, running: int, waiting: int) -> None:
         self.running.labels(*self._labels).set(running)

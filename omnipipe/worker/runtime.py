@@ -169,6 +169,7 @@ class StageRuntime:
     def start(self) -> None:
         if self.stage is not None:
             self.stage.progress = self.progress
+            self.stage.count_steps = self.metrics.count_steps
         self._loop_task = asyncio.create_task(self._engine_loop(), name="engine-loop")
 
     async def close(self) -> None:
@@ -516,7 +517,7 @@ class StageRuntime:
             joining: list[Job] = []
             if not active:
                 joining = await self._next_batch()
-            elif self._queue and len(active) < self.max_batch:
+            elif self._queue and len(active) < self.max_batch and stage.joins_between_steps:
                 head = self._queue[0]
                 assert head.stage_job is not None
                 assert active[0][0].stage_job is not None

@@ -242,6 +242,46 @@ async def test_a_request_joins_a_running_batch_at_a_step_boundary() -> None:
     assert sum(rows.count("a") for rows in stage.log) == 40
 
 
+async def test_the_request_steps_a_stage_counts_reach_the_workers_metrics() -> None:
+    class Counting(Steps):
+        def step(self, states: Sequence[list[Any]]) -> None:
+            super().step(states)
+            self.count_steps("computed", len(states))
+
+    stage = Counting()
+    rt = runtime(stage, wait_s=0.0)
+    submit(rt, stepped("a", 3))
+    await deliver(rt, "a")
+    await finish(rt, ["a"])
+    await rt.close()
+    counted = rt.metrics.registry.get_sample_value(
+        "omnipipe_stage_denoise_steps_total",
+        {"pipeline": "p", "stage": "denoise", "kind": "computed"},
+    )
+    assert counted == 3
+
+
+class StepsTogether(Steps):
+    """A stepped stage whose batch runs its steps together, none joining (a step cache)."""
+
+    @property
+    def joins_between_steps(self) -> bool:
+        return False
+
+
+async def test_a_batch_that_steps_together_takes_no_one_in_until_it_is_done() -> None:
+    stage = StepsTogether()
+    rt = runtime(stage, wait_s=0.0)
+    submit(rt, stepped("a", 6))
+    await deliver(rt, "a")
+    await until("a to be a few steps in", lambda: len(stage.log) >= 2)
+    submit(rt, stepped("b", 3))
+    await deliver(rt, "b")
+    await finish(rt, ["a", "b"])
+    await rt.close()
+    assert stage.log == [["a"]] * 6 + [["b"]] * 3
+
+
 async def test_a_request_whose_client_left_leaves_at_the_next_step() -> None:
     stage = Steps()
     rt = runtime(stage, wait_s=0.0)

@@ -10,6 +10,8 @@ costs one forward of twice the rows, never two forwards.
 
 from __future__ import annotations
 
+import itertools
+import logging
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -19,7 +21,10 @@ import torch
 
 from omnipipe.families.qwen_image.loading import load_qwen_image
 from omnipipe.families.qwen_image.stages import geometry, int_param, padded, schedule_shift
+from omnipipe.families.qwen_image.step_cache import StepCacher
 from omnipipe.worker.stages.base import StageJob, StageResult, SteppedStage
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -35,21 +40,33 @@ class Denoising:
     sigmas: torch.Tensor  # steps + 1, the last 0
     timesteps: torch.Tensor  # steps
     image_shape: tuple[int, int, int]
+    serial: int  # the stage's count of requests begun: what tells one group from the next
     index: int = 0
+    reused: int = 0
 
 
 class SteppedDenoiseStage(SteppedStage):
     """Flow-matching DiT denoising with true CFG over the two embeddings -> latents."""
 
+    caches_steps = True
+
     def load(self) -> None:
         self.pipe = load_qwen_image(self.model_path, self.device, {"transformer", "scheduler"})
         self._schedule = lru_cache(maxsize=64)(self._make_schedule)
+        self._serials = itertools.count()
+        cache = self.spec.acceleration.cache if self.spec.acceleration else None
+        self.cacher = StepCacher(self.pipe.transformer, cache) if cache else None
+
+    @property
+    def joins_between_steps(self) -> bool:
+        return self.cacher is None
 
     def batch_key(self, job: StageJob) -> Hashable | None:
-        width, height, *_ = geometry(job.params)
+        width, height, _, steps, _ = geometry(job.params)
         # Rows at different steps, guidance scales and prompts, with CFG or without,
-        # share a forward: only the image's size must agree.
-        return (width, height)
+        # share a forward: only the image's size must agree. A cached group runs its
+        # steps together, so its requests agree on how many.
+        return (width, height) if self.cacher is None else (width, height, steps)
 
     def _make_schedule(self, steps: int, image_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The scheduler's shifted sigmas and timesteps, as the pipeline sets them."""
@@ -87,12 +104,20 @@ class SteppedDenoiseStage(SteppedStage):
             sigmas=sigmas,
             timesteps=timesteps,
             image_shape=(1, height // scale // 2, width // scale // 2),
+            serial=next(self._serials),
         )
 
     def finished(self, state: Denoising) -> bool:
         return state.index >= len(state.timesteps)
 
     def finish(self, state: Denoising) -> StageResult:
+        if self.cacher is not None:
+            log.info(
+                "request %d of this stage: %d steps computed, %d reused from the step cache",
+                state.serial,
+                state.index - state.reused,
+                state.reused,
+            )
         return StageResult(tensors={"latents": state.latents})
 
     def step(self, states: Sequence[Denoising]) -> None:
@@ -103,6 +128,9 @@ class SteppedDenoiseStage(SteppedStage):
         times = [s.timesteps[s.index].expand(len(s.latents)) for s in [*states, *cfg]]
         hidden = torch.cat(latents)
         mask = padded(masks)
+        if self.cacher is not None:
+            steps_left = len(states[0].timesteps) - states[0].index
+            self.cacher.start_step([s.serial for s in states], steps_left)
         with torch.inference_mode():
             pred = self.pipe.transformer(
                 hidden_states=hidden,
@@ -115,6 +143,8 @@ class SteppedDenoiseStage(SteppedStage):
                 attention_kwargs={},
                 return_dict=False,
             )[0]
+        reused = self.cacher is not None and self.cacher.reused_last_step()
+        self.count_steps("reused" if reused else "computed", len(states))
         preds = list(pred.split([len(s.latents) for s in [*states, *cfg]]))
         uncond = dict(zip(map(id, cfg), preds[len(states) :], strict=True))
         for state, cond in zip(states, preds[: len(states)], strict=True):
@@ -129,4 +159,5 @@ class SteppedDenoiseStage(SteppedStage):
             step = state.latents.to(torch.float32) + (after - sigma) * cond
             state.latents = step.to(cond.dtype)
             state.index += 1
+            state.reused += reused
         self.progress()

@@ -87,16 +87,31 @@ def _no_watchdog() -> None:
     pass
 
 
+def _no_count(kind: str, n: int) -> None:
+    pass
+
+
 class Stage(ABC):
     """One stage. load() runs once; run_batch() runs in the worker's engine thread."""
 
+    # Whether the stage honours spec.acceleration.cache (step caching).
+    caches_steps = False
+
     def __init__(self, spec: ResolvedStage, model_path: str, device: str) -> None:
+        if spec.acceleration is not None and spec.acceleration.cache and not self.caches_steps:
+            raise NotImplementedError(
+                f"stage {spec.name}: {type(self).__name__} has no step caching; remove "
+                "its acceleration.cache"
+            )
         self.spec = spec
         self.model_path = model_path
         self.device = torch.device(device)
         # Long engine calls (a denoising loop) call this between units of work, so the
         # worker's watchdog can tell a slow engine from one that makes no progress.
         self.progress: Callable[[], None] = _no_watchdog
+        # A stepped denoiser counts its request-steps, computed or reused ("computed",
+        # "reused"), for the worker's metrics.
+        self.count_steps: Callable[[str, int], None] = _no_count
 
     @abstractmethod
     def load(self) -> None: ...
@@ -121,6 +136,12 @@ class SteppedStage(Stage):
     """A stage whose engine work is a loop of steps that requests share: the runtime lets
     compatible requests (equal batch_key) join the running batch between steps, and one
     whose client has gone leaves at the next step while the rest go on."""
+
+    @property
+    def joins_between_steps(self) -> bool:
+        """False: a batch runs from its first step to its last with none joining (a step
+        cache compares each forward with the one before)."""
+        return True
 
     @abstractmethod
     def begin(self, job: StageJob) -> Any:
