@@ -29,11 +29,13 @@ class StepCache(SpecModel):
     """Steps computed in full before any is reused: the early steps set the layout."""
     first_blocks: Annotated[int, Field(ge=1, le=MAX_BLOCKS)] = 8
     """Transformer blocks always computed at the start of a step (DBCache's Fn); their
-    residual is what decides whether the step is reused."""
+    residual is what decides whether the step is reused. Fewer than the model has (60 in
+    Qwen-Image; 2 in tiny://qwen-image), and with lastBlocks at most as many."""
     last_blocks: Annotated[int, Field(ge=0, le=MAX_BLOCKS)] = 0
     """Transformer blocks always computed at the end of a step (DBCache's Bn)."""
     max_cached_steps: Annotated[int, Field(ge=0, le=MAX_STEPS)] | None = None
-    """Most steps of one request that may be reused; unset is no limit."""
+    """Most steps that may be reused in one cache context: a group of requests from its
+    first step, or from when one of them left; unset is no limit."""
     max_consecutive_cached_steps: Annotated[int, Field(ge=1, le=MAX_STEPS)] | None = None
     """Most reused steps in a row before one is computed in full; unset is no limit."""
 

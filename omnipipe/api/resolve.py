@@ -178,7 +178,8 @@ def _resolve_stage(model: str, default: StageDefaults | None, user: Stage) -> Re
         target=(scaling.target or DEFAULT_TARGETS[scaling.metric]) if scaling else None,
         max_batch=user.max_batch or DEFAULT_MAX_BATCH,
         media=user.media or MediaLimits(),
-        acceleration=user.acceleration,
+        # Written only when it sets something: `acceleration: {}` rolls nothing.
+        acceleration=user.acceleration if user.acceleration and user.acceleration.cache else None,
         batch_wait_ms=(
             user.batch_wait_ms
             if user.batch_wait_ms is not None

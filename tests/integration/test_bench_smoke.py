@@ -136,3 +136,16 @@ def test_throughput_quick(tmp_path: Path) -> None:
         for r in levels.values():
             assert r["throughput"] > 0
             assert 0 < r["p50_ms"] <= r["p99_ms"]
+
+
+def test_diffusion_quick(tmp_path: Path) -> None:
+    out, results = run_quick("diffusion", tmp_path)
+    assert "vs monolith" in out
+    for server in ("monolith", "split_graph", "split_graph_step_cache"):
+        for c in (1, 4):
+            row = results[f"{server}_c{c}"]
+            assert row["errors"] == 0  # type: ignore[index]
+            assert row["img_per_s"] > 0  # type: ignore[index]
+    shares = results["steps_reused_share"]
+    assert shares["split graph"] == 0  # type: ignore[index]
+    assert shares["split graph + step cache"] > 0  # type: ignore[index]

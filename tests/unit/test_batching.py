@@ -272,14 +272,17 @@ class StepsTogether(Steps):
 async def test_a_batch_that_steps_together_takes_no_one_in_until_it_is_done() -> None:
     stage = StepsTogether()
     rt = runtime(stage, wait_s=0.0)
-    submit(rt, stepped("a", 6))
+    submit(rt, stepped("a", 20))
     await deliver(rt, "a")
     await until("a to be a few steps in", lambda: len(stage.log) >= 2)
     submit(rt, stepped("b", 3))
     await deliver(rt, "b")
+    await until("b to be queued", lambda: len(rt._queue) == 1)
+    # b waits while a still has steps to go: had it joined, it would step beside a.
+    assert len(stage.log) < 20
     await finish(rt, ["a", "b"])
     await rt.close()
-    assert stage.log == [["a"]] * 6 + [["b"]] * 3
+    assert stage.log == [["a"]] * 20 + [["b"]] * 3
 
 
 async def test_a_request_whose_client_left_leaves_at_the_next_step() -> None:

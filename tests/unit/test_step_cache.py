@@ -148,3 +148,15 @@ def test_a_stage_without_step_caching_refuses_the_setting() -> None:
     with pytest.raises(NotImplementedError) as err:
         Plain(spec, "unused", "cpu")
     assert "stage denoise: Plain has no step caching" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("blocks", "says"),
+    [({"firstBlocks": 2}, "more than 2 blocks"), ({"firstBlocks": 1, "lastBlocks": 2}, "has 2")],
+)
+def test_block_counts_the_model_cannot_take_stop_the_stage_at_load(
+    blocks: dict[str, int], says: str
+) -> None:
+    with pytest.raises(ValueError, match=r"acceleration\.cache: firstBlocks") as err:
+        loaded(pipeline({"threshold": 0.1, **blocks}).stage("denoise"))
+    assert says in str(err.value)

@@ -22,6 +22,16 @@ class StepCacher:
         import cache_dit
         from cache_dit import BlockAdapter, ForwardPattern
 
+        blocks = transformer.transformer_blocks
+        # cache-dit asserts the first only inside each forward, and lets the first and
+        # last blocks overlap (blocks run twice): both refused here, before any request.
+        if not settings.first_blocks < len(blocks) >= settings.first_blocks + settings.last_blocks:
+            raise ValueError(
+                f"acceleration.cache: firstBlocks ({settings.first_blocks}) and lastBlocks "
+                f"({settings.last_blocks}) need a transformer of more than "
+                f"{settings.first_blocks} blocks and at least their sum; this one has "
+                f"{len(blocks)}"
+            )
         self._cache_dit = cache_dit
         self.transformer = transformer
         self.settings = settings
@@ -38,7 +48,6 @@ class StepCacher:
         # cache-dit's own accounting is written out only when a context ends; a step is
         # seen as reused, as it happens, by the last block that a reused step skips not
         # running. With no block between the first and last ones computed, none is.
-        blocks = transformer.transformer_blocks
         skippable = len(blocks) - settings.last_blocks - 1
         self._witness_runs = 0
         self._runs_before = 0
