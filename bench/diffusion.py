@@ -31,7 +31,10 @@ from throughput import Level, drive, percentile
 from tests.e2e.conftest import Served, start_serve, stop_cleanly
 
 SIZE, STEPS, GUIDANCE = 128, 20, 4.0
-CACHE = {"threshold": 0.2, "warmupSteps": 4, "firstBlocks": 1}
+# The tiny model's random weights move its residuals far more per step than a trained
+# model's: 0.4 reuses about 9 of its 20 steps here (0.2 reuses none); a real model's
+# threshold is cache-dit's usual 0.05-0.2.
+CACHE = {"threshold": 0.4, "warmupSteps": 4, "firstBlocks": 1}
 
 
 def manifest(cache: dict[str, Any] | None) -> str:
