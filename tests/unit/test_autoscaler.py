@@ -123,6 +123,27 @@ def test_scale_to_zero_and_wake_on_demand() -> None:
     assert (unknown.desired, unknown.active) == (0, False)
 
 
+def test_a_woken_stage_waits_out_its_down_window_once_its_signal_is_back() -> None:
+    """Woken at t=0, its pod's series absent while it starts (t=3), then the held request
+    served between two scrapes: the signal reads 0 from t=4, yet the stage stays up
+    until its 5 s down window has passed since the last held count."""
+    zero = Policy(SignalKind.TOTAL, 1, 0, 1, 1, 0.1, up_window=0, down_window=5)
+    woken = decide(zero, 0, 0, seen(None, demand=1), (), 0, 30)
+    starting = decide(zero, 1, 0, seen(None, demand=1), woken.history, 3, 30)
+    assert (starting.desired, starting.reason) == (1, "MetricMissing")
+    back = decide(zero, 1, 1, seen(0, demand=0), starting.history, 4, 30)
+    assert (back.desired, back.reason) == (1, "Stabilizing")
+    later = decide(zero, 1, 1, seen(0, demand=0), back.history, 9, 30)
+    assert (later.desired, later.reason) == (0, "ScaleDown")
+
+
+def test_requests_the_router_holds_keep_a_running_stage_up() -> None:
+    zero = Policy(SignalKind.TOTAL, 1, 0, 2, 2, 0.1, up_window=0, down_window=0)
+    held = decide(zero, 1, 1, seen(0, demand=2), (), 0, 30)
+    assert held.desired == 1
+    assert decide(zero, 1, 1, seen(0, demand=0), (), 0, 30).desired == 0
+
+
 def test_queries_select_the_stage_and_pick_the_signal_kind() -> None:
     inflight = signal_queries("ns", "p", "denoise", Autoscaling(max_replicas=3))
     assert inflight.kind is SignalKind.TOTAL

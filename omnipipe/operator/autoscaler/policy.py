@@ -87,8 +87,13 @@ def decide(
             )
         if seen.demand > 0:
             wake = _clamp(max(1, policy.min_replicas), policy)
+            # Recorded, so the scale-down window counts from the wake.
             return Decision(
-                wake, True, "WakeOnDemand", f"{seen.demand:g} request(s) waiting for a replica", ()
+                wake,
+                True,
+                "WakeOnDemand",
+                f"{seen.demand:g} request(s) waiting for a replica",
+                (Recommendation(now, wake),),
             )
         target = _clamp(0, policy)
         return Decision(
@@ -110,23 +115,35 @@ def decide(
             f"{'raising to minReplicas' if raising else 'lowering to maxReplicas'} {bounded}",
             history,
         )
+    horizon = max(policy.up_window, policy.down_window)
+
+    def remembered(rec: int) -> tuple[Recommendation, ...]:
+        return (*tuple(r for r in history if now - r.at <= horizon), Recommendation(now, rec))
+
+    # A count held for want of data is remembered as a recommendation to keep it: when
+    # the signal comes back (a woken stage's first pod, whose series is absent while it
+    # starts), a scale-down still waits out its window from then.
     if seen.error is not None:
-        return Decision(current, False, seen.error_reason, seen.error, history)
+        return Decision(current, False, seen.error_reason, seen.error, remembered(current))
     if seen.value is None or math.isnan(seen.value):
-        return Decision(current, False, "MetricMissing", "the signal's series is absent", history)
+        return Decision(
+            current, False, "MetricMissing", "the signal's series is absent", remembered(current)
+        )
     if seen.age is not None and seen.age > max_age:
         return Decision(
             current,
             False,
             "MetricStale",
             f"newest sample is {seen.age:.0f}s old (limit {max_age:.0f}s)",
-            history,
+            remembered(current),
         )
 
     raw = recommend(policy, seen.value, current, ready)
     rec = _clamp(raw, policy)
-    horizon = max(policy.up_window, policy.down_window)
-    kept = (*tuple(r for r in history if now - r.at <= horizon), Recommendation(now, rec))
+    if seen.demand and rec < current:
+        # The router holds requests for this stage: they are not in its own signal yet.
+        rec = current
+    kept = remembered(rec)
     if rec > current:
         window = [r.replicas for r in kept if now - r.at <= policy.up_window]
         desired = min(max(min(window), current), current + policy.max_step)
