@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -85,14 +86,21 @@ class Operator:
         ]
 
 
-@pytest.fixture(scope="package")
-def operator(cluster: Cluster) -> Iterator[Operator]:
+@contextmanager
+def running_operator(cluster: Cluster) -> Iterator[Operator]:
+    """The operator under its ServiceAccount for the block; it must log no error."""
     kubeconfig = service_account_kubeconfig(cluster, "omnipipe-system", "omnipipe-operator")
     op = Operator(cluster, kubeconfig, cluster.workdir / "operator.log")
     op.start()
     yield op
     op.stop()
     assert op.errors() == [], "operator logged errors:\n" + "\n".join(op.errors())
+
+
+@pytest.fixture(scope="package")
+def operator(cluster: Cluster) -> Iterator[Operator]:
+    with running_operator(cluster) as op:
+        yield op
 
 
 _namespaces = iter(range(1, 10_000))

@@ -15,8 +15,15 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.harness.cluster import Cluster, control_plane, service_account_kubeconfig
-from tests.integration.conftest import REPO, Operator, children, get_json, wait_for
+from tests.harness.cluster import Cluster, control_plane
+from tests.integration.conftest import (
+    REPO,
+    Operator,
+    children,
+    get_json,
+    running_operator,
+    wait_for,
+)
 
 pytestmark = pytest.mark.integration
 # A type a family that the operator's image lacks would register.
@@ -66,12 +73,8 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
 
 @pytest.fixture(scope="module")
 def operator(cluster: Cluster) -> Iterator[Operator]:
-    kubeconfig = service_account_kubeconfig(cluster, "omnipipe-system", "omnipipe-operator")
-    op = Operator(cluster, kubeconfig, cluster.workdir / "operator.log")
-    op.start()
-    yield op
-    op.stop()
-    assert op.errors() == [], "operator logged errors:\n" + "\n".join(op.errors())
+    with running_operator(cluster) as op:
+        yield op
 
 
 @pytest.fixture
