@@ -332,20 +332,21 @@ async def _stalled_on_pipeline_type(
     if pipeline is None:
         return False
     status = uninstalled_status(pipeline, generation, _previous_conditions(body), utc_now())
-    # A merge patch: an earlier status's endpoint, revisions and stages are cleared with
-    # explicit nulls, not left beside a Stalled that says nothing is served through them.
-    written = status.model_dump(mode="json", by_alias=True, exclude_none=True)
-    before = body.get("status") or {}
-    if before != written:
-        cleared = {key: None for key in before if key not in written}
-        meta = body["metadata"]
-        await kube.patch_status(meta["namespace"], meta["name"], {**cleared, **written})
+    # An earlier status's endpoint, revisions and stages go: they are not to stand beside
+    # a Stalled that says nothing is served through them.
+    await _write_status(kube, body, status, clear_the_rest=True)
     return True
 
 
-async def _write_status(kube: Kube, body: Mapping[str, Any], computed: OmniPipelineStatus) -> None:
+async def _write_status(
+    kube: Kube, body: Mapping[str, Any], computed: OmniPipelineStatus, clear_the_rest: bool = False
+) -> None:
+    """A merge patch of the computed status; clear_the_rest: the keys it lacks are sent as
+    explicit nulls, so the patch removes them."""
     status = computed.model_dump(mode="json", by_alias=True, exclude_none=True)
-    if (body.get("status") or {}) == status:
+    before = body.get("status") or {}
+    if before == status:
         return
+    cleared = {key: None for key in before if key not in status} if clear_the_rest else {}
     meta = body["metadata"]
-    await kube.patch_status(meta["namespace"], meta["name"], status)
+    await kube.patch_status(meta["namespace"], meta["name"], {**cleared, **status})
