@@ -313,13 +313,16 @@ async def refresh_status(
         weights.stall if weights is not None else None,
         settings.stall_policy,
     )
-    await _write_status(kube, body, status)
+    # The series first: the patch's await yields to the event loop while /metrics is
+    # served from its own thread, so a reader who has seen this status (Ready, say) must
+    # not still scrape the counts of the one before it.
     metrics.observe_status(
         namespace,
         name,
         status,
         {s.name: s.autoscaling.max_replicas for s in ctx.pipeline.stages if s.autoscaling},
     )
+    await _write_status(kube, body, status)
     return status
 
 

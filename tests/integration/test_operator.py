@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from omnipipe.api import parse_resource, resolve
 from omnipipe.api.revision import pipeline_revision
@@ -338,16 +339,26 @@ def test_operator_exports_metrics(cluster: Cluster, operator: Operator, namespac
         with urllib.request.urlopen(url, timeout=5) as resp:
             return str(resp.read().decode())
 
-    text = wait_for(
-        "stage gauges", lambda: (t := scrape()) and f'namespace="{namespace}"' in t and t
+    denoise = {"namespace": namespace, "pipeline": "qwen-image", "stage": "denoise"}
+    # The gauge itself, not any series of the namespace: those exist from the first
+    # reconcile on, when no replica is ready yet. Its last value is in the timeout message.
+    ready_replicas = wait_for(
+        "omnipipe_stage_replicas_ready of the denoise stage above 0",
+        lambda: sample(scrape(), "omnipipe_stage_replicas_ready", denoise),
     )
+    assert ready_replicas == 1.0
+    text = scrape()
     assert 'omnipipe_operator_reconcile_total{result="success",trigger="create"}' in text
     assert "omnipipe_operator_reconcile_duration_seconds_bucket" in text
-    ready_line = (
-        f'omnipipe_stage_replicas_ready{{namespace="{namespace}",'
-        'pipeline="qwen-image",stage="denoise"} 1.0'
-    )
-    assert ready_line in text
+
+
+def sample(text: str, name: str, labels: dict[str, str]) -> float | None:
+    """One series' value in a /metrics page; None when it is absent."""
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == name and s.labels == labels:
+                return float(s.value)
+    return None
 
 
 def test_operator_killed_mid_reconcile_converges_without_duplicates(
