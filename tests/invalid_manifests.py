@@ -263,8 +263,9 @@ CASES = [
     Invalid(
         "step-cache-on-the-text-encoder",
         lambda: with_spec(stages=[{"name": "encode", "acceleration": {"cache": {}}}]),
-        "acceleration.cache (step caching) applies to a denoiser stage",
-        "spec.stages[encode].acceleration.cache: step caching applies to a denoiser stage",
+        "acceleration (step caching, CFG-parallel, quantization) applies to a denoiser stage",
+        "spec.stages[encode].acceleration: step caching, CFG-parallel and quantization apply "
+        "to a denoiser stage, not a text-encoder",
     ),
     Invalid(
         "step-cache-on-a-custom-vae",
@@ -276,8 +277,9 @@ CASES = [
                 "acceleration": {"cache": {"threshold": 0.1}},
             }
         ),
-        "acceleration.cache (step caching) applies to a denoiser stage",
-        "spec.stages[decode].acceleration.cache: step caching applies to a denoiser stage",
+        "acceleration (step caching, CFG-parallel, quantization) applies to a denoiser stage",
+        "spec.stages[decode].acceleration: step caching, CFG-parallel and quantization apply "
+        "to a denoiser stage, not a vae-decoder",
     ),
     Invalid(
         "step-cache-negative-threshold",
@@ -296,5 +298,39 @@ CASES = [
         lambda: with_stage(acceleration={"cache": {"firstBlocks": 0}}),
         "spec.stages[0].acceleration.cache.firstBlocks: Invalid value: 0",
         "acceleration.cache.firstBlocks",
+    ),
+    Invalid(
+        "quantization-on-the-text-encoder",
+        lambda: with_spec(
+            stages=[{"name": "encode", "acceleration": {"quantization": {}}}],
+        ),
+        "acceleration (step caching, CFG-parallel, quantization) applies to a denoiser stage",
+        "spec.stages[encode].acceleration: step caching, CFG-parallel and quantization apply",
+    ),
+    Invalid(
+        "quantization-unknown-method",
+        lambda: with_stage(acceleration={"quantization": {"method": "int4"}}),
+        "spec.stages[0].acceleration.quantization.method: Unsupported value",
+        "acceleration.quantization.method",
+    ),
+    Invalid(
+        "cfg-parallel-over-three-devices",
+        lambda: with_stage(acceleration={"cfgParallelSize": 3}),
+        "spec.stages[0].acceleration.cfgParallelSize: Unsupported value: 3",
+        "acceleration.cfgParallelSize",
+    ),
+    Invalid(
+        "cfg-parallel-with-the-step-cache",
+        lambda: with_stage(acceleration={"cfgParallelSize": 2, "cache": {}}),
+        'spec.stages[0].acceleration.cfgParallelSize: Invalid value: "object": cache and '
+        "cfgParallelSize 2 do not combine",
+        "cache and cfgParallelSize 2 do not combine",
+    ),
+    Invalid(
+        "cfg-parallel-on-one-gpu",
+        lambda: with_stage(acceleration={"cfgParallelSize": 2}, resources={"gpus": 1}),
+        'spec.stages[0].acceleration.cfgParallelSize: Invalid value: "object": '
+        "acceleration.cfgParallelSize 2 needs two devices",
+        "spec.stages[denoise].acceleration.cfgParallelSize: 2 needs two devices",
     ),
 ]

@@ -1,15 +1,20 @@
-"""A denoiser stage's acceleration: step caching by cache-dit's DBCache (Dual Block Cache).
+"""A denoiser stage's acceleration: step caching, CFG-parallel and weight quantization.
 
-Each denoising step, DBCache runs the transformer's first blocks and compares their
-residual with the previous step's; where it changed less than the threshold (relative L1),
-the remaining blocks are skipped and their cached residual reused. A threshold of 0 never
-reuses a step, so the output is the uncached one exactly."""
+Step caching is cache-dit's DBCache (Dual Block Cache): each denoising step runs the
+transformer's first blocks and compares their residual with the previous step's; where it
+changed less than the threshold (relative L1), the remaining blocks are skipped and their
+cached residual reused. A threshold of 0 never reuses a step, so the output is the
+uncached one exactly.
+
+CFG-parallel runs a request's negative branch on a second device beside the positive one,
+instead of both as one batch of two on one device. Quantization stores the DiT's linear
+weights in 8 bits through torchao."""
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Literal, Self
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from omnipipe.api.spec_base import SpecModel
 
@@ -40,9 +45,42 @@ class StepCache(SpecModel):
     """Most reused steps in a row before one is computed in full; unset is no limit."""
 
 
+QuantizationMethod = Literal["int8-weight-only", "int8-dynamic", "float8-weight-only"]
+
+
+class Quantization(SpecModel):
+    """The DiT's linear layers in 8 bits (torchao), applied as the stage loads."""
+
+    method: QuantizationMethod = "int8-weight-only"
+    """int8-weight-only: int8 weights, computed in the model's dtype (half the memory of
+    bf16, the CPU's and the GPU's); int8-dynamic: int8 weights and activations quantized
+    per token as they come (int8 matmuls); float8-weight-only: float8 (e4m3) weights."""
+
+
 class Acceleration(SpecModel):
     """How a denoiser stage trades exactness for speed; nothing is on unless set."""
 
     cache: StepCache | None = None
     """Step caching with cache-dit. Requests with a cache run as a group from their first
     step to their last (none joins between steps), with equal step counts."""
+    cfg_parallel_size: Literal[1, 2] = 1
+    """Devices a request's classifier-free guidance branches run on. 1: the positive and
+    negative branches run as one batch of two on one device. 2: the negative branch runs
+    on a second device (a second GPU of the pod: resources.gpus 2 or more; a second copy
+    of the DiT on the CPU) at the same time, and its noise prediction comes back each step.
+    Not with cache."""
+    quantization: Quantization | None = None
+    """Weight quantization of the DiT; unset keeps the checkpoint's precision."""
+
+    @property
+    def sets_anything(self) -> bool:
+        return bool(self.cache or self.cfg_parallel_size > 1 or self.quantization)
+
+    @model_validator(mode="after")
+    def _cache_is_one_device(self) -> Self:
+        if self.cache is not None and self.cfg_parallel_size > 1:
+            raise ValueError(
+                "cache and cfgParallelSize 2 do not combine: each branch's device would "
+                "decide its own steps to reuse; use one of them"
+            )
+        return self

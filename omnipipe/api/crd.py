@@ -86,9 +86,9 @@ def _per_pipeline(
     ]
 
 
-def _cache_on_denoisers() -> list[Schema]:
-    """acceleration.cache only on a denoiser stage: its own role, or its type's default
-    role for a stage it names; one rule per type, as _per_pipeline's."""
+def _acceleration_on_denoisers() -> list[Schema]:
+    """acceleration only on a denoiser stage: its own role, or its type's default role for
+    a stage it names; one rule per type, as _per_pipeline's."""
     known = _cel_str_list(list(pipeline_types()))
     denoisers = [
         (
@@ -101,10 +101,11 @@ def _cache_on_denoisers() -> list[Schema]:
     return [
         {
             "rule": f"{skip} || !has(self.stages) || self.stages.all(s, "
-            "!has(s.acceleration) || !has(s.acceleration.cache) || "
+            "!has(s.acceleration) || "
             f"(has(s.role) ? s.role == {json.dumps(Role.DENOISER.value)} : "
             f"s.name in {_cel_str_list(names)}))",
-            "message": "acceleration.cache (step caching) applies to a denoiser stage",
+            "message": "acceleration (step caching, CFG-parallel, quantization) applies to a "
+            "denoiser stage",
             "fieldPath": ".stages",
             "reason": "FieldValueInvalid",
         }
@@ -143,7 +144,7 @@ def _spec_rules() -> list[Schema]:
             "inputs must name earlier stages: the stage graph may not have cycles",
             "FieldValueInvalid",
         ),
-        *_cache_on_denoisers(),
+        *_acceleration_on_denoisers(),
     ]
 
 
@@ -158,6 +159,25 @@ _ROOT_RULES: list[Schema] = [
         "rule": "!has(self.spec.stages) || "
         "self.spec.stages.all(s, size(self.metadata.name) + 1 + size(s.name) <= 63)",
         "message": "spec.stages[].name: <pipeline>-<stage> must be at most 63 characters",
+    },
+]
+
+_ACCELERATION_RULES: list[Schema] = [
+    {
+        "rule": "!has(self.cache) || !has(self.cfgParallelSize) || self.cfgParallelSize == 1",
+        "message": "cache and cfgParallelSize 2 do not combine: use one of them",
+        "fieldPath": ".cfgParallelSize",
+    },
+]
+
+_STAGE_RULES: list[Schema] = [
+    {
+        "rule": "!has(self.acceleration) || !has(self.acceleration.cfgParallelSize) || "
+        "self.acceleration.cfgParallelSize == 1 || !has(self.resources) || "
+        "!has(self.resources.gpus) || self.resources.gpus != 1",
+        "message": "acceleration.cfgParallelSize 2 needs two devices: resources.gpus of 2 or "
+        "more, or none (the CPU)",
+        "fieldPath": ".acceleration.cfgParallelSize",
     },
 ]
 
@@ -276,6 +296,8 @@ def _spec_schema() -> Schema:
     stage["properties"]["env"]["x-kubernetes-list-type"] = "map"
     stage["properties"]["env"]["x-kubernetes-list-map-keys"] = ["name"]
     stage["properties"]["autoscaling"]["x-kubernetes-validations"] = _AUTOSCALING_RULES
+    stage["properties"]["acceleration"]["x-kubernetes-validations"] = _ACCELERATION_RULES
+    stage["x-kubernetes-validations"] = _STAGE_RULES
     spec["x-kubernetes-validations"] = _spec_rules()
     props["weights"]["x-kubernetes-validations"] = weights_cel_rules()
     props["weights"]["properties"]["accessModes"]["x-kubernetes-list-type"] = "set"

@@ -82,11 +82,17 @@ def _check_acceleration(spec: OmniPipelineSpec) -> None:
     roles = {s.name: s.role for s in known.stages} if known else {}
     for stage in spec.stages:
         role = stage.role or roles.get(stage.name)
-        if stage.acceleration and stage.acceleration.cache and role is not Role.DENOISER:
+        if stage.acceleration and role is not Role.DENOISER:
             what = role.value if role else "stage with no role"
             raise ValueError(
-                f"spec.stages[{stage.name}].acceleration.cache: step caching applies to a "
-                f"denoiser stage, not a {what}"
+                f"spec.stages[{stage.name}].acceleration: step caching, CFG-parallel and "
+                f"quantization apply to a denoiser stage, not a {what}"
+            )
+        gpus = stage.resources.gpus if stage.resources else None
+        if stage.acceleration and stage.acceleration.cfg_parallel_size > 1 and gpus == 1:
+            raise ValueError(
+                f"spec.stages[{stage.name}].acceleration.cfgParallelSize: 2 needs two "
+                "devices: resources.gpus of 2 or more, or none (the CPU)"
             )
 
 

@@ -179,7 +179,9 @@ def _resolve_stage(model: str, default: StageDefaults | None, user: Stage) -> Re
         max_batch=user.max_batch or DEFAULT_MAX_BATCH,
         media=user.media or MediaLimits(),
         # Written only when it sets something: `acceleration: {}` rolls nothing.
-        acceleration=user.acceleration if user.acceleration and user.acceleration.cache else None,
+        acceleration=(
+            user.acceleration if user.acceleration and user.acceleration.sets_anything else None
+        ),
         batch_wait_ms=(
             user.batch_wait_ms
             if user.batch_wait_ms is not None

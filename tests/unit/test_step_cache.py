@@ -11,44 +11,29 @@ from typing import Any
 import pytest
 import torch
 
-from omnipipe.api import ResolvedStage, parse_resource, resolve
+from omnipipe.api import ResolvedPipeline
 from omnipipe.worker.models.tiny import resolve_model_path
 from omnipipe.worker.stages import stage_class
 from omnipipe.worker.stages.base import Stage, StageJob, StageResult
+from tests.unit import denoisers
+from tests.unit.denoisers import encoded, loaded
 
 STEPS = 8
 BASE = {"width": 64, "height": 64, "num_inference_steps": STEPS, "guidance_scale": 4.0}
 
 
-def pipeline(cache: dict[str, Any] | None) -> Any:
-    stages = [{"name": "denoise", "acceleration": {"cache": cache}}] if cache is not None else []
-    return resolve(
-        parse_resource(
-            {
-                "apiVersion": "omnipipe.io/v1alpha1",
-                "kind": "OmniPipeline",
-                "metadata": {"name": "img"},
-                "spec": {"model": "tiny://qwen-image", "pipeline": "qwen-image", "stages": stages},
-            }
-        )
-    )
-
-
-def loaded(spec: ResolvedStage) -> Any:
-    path = resolve_model_path("tiny://qwen-image")
-    stage = stage_class(spec, path)(spec, path, "cpu")
-    stage.load()
-    return stage
+def pipeline(cache: dict[str, Any] | None) -> ResolvedPipeline:
+    return denoisers.pipeline({"cache": cache} if cache is not None else None)
 
 
 @pytest.fixture(scope="module")
 def jobs() -> list[StageJob]:
-    encode = loaded(pipeline(None).stage("encode"))
-    params = [
-        {**BASE, "prompt": "a lighthouse at dusk", "negative_prompt": "blurry", "seed": 3},
-        {**BASE, "prompt": "a cat", "seed": 4},
-    ]
-    return [StageJob(p, {"encode": encode.run(StageJob(p, {})).tensors}) for p in params]
+    return encoded(
+        [
+            {**BASE, "prompt": "a lighthouse at dusk", "negative_prompt": "blurry", "seed": 3},
+            {**BASE, "prompt": "a cat", "seed": 4},
+        ]
+    )
 
 
 def denoised(cache: dict[str, Any] | None, jobs: list[StageJob]) -> tuple[list[Any], Counter[str]]:
@@ -147,7 +132,7 @@ def test_a_stage_without_step_caching_refuses_the_setting() -> None:
     spec = pipeline({"threshold": 0.1}).stage("denoise")
     with pytest.raises(NotImplementedError) as err:
         Plain(spec, "unused", "cpu")
-    assert "stage denoise: Plain has no step caching" in str(err.value)
+    assert "stage denoise: Plain does not support acceleration.cache;" in str(err.value)
 
 
 @pytest.mark.parametrize(

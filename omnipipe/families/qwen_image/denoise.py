@@ -5,7 +5,9 @@ Unlike the pipeline's loop, each step is one transformer forward for the whole b
 every request's conditional rows and, under CFG, its unconditional rows beside them (text
 padded to the longest and the pad masked), each row at its own request's timestep. So
 requests join a running batch at any step boundary and leave it at the next, and CFG
-costs one forward of twice the rows, never two forwards.
+costs one forward of twice the rows, never two forwards. With CFG-parallel
+(acceleration.cfgParallelSize 2) the unconditional rows run on a second device at the same
+time instead (cfg_parallel.py).
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ from functools import lru_cache
 import numpy as np
 import torch
 
+from omnipipe.families.qwen_image.cfg_parallel import BranchDevice
 from omnipipe.families.qwen_image.loading import load_qwen_image
+from omnipipe.families.qwen_image.quantize import quantize_weights
 from omnipipe.families.qwen_image.stages import geometry, int_param, padded, schedule_shift
 from omnipipe.families.qwen_image.step_cache import StepCacher
 from omnipipe.worker.stages.base import StageJob, StageResult, SteppedStage
@@ -48,14 +52,40 @@ class Denoising:
 class SteppedDenoiseStage(SteppedStage):
     """Flow-matching DiT denoising with true CFG over the two embeddings -> latents."""
 
-    caches_steps = True
+    accelerations = frozenset({"cache", "cfgParallelSize", "quantization"})
 
     def load(self) -> None:
         self.pipe = load_qwen_image(self.model_path, self.device, {"transformer", "scheduler"})
         self._schedule = lru_cache(maxsize=64)(self._make_schedule)
         self._serials = itertools.count()
-        cache = self.spec.acceleration.cache if self.spec.acceleration else None
+        acceleration = self.spec.acceleration
+        cache = acceleration.cache if acceleration else None
+        if acceleration and acceleration.quantization:
+            quantize_weights(self.pipe.transformer, acceleration.quantization)
         self.cacher = StepCacher(self.pipe.transformer, cache) if cache else None
+        self.branch = (
+            BranchDevice(self._load_transformer, self.device)
+            if acceleration and acceleration.cfg_parallel_size > 1
+            else None
+        )
+        if acceleration and acceleration.quantization:
+            log.info("the DiT's linear weights are %s", acceleration.quantization.method)
+        if self.branch is not None:
+            log.info(
+                "CFG-parallel: negative branches run on %s, positive ones on %s",
+                self.branch.device,
+                self.device,
+            )
+
+    def _load_transformer(self, device: torch.device) -> torch.nn.Module:
+        """The DiT alone on `device`, quantized as the stage's own is."""
+        transformer: torch.nn.Module = load_qwen_image(
+            self.model_path, device, {"transformer"}
+        ).transformer
+        acceleration = self.spec.acceleration
+        if acceleration and acceleration.quantization:
+            quantize_weights(transformer, acceleration.quantization)
+        return transformer
 
     @property
     def joins_between_steps(self) -> bool:
@@ -107,6 +137,39 @@ class SteppedDenoiseStage(SteppedStage):
             serial=next(self._serials),
         )
 
+    def _predict(
+        self,
+        transformer: torch.nn.Module,
+        positive: Sequence[Denoising],
+        negative: Sequence[Denoising],
+        device: torch.device,
+    ) -> torch.Tensor:
+        """One forward on `device`: the conditional rows of `positive`, then the
+        unconditional rows of `negative`."""
+        texts, masks = [s.text for s in positive], [s.mask for s in positive]
+        for state in negative:
+            assert state.neg_text is not None
+            assert state.neg_mask is not None
+            texts.append(state.neg_text)
+            masks.append(state.neg_mask)
+        rows = [*positive, *negative]
+        hidden = torch.cat([s.latents for s in rows]).to(device)
+        times = torch.cat([s.timesteps[s.index].expand(len(s.latents)) for s in rows])
+        mask = padded(masks).to(device)
+        with torch.inference_mode():
+            pred: torch.Tensor = transformer(
+                hidden_states=hidden,
+                timestep=times.to(device, hidden.dtype) / 1000,
+                guidance=None,
+                # All ones is None to the transformer, as in the pipeline's own calls.
+                encoder_hidden_states_mask=None if bool(mask.all()) else mask,
+                encoder_hidden_states=padded(texts).to(device),
+                img_shapes=[[rows[0].image_shape]] * len(hidden),
+                attention_kwargs={},
+                return_dict=False,
+            )[0]
+        return pred
+
     def finished(self, state: Denoising) -> bool:
         return state.index >= len(state.timesteps)
 
@@ -122,30 +185,21 @@ class SteppedDenoiseStage(SteppedStage):
 
     def step(self, states: Sequence[Denoising]) -> None:
         cfg = [s for s in states if s.neg_text is not None and s.guidance > 1]
-        latents = [s.latents for s in states] + [s.latents for s in cfg]
-        texts = [s.text for s in states] + [s.neg_text for s in cfg if s.neg_text is not None]
-        masks = [s.mask for s in states] + [s.neg_mask for s in cfg if s.neg_mask is not None]
-        times = [s.timesteps[s.index].expand(len(s.latents)) for s in [*states, *cfg]]
-        hidden = torch.cat(latents)
-        mask = padded(masks)
         if self.cacher is not None:
             steps_left = len(states[0].timesteps) - states[0].index
             self.cacher.start_step([s.serial for s in states], steps_left)
-        with torch.inference_mode():
-            pred = self.pipe.transformer(
-                hidden_states=hidden,
-                timestep=torch.cat(times).to(hidden.dtype) / 1000,
-                guidance=None,
-                # All ones is None to the transformer, as in the pipeline's own calls.
-                encoder_hidden_states_mask=None if bool(mask.all()) else mask,
-                encoder_hidden_states=padded(texts),
-                img_shapes=[[states[0].image_shape]] * len(hidden),
-                attention_kwargs={},
-                return_dict=False,
-            )[0]
+        main = self.pipe.transformer
+        if (branch := self.branch) is not None and cfg:
+            conditional, unconditional = branch.beside(
+                lambda model: self._predict(model, [], cfg, branch.device),
+                lambda: self._predict(main, states, [], self.device),
+            )
+            pred = torch.cat([conditional, unconditional.to(self.device)])
+        else:
+            pred = self._predict(main, states, cfg, self.device)
         reused = self.cacher is not None and self.cacher.reused_last_step()
         self.count_steps("reused" if reused else "computed", len(states))
-        preds = list(pred.split([len(s.latents) for s in [*states, *cfg]]))
+        preds = list(torch.split(pred, [len(s.latents) for s in [*states, *cfg]]))
         uncond = dict(zip(map(id, cfg), preds[len(states) :], strict=True))
         for state, cond in zip(states, preds[: len(states)], strict=True):
             if (neg := uncond.get(id(state))) is not None:

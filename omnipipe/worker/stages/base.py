@@ -94,15 +94,21 @@ def _no_count(kind: str, n: int) -> None:
 class Stage(ABC):
     """One stage. load() runs once; run_batch() runs in the worker's engine thread."""
 
-    # Whether the stage honours spec.acceleration.cache (step caching).
-    caches_steps = False
+    # Which of spec.acceleration's settings the stage honours, by their names there.
+    accelerations: frozenset[str] = frozenset()
 
     def __init__(self, spec: ResolvedStage, model_path: str, device: str) -> None:
-        if spec.acceleration is not None and spec.acceleration.cache and not self.caches_steps:
-            raise NotImplementedError(
-                f"stage {spec.name}: {type(self).__name__} has no step caching; remove "
-                "its acceleration.cache"
-            )
+        if spec.acceleration is not None:
+            wanted = {
+                "cache": spec.acceleration.cache is not None,
+                "cfgParallelSize": spec.acceleration.cfg_parallel_size > 1,
+                "quantization": spec.acceleration.quantization is not None,
+            }
+            if missing := [k for k, on in wanted.items() if on and k not in self.accelerations]:
+                raise NotImplementedError(
+                    f"stage {spec.name}: {type(self).__name__} does not support "
+                    f"acceleration.{', acceleration.'.join(missing)}; remove it"
+                )
         self.spec = spec
         self.model_path = model_path
         self.device = torch.device(device)

@@ -1,0 +1,38 @@
+"""tiny://qwen-image's stages loaded as the worker loads them, with a denoiser's
+acceleration settings, for the acceleration tests."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from omnipipe.api import ResolvedPipeline, ResolvedStage, parse_resource, resolve
+from omnipipe.worker.models.tiny import resolve_model_path
+from omnipipe.worker.stages import stage_class
+from omnipipe.worker.stages.base import StageJob
+
+
+def pipeline(acceleration: dict[str, Any] | None) -> ResolvedPipeline:
+    stages = [{"name": "denoise", "acceleration": acceleration}] if acceleration else []
+    return resolve(
+        parse_resource(
+            {
+                "apiVersion": "omnipipe.io/v1alpha1",
+                "kind": "OmniPipeline",
+                "metadata": {"name": "img"},
+                "spec": {"model": "tiny://qwen-image", "pipeline": "qwen-image", "stages": stages},
+            }
+        )
+    )
+
+
+def loaded(spec: ResolvedStage) -> Any:
+    path = resolve_model_path("tiny://qwen-image")
+    stage = stage_class(spec, path)(spec, path, "cpu")
+    stage.load()
+    return stage
+
+
+def encoded(params: list[dict[str, Any]]) -> list[StageJob]:
+    """Denoiser jobs for `params`, their prompts through the text encoder."""
+    encode = loaded(pipeline(None).stage("encode"))
+    return [StageJob(p, {"encode": encode.run(StageJob(p, {})).tensors}) for p in params]
