@@ -1,13 +1,16 @@
 """Diffusion on the CPU: diffusers' monolithic QwenImagePipeline (one process, the anchor)
-beside this checkout's `omnipipe serve` split graph, with the step cache off and on
-(acceleration.cache, cache-dit's DBCache), in the same run on tiny://qwen-image.
+beside this checkout's `omnipipe serve` split graph, plain and with each of the denoiser's
+accelerations (the step cache: cache-dit's DBCache; CFG-parallel over two DiT copies;
+int8 weights through torchao), in the same run on tiny://qwen-image.
 
 The workload: 128x128, 20 steps, true CFG (a negative prompt, guidance 4). The monolith
 runs CFG as two transformer forwards a step, one request at a time (a single-server
 deployment's engine); the split graph runs both branches as one forward and requests
-side by side. Closed-loop clients at concurrency 1 and 4; medians of --repeats runs; each
-row's ratio is to the monolith at the same concurrency. Step-cache rows also report the
-steps reused, from the worker's omnipipe_stage_denoise_steps_total.
+side by side; CFG-parallel runs the negative branch on a second copy beside the
+positive one (on the CPU both copies share the same cores, so it shows the cost of the
+split, not a second device's gain). Closed-loop clients at concurrency 1 and 4; medians
+of --repeats runs; each row's ratio is to the monolith at the same concurrency.
+Step-cache rows also report the steps reused, from the worker's omnipipe_stage_denoise_steps_total.
 
 The GPU side (a real-size random-weight model, --device cuda) is not written yet: no
 accelerator was lent while this was.
@@ -25,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import openai
+import yaml
 from _common import record, table
 from throughput import Level, drive, percentile
 
@@ -35,17 +39,26 @@ SIZE, STEPS, GUIDANCE = 128, 20, 4.0
 # model's: 0.4 reuses about 9 of its 20 steps here (0.2 reuses none); a real model's
 # threshold is cache-dit's usual 0.05-0.2.
 CACHE = {"threshold": 0.4, "warmupSteps": 4, "firstBlocks": 1}
+VARIANTS: dict[str, dict[str, Any] | None] = {
+    "split graph": None,
+    "split graph + step cache": {"cache": CACHE},
+    "split graph + CFG-parallel": {"cfgParallelSize": 2},
+    "split graph + int8 weights": {"quantization": {"method": "int8-weight-only"}},
+}
 
 
-def manifest(cache: dict[str, Any] | None) -> str:
-    text = (
-        "apiVersion: omnipipe.io/v1alpha1\nkind: OmniPipeline\nmetadata: {name: tiny-image}\n"
-        "spec:\n  model: tiny://qwen-image\n  pipeline: qwen-image\n"
+def manifest(acceleration: dict[str, Any] | None) -> str:
+    spec: dict[str, Any] = {"model": "tiny://qwen-image", "pipeline": "qwen-image"}
+    if acceleration:
+        spec["stages"] = [{"name": "denoise", "acceleration": acceleration}]
+    return yaml.safe_dump(
+        {
+            "apiVersion": "omnipipe.io/v1alpha1",
+            "kind": "OmniPipeline",
+            "metadata": {"name": "tiny-image"},
+            "spec": spec,
+        }
     )
-    if cache:
-        knobs = ", ".join(f"{k}: {v}" for k, v in cache.items())
-        text += f"  stages:\n    - name: denoise\n      acceleration:\n        cache: {{{knobs}}}\n"
-    return text
 
 
 def monolith_call() -> Callable[[int], None]:
@@ -129,10 +142,10 @@ def main() -> None:
     print(f"monolith (diffusers QwenImagePipeline, {SIZE}x{SIZE}, {STEPS} steps, CFG)", flush=True)
     results["monolith"] = measure(monolith_call(), levels, requests, repeats)
     with tempfile.TemporaryDirectory(prefix="omnipipe-bench-") as directory:
-        for name, cache in (("split graph", None), ("split graph + step cache", CACHE)):
+        for name, acceleration in VARIANTS.items():
             print(name, flush=True)
             path = Path(directory) / f"{len(results)}.yaml"
-            path.write_text(manifest(cache))
+            path.write_text(manifest(acceleration))
             served = start_serve(path, timeout=300)
             try:
                 results[name] = measure(served_call(served), levels, requests, repeats)
@@ -156,7 +169,7 @@ def main() -> None:
                     str(level.errors),
                 ]
             )
-            key = name.replace(" + ", "_").replace(" ", "_")
+            key = name.replace(" + ", "_").replace(" ", "_").replace("-", "_").lower()
             recorded[f"{key}_c{c}"] = {
                 "p50_ms": p50,
                 "img_per_s": level.throughput,
@@ -167,10 +180,13 @@ def main() -> None:
     print(table(headers, rows))
     record("diffusion", {**recorded, "steps_reused_share": reused}, args.quick)
     split, cached = results["split graph"], results["split graph + step cache"]
+    parallel, int8 = results["split graph + CFG-parallel"], results["split graph + int8 weights"]
     print(
         "diffusion: "
         f"split_c4_vs_monolith={split[4].throughput / results['monolith'][4].throughput:.2f} "
         f"cache_c1_vs_split={cached[1].throughput / split[1].throughput:.2f} "
+        f"cfg_parallel_c1_vs_split={parallel[1].throughput / split[1].throughput:.2f} "
+        f"int8_c1_vs_split={int8[1].throughput / split[1].throughput:.2f} "
         f"steps_reused={reused['split graph + step cache']:.2f} "
         f"errors={sum(lv.errors for r in results.values() for lv in r.values())}"
     )

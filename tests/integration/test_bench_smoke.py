@@ -141,7 +141,8 @@ def test_throughput_quick(tmp_path: Path) -> None:
 def test_diffusion_quick(tmp_path: Path) -> None:
     out, results = run_quick("diffusion", tmp_path)
     assert "vs monolith" in out
-    for server in ("monolith", "split_graph", "split_graph_step_cache"):
+    servers = ["monolith", "split_graph", "split_graph_step_cache", "split_graph_cfg_parallel"]
+    for server in [*servers, "split_graph_int8_weights"]:
         for c in (1, 4):
             row = results[f"{server}_c{c}"]
             assert row["errors"] == 0  # type: ignore[index]
