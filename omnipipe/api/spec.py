@@ -226,7 +226,8 @@ class Stage(SpecModel):
     to it whose inputs are still upstream. It never waits for requests nobody sent, so a
     lone request pays nothing. Default 20 for denoisers, 0 otherwise."""
     acceleration: Acceleration | None = None
-    """A denoiser's acceleration: step caching (cache-dit). Off unless set."""
+    """A denoiser's acceleration: step caching (cache-dit), CFG-parallel over two devices and
+    weight quantization (torchao). Off unless set."""
 
 
 class SecretKeyRef(SpecModel):
