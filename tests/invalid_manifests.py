@@ -333,4 +333,51 @@ CASES = [
         "acceleration.cfgParallelSize 2 needs two devices",
         "spec.stages[denoise].acceleration.cfgParallelSize: 2 needs two devices",
     ),
+    Invalid(
+        "adapter-on-the-text-encoder",
+        lambda: with_spec(adapters=[{"name": "style", "source": "/lora", "stage": "encode"}]),
+        "spec.adapters[].stage: LoRA adapters apply to a denoiser stage of this pipeline",
+        "spec.adapters[style].stage: LoRA adapters apply to a denoiser stage, not a "
+        "text-encoder (encode)",
+    ),
+    Invalid(
+        "adapter-on-a-stage-given-another-role",
+        lambda: with_spec(
+            stages=[{"name": "denoise", "role": "vae-decoder"}],
+            adapters=[{"name": "style", "source": "/lora", "stage": "denoise"}],
+        ),
+        "spec.adapters[].stage: LoRA adapters apply to a denoiser stage of this pipeline",
+        "LoRA adapters apply to a denoiser stage, not a vae-decoder (denoise)",
+    ),
+    Invalid(
+        "adapter-on-no-stage",
+        lambda: with_spec(adapters=[{"name": "style", "source": "/lora", "stage": "refine"}]),
+        "spec.adapters[].stage: LoRA adapters apply to a denoiser stage of this pipeline",
+        "spec.adapters[style].stage: 'refine' is not a stage of this pipeline",
+    ),
+    Invalid(
+        "adapter-named-as-the-pipeline",
+        lambda: with_spec(adapters=[{"name": "bad", "source": "/lora", "stage": "denoise"}]),
+        "spec.adapters[].name: the pipeline's own name is its base model's id",
+        "spec.adapters[bad].name: the pipeline's own name is its base model's id",
+    ),
+    Invalid(
+        "adapter-twice",
+        lambda: with_spec(
+            adapters=[
+                {"name": "style", "source": "/a", "stage": "denoise"},
+                {"name": "style", "source": "/b", "stage": "denoise"},
+            ]
+        ),
+        'spec.adapters[1]: Duplicate value: {"name":"style"}',
+        "spec.adapters: duplicate names: style",
+    ),
+    Invalid(
+        "adapter-scale-too-high",
+        lambda: with_spec(
+            adapters=[{"name": "style", "source": "/a", "stage": "denoise", "scale": 9}]
+        ),
+        "spec.adapters[0].scale: Invalid value: 9",
+        "adapters.0.scale",
+    ),
 ]

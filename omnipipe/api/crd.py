@@ -86,6 +86,36 @@ def _per_pipeline(
     ]
 
 
+def _adapters_on_denoisers() -> list[Schema]:
+    """spec.adapters[].stage names a denoiser: a stage of the spec with that role (or,
+    without a role, one of its type's denoisers), or a denoiser of its type that the spec
+    does not give another role; one rule per type, as _per_pipeline's."""
+    known = _cel_str_list(list(pipeline_types()))
+    denoiser = json.dumps(Role.DENOISER.value)
+    typed = [
+        (
+            f"self.pipeline != {json.dumps(name)}",
+            _cel_str_list([s.name for s in p.stages if s.role is Role.DENOISER]),
+        )
+        for name, p in pipeline_types().items()
+    ]
+    typed.append((f"self.pipeline in {known}", "[]"))
+    return [
+        {
+            "rule": f"{skip} || !has(self.adapters) || self.adapters.all(a, "
+            "(has(self.stages) && self.stages.exists(s, s.name == a.stage && "
+            f"(has(s.role) ? s.role == {denoiser} : s.name in {names}))) || "
+            f"(a.stage in {names} && (!has(self.stages) || !self.stages.exists(s, "
+            f"s.name == a.stage && has(s.role) && s.role != {denoiser}))))",
+            "message": "spec.adapters[].stage: LoRA adapters apply to a denoiser stage of "
+            "this pipeline",
+            "fieldPath": ".adapters",
+            "reason": "FieldValueInvalid",
+        }
+        for skip, names in typed
+    ]
+
+
 def _acceleration_on_denoisers() -> list[Schema]:
     """acceleration only on a denoiser stage: its own role, or its type's default role for
     a stage it names; one rule per type, as _per_pipeline's."""
@@ -145,6 +175,7 @@ def _spec_rules() -> list[Schema]:
             "FieldValueInvalid",
         ),
         *_acceleration_on_denoisers(),
+        *_adapters_on_denoisers(),
     ]
 
 
@@ -159,6 +190,12 @@ _ROOT_RULES: list[Schema] = [
         "rule": "!has(self.spec.stages) || "
         "self.spec.stages.all(s, size(self.metadata.name) + 1 + size(s.name) <= 63)",
         "message": "spec.stages[].name: <pipeline>-<stage> must be at most 63 characters",
+    },
+    {
+        "rule": "!has(self.spec.adapters) || "
+        "self.spec.adapters.all(a, a.name != self.metadata.name)",
+        "message": "spec.adapters[].name: the pipeline's own name is its base model's id; "
+        "name the adapter otherwise",
     },
 ]
 
@@ -299,6 +336,8 @@ def _spec_schema() -> Schema:
     stage["properties"]["acceleration"]["x-kubernetes-validations"] = _ACCELERATION_RULES
     stage["x-kubernetes-validations"] = _STAGE_RULES
     spec["x-kubernetes-validations"] = _spec_rules()
+    props["adapters"]["x-kubernetes-list-type"] = "map"
+    props["adapters"]["x-kubernetes-list-map-keys"] = ["name"]
     props["weights"]["x-kubernetes-validations"] = weights_cel_rules()
     props["weights"]["properties"]["accessModes"]["x-kubernetes-list-type"] = "set"
     return spec

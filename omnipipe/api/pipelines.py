@@ -62,6 +62,7 @@ def check_stage_graph(spec: OmniPipelineSpec) -> None:
                 f"the {spec.pipeline} pipeline does not define"
             )
     _check_acceleration(spec)
+    _check_adapters(spec)
     order = stage_order(spec)
     for stage in spec.stages:
         for upstream in stage.inputs or ():
@@ -75,6 +76,28 @@ def check_stage_graph(spec: OmniPipelineSpec) -> None:
                     f"spec.stages[{stage.name}].inputs: {upstream!r} must be an earlier stage "
                     "(the stage graph may not have cycles)"
                 )
+
+
+def _check_adapters(spec: OmniPipelineSpec) -> None:
+    known = pipeline_types().get(spec.pipeline)
+    roles: dict[str, Role | None] = {s.name: s.role for s in known.stages} if known else {}
+    roles.update({s.name: s.role or roles.get(s.name) for s in spec.stages})
+    names = [a.name for a in spec.adapters]
+    if duplicates := sorted({n for n in names if names.count(n) > 1}):
+        raise ValueError(f"spec.adapters: duplicate names: {', '.join(duplicates)}")
+    for adapter in spec.adapters:
+        if adapter.stage not in roles:
+            raise ValueError(
+                f"spec.adapters[{adapter.name}].stage: {adapter.stage!r} is not a stage of "
+                "this pipeline"
+            )
+        role = roles[adapter.stage]
+        if role is not Role.DENOISER:
+            what = role.value if role else "stage with no role"
+            raise ValueError(
+                f"spec.adapters[{adapter.name}].stage: LoRA adapters apply to a denoiser "
+                f"stage, not a {what} ({adapter.stage})"
+            )
 
 
 def _check_acceleration(spec: OmniPipelineSpec) -> None:

@@ -18,6 +18,7 @@ from pydantic import (
 )
 
 from omnipipe.api.acceleration import Acceleration
+from omnipipe.api.adapters import Adapter
 from omnipipe.api.constants import DEFAULT_DENOISER_BATCH_WAIT_MS, DEFAULT_MAX_BATCH
 from omnipipe.api.families import StageDefaults, pipeline_types
 from omnipipe.api.pipelines import stage_order
@@ -75,12 +76,17 @@ class ResolvedStage(ResolvedModel):
     # Left out of the written stage when unset, so that a pipeline without it keeps its
     # files and config hashes (an operator upgrade must not roll every pipeline).
     acceleration: Acceleration | None = None
+    # The LoRA adapters that apply to this stage; left out when none, as acceleration is.
+    adapters: tuple[Adapter, ...] = ()
 
     @model_serializer(mode="wrap")
     def _without_unset_acceleration(self, handler: SerializerFunctionWrapHandler) -> Any:
         data = handler(self)
-        if self.acceleration is None and isinstance(data, dict):
-            data.pop("acceleration", None)
+        if isinstance(data, dict):
+            if self.acceleration is None:
+                data.pop("acceleration", None)
+            if not self.adapters:
+                data.pop("adapters", None)
         return data
 
     @field_serializer("media")
@@ -117,6 +123,10 @@ class ResolvedPipeline(ResolvedModel):
         raise KeyError(f"pipeline {self.name} has no stage {name!r}")
 
     @property
+    def adapters(self) -> tuple[Adapter, ...]:
+        return tuple(a for s in self.stages for a in s.adapters)
+
+    @property
     def outputs(self) -> tuple[str, ...]:
         """Stages no other stage consumes: they produce what users see."""
         consumed = {i for s in self.stages for i in s.inputs}
@@ -146,7 +156,9 @@ def _base_stage(name: str, model: str, default: StageDefaults | None) -> dict[st
     }
 
 
-def _resolve_stage(model: str, default: StageDefaults | None, user: Stage) -> ResolvedStage:
+def _resolve_stage(
+    model: str, default: StageDefaults | None, user: Stage, adapters: tuple[Adapter, ...]
+) -> ResolvedStage:
     stage_model = user.model or model
     fields = _base_stage(user.name, stage_model, default)
     if user.role is not None:
@@ -182,6 +194,7 @@ def _resolve_stage(model: str, default: StageDefaults | None, user: Stage) -> Re
         acceleration=(
             user.acceleration if user.acceleration and user.acceleration.sets_anything else None
         ),
+        adapters=adapters,
         batch_wait_ms=(
             user.batch_wait_ms
             if user.batch_wait_ms is not None
@@ -199,7 +212,12 @@ def resolve(resource: OmniPipeline) -> ResolvedPipeline:
     defaults = {s.name: s for s in known.stages} if known else {}
     users = {s.name: s for s in spec.stages}
     stages = tuple(
-        _resolve_stage(spec.model, defaults.get(name), users.get(name, Stage(name=name)))
+        _resolve_stage(
+            spec.model,
+            defaults.get(name),
+            users.get(name, Stage(name=name)),
+            tuple(a for a in spec.adapters if a.stage == name),
+        )
         for name in stage_order(spec)
     )
     return ResolvedPipeline(

@@ -46,6 +46,12 @@ class OmniPipeline(BaseModel):
                     f"spec.stages[{stage.name}].name: child name {child!r} is longer "
                     f"than {c.MAX_OBJECT_NAME} characters"
                 )
+        for adapter in self.spec.adapters:
+            if adapter.name == self.metadata.name:
+                raise ValueError(
+                    f"spec.adapters[{adapter.name}].name: the pipeline's own name is its "
+                    "base model's id; name the adapter otherwise"
+                )
         return self
 
 

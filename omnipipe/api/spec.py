@@ -14,6 +14,7 @@ from pydantic import Field, model_validator
 
 from omnipipe.api import constants as c
 from omnipipe.api.acceleration import Acceleration
+from omnipipe.api.adapters import MAX_ADAPTERS, Adapter
 
 # Re-exported: the resource's stages are written in these words.
 from omnipipe.api.roles import Engine as Engine
@@ -308,6 +309,8 @@ class OmniPipelineSpec(SpecModel):
     weights: Weights = Weights()
     """Where the stage pods find the model weights: downloaded by every pod (the
     default), an existing claim, a claim the operator fills once per model, or an image."""
+    adapters: Annotated[list[Adapter], Field(max_length=MAX_ADAPTERS)] = Field(default_factory=list)
+    """LoRA adapters, each on one denoiser stage, served as models of their own."""
 
     @model_validator(mode="after")
     def _graph(self) -> OmniPipelineSpec:

@@ -1,0 +1,30 @@
+"""LoRA adapters of a pipeline: each applies to one stage, and clients pick one per
+request by naming it as the model (or in a `lora` field, with a scale)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import Field
+
+from omnipipe.api.spec_base import DnsLabel, SpecModel
+
+MAX_ADAPTERS = 64
+MAX_SCALE = 8.0
+
+
+class Adapter(SpecModel):
+    """One LoRA adapter, loaded into its stage's model as the stage starts."""
+
+    name: DnsLabel
+    """The adapter's model id: clients send it as `model`, and /v1/models lists it. It may
+    not be the pipeline's own name."""
+    source: Annotated[str, Field(min_length=1, max_length=512)]
+    """Where its weights are: a directory with a diffusers LoRA file
+    (pytorch_lora_weights.safetensors) as the stage's container sees it, or a Hugging Face
+    repo id fetched as the model is."""
+    stage: DnsLabel
+    """The stage it applies to: a denoiser (diffusers LoRA through peft)."""
+    scale: Annotated[float, Field(ge=0, le=MAX_SCALE)] = 1.0
+    """How strongly it applies when a request names it as its model; a request's `lora`
+    field may set its own. 0 is the model without it."""
