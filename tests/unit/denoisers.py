@@ -11,7 +11,9 @@ from omnipipe.worker.stages import stage_class
 from omnipipe.worker.stages.base import StageJob
 
 
-def pipeline(acceleration: dict[str, Any] | None) -> ResolvedPipeline:
+def pipeline(
+    acceleration: dict[str, Any] | None, adapters: list[dict[str, Any]] | None = None
+) -> ResolvedPipeline:
     stages = [{"name": "denoise", "acceleration": acceleration}] if acceleration else []
     return resolve(
         parse_resource(
@@ -19,7 +21,12 @@ def pipeline(acceleration: dict[str, Any] | None) -> ResolvedPipeline:
                 "apiVersion": "omnipipe.io/v1alpha1",
                 "kind": "OmniPipeline",
                 "metadata": {"name": "img"},
-                "spec": {"model": "tiny://qwen-image", "pipeline": "qwen-image", "stages": stages},
+                "spec": {
+                    "model": "tiny://qwen-image",
+                    "pipeline": "qwen-image",
+                    "stages": stages,
+                    "adapters": adapters or [],
+                },
             }
         )
     )

@@ -21,6 +21,12 @@ from functools import lru_cache
 import numpy as np
 import torch
 
+from omnipipe.families.qwen_image.adapters import (
+    LoadedAdapters,
+    LoraChoice,
+    lora_choice,
+    lora_key,
+)
 from omnipipe.families.qwen_image.cfg_parallel import BranchDevice
 from omnipipe.families.qwen_image.loading import load_qwen_image
 from omnipipe.families.qwen_image.quantize import quantize_weights
@@ -45,6 +51,7 @@ class Denoising:
     timesteps: torch.Tensor  # steps
     image_shape: tuple[int, int, int]
     serial: int  # the stage's count of requests begun: what tells one group from the next
+    lora: LoraChoice = None
     index: int = 0
     reused: int = 0
 
@@ -53,6 +60,7 @@ class SteppedDenoiseStage(SteppedStage):
     """Flow-matching DiT denoising with true CFG over the two embeddings -> latents."""
 
     accelerations = frozenset({"cache", "cfgParallelSize", "quantization"})
+    takes_adapters = True
 
     def load(self) -> None:
         self.pipe = load_qwen_image(self.model_path, self.device, {"transformer", "scheduler"})
@@ -68,6 +76,8 @@ class SteppedDenoiseStage(SteppedStage):
             if acceleration and acceleration.cfg_parallel_size > 1
             else None
         )
+        copies = [self.pipe.transformer, *([self.branch.transformer] if self.branch else [])]
+        self.adapters = LoadedAdapters(copies, self.spec.adapters)
         if acceleration and acceleration.quantization:
             log.info("the DiT's linear weights are %s", acceleration.quantization.method)
         if self.branch is not None:
@@ -94,9 +104,10 @@ class SteppedDenoiseStage(SteppedStage):
     def batch_key(self, job: StageJob) -> Hashable | None:
         width, height, _, steps, _ = geometry(job.params)
         # Rows at different steps, guidance scales and prompts, with CFG or without,
-        # share a forward: only the image's size must agree. A cached group runs its
-        # steps together, so its requests agree on how many.
-        return (width, height) if self.cacher is None else (width, height, steps)
+        # share a forward: only the image's size and the LoRA adapter must agree. A
+        # cached group runs its steps together, so its requests agree on how many.
+        key = (width, height, lora_key(job.params))
+        return key if self.cacher is None else (*key, steps)
 
     def _make_schedule(self, steps: int, image_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The scheduler's shifted sigmas and timesteps, as the pipeline sets them."""
@@ -108,6 +119,7 @@ class SteppedDenoiseStage(SteppedStage):
 
     def begin(self, job: StageJob) -> Denoising:
         pipe, device = self.pipe, self.device
+        lora = lora_choice(job.params, self.adapters.names)
         width, height, n, steps, guidance = geometry(job.params)
         enc = job.inputs["encode"]
         seed = int_param(job.params, "seed", 0)
@@ -135,6 +147,7 @@ class SteppedDenoiseStage(SteppedStage):
             timesteps=timesteps,
             image_shape=(1, height // scale // 2, width // scale // 2),
             serial=next(self._serials),
+            lora=lora,
         )
 
     def _predict(
@@ -188,6 +201,8 @@ class SteppedDenoiseStage(SteppedStage):
         if self.cacher is not None:
             steps_left = len(states[0].timesteps) - states[0].index
             self.cacher.start_step([s.serial for s in states], steps_left)
+        # A batch shares its key, and so its adapter.
+        self.adapters.apply(states[0].lora)
         main = self.pipe.transformer
         if (branch := self.branch) is not None and cfg:
             conditional, unconditional = branch.beside(

@@ -97,7 +97,15 @@ class Stage(ABC):
     # Which of spec.acceleration's settings the stage honours, by their names there.
     accelerations: frozenset[str] = frozenset()
 
+    # Whether the stage loads spec.adapters (LoRA) and applies the one a request names.
+    takes_adapters = False
+
     def __init__(self, spec: ResolvedStage, model_path: str, device: str) -> None:
+        if spec.adapters and not self.takes_adapters:
+            raise NotImplementedError(
+                f"stage {spec.name}: {type(self).__name__} takes no LoRA adapters; remove "
+                f"spec.adapters {', '.join(a.name for a in spec.adapters)}"
+            )
         if spec.acceleration is not None:
             wanted = {
                 "cache": spec.acceleration.cache is not None,

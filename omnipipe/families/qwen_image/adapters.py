@@ -1,0 +1,80 @@
+"""LoRA adapters in a Qwen-Image DiT (diffusers' PEFT integration), and the one a batch
+applies: requests that name different adapters, or scales, never share a forward."""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from omnipipe.api.adapters import MAX_SCALE, Adapter
+from omnipipe.worker.models.tiny import resolve_model_path
+from omnipipe.worker.stages.base import StageInputError
+
+log = logging.getLogger(__name__)
+
+# What a request applies: an adapter's name and its scale; None is the base model.
+LoraChoice = tuple[str, float] | None
+
+
+def lora_key(params: Mapping[str, Any]) -> Any:
+    """The request's `lora` parameter as a batch key, unchecked (lora_choice checks it)."""
+    lora = params.get("lora")
+    return None if not isinstance(lora, Mapping) else (repr(lora.get("name")), lora.get("scale"))
+
+
+def lora_choice(params: Mapping[str, Any], loaded: set[str]) -> LoraChoice:
+    """The request's `lora` parameter ({"name", "scale"}, set by the router), checked
+    against the adapters this stage loaded."""
+    lora = params.get("lora")
+    if lora is None:
+        return None
+    if not isinstance(lora, Mapping):
+        raise StageInputError("lora: must be an object with a name and a scale")
+    name, scale = lora.get("name"), lora.get("scale")
+    if name not in loaded:
+        raise StageInputError(f"lora.name: this stage has no adapter {name!r}")
+    if isinstance(scale, bool) or not isinstance(scale, int | float) or not 0 <= scale <= MAX_SCALE:
+        raise StageInputError(
+            f"lora.scale: must be a number from 0 to {MAX_SCALE:g}, got {scale!r}"
+        )
+    return str(name), float(scale)
+
+
+class LoadedAdapters:
+    """The stage's adapters, loaded into each copy of its DiT, all off until a batch
+    asks for one."""
+
+    def __init__(self, transformers: Sequence[Any], adapters: Sequence[Adapter]) -> None:
+        from diffusers import QwenImagePipeline
+
+        self._transformers = list(transformers)
+        for adapter in adapters:
+            log.info("loading LoRA adapter %s from %s", adapter.name, adapter.source)
+            # The pipeline's loader reads every LoRA file layout diffusers knows, and
+            # converts other trainers' key names.
+            layers = QwenImagePipeline.lora_state_dict(resolve_model_path(adapter.source))
+            for transformer in self._transformers:
+                with warnings.catch_warnings():
+                    # PEFT warns of each adapter after the first: several are the point.
+                    warnings.filterwarnings("ignore", "Already found a `peft_config`")
+                    transformer.load_lora_adapter(
+                        dict(layers), adapter_name=adapter.name, prefix="transformer"
+                    )
+        self.names = {a.name for a in adapters}
+        self._active: LoraChoice = None
+        for transformer in self._transformers:
+            # PEFT turns on what it loads; a request without a lora gets the base model.
+            transformer.disable_lora()
+
+    def apply(self, choice: LoraChoice) -> None:
+        if choice == self._active:
+            return
+        for transformer in self._transformers:
+            if choice is None:
+                transformer.disable_lora()
+            else:
+                transformer.enable_lora()
+                transformer.set_adapters([choice[0]], weights=[choice[1]])
+        self._active = choice
