@@ -15,6 +15,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from omnipipe.api.spec import Role
+from omnipipe.router.api.adapters import LoraRequest, lora_param
 from omnipipe.router.api.common import (
     after,
     check_model,
@@ -52,6 +53,9 @@ class ImageGenerationRequest(BaseModel):
     seed: int | None = Field(default=None, ge=0, lt=2**63)
     num_inference_steps: int = Field(default=50, ge=1, le=200)
     guidance_scale: float = Field(default=4.0, ge=0, le=50)
+    lora: LoraRequest | None = None
+    """A LoRA adapter of the pipeline and its scale; naming the adapter as the model
+    applies it at its configured scale."""
 
 
 def parse_size(size: str) -> tuple[int, int]:
@@ -161,6 +165,9 @@ def images_router(orchestrator: Orchestrator, model_ids: Callable[[], set[str]])
         if edits_images(orchestrator):
             raise BadRequest("this pipeline edits images: send the image to POST /v1/images/edits")
         params = image_params(body)
+        lora = lora_param(orchestrator.serving_pipeline(), body.model, body.lora)
+        if lora is not None:
+            params["lora"] = lora
         if (extensions := family_requests(orchestrator.pipeline)) is not None:
             fields = request_fields(body)
             params.update(with_family_checks(lambda: extensions.image_params(fields)))
