@@ -3,6 +3,11 @@ the operator writes into the ConfigMap (in a pod)."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import yaml
@@ -17,6 +22,8 @@ from omnipipe.api.resource import (
     validation_lines,
     yaml_problem,
 )
+
+log = logging.getLogger(__name__)
 
 
 def load_pipeline(path: str | Path) -> ResolvedPipeline:
@@ -44,3 +51,26 @@ def pipeline_yaml(pipeline: ResolvedPipeline) -> str:
     if not pipeline.tracing.as_config():
         del data["tracing"]
     return yaml.safe_dump(data, sort_keys=False)
+
+
+def _stamp(path: Path) -> tuple[int, int, int] | None:
+    with contextlib.suppress(OSError):
+        # stat follows a ConfigMap volume's ..data symlink, which the kubelet swaps.
+        st = os.stat(path)
+        return st.st_ino, st.st_mtime_ns, st.st_size
+    return None
+
+
+async def new_versions(path: Path, every_seconds: float = 2.0) -> AsyncIterator[ResolvedPipeline]:
+    """The pipeline file each time it changes (the kubelet's update of the operator's
+    ConfigMap); a version that cannot be read is logged and skipped."""
+    seen = _stamp(path)
+    while True:
+        await asyncio.sleep(every_seconds)
+        if (stamp := _stamp(path)) == seen:
+            continue
+        seen = stamp
+        try:
+            yield await asyncio.to_thread(load_pipeline, path)
+        except (ManifestError, OSError) as exc:
+            log.warning("pipeline file %s changed but cannot be read: %s", path, exc)

@@ -69,3 +69,25 @@ def drain_all(urls: list[str], credential: str) -> list[str]:
         return []
     with ThreadPoolExecutor(max_workers=len(urls)) as pool:
         return list(pool.map(lambda u: drain(u, credential), urls))
+
+
+# Loading an adapter reads its file and patches each DiT copy: seconds on a real model.
+ADAPTERS_TIMEOUT_SECONDS = 300.0
+
+
+def put_adapters(url: str, adapters: list[dict[str, object]], credential: str) -> str:
+    """PUT /adapters: the worker loads and unloads LoRA adapters to match; "" when it
+    did, else what it said."""
+    request = urllib.request.Request(
+        f"{url}/adapters",
+        method="PUT",
+        data=json.dumps({"adapters": adapters}).encode(),
+        headers={CREDENTIAL_HEADER: credential, "Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=ADAPTERS_TIMEOUT_SECONDS):
+            return ""
+    except urllib.error.HTTPError as exc:
+        return f"{exc.code}: {exc.read().decode(errors='replace')}"
+    except (urllib.error.URLError, OSError) as exc:
+        return f"no answer ({exc})"

@@ -3,10 +3,11 @@ resolved pipeline to the workers to start and to retire (see Supervisor.reload).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from omnipipe.api import ResolvedPipeline, ResolvedStage
+from omnipipe.api.adapters import Adapter
 from omnipipe.api.revision import pipeline_revision
 
 
@@ -32,8 +33,9 @@ def router_view(pipeline: ResolvedPipeline) -> dict[str, Any]:
 
 
 def _in_place_fields(stage: ResolvedStage) -> dict[str, Any]:
-    """A stage's settings a running worker was started with, but for its count."""
-    return stage.model_dump(mode="json", exclude={"replicas", "autoscaling", "target"})
+    """A stage's settings a running worker was started with, but for its count and its
+    LoRA adapters (a running worker loads and unloads those)."""
+    return stage.model_dump(mode="json", exclude={"replicas", "autoscaling", "target", "adapters"})
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,9 @@ class ReloadPlan:
     """Stage -> (workers now, workers wanted), for the stages not replaced."""
     refused: str = ""
     """Why this change cannot be applied to the running router (empty: it can)."""
+    adapters: dict[str, tuple[Adapter, ...]] = field(default_factory=dict)
+    """Stage -> its new LoRA adapters, for the stages not replaced whose set changed:
+    their running workers load and unload them."""
 
     @property
     def new_revision_rolls_out(self) -> bool:
@@ -54,7 +59,11 @@ class ReloadPlan:
 
     @property
     def changes_anything(self) -> bool:
-        return bool(self.replace) or any(now != want for now, want in self.counts.values())
+        return (
+            bool(self.replace)
+            or bool(self.adapters)
+            or any(now != want for now, want in self.counts.values())
+        )
 
 
 def plan_reload(old: ResolvedPipeline, new: ResolvedPipeline) -> ReloadPlan:
@@ -85,4 +94,9 @@ def plan_reload(old: ResolvedPipeline, new: ResolvedPipeline) -> ReloadPlan:
         for s in new.stages
         if s.name not in replace
     }
-    return ReloadPlan(old_rev, new_rev, replace, counts)
+    adapters = {
+        s.name: s.adapters
+        for s in new.stages
+        if s.name not in replace and s.adapters != old_stages[s.name].adapters
+    }
+    return ReloadPlan(old_rev, new_rev, replace, counts, adapters=adapters)

@@ -21,6 +21,7 @@ from omnipipe.api.resource import ManifestError
 from omnipipe.api.revision import pipeline_revision
 from omnipipe.api.wire import StaticReplicas
 from omnipipe.local import control
+from omnipipe.local.adapters import push_adapters, restore_adapters
 from omnipipe.local.children import Child, die_with_parent, pipeline_credential
 from omnipipe.local.ports import check_port_free, free_port
 from omnipipe.local.reload import ReloadPlan, local_replicas, plan_reload
@@ -369,11 +370,16 @@ class Supervisor:
             raise
         for child in started:
             child.pending = False
+        keep = [c for c in self.workers if c not in retiring]
+        if problem := push_adapters(plan.adapters, keep, self.credential):
+            self._terminate(started)
+            self.children = [c for c in self.children if c not in started]
+            restore_adapters(plan.adapters, self.pipeline, keep, self.credential)
+            raise ReloadFailed(problem)
         self.pipeline, self.snapshot = new, snapshot
         # Route to both, new requests starting on the new revision once the router has
         # seen it whole; then take the old ones out of the router, and only then drain
         # them: nothing new is sent to a worker that refuses work.
-        keep = [c for c in self.workers if c not in retiring]
         self._wait_router(self._write_replicas(self.workers, rev), rev)
         if plan.new_revision_rolls_out:
             print(f"omnipipe: switched: new requests start on revision {rev}", flush=True)

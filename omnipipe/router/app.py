@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -20,6 +22,7 @@ from starlette.exceptions import HTTPException
 
 from omnipipe.api import ResolvedPipeline
 from omnipipe.api.constants import CREDENTIAL_HEADER
+from omnipipe.api.loading import new_versions
 from omnipipe.api.tracing import make_tracer
 from omnipipe.router.api.chat import ChatRequest, chat_router
 from omnipipe.router.api.common import error_param
@@ -41,6 +44,8 @@ from omnipipe.router.middleware import GuardMiddleware
 from omnipipe.router.orchestrator import Orchestrator
 from omnipipe.router.replicas import ReplicaPool
 from omnipipe.router.settings import RouterSettings
+
+log = logging.getLogger(__name__)
 
 # The request bodies the /v1 routes parse themselves (leniently); the OpenAPI document
 # describes them under components/schemas.
@@ -96,9 +101,18 @@ def build_app(pipeline: ResolvedPipeline, settings: RouterSettings) -> FastAPI:
         settings.wake_wait_seconds,
     )
 
+    async def follow_pipeline_file() -> None:
+        async for new in new_versions(Path(settings.pipeline_file)):
+            if pool.adopt(new):
+                names = ", ".join(a.name for a in new.adapters) or "none"
+                log.info("pipeline file changed: LoRA adapters now %s", names)
+            else:
+                log.info("pipeline file changed to another revision: the operator rolls it")
+
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await pool.start()
+        follower = asyncio.create_task(follow_pipeline_file())
         credential = settings.pipeline_credential
         orchestrator.session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=4096, limit_per_host=0),
@@ -107,6 +121,7 @@ def build_app(pipeline: ResolvedPipeline, settings: RouterSettings) -> FastAPI:
         try:
             yield
         finally:
+            follower.cancel()
             await pool.close()
             await orchestrator.session.close()
             await client.aclose()

@@ -101,15 +101,24 @@ class ReplicaPool:
         # A new replica is polled before it counts as known, so that a caller who waits
         # for this generation sees its readiness and revision too.
         await asyncio.gather(*(self._poll_one(r) for r in added))
-        own = pipeline_revision(self._pipeline)
-        pipelines = {own: self._pipeline}
-        if (named := self._discovery.preferred_pipeline()) is not None:
-            pipelines[pipeline_revision(named)] = named
         # Kept while a replica still runs it: a rollout that has not switched yet.
         running = {r.revision for known in self._replicas.values() for r in known.values()}
-        pipelines.update({r: p for r, p in self.pipelines.items() if r in running})
+        pipelines = {r: p for r, p in self.pipelines.items() if r in running}
+        pipelines[pipeline_revision(self._pipeline)] = self._pipeline
+        # Newest last: a reload that keeps the revision (new LoRA adapters) is named too.
+        if (named := self._discovery.preferred_pipeline()) is not None:
+            pipelines[pipeline_revision(named)] = named
         self.pipelines = pipelines
         self.generation = generation
+
+    def adopt(self, pipeline: ResolvedPipeline) -> bool:
+        """Takes a new version of the router's own pipeline file when it keeps the
+        revision (its LoRA adapters changed): /v1/models and requests see it at once."""
+        if pipeline_revision(pipeline) != pipeline_revision(self._pipeline):
+            return False
+        self._pipeline = pipeline
+        self.pipelines[pipeline_revision(pipeline)] = pipeline
+        return True
 
     def preferred_revisions(self, own: str) -> list[str]:
         """Newest first: the one discovery names (a local reload), then the router's own."""

@@ -156,6 +156,10 @@ class StageRuntime:
         finally:
             self._progress_at = None
 
+    async def between_batches(self, fn: Callable[..., T], *args: Any) -> T:
+        """Runs fn on the engine thread, where no batch runs beside it (a LoRA change)."""
+        return await self._run_on_engine(fn, *args)
+
     async def _run_on_engine(self, fn: Callable[..., T], *args: Any) -> T:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._engine, self._on_engine, fn, *args)

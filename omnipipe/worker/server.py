@@ -11,6 +11,7 @@ import signal
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Annotated, Any
 
 import torch
@@ -24,6 +25,7 @@ from omnipipe.api.revision import pipeline_revision
 from omnipipe.api.tracing import make_tracer
 from omnipipe.api.wire import StageEvent, SubmitRequest, WorkerStatus, event_lines
 from omnipipe.transfer import Mailbox, Receiver, TransferStats, make_receiver, make_sender
+from omnipipe.worker.adapters import AdapterControl, adapters_router, follow_pipeline_file
 from omnipipe.worker.metrics import WorkerMetrics
 from omnipipe.worker.models.tiny import resolve_model_path
 from omnipipe.worker.runtime import DuplicateRequest, StageRuntime
@@ -194,6 +196,7 @@ def build_app(pipeline: ResolvedPipeline, settings: WorkerSettings) -> FastAPI:
         loader = asyncio.create_task(_load_stage(state))
         state.background.add(loader)
         sweeper = asyncio.create_task(_sweep(mailbox))
+        follower = asyncio.create_task(follow_pipeline_file(Path(settings.pipeline_file), adapters))
         try:
             yield
         finally:
@@ -201,13 +204,18 @@ def build_app(pipeline: ResolvedPipeline, settings: WorkerSettings) -> FastAPI:
             await state.runtime.wait_idle(settings.drain_timeout_seconds)
             loader.cancel()
             sweeper.cancel()
+            follower.cancel()
             await state.runtime.close()
             await sender.close()
             await state.receiver.close()
             await asyncio.to_thread(tracer.close)
 
+    adapters = AdapterControl(
+        spec.name, lambda: state.runtime if state.loaded else None, spec.adapters
+    )
     app = FastAPI(title=f"omnipipe worker: {pipeline.name}/{spec.name}", lifespan=lifespan)
     app.state.worker = state
+    app.include_router(adapters_router(adapters))
     if settings.credential:
         app.add_middleware(CredentialMiddleware, credential=settings.credential)
     else:

@@ -197,3 +197,15 @@ def assert_serves_a_small_image(base_url: str, model: str, steps: int = 2) -> No
         )
     img = Image.open(io.BytesIO(base64.b64decode(r.data[0].b64_json or "")))
     assert img.size == (64, 64)
+
+
+def wait_line(served: Served, text: str, after: int, timeout: float = 240) -> int:
+    """The index of the first output line from `after` on that contains `text`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for i in range(after, len(served.output)):
+            if text in served.output[i]:
+                return i
+        assert served.proc.poll() is None, "".join(served.output[-40:])
+        time.sleep(0.1)
+    raise AssertionError(f"no {text!r} within {timeout}s:\n" + "".join(served.output[-40:]))

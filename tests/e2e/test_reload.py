@@ -18,7 +18,7 @@ import pytest
 from omnipipe.api.loading import load_pipeline
 from omnipipe.api.revision import pipeline_revision
 from omnipipe.worker.models.fetch import fetch
-from tests.e2e.conftest import Served, start_serve, stop_cleanly, write_pipeline
+from tests.e2e.conftest import Served, start_serve, stop_cleanly, wait_line, write_pipeline
 
 pytestmark = pytest.mark.timeout(420)
 FAST = {"num_inference_steps": 2}
@@ -72,18 +72,6 @@ class Stream:
         while self.ok < target:
             assert time.monotonic() < deadline, f"only {self.ok} requests succeeded"
             time.sleep(0.05)
-
-
-def wait_line(served: Served, text: str, after: int, timeout: float = 240) -> int:
-    """The index of the first output line from `after` on that contains `text`."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for i in range(after, len(served.output)):
-            if text in served.output[i]:
-                return i
-        assert served.proc.poll() is None, "".join(served.output[-40:])
-        time.sleep(0.1)
-    raise AssertionError(f"no {text!r} within {timeout}s:\n" + "".join(served.output[-40:]))
 
 
 def requests_by_revision(lines: list[str]) -> dict[str, dict[str, str]]:

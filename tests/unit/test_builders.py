@@ -154,6 +154,16 @@ def test_editing_one_stage_changes_only_its_pod_template() -> None:
     )
 
 
+def test_an_adapter_change_rolls_no_pod_and_reaches_them_through_the_config_map() -> None:
+    spec: dict[str, Any] = {"model": "m", "pipeline": "qwen-image"}
+    before = children(spec)
+    adapter = {"name": "ink", "source": "org/ink-lora", "stage": "denoise"}
+    after = children({**spec, "adapters": [adapter]})
+    changed = {k for k in before if before[k] != after[k]}
+    assert changed == {("ConfigMap", "p-config")}
+    assert "org/ink-lora" in json.dumps(after[("ConfigMap", "p-config")]["data"])
+
+
 def test_turning_tracing_on_rolls_every_pod_in_place() -> None:
     """Every process makes its tracer at its start: the router's and every stage's pod
     template change, the revision does not (no tensor changes)."""

@@ -53,6 +53,25 @@ def test_an_in_place_change_adjusts_counts_and_replaces_only_changed_stages() ->
     assert not plan_reload(old, pipeline()).changes_anything
 
 
+def test_an_adapter_change_goes_to_the_running_workers_instead_of_replacing_them() -> None:
+    ink = {"name": "ink", "source": "/loras/ink", "stage": "denoise"}
+    neon = {"name": "neon", "source": "/loras/neon", "stage": "denoise"}
+    old = pipeline(adapters=[ink])
+    swapped = plan_reload(old, pipeline(adapters=[neon]))
+    assert not swapped.new_revision_rolls_out
+    assert swapped.replace == ()
+    assert [a.name for a in swapped.adapters["denoise"]] == ["neon"]
+    assert swapped.changes_anything
+    assert plan_reload(old, pipeline(adapters=[])).adapters == {"denoise": ()}
+    assert not plan_reload(old, pipeline(adapters=[ink])).changes_anything
+    # A stage replaced anyway starts with its new set: nothing to send it.
+    both = plan_reload(
+        old, pipeline(adapters=[neon], stages=[{"name": "denoise", "sampling": {"seed": 1}}])
+    )
+    assert both.replace == ("denoise",)
+    assert both.adapters == {}
+
+
 def test_a_model_change_rolls_out_a_new_revision() -> None:
     plan = plan_reload(pipeline(), pipeline(model="/models/qwen-image-v2"))
     assert not plan.refused

@@ -47,26 +47,60 @@ class LoadedAdapters:
     asks for one."""
 
     def __init__(self, transformers: Sequence[Any], adapters: Sequence[Adapter]) -> None:
-        from diffusers import QwenImagePipeline
-
         self._transformers = list(transformers)
-        for adapter in adapters:
-            log.info("loading LoRA adapter %s from %s", adapter.name, adapter.source)
-            # The pipeline's loader reads every LoRA file layout diffusers knows, and
-            # converts other trainers' key names.
-            layers = QwenImagePipeline.lora_state_dict(resolve_model_path(adapter.source))
-            for transformer in self._transformers:
-                with warnings.catch_warnings():
-                    # PEFT warns of each adapter after the first: several are the point.
-                    warnings.filterwarnings("ignore", "Already found a `peft_config`")
-                    transformer.load_lora_adapter(
-                        dict(layers), adapter_name=adapter.name, prefix="transformer"
-                    )
-        self.names = {a.name for a in adapters}
+        self._sources: dict[str, str] = {}
         self._active: LoraChoice = None
+        self.update(adapters)
+
+    @property
+    def names(self) -> set[str]:
+        return set(self._sources)
+
+    def update(self, adapters: Sequence[Adapter]) -> list[str]:
+        """Loads what is new (or has a new source) and drops what is gone; the names
+        loaded after."""
+        wanted = {a.name: a.source for a in adapters}
+        gone = [n for n, source in self._sources.items() if wanted.get(n) != source]
+        self._drop(gone)
+        loaded: list[str] = []
+        try:
+            for name, source in wanted.items():
+                if name not in self._sources:
+                    self._load(name, source)
+                    self._sources[name] = source
+                    loaded.append(name)
+        except Exception:
+            # All or nothing: what this call loaded goes too, and the error names why.
+            self._drop(loaded)
+            raise
+        self._active = None
         for transformer in self._transformers:
             # PEFT turns on what it loads; a request without a lora gets the base model.
-            transformer.disable_lora()
+            if self._sources:
+                transformer.disable_lora()
+        return sorted(self._sources)
+
+    def _drop(self, names: list[str]) -> None:
+        if not names:
+            return
+        log.info("unloading LoRA adapters %s", ", ".join(names))
+        for transformer in self._transformers:
+            transformer.delete_adapters(names)
+        for name in names:
+            del self._sources[name]
+
+    def _load(self, name: str, source: str) -> None:
+        from diffusers import QwenImagePipeline
+
+        log.info("loading LoRA adapter %s from %s", name, source)
+        # The pipeline's loader reads every LoRA file layout diffusers knows, and
+        # converts other trainers' key names.
+        layers = QwenImagePipeline.lora_state_dict(resolve_model_path(source))
+        for transformer in self._transformers:
+            with warnings.catch_warnings():
+                # PEFT warns of each adapter after the first: several are the point.
+                warnings.filterwarnings("ignore", "Already found a `peft_config`")
+                transformer.load_lora_adapter(dict(layers), adapter_name=name, prefix="transformer")
 
     def apply(self, choice: LoraChoice) -> None:
         if choice == self._active:

@@ -21,6 +21,7 @@ from functools import lru_cache
 import numpy as np
 import torch
 
+from omnipipe.api.adapters import Adapter
 from omnipipe.families.qwen_image.adapters import (
     LoadedAdapters,
     LoraChoice,
@@ -86,6 +87,9 @@ class SteppedDenoiseStage(SteppedStage):
                 self.branch.device,
                 self.device,
             )
+
+    def set_adapters(self, adapters: Sequence[Adapter]) -> list[str]:
+        return self.adapters.update(adapters)
 
     def _load_transformer(self, device: torch.device) -> torch.nn.Module:
         """The DiT alone on `device`, quantized as the stage's own is."""

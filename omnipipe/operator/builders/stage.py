@@ -73,10 +73,12 @@ def _env(ctx: BuildContext, stage: ResolvedStage) -> list[Manifest]:
 
 
 def stage_config_hash(ctx: BuildContext, stage: ResolvedStage) -> str:
-    """Only what this stage's pods read: editing another stage never rolls this one."""
+    """Only what this stage's pods read: editing another stage never rolls this one.
+    Nor does a change of its LoRA adapters: its running workers load them from the
+    ConfigMap as the kubelet updates it."""
     return content_hash(
         {
-            "stage": stage.model_dump(mode="json"),
+            "stage": stage.model_dump(mode="json", exclude={"adapters"}),
             "transfer": ctx.pipeline.transfer.model_dump(mode="json"),
             **ctx.pipeline.tracing.as_config(),
         }

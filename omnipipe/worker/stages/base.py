@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from omnipipe.api import ResolvedStage
+from omnipipe.api.adapters import Adapter
 from omnipipe.api.wire import StageEvent
 from omnipipe.transfer import BlockTable
 
@@ -132,6 +133,12 @@ class Stage(ABC):
 
     @abstractmethod
     def run(self, job: StageJob) -> StageResult: ...
+
+    def set_adapters(self, adapters: Sequence[Adapter]) -> list[str]:
+        """Loads the LoRA adapters of `adapters` the stage lacks and drops those it has
+        that are not there (run on the engine thread, between batches); the names now
+        loaded. A stage that takes none refuses."""
+        raise NotImplementedError(f"{type(self).__name__} takes no LoRA adapters")
 
     def kv_block_table(self) -> BlockTable | None:
         """The table KV blocks sent to this stage are received into (after load());
