@@ -277,3 +277,48 @@ def test_a_worker_killed_mid_request_gives_a_clean_error_then_recovers(
                 return False
 
         wait_for("a request to succeed after the restart", answered, 300)
+
+
+def test_an_adapter_added_to_the_resource_loads_into_the_running_worker(
+    node: RealNode, operator: str, namespace: str
+) -> None:
+    """kubectl apply of the resource with a LoRA adapter: no pod restarts; the kubelet
+    updates the mounted pipeline file, the denoise worker loads the adapter and the
+    router lists and serves it; applied without it, both drop it."""
+    name = "styled"
+    plain = manifest(name, "ucx")
+    apply_and_wait_ready(node, namespace, plain, name)
+    selector = f"omnipipe.io/pipeline={name},omnipipe.io/stage"
+    before = {p["metadata"]["uid"] for p in pods(node, namespace, selector)}
+    url = router_url(node, namespace, name)
+    styled = yaml.safe_load(plain)
+    styled["spec"]["adapters"] = [
+        {"name": "ink", "source": "tiny://qwen-image-lora", "stage": "denoise"}
+    ]
+    node.kubectl("apply", "-n", namespace, "-f", "-", input=yaml.safe_dump(styled))
+    with openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=120) as c:
+
+        def served_by(model: str) -> bool:
+            try:
+                c.images.generate(
+                    model=model,
+                    prompt="a lighthouse",
+                    size="64x64",
+                    extra_body={"num_inference_steps": 2, "seed": 1},
+                )
+                return True
+            except (openai.NotFoundError, openai.BadRequestError):
+                # The router has not seen the adapter yet (404), or the worker has not
+                # loaded it yet (400 naming lora.name).
+                return False
+
+        wait_for("the adapter to be listed", lambda: "ink" in {m.id for m in c.models.list()})
+        wait_for("the adapter to serve an image", lambda: served_by("ink"))
+        node.kubectl("apply", "-n", namespace, "-f", "-", input=plain)
+        wait_for("the adapter to go", lambda: "ink" not in {m.id for m in c.models.list()})
+        with pytest.raises(openai.NotFoundError):
+            c.images.generate(model="ink", prompt="a lighthouse", size="64x64")
+        assert served_by(name)
+    after = pods(node, namespace, selector)
+    assert {p["metadata"]["uid"] for p in after} == before
+    assert all(p["status"]["containerStatuses"][0]["restartCount"] == 0 for p in after)

@@ -49,5 +49,8 @@ FAMILY = Family(
     tiny_models={
         "qwen-image": "omnipipe.families.qwen_image.tiny:build_qwen_image",
         "qwen-image-edit": "omnipipe.families.qwen_image.tiny_edit:build_qwen_image_edit",
+        # LoRA adapters of tiny://qwen-image's DiT, for spec.adapters[].source.
+        "qwen-image-lora": "omnipipe.families.qwen_image.tiny_lora:build_lora",
+        "qwen-image-lora-2": "omnipipe.families.qwen_image.tiny_lora:build_lora_2",
     },
 )

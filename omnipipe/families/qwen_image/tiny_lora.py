@@ -26,3 +26,13 @@ def save_tiny_lora(target: Path, seed: int, rank: int = 4) -> Path:
     layers = get_peft_model_state_dict(transformer)
     cast(Any, QwenImagePipeline).save_lora_weights(str(target), transformer_lora_layers=layers)
     return target
+
+
+def build_lora(target: Path) -> None:
+    """tiny://qwen-image-lora."""
+    save_tiny_lora(target, seed=1)
+
+
+def build_lora_2(target: Path) -> None:
+    """tiny://qwen-image-lora-2: another adapter, so two can differ."""
+    save_tiny_lora(target, seed=2)
