@@ -7,10 +7,11 @@ dedicated thread so the loop keeps serving transfers and health checks meanwhile
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -78,6 +79,8 @@ class Job:
     timeline: tracing.Timeline = field(default_factory=tracing.Timeline)
     error: str = ""
     traceparent: str = ""  # the router's span, this stage's spans' parent
+    admitted: bool = False  # past the pause gate: its work may start
+    aborted: str = ""  # why the worker aborted it (a pause), if it did
 
     def __post_init__(self) -> None:
         self.timeline.mark(tracing.SUBMITTED)
@@ -119,6 +122,14 @@ class StageRuntime:
         # Per request: what gives its received KV rows back to the receiver's BlockTable.
         self._row_releases: dict[str, list[Callable[[], None]]] = {}
         self._stepper: SessionStepper | None = None
+        # Cleared while generation is paused: requests that arrive wait, those admitted
+        # before go on (worker/control.py).
+        self.admitting = asyncio.Event()
+        self.admitting.set()
+        self._none_admitted = asyncio.Event()
+        self._none_admitted.set()
+        # Called before a request's work starts: wakes a sleeping stage (control.py).
+        self.before_work: Callable[[], Awaitable[None]] | None = None
 
     # ---- load accounting -------------------------------------------------------------
     @property
@@ -129,12 +140,29 @@ class StageRuntime:
     def waiting(self) -> int:
         return len(self.jobs) - self.running
 
+    @property
+    def admitted(self) -> int:
+        """Requests past the pause gate and not yet done: a pause waits for these."""
+        return sum(1 for j in self.jobs.values() if j.admitted)
+
     def _update_load(self) -> None:
         self.metrics.set_load(self.running, self.waiting)
         if self.jobs:
             self._idle.clear()
         else:
             self._idle.set()
+        if self.admitted:
+            self._none_admitted.clear()
+        else:
+            self._none_admitted.set()
+
+    async def wait_none_admitted(self, limit_seconds: float) -> bool:
+        """Until no admitted request is left (False: still some after the limit)."""
+        try:
+            await asyncio.wait_for(self._none_admitted.wait(), limit_seconds)
+        except TimeoutError:
+            return False
+        return True
 
     async def wait_idle(self, limit_seconds: float) -> bool:
         try:
@@ -174,7 +202,18 @@ class StageRuntime:
         if self.stage is not None:
             self.stage.progress = self.progress
             self.stage.count_steps = self.metrics.count_steps
+        self._stepper = None
         self._loop_task = asyncio.create_task(self._engine_loop(), name="engine-loop")
+
+    async def stop_engine_loop(self) -> None:
+        """Ends the engine loop (nothing may be running: pause first), so start() can run
+        it on another stage object (a stage woken from sleep)."""
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._loop_task
+            self._loop_task = None
+        self._stepper = None
 
     async def close(self) -> None:
         for job in list(self.jobs.values()):
@@ -195,8 +234,28 @@ class StageRuntime:
             self.mailbox.claim(request.request_id)
         self.jobs[request.request_id] = job
         job.task = asyncio.create_task(self._drive(job), name=f"job-{request.request_id}")
+        job.task.add_done_callback(lambda _: self._end_unstarted(job))
         self._update_load()
         return job
+
+    def _end_unstarted(self, job: Job) -> None:
+        """A job whose task was cancelled before its first step never ran _drive's
+        handlers: it still gets its error event, and leaves."""
+        request_id = job.request.request_id
+        if self.jobs.get(request_id) is not job:
+            return  # _drive ended it
+        job.error = "aborted" if job.aborted else "cancelled"
+        job.events.put_nowait(self._cancel_event(job))
+        self.mailbox.discard(request_id)
+        del self.jobs[request_id]
+        self._update_load()
+
+    def _cancel_event(self, job: Job) -> StageEvent:
+        if job.aborted:
+            return StageEvent(
+                type="error", code="stage_unavailable", message=f"{self.stage_name}: {job.aborted}"
+            )
+        return StageEvent(type="error", code="cancelled", message="cancelled")
 
     def cancel(self, request_id: str) -> bool:
         job = self.jobs.get(request_id)
@@ -206,6 +265,15 @@ class StageRuntime:
         if job.task:
             job.task.cancel()
         return True
+
+    def abort_all(self, reason: str) -> int:
+        """Ends every request this worker holds, each with `reason` as its error (the
+        client's 503); how many."""
+        for job in self.jobs.values():
+            job.aborted = reason
+            if job.task:
+                job.task.cancel()
+        return len(self.jobs)
 
     # ---- one request -------------------------------------------------------------------
     async def _messages(self, request: SubmitRequest) -> AsyncIterator[Message]:
@@ -349,6 +417,14 @@ class StageRuntime:
         request = job.request
         try:
             async with asyncio.timeout(request.timeout_seconds):
+                while True:
+                    await self.admitting.wait()
+                    if self.before_work is not None:
+                        await self.before_work()
+                    if self.admitting.is_set():  # not paused again meanwhile
+                        break
+                job.admitted = True
+                self._update_load()
                 if isinstance(self.stage, StreamingStage):
                     await self._stream(job, self.stage)
                     job.timeline.mark(tracing.DONE)
@@ -378,10 +454,10 @@ class StageRuntime:
             await job.events.put(StageEvent(type="done"))
             self.metrics.observe_duration(time.monotonic() - job.submitted)
         except asyncio.CancelledError:
-            job.error = "cancelled"
+            job.error = "aborted" if job.aborted else "cancelled"
             if job.stage_job is not None:
                 job.stage_job.cancelled.set()
-            await job.events.put(StageEvent(type="error", code="cancelled", message="cancelled"))
+            await job.events.put(self._cancel_event(job))
         except TimeoutError:
             job.error = "timeout"
             # Stop the engine's work too: a denoising loop checks this between steps (a

@@ -9,7 +9,7 @@ import logging
 import os
 import signal
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
@@ -20,17 +20,20 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from omnipipe.api import ResolvedPipeline
+from omnipipe.api.adapters import Adapter
 from omnipipe.api.constants import CREDENTIAL_HEADER
 from omnipipe.api.revision import pipeline_revision
 from omnipipe.api.tracing import make_tracer
 from omnipipe.api.wire import StageEvent, SubmitRequest, WorkerStatus, event_lines
 from omnipipe.transfer import Mailbox, Receiver, TransferStats, make_receiver, make_sender
 from omnipipe.worker.adapters import AdapterControl, adapters_router, follow_pipeline_file
+from omnipipe.worker.control import StageControl, control_router
 from omnipipe.worker.metrics import WorkerMetrics
 from omnipipe.worker.models.tiny import resolve_model_path
 from omnipipe.worker.runtime import DuplicateRequest, StageRuntime
 from omnipipe.worker.settings import WorkerSettings
 from omnipipe.worker.stages import stage_class, unimplemented_stages
+from omnipipe.worker.stages.base import Stage
 
 log = logging.getLogger(__name__)
 requests_log = logging.getLogger("omnipipe.worker.requests")
@@ -117,18 +120,28 @@ def _device(settings: WorkerSettings, gpus: int) -> str:
     return "cuda" if gpus > 0 and torch.cuda.is_available() else "cpu"
 
 
+async def _new_stage(state: WorkerState, adapters: Sequence[Adapter] | None = None) -> Stage:
+    """The stage's engine, loaded; with `adapters` in place of the spec's (a stage woken
+    from sleep keeps the adapters it had)."""
+    spec = state.pipeline.stage(state.settings.stage)
+    if adapters is not None:
+        spec = spec.model_copy(update={"adapters": tuple(adapters)})
+    if missing := unimplemented_stages(state.pipeline):
+        raise NotImplementedError(f"this worker cannot run: {', '.join(missing)}")
+    # The operator's read-only weights mount when there is one (spec.weights).
+    path = state.settings.model_path
+    if path is None:
+        path = await asyncio.to_thread(resolve_model_path, spec.model)
+    stage = stage_class(spec, path)(spec, path, _device(state.settings, spec.gpus))
+    await asyncio.to_thread(stage.load)
+    return stage
+
+
 async def _load_stage(state: WorkerState) -> None:
     spec = state.pipeline.stage(state.settings.stage)
     started = time.monotonic()
     try:
-        if missing := unimplemented_stages(state.pipeline):
-            raise NotImplementedError(f"this worker cannot run: {', '.join(missing)}")
-        # The operator's read-only weights mount when there is one (spec.weights).
-        path = state.settings.model_path
-        if path is None:
-            path = await asyncio.to_thread(resolve_model_path, spec.model)
-        stage = stage_class(spec, path)(spec, path, _device(state.settings, spec.gpus))
-        await asyncio.to_thread(stage.load)
+        stage = await _new_stage(state)
     except Exception as exc:
         log.exception("loading stage %s failed; exiting", spec.name)
         state.load_error = f"load failed: {exc}"
@@ -213,9 +226,17 @@ def build_app(pipeline: ResolvedPipeline, settings: WorkerSettings) -> FastAPI:
     adapters = AdapterControl(
         spec.name, lambda: state.runtime if state.loaded else None, spec.adapters
     )
+    control = StageControl(
+        spec.name,
+        lambda: state.runtime if state.loaded else None,
+        lambda: _new_stage(state, adapters.loaded),
+        settings.drain_timeout_seconds,
+        Path(settings.profile_dir),
+    )
     app = FastAPI(title=f"omnipipe worker: {pipeline.name}/{spec.name}", lifespan=lifespan)
     app.state.worker = state
     app.include_router(adapters_router(adapters))
+    app.include_router(control_router(control))
     if settings.credential:
         app.add_middleware(CredentialMiddleware, credential=settings.credential)
     else:

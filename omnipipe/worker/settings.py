@@ -46,6 +46,9 @@ class WorkerSettings(BaseSettings):
     """The stage's weights, already on disk: the operator's read-only mount of a weights
     claim or image (spec.weights). When set, the worker loads them from here and never
     downloads."""
+    profile_dir: str = "/tmp/omnipipe-profiles"
+    """Where stop_profile writes the torch profiler's trace (a Chrome trace JSON file
+    per call, named in the response)."""
     stall_seconds: float = 300.0
     """An engine call that makes no progress for this long marks the worker not ready
     (the router stops sending it work) until it moves again."""

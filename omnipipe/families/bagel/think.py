@@ -107,6 +107,12 @@ class BagelThinkStage(StreamingStage):
     def prepare(self, job: StageJob) -> None:
         job.prepared = conversation(job.params, self.media_limits)
 
+    def text_tokenizer(self) -> Any:
+        return self.tokenizer
+
+    def reset_cache(self, which: str) -> None:
+        self.engine.reset_cache(which)
+
     def open(self, job: StageJob) -> Session:
         if job.prepared is None:
             self.prepare(job)

@@ -39,6 +39,9 @@ class EditTextEncodeStage(Stage):
             self.model_path, self.device, {"text_encoder", "tokenizer", "processor"}
         )
 
+    def text_tokenizer(self) -> Any:
+        return self.pipe.tokenizer
+
     def run(self, job: StageJob) -> StageResult:
         prompt = prompt_of(job.params)
         image = condition_image(self.pipe, job.params)

@@ -36,6 +36,9 @@ class TextEncodeStage(Stage):
     def load(self) -> None:
         self.pipe = load_qwen_image(self.model_path, self.device, {"text_encoder", "tokenizer"})
 
+    def text_tokenizer(self) -> Any:
+        return self.pipe.tokenizer
+
     def run(self, job: StageJob) -> StageResult:
         prompt = prompt_of(job.params)
         negative = job.params.get("negative_prompt")

@@ -118,6 +118,9 @@ class ThinkerStage(StreamingStage):
         self.eos = frozenset([eos] if isinstance(eos, int) else eos)
         self.media_limits = self.settle_media_limits()
 
+    def text_tokenizer(self) -> Any:
+        return self.tokenizer
+
     def settle_media_limits(self) -> EffectiveMedia:
         """The request budget: the spec's limits, else what the processor and context take."""
         return effective_media(

@@ -76,6 +76,9 @@ class VllmThinkerMixin(ThinkerStage):
         """The engine's max_model_len (engineArgs', else the model's own)."""
         return self.engine.max_model_len
 
+    def reset_cache(self, which: str) -> None:
+        self.engine.reset_cache(which)
+
     def load_speakers(self) -> dict[str, Any]:
         return {}
 

@@ -84,6 +84,18 @@ class VllmEngine:
         self.tap = HiddenStateTap(layers)
         self.llm.collective_rpc(install, args=(self.tap,))  # type: ignore[arg-type]
 
+    def reset_cache(self, which: str) -> None:
+        """vLLM's own resets: "prefix" frees the cached blocks no running request holds
+        (vLLM refuses while requests run, so the stage is paused first); "mm" drops the
+        processed-media cache."""
+        if which == "prefix":
+            if not self.llm.reset_prefix_cache():
+                raise RuntimeError("vLLM did not reset its prefix cache: requests hold blocks")
+        elif which == "mm":
+            self.llm.reset_mm_cache()  # type: ignore[no-untyped-call]
+        else:
+            raise NotImplementedError(f"vLLM keeps no {which} cache")
+
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:
         """The thinker's input embeddings of these token ids, on the CPU."""
         rows: torch.Tensor = self.llm.collective_rpc(

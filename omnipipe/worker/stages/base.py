@@ -140,6 +140,27 @@ class Stage(ABC):
         loaded. A stage that takes none refuses."""
         raise NotImplementedError(f"{type(self).__name__} takes no LoRA adapters")
 
+    def text_tokenizer(self) -> Any | None:
+        """The tokenizer of the stage's text model (a transformers tokenizer, saved whole
+        by get_tokenizer); None: the stage reads no text."""
+        return None
+
+    def reset_cache(self, which: str) -> None:
+        """Clears the engine's "prefix" (KV blocks kept for reuse) or "mm" (processed
+        media) cache, on the engine thread between batches. A stage without one refuses."""
+        raise NotImplementedError(f"{type(self).__name__} keeps no {which} cache")
+
+    def torch_modules(self) -> list[torch.nn.Module]:
+        """The stage's torch models (attributes, and a diffusers pipeline's components):
+        what sleep level 1 moves to host memory."""
+        found: dict[int, torch.nn.Module] = {}
+        for value in vars(self).values():
+            parts = getattr(value, "components", None)
+            for part in [value, *(parts.values() if isinstance(parts, dict) else [])]:
+                if isinstance(part, torch.nn.Module):
+                    found.setdefault(id(part), part)
+        return list(found.values())
+
     def kv_block_table(self) -> BlockTable | None:
         """The table KV blocks sent to this stage are received into (after load());
         None: this stage takes no KV blocks."""

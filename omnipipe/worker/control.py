@@ -1,0 +1,329 @@
+"""A running stage's control calls, vLLM's AsyncOmni's per stage: pause and resume
+generation, sleep and wake up, the torch profiler, the tokenizer and the engine's caches.
+The router fans each out to every replica of a stage (router/api/admin.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import ctypes
+import gc
+import logging
+import os
+import socket
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from fastapi import APIRouter, HTTPException
+from pydantic import BaseModel, Field
+
+from omnipipe.worker.runtime import StageRuntime
+from omnipipe.worker.stages.base import Stage
+
+log = logging.getLogger(__name__)
+
+PauseMode = Literal["abort", "wait"]
+ABORTED = "request aborted: generation paused"
+
+
+class ControlRefused(Exception):
+    """The stage cannot do this now, or at all: the reason goes to the caller (409)."""
+
+
+class PauseBody(BaseModel):
+    mode: PauseMode = "abort"
+    """abort: end every request the stage holds (each client gets a 503); wait: let the
+    admitted ones finish. Either way, requests that arrive wait for resume."""
+
+
+class SleepBody(BaseModel):
+    level: int = Field(default=1, ge=1, le=2)
+    """1: the models go to host memory; 2: they are dropped, and reloaded on wake."""
+
+
+class CacheBody(BaseModel):
+    cache: Literal["prefix", "mm"]
+
+
+def _memory_bytes(device: torch.device) -> int:
+    """What the stage's device holds: CUDA's allocated bytes, or this process's RSS."""
+    if device.type == "cuda":
+        return int(torch.cuda.memory_allocated(device))
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _give_back_memory(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    else:
+        # glibc keeps freed heap pages; trimming returns them, so RSS shows the release.
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
+def _move_modules(stage: Stage, device: torch.device) -> int:
+    """Moves the stage's torch models (run on the engine thread); bytes moved."""
+    moved = 0
+    for module in stage.torch_modules():
+        for tensor in [*module.parameters(), *module.buffers()]:
+            if tensor.device != device:
+                moved += tensor.numel() * tensor.element_size()
+        module.to(device)
+    return moved
+
+
+class StageControl:
+    """Pause, sleep and the profiler of one worker's stage; one change at a time."""
+
+    def __init__(
+        self,
+        stage: str,
+        runtime: Callable[[], StageRuntime | None],
+        reload: Callable[[], Awaitable[Stage]],
+        settle_seconds: float,
+        profile_dir: Path,
+    ) -> None:
+        self.stage = stage
+        self._runtime = runtime
+        self._reload = reload
+        self._settle_seconds = settle_seconds
+        self._profile_dir = profile_dir
+        self.paused: PauseMode | None = None
+        self.sleep_level = 0
+        self._profiler: torch.profiler.profile | None = None
+        self._profiling_since = 0.0
+        self._lock = asyncio.Lock()
+
+    def _loaded(self) -> StageRuntime:
+        runtime = self._runtime()
+        if runtime is None:
+            raise LookupError(f"stage {self.stage} has not loaded its model yet")
+        return runtime
+
+    def state(self) -> dict[str, Any]:
+        return {
+            "stage": self.stage,
+            "paused": self.paused is not None,
+            "pause_mode": self.paused,
+            "sleeping": self.sleep_level > 0,
+            "sleep_level": self.sleep_level,
+            "profiling": self._profiler is not None,
+        }
+
+    async def _settled(self, runtime: StageRuntime, action: str) -> None:
+        """Closes the gate and waits for the admitted requests to finish."""
+        runtime.admitting.clear()
+        if not await runtime.wait_none_admitted(self._settle_seconds):
+            if self.paused is None:
+                runtime.admitting.set()
+            raise ControlRefused(
+                f"stage {self.stage}: {runtime.admitted} requests still running after "
+                f"{self._settle_seconds:.0f}s, so it cannot {action} now; pause it "
+                "(mode abort) first, or try again"
+            )
+
+    def _reopen(self, runtime: StageRuntime) -> None:
+        if self.paused is None:
+            runtime.admitting.set()
+
+    # ---- pause -------------------------------------------------------------------------
+    async def pause(self, mode: PauseMode) -> dict[str, Any]:
+        runtime = self._loaded()
+        async with self._lock:
+            self.paused = mode
+            runtime.admitting.clear()
+            aborted = runtime.abort_all(ABORTED) if mode == "abort" else 0
+            settled = await runtime.wait_none_admitted(self._settle_seconds)
+        log.info("stage %s: generation paused (%s, %d aborted)", self.stage, mode, aborted)
+        return {**self.state(), "aborted": aborted, "running": 0 if settled else runtime.admitted}
+
+    async def resume(self) -> dict[str, Any]:
+        runtime = self._loaded()
+        async with self._lock:
+            self.paused = None
+            runtime.admitting.set()
+        log.info("stage %s: generation resumed", self.stage)
+        return self.state()
+
+    # ---- sleep -------------------------------------------------------------------------
+    async def sleep(self, level: int) -> dict[str, Any]:
+        runtime = self._loaded()
+        async with self._lock:
+            if self.sleep_level:
+                raise ControlRefused(
+                    f"stage {self.stage} is asleep already (level {self.sleep_level}): "
+                    "wake it up first"
+                )
+            stage = runtime.stage
+            assert stage is not None
+            if level == 2 and stage.kv_block_table() is not None:
+                raise ControlRefused(
+                    f"stage {self.stage} receives KV blocks into its model's table: it "
+                    "sleeps at level 1 only"
+                )
+            await self._settled(runtime, f"sleep (level {level})")
+            device = stage.device
+            before = _memory_bytes(device)
+            try:
+                if level == 1:
+                    await runtime.between_batches(_move_modules, stage, torch.device("cpu"))
+                else:
+                    await runtime.stop_engine_loop()
+                    runtime.stage = None
+                del stage
+                await asyncio.to_thread(_give_back_memory, device)
+                self.sleep_level = level
+                runtime.before_work = self.wake_for_request
+            finally:
+                self._reopen(runtime)
+            released = max(0, before - _memory_bytes(device))
+        log.info("stage %s: asleep (level %d), %d bytes released", self.stage, level, released)
+        return {**self.state(), "device": device.type, "released_bytes": released}
+
+    async def wake_up(self) -> dict[str, Any]:
+        runtime = self._loaded()
+        async with self._lock:
+            if self.sleep_level == 1:
+                assert runtime.stage is not None
+                await runtime.between_batches(_move_modules, runtime.stage, runtime.stage.device)
+            elif self.sleep_level == 2:
+                runtime.stage = await self._reload()
+                runtime.start()
+            woke, self.sleep_level = self.sleep_level, 0
+            runtime.before_work = None
+        if woke:
+            log.info("stage %s: awake (from level %d)", self.stage, woke)
+        return self.state()
+
+    async def wake_for_request(self) -> None:
+        if self.sleep_level:
+            log.info("stage %s: a request wakes it", self.stage)
+            await self.wake_up()
+
+    # ---- the profiler ------------------------------------------------------------------
+    async def start_profile(self) -> dict[str, Any]:
+        runtime = self._loaded()
+        async with self._lock:
+            if self._profiler is not None:
+                raise ControlRefused(f"stage {self.stage} is profiling already")
+            activities = [torch.profiler.ProfilerActivity.CPU]
+            if torch.cuda.is_available():
+                activities.append(torch.profiler.ProfilerActivity.CUDA)
+            profiler = torch.profiler.profile(activities=activities)
+            # Started on the engine thread, whose work the trace records.
+            await runtime.between_batches(profiler.start)
+            self._profiler, self._profiling_since = profiler, time.time()
+        return self.state()
+
+    async def stop_profile(self) -> dict[str, Any]:
+        runtime = self._loaded()
+        async with self._lock:
+            profiler = self._profiler
+            if profiler is None:
+                raise ControlRefused(f"stage {self.stage} is not profiling: start_profile first")
+            self._profiler = None
+            await runtime.between_batches(profiler.stop)
+            self._profile_dir.mkdir(parents=True, exist_ok=True)
+            stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(self._profiling_since))
+            name = f"{self.stage}-{socket.gethostname()}-{os.getpid()}-{stamp}.json"
+            trace = self._profile_dir / name
+            await asyncio.to_thread(profiler.export_chrome_trace, str(trace))
+        log.info("stage %s: profile written to %s", self.stage, trace)
+        return {**self.state(), "trace": str(trace)}
+
+    # ---- the tokenizer and the caches --------------------------------------------------
+    async def tokenizer_files(self) -> dict[str, str]:
+        """The tokenizer, as save_pretrained writes it: file name -> base64 content."""
+        runtime = self._loaded()
+        stage = runtime.stage
+        if stage is None:  # asleep at level 2
+            await self.wake_up()
+            stage = runtime.stage
+        tokenizer = stage.text_tokenizer() if stage is not None else None
+        if tokenizer is None:
+            raise ControlRefused(f"stage {self.stage} has no tokenizer")
+
+        def saved() -> dict[str, str]:
+            with tempfile.TemporaryDirectory() as folder:
+                tokenizer.save_pretrained(folder)
+                return {
+                    path.name: base64.b64encode(path.read_bytes()).decode()
+                    for path in sorted(Path(folder).iterdir())
+                    if path.is_file()
+                }
+
+        return await asyncio.to_thread(saved)
+
+    async def reset_cache(self, cache: str) -> dict[str, Any]:
+        runtime = self._loaded()
+        async with self._lock:
+            stage = runtime.stage
+            if stage is None:
+                return {**self.state(), "reset": cache}  # asleep at level 2: nothing cached
+            if type(stage).reset_cache is Stage.reset_cache:
+                raise ControlRefused(f"stage {self.stage} keeps no {cache} cache")
+            await self._settled(runtime, f"reset its {cache} cache")
+            try:
+                await runtime.between_batches(stage.reset_cache, cache)
+            except NotImplementedError as exc:
+                raise ControlRefused(f"stage {self.stage}: {exc}") from None
+            finally:
+                self._reopen(runtime)
+        log.info("stage %s: %s cache reset", self.stage, cache)
+        return {**self.state(), "reset": cache}
+
+
+def control_router(control: StageControl) -> APIRouter:
+    router = APIRouter(prefix="/control")
+
+    async def answer(call: Awaitable[Any]) -> Any:
+        try:
+            return await call
+        except LookupError as exc:
+            raise HTTPException(503, detail=str(exc)) from None
+        except ControlRefused as exc:
+            raise HTTPException(409, detail=str(exc)) from None
+
+    @router.get("")
+    async def state() -> dict[str, Any]:
+        return control.state()
+
+    @router.post("/pause")
+    async def pause(body: PauseBody) -> dict[str, Any]:
+        return await answer(control.pause(body.mode))  # type: ignore[no-any-return]
+
+    @router.post("/resume")
+    async def resume() -> dict[str, Any]:
+        return await answer(control.resume())  # type: ignore[no-any-return]
+
+    @router.post("/sleep")
+    async def sleep(body: SleepBody) -> dict[str, Any]:
+        return await answer(control.sleep(body.level))  # type: ignore[no-any-return]
+
+    @router.post("/wake_up")
+    async def wake_up() -> dict[str, Any]:
+        return await answer(control.wake_up())  # type: ignore[no-any-return]
+
+    @router.post("/profile/start")
+    async def start_profile() -> dict[str, Any]:
+        return await answer(control.start_profile())  # type: ignore[no-any-return]
+
+    @router.post("/profile/stop")
+    async def stop_profile() -> dict[str, Any]:
+        return await answer(control.stop_profile())  # type: ignore[no-any-return]
+
+    @router.get("/tokenizer")
+    async def tokenizer() -> dict[str, Any]:
+        files = await answer(control.tokenizer_files())
+        return {"stage": control.stage, "files": files}
+
+    @router.post("/reset_cache")
+    async def reset_cache(body: CacheBody) -> dict[str, Any]:
+        return await answer(control.reset_cache(body.cache))  # type: ignore[no-any-return]
+
+    return router
