@@ -31,6 +31,7 @@ from typing import IO, Any, TypeVar
 
 import httpx
 
+from omnipipe.client_control import ControlCalls, own_pipeline_file
 from omnipipe.client_types import DuplicateRequestId as DuplicateRequestId
 from omnipipe.client_types import Modality as Modality
 from omnipipe.client_types import OmniError as OmniError
@@ -74,7 +75,7 @@ def _prompt_fields(prompt: Prompt) -> dict[str, Any]:
     raise TypeError("prompt: a string, a list of chat messages, or {'prompt'|'messages': ...}")
 
 
-class AsyncOmni:
+class AsyncOmni(ControlCalls):
     def __init__(
         self,
         model: str | None = None,
@@ -88,6 +89,8 @@ class AsyncOmni:
     ) -> None:
         self._proc: subprocess.Popen[bytes] | None = None
         self._log_path: Path | None = None
+        self._pipeline_file: Path | None = None
+        self._adapter_lock: asyncio.Lock | None = None
         self._model = model
         # Every request from generate()'s first step to its end, and the response of
         # those whose stream is open.
@@ -97,9 +100,10 @@ class AsyncOmni:
         self._errored: OmniError | None = None
         self._closed = False
         if base_url is None:
-            target = stage_configs_path or model
-            if target is None:
+            if stage_configs_path is None and model is None:
                 raise ValueError("give model, stage_configs_path (a pipeline file) or base_url")
+            # Its own file, which add_lora and remove_lora change and reload.
+            self._pipeline_file = own_pipeline_file(model, stage_configs_path)
             port = port or _free_port(host)
             # Kept open for the process's life (closed by _stop): the serve log, read back
             # when the pipeline fails to start.
@@ -107,7 +111,7 @@ class AsyncOmni:
                 prefix="omnipipe-serve-", suffix=".log", delete=False
             )
             self._log_path = Path(log.name)
-            command = [sys.executable, "-m", "omnipipe.cli", "serve", os.fspath(target)]
+            command = [sys.executable, "-m", "omnipipe.cli", "serve", str(self._pipeline_file)]
             self._proc = subprocess.Popen(
                 [*command, "--host", host, "--port", str(port)],
                 stdout=log,
@@ -183,7 +187,8 @@ class AsyncOmni:
     ) -> AsyncIterator[OmniRequestOutput]:
         """Every emitting stage's outputs as they are made. `params` are the router's
         request fields: max_tokens, temperature, seed, voice; size, n,
-        num_inference_steps, guidance_scale.
+        num_inference_steps, guidance_scale, negative_prompt, lora ({"name", "scale"}:
+        a LoRA adapter of spec.adapters).
 
         A request_id names one running request of this client: a second generate() with
         the id of one still running raises DuplicateRequestId (a ValueError) at its first

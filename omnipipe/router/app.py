@@ -24,6 +24,7 @@ from omnipipe.api import ResolvedPipeline
 from omnipipe.api.constants import CREDENTIAL_HEADER
 from omnipipe.api.loading import new_versions
 from omnipipe.api.tracing import make_tracer
+from omnipipe.router.api.admin import AdminService, admin_router
 from omnipipe.router.api.chat import ChatRequest, chat_router
 from omnipipe.router.api.common import error_param
 from omnipipe.router.api.edits import ImageEditRequest, edits_router
@@ -185,5 +186,14 @@ def build_app(pipeline: ResolvedPipeline, settings: RouterSettings) -> FastAPI:
     app.include_router(chat_router(pipeline, orchestrator, serving_ids))
     app.include_router(speech_router(pipeline, orchestrator, serving_ids))
     app.include_router(generate_router(pipeline, orchestrator, serving_ids))
+    credential = settings.pipeline_credential
+    admin = AdminService(
+        orchestrator.serving_pipeline,
+        pool,
+        client,
+        {CREDENTIAL_HEADER: credential} if credential else {},
+        local=settings.replicas_file is not None,
+    )
+    app.include_router(admin_router(admin))
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app

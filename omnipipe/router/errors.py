@@ -67,6 +67,13 @@ class MethodNotAllowed(OpenAIError):
     status, type = 405, "invalid_request_error"
 
 
+class Conflict(OpenAIError):
+    """The call cannot be done in the pipeline's present state or setup (a stage that
+    cannot do it, a change the resource owns)."""
+
+    status, type = 409, "invalid_request_error"
+
+
 class PayloadTooLarge(OpenAIError):
     status, type = 413, "invalid_request_error"
 

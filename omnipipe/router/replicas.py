@@ -146,6 +146,10 @@ class ReplicaPool:
         """Poll one stage's replicas now, rather than answer from a stale view."""
         await asyncio.gather(*(self._poll_one(r) for r in self._replicas[stage].values()))
 
+    def urls(self, stage: str) -> list[str]:
+        """The control URLs of every replica of the stage discovery knows, ready or not."""
+        return sorted(self._replicas[stage])
+
     def stage_ready(self, stage: str, revision: str | None = None) -> bool:
         """At least one replica of the stage (of that revision) is ready; it may be full."""
         return any(

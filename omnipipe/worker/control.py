@@ -106,8 +106,11 @@ class StageControl:
         return runtime
 
     def state(self) -> dict[str, Any]:
+        runtime = self._runtime()
         return {
             "stage": self.stage,
+            "running": runtime.running if runtime else 0,
+            "waiting": runtime.waiting if runtime else 0,
             "paused": self.paused is not None,
             "pause_mode": self.paused,
             "sleeping": self.sleep_level > 0,

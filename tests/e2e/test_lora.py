@@ -99,3 +99,27 @@ def test_a_bad_adapter_request_is_an_openai_shaped_4xx(
     assert err.value.status_code == status
     body: Any = err.value.body
     assert body["param"] == param, body
+
+
+async def test_the_python_api_applies_an_adapter_as_the_images_endpoint_does(
+    served: Served, client: openai.OpenAI
+) -> None:
+    from omnipipe import AsyncOmni
+
+    expected = image(client, "neon")
+    async with AsyncOmni(base_url=served.base_url.removesuffix("/v1")) as omni:
+        got = [
+            out.image
+            async for out in omni.generate(
+                "a lighthouse", size="64x64", num_inference_steps=3, seed=7, lora={"name": "neon"}
+            )
+            if out.image
+        ]
+    assert got == [expected]
+
+
+async def test_the_python_api_lists_the_adapters(served: Served) -> None:
+    from omnipipe import AsyncOmni
+
+    async with AsyncOmni(base_url=served.base_url.removesuffix("/v1")) as omni:
+        assert await omni.list_loras() == ["ink", "neon"]

@@ -102,3 +102,12 @@ def test_cfg_parallel_applies_the_adapter_on_both_copies(
     parallel = loaded(pipeline({"cfgParallelSize": 2}, adapters=adapters).stage("denoise"))
     lora = {"name": "neon", "scale": 0.7}
     torch.testing.assert_close(run(parallel, job, lora), run(stage, job, lora), rtol=0, atol=1e-5)
+
+
+def test_the_step_cache_at_threshold_zero_keeps_the_adapters_image(
+    stage: Any, job: StageJob, adapters: list[dict[str, Any]]
+) -> None:
+    exact = {"cache": {"threshold": 0, "warmupSteps": 0, "firstBlocks": 1}}
+    cached = loaded(pipeline(exact, adapters=adapters).stage("denoise"))
+    lora = {"name": "ink", "scale": 1.0}
+    assert torch.equal(run(cached, job, lora), run(stage, job, lora))

@@ -214,7 +214,8 @@ async def test_a_profile_records_the_engine_threads_work(tmp_path: Path) -> None
     answer = await scene.control.stop_profile()
     trace = Path(answer["trace"])
     assert trace.parent == tmp_path / "profiles"
-    names = {event.get("name") for event in json.loads(trace.read_text())["traceEvents"]}
+    events = json.loads(await asyncio.to_thread(trace.read_text))["traceEvents"]
+    names = {event.get("name") for event in events}
     assert "aten::linear" in names  # the stage's own matmul, run on the engine thread
     await scene.rt.close()
 

@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from omnipipe.api import ResolvedPipeline
 from omnipipe.api.spec import Role
+from omnipipe.router.api.adapters import LoraRequest, lora_param
 from omnipipe.router.api.chat import AudioOptions, ChatPlan, ChatRequest
 from omnipipe.router.api.common import (
     after,
@@ -70,6 +71,7 @@ class GenerateRequest(BaseModel):
     negative_prompt: str | None = Field(default=None, max_length=32_000)
     num_inference_steps: int = Field(default=50, ge=1, le=200)
     guidance_scale: float = Field(default=4.0, ge=0, le=50)
+    lora: LoraRequest | None = None
 
 
 def modality_of(data: dict[str, Any]) -> Modality:
@@ -130,6 +132,8 @@ def _plan(
             guidance_scale=body.guidance_scale,
         )
     )
+    if (lora := lora_param(orchestrator.serving_pipeline(), body.model, body.lora)) is not None:
+        params["lora"] = lora
     return {stage: params for stage in orchestrator.stages}, set(orchestrator.outputs)
 
 
