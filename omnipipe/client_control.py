@@ -28,7 +28,7 @@ from omnipipe.client_types import OmniError, error_of
 RELOADED = ("omnipipe: reloaded:", "omnipipe: no change;")
 NOT_RELOADED = ("omnipipe: reload failed,", "omnipipe: reload refused,")
 RELOAD_TIMEOUT_SECONDS = 600.0
-# Changes a manifest's spec in place, given the pipeline's denoiser stages.
+# Changes a manifest's spec in place, given the stages that take adapters.
 AdapterChange = Callable[[dict[str, Any], list[str]], None]
 
 
@@ -187,11 +187,11 @@ class ControlCalls:
             raise ValueError("add_lora needs the adapter's source (a directory or a Hub id)")
         file = await self._adapters_file()
 
-        def change(spec: dict[str, Any], denoisers: list[str]) -> None:
+        def change(spec: dict[str, Any], takers: list[str]) -> None:
             adapters = [a for a in spec.get("adapters") or [] if a.get("name") != name]
-            if stage is None and len(denoisers) != 1:
-                raise ValueError(f"add_lora: name the stage, one of {', '.join(denoisers)}")
-            target = stage or denoisers[0]
+            if stage is None and len(takers) != 1:
+                raise ValueError(f"add_lora: name the stage, one of {', '.join(takers)}")
+            target = stage or takers[0]
             adapters.append({"name": name, "source": where, "stage": target, "scale": scale})
             spec["adapters"] = adapters
 
@@ -206,7 +206,7 @@ class ControlCalls:
         if not any(a.get("name") == name for a in spec.get("adapters") or []):
             return False
 
-        def change(spec: dict[str, Any], _denoisers: list[str]) -> None:
+        def change(spec: dict[str, Any], _takers: list[str]) -> None:
             spec["adapters"] = [a for a in spec.get("adapters") or [] if a.get("name") != name]
             if not spec["adapters"]:
                 del spec["adapters"]
@@ -259,13 +259,13 @@ def _write_change(file: Path, change: AdapterChange) -> str:
     """Changes the file's spec.adapters, if the result is a pipeline (else ValueError,
     the file untouched); what the file held before."""
     from omnipipe.api import ManifestError
+    from omnipipe.api.adapters import ADAPTER_ROLES
     from omnipipe.api.loading import load_pipeline
-    from omnipipe.api.roles import Role
 
     before = file.read_text()
     doc = yaml.safe_load(before)
     running = load_pipeline(file)
-    change(_spec_of(doc, file), [s.name for s in running.stages if s.role == Role.DENOISER])
+    change(_spec_of(doc, file), [s.name for s in running.stages if s.role in ADAPTER_ROLES])
     candidate = file.with_name(f".{file.name}.new")
     candidate.write_text(yaml.safe_dump(doc, sort_keys=False))
     try:

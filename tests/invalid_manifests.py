@@ -44,6 +44,12 @@ def with_spec(**fields: Any) -> Manifest:
     return m
 
 
+def omni_with(**fields: Any) -> Manifest:
+    m = with_spec(**fields)
+    m["spec"].update({"model": "tiny://qwen2.5-omni", "pipeline": "qwen2.5-omni"})
+    return m
+
+
 def with_stage(**fields: Any) -> Manifest:
     return with_spec(stages=[{"name": "denoise", **fields}])
 
@@ -58,6 +64,11 @@ def renamed(name: str) -> Manifest:
     m = base()
     m["metadata"]["name"] = name
     return m
+
+
+ADAPTER_STAGE = (
+    "spec.adapters[].stage: LoRA adapters apply to a denoiser or a thinker stage of this pipeline"
+)
 
 
 @dataclass(frozen=True)
@@ -336,9 +347,9 @@ CASES = [
     Invalid(
         "adapter-on-the-text-encoder",
         lambda: with_spec(adapters=[{"name": "style", "source": "/lora", "stage": "encode"}]),
-        "spec.adapters[].stage: LoRA adapters apply to a denoiser stage of this pipeline",
-        "spec.adapters[style].stage: LoRA adapters apply to a denoiser stage, not a "
-        "text-encoder (encode)",
+        ADAPTER_STAGE,
+        "spec.adapters[style].stage: LoRA adapters apply to a denoiser or a thinker "
+        "stage, not a text-encoder (encode)",
     ),
     Invalid(
         "adapter-on-a-stage-given-another-role",
@@ -346,13 +357,28 @@ CASES = [
             stages=[{"name": "denoise", "role": "vae-decoder"}],
             adapters=[{"name": "style", "source": "/lora", "stage": "denoise"}],
         ),
-        "spec.adapters[].stage: LoRA adapters apply to a denoiser stage of this pipeline",
-        "LoRA adapters apply to a denoiser stage, not a vae-decoder (denoise)",
+        ADAPTER_STAGE,
+        "LoRA adapters apply to a denoiser or a thinker stage, not a vae-decoder (denoise)",
+    ),
+    Invalid(
+        "adapter-on-the-talker",
+        lambda: omni_with(adapters=[{"name": "voice", "source": "/lora", "stage": "talker"}]),
+        ADAPTER_STAGE,
+        "spec.adapters[voice].stage: LoRA adapters apply to a denoiser or a thinker stage, "
+        "not a talker (talker)",
+    ),
+    Invalid(
+        "thinker-adapter-with-a-scale",
+        lambda: omni_with(
+            adapters=[{"name": "poet", "source": "/lora", "stage": "thinker", "scale": 0.5}]
+        ),
+        "spec.adapters[].scale: vLLM applies an adapter of a thinker whole",
+        "spec.adapters[poet].scale: vLLM applies an adapter of a thinker whole",
     ),
     Invalid(
         "adapter-on-no-stage",
         lambda: with_spec(adapters=[{"name": "style", "source": "/lora", "stage": "refine"}]),
-        "spec.adapters[].stage: LoRA adapters apply to a denoiser stage of this pipeline",
+        ADAPTER_STAGE,
         "spec.adapters[style].stage: 'refine' is not a stage of this pipeline",
     ),
     Invalid(

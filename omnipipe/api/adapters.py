@@ -7,10 +7,13 @@ from typing import Annotated
 
 from pydantic import Field
 
+from omnipipe.api.roles import Role
 from omnipipe.api.spec_base import DnsLabel, SpecModel
 
 MAX_ADAPTERS = 64
 MAX_SCALE = 8.0
+# The roles whose stages load adapters.
+ADAPTER_ROLES = frozenset({Role.DENOISER, Role.THINKER})
 
 
 class Adapter(SpecModel):
@@ -24,7 +27,9 @@ class Adapter(SpecModel):
     (pytorch_lora_weights.safetensors) as the stage's container sees it, or a Hugging Face
     repo id fetched as the model is."""
     stage: DnsLabel
-    """The stage it applies to: a denoiser (diffusers LoRA through peft)."""
+    """The stage it applies to: a denoiser (diffusers LoRA through peft), or a thinker
+    run by vLLM (a PEFT adapter of the language model, through vLLM's multi-LoRA)."""
     scale: Annotated[float, Field(ge=0, le=MAX_SCALE)] = 1.0
-    """How strongly it applies when a request names it as its model; a request's `lora`
-    field may set its own. 0 is the model without it."""
+    """How strongly a denoiser's adapter applies when a request names it as its model; a
+    request's `lora` field may set its own. 0 is the model without it. A thinker's adapter
+    applies whole (1)."""

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from omnipipe.api import constants as c
+from omnipipe.api.adapters import ADAPTER_ROLES
 from omnipipe.api.families import CUSTOM, pipeline_type_names, pipeline_types
 from omnipipe.api.resource import MAX_PIPELINE_NAME
 from omnipipe.api.roles import Role
@@ -87,15 +88,15 @@ def _per_pipeline(
 
 
 def _adapters_on_denoisers() -> list[Schema]:
-    """spec.adapters[].stage names a denoiser: a stage of the spec with that role (or,
-    without a role, one of its type's denoisers), or a denoiser of its type that the spec
-    does not give another role; one rule per type, as _per_pipeline's."""
+    """spec.adapters[].stage names a denoiser or a thinker: a stage of the spec with that
+    role (or, without a role, one of its type's such stages), or such a stage of its type
+    that the spec does not give another role; one rule per type, as _per_pipeline's."""
     known = _cel_str_list(list(pipeline_types()))
-    denoiser = json.dumps(Role.DENOISER.value)
+    roles = _cel_str_list(sorted(r.value for r in ADAPTER_ROLES))
     typed = [
         (
             f"self.pipeline != {json.dumps(name)}",
-            _cel_str_list([s.name for s in p.stages if s.role is Role.DENOISER]),
+            _cel_str_list([s.name for s in p.stages if s.role in ADAPTER_ROLES]),
         )
         for name, p in pipeline_types().items()
     ]
@@ -104,16 +105,43 @@ def _adapters_on_denoisers() -> list[Schema]:
         {
             "rule": f"{skip} || !has(self.adapters) || self.adapters.all(a, "
             "(has(self.stages) && self.stages.exists(s, s.name == a.stage && "
-            f"(has(s.role) ? s.role == {denoiser} : s.name in {names}))) || "
+            f"(has(s.role) ? s.role in {roles} : s.name in {names}))) || "
             f"(a.stage in {names} && (!has(self.stages) || !self.stages.exists(s, "
-            f"s.name == a.stage && has(s.role) && s.role != {denoiser}))))",
-            "message": "spec.adapters[].stage: LoRA adapters apply to a denoiser stage of "
-            "this pipeline",
+            f"s.name == a.stage && has(s.role) && !(s.role in {roles})))))",
+            "message": "spec.adapters[].stage: LoRA adapters apply to a denoiser or a "
+            "thinker stage of this pipeline",
             "fieldPath": ".adapters",
             "reason": "FieldValueInvalid",
         }
         for skip, names in typed
     ]
+
+
+def _thinker_adapters_whole() -> list[Schema]:
+    """An adapter on a thinker (its spec role, or its type's role for a stage the spec
+    gives none) has no scale but 1: vLLM applies it whole."""
+    thinker = json.dumps(Role.THINKER.value)
+    rules: list[Schema] = []
+    for name, p in pipeline_types().items():
+        thinkers = [s.name for s in p.stages if s.role is Role.THINKER]
+        if not thinkers:
+            continue
+        names = _cel_str_list(thinkers)
+        rules.append(
+            {
+                "rule": f"self.pipeline != {json.dumps(name)} || !has(self.adapters) || "
+                "self.adapters.all(a, !has(a.scale) || a.scale == 1.0 || !("
+                "(has(self.stages) && self.stages.exists(s, s.name == a.stage && "
+                f"(has(s.role) ? s.role == {thinker} : s.name in {names}))) || "
+                f"(a.stage in {names} && !(has(self.stages) && self.stages.exists(s, "
+                "s.name == a.stage && has(s.role))))))",
+                "message": "spec.adapters[].scale: vLLM applies an adapter of a thinker "
+                "whole; scale is for denoisers",
+                "fieldPath": ".adapters",
+                "reason": "FieldValueInvalid",
+            }
+        )
+    return rules
 
 
 def _acceleration_on_denoisers() -> list[Schema]:
@@ -176,6 +204,7 @@ def _spec_rules() -> list[Schema]:
         ),
         *_acceleration_on_denoisers(),
         *_adapters_on_denoisers(),
+        *_thinker_adapters_whole(),
     ]
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from omnipipe.api.adapters import ADAPTER_ROLES
 from omnipipe.api.families import (
     CUSTOM,
     PipelineType,
@@ -92,11 +93,16 @@ def _check_adapters(spec: OmniPipelineSpec) -> None:
                 "this pipeline"
             )
         role = roles[adapter.stage]
-        if role is not Role.DENOISER:
+        if role not in ADAPTER_ROLES:
             what = role.value if role else "stage with no role"
             raise ValueError(
                 f"spec.adapters[{adapter.name}].stage: LoRA adapters apply to a denoiser "
-                f"stage, not a {what} ({adapter.stage})"
+                f"or a thinker stage, not a {what} ({adapter.stage})"
+            )
+        if role is Role.THINKER and adapter.scale != 1.0:
+            raise ValueError(
+                f"spec.adapters[{adapter.name}].scale: vLLM applies an adapter of a thinker "
+                f"whole; scale is for denoisers (leave it out, or 1), got {adapter.scale:g}"
             )
 
 

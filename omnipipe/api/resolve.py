@@ -97,6 +97,18 @@ class ResolvedStage(ResolvedModel):
     def autoscaled(self) -> bool:
         return self.autoscaling is not None
 
+    def restart_fields(self) -> dict[str, Any]:
+        """What a running worker of this stage was started with: all but its count and
+        its LoRA adapters, which running workers load and unload. A thinker is the
+        exception in part: vLLM enables LoRA as its engine starts, so whether the stage
+        has adapters at all needs a new worker."""
+        fields = self.model_dump(
+            mode="json", exclude={"replicas", "autoscaling", "target", "adapters"}
+        )
+        if self.role is Role.THINKER and self.adapters:
+            fields["loraEngine"] = True
+        return fields
+
     @property
     def wakes_on_demand(self) -> bool:
         """The autoscaler may take it to zero replicas and brings it back for a request

@@ -310,7 +310,7 @@ class OmniPipelineSpec(SpecModel):
     """Where the stage pods find the model weights: downloaded by every pod (the
     default), an existing claim, a claim the operator fills once per model, or an image."""
     adapters: Annotated[list[Adapter], Field(max_length=MAX_ADAPTERS)] = Field(default_factory=list)
-    """LoRA adapters, each on one denoiser stage, served as models of their own."""
+    """LoRA adapters, each on one denoiser or thinker stage, served as models of their own."""
 
     @model_validator(mode="after")
     def _graph(self) -> OmniPipelineSpec:

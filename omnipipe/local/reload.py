@@ -33,9 +33,8 @@ def router_view(pipeline: ResolvedPipeline) -> dict[str, Any]:
 
 
 def _in_place_fields(stage: ResolvedStage) -> dict[str, Any]:
-    """A stage's settings a running worker was started with, but for its count and its
-    LoRA adapters (a running worker loads and unloads those)."""
-    return stage.model_dump(mode="json", exclude={"replicas", "autoscaling", "target", "adapters"})
+    """A stage's settings a running worker was started with (ResolvedStage.restart_fields)."""
+    return stage.restart_fields()
 
 
 @dataclass(frozen=True)

@@ -174,17 +174,21 @@ class StageControl:
             before = _memory_bytes(device)
             try:
                 if level == 1:
-                    await runtime.between_batches(_move_modules, stage, torch.device("cpu"))
+                    # What left the device: nothing when the stage runs on the CPU.
+                    released = await runtime.between_batches(
+                        _move_modules, stage, torch.device("cpu")
+                    )
                 else:
                     await runtime.stop_engine_loop()
                     runtime.stage = None
                 del stage
                 await asyncio.to_thread(_give_back_memory, device)
+                if level == 2:
+                    released = max(0, before - _memory_bytes(device))
                 self.sleep_level = level
                 runtime.before_work = self.wake_for_request
             finally:
                 self._reopen(runtime)
-            released = max(0, before - _memory_bytes(device))
         log.info("stage %s: asleep (level %d), %d bytes released", self.stage, level, released)
         return {**self.state(), "device": device.type, "released_bytes": released}
 

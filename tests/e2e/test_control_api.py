@@ -11,12 +11,15 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import openai
 import pytest
 import pytest_asyncio
 
 from omnipipe import AsyncOmni
 from omnipipe.client import OmniError
+from omnipipe.families.qwen_omni.tiny_lora import save_tiny_thinker_lora
 from tests.e2e.conftest import REPO
+from tests.e2e.test_python_api import workers_of
 
 # One pipeline for the module's tests (each leaves it as it found it), on one loop.
 pytestmark = [pytest.mark.timeout(900), pytest.mark.asyncio(loop_scope="module")]
@@ -143,11 +146,20 @@ async def test_adapters_are_added_and_removed_without_a_restart(omni: AsyncOmni)
         await attached.shutdown()
 
 
-async def test_the_vllm_thinker_resets_its_caches_and_sleeps() -> None:
+def newest_thinker_pid(omni: AsyncOmni) -> int:
+    """The pid of the thinker worker that started last (a reload may start another)."""
+    return [pid for name, (_, pid) in workers_of(omni).items() if name.startswith("thinker")][-1]
+
+
+async def test_the_vllm_thinker_resets_its_caches_sleeps_and_takes_adapters(
+    tmp_path: Path,
+) -> None:
     async with AsyncOmni(model="tiny://qwen2.5-omni") as omni:
 
-        async def reply() -> str:
-            return "".join([o.text async for o in omni.generate("hello", max_tokens=8, seed=5)])
+        async def reply(**params: Any) -> str:
+            # Greedy: a tiny random model's sampled tokens follow the seed, not the logits.
+            outs = omni.generate("hello", max_tokens=8, temperature=0, **params)
+            return "".join([o.text async for o in outs])
 
         first = await reply()
         prefix = await omni.reset_prefix_cache()
@@ -158,3 +170,38 @@ async def test_the_vllm_thinker_resets_its_caches_and_sleeps() -> None:
         assert tokenizer.decode(tokenizer("hello").input_ids) == "hello"
         await omni.sleep(level=2, stages=["thinker"])
         assert await reply() == first  # a new vLLM engine, the same greedy tokens
+
+        # The thinker's first adapter restarts it (vLLM enables LoRA as it starts) ...
+        assert await omni.add_lora("poet", "tiny://qwen2.5-omni-lora")
+        poet = await reply(lora={"name": "poet"})
+        assert poet != first
+        assert await reply() == first
+        with openai.OpenAI(base_url=f"{omni.base_url}/v1", api_key="-", max_retries=0) as c:
+            named = c.chat.completions.create(
+                model="poet",
+                messages=[{"role": "user", "content": "hello"}],
+                max_tokens=8,
+                temperature=0,
+            )
+            assert named.choices[0].message.content == poet
+            with pytest.raises(openai.BadRequestError) as err:
+                c.chat.completions.create(
+                    model="poet",
+                    messages=[{"role": "user", "content": "hello"}],
+                    extra_body={"lora": {"name": "poet", "scale": 0.5}},
+                )
+            assert err.value.body["param"] == "lora.scale"  # type: ignore[index]
+        # ... a second loads into the running engine, and requests mixing them share it.
+        thinker_pid = newest_thinker_pid(omni)
+        rhymer = save_tiny_thinker_lora(tmp_path / "rhymer", seed=2)
+        assert await omni.add_lora("rhymer", str(rhymer))
+        assert newest_thinker_pid(omni) == thinker_pid
+        alone = {name: await reply(lora={"name": name}) for name in ("poet", "rhymer")}
+        assert alone["rhymer"] not in (alone["poet"], first)
+        mixed = await asyncio.gather(
+            *(reply(lora={"name": n}) for n in ("poet", "rhymer", "poet", "rhymer")), reply()
+        )
+        assert mixed == [alone["poet"], alone["rhymer"], alone["poet"], alone["rhymer"], first]
+        assert await omni.remove_lora("rhymer")
+        assert newest_thinker_pid(omni) == thinker_pid
+        assert await omni.list_loras() == ["poet"]

@@ -111,7 +111,9 @@ def test_unknown_paths_share_one_metric_series(client: TestClient) -> None:
 def test_openapi_describes_every_request_body(client: TestClient) -> None:
     document = client.get("/openapi.json").json()
     schemas = document["components"]["schemas"]
-    posts = {p: ops["post"] for p, ops in document["paths"].items() if "post" in ops}
+    posts = {
+        p: ops["post"] for p, ops in document["paths"].items() if "post" in ops and p[:4] == "/v1/"
+    }
     assert set(posts) == {
         "/v1/images/generations",
         "/v1/images/edits",
@@ -126,6 +128,14 @@ def test_openapi_describes_every_request_body(client: TestClient) -> None:
         model = schemas[schema["$ref"].removeprefix("#/components/schemas/")]
         assert "model" in model["required"], path
         assert model["properties"], path
+    # The admin calls' one body, and the control calls they name.
+    admin = document["paths"]["/admin/{action}"]["post"]
+    body = admin["requestBody"]["content"]["application/json"]["schema"]
+    assert {"$ref": "#/components/schemas/AdminCall"} in body["anyOf"]
+    action = next(p for p in admin["parameters"] if p["name"] == "action")
+    assert {"pause", "sleep", "start_profile", "reset_prefix_cache"} <= set(
+        action["schema"]["enum"]
+    )
     # Every reference resolves within the document.
     for ref in _refs(document):
         assert ref.removeprefix("#/components/schemas/") in schemas, ref

@@ -48,5 +48,6 @@ FAMILY = Family(
     tiny_models={
         "qwen2.5-omni": "omnipipe.families.qwen_omni.tiny:build_qwen25_omni",
         "qwen3-omni": "omnipipe.families.qwen_omni.tiny_qwen3:build_qwen3_omni",
+        "qwen2.5-omni-lora": "omnipipe.families.qwen_omni.tiny_lora:build_thinker_lora",
     },
 )

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from omnipipe.api.adapters import Adapter
 from omnipipe.families.qwen_omni.engine import QWEN25_OMNI, omni_model_type
 from omnipipe.families.qwen_omni.qwen3 import Qwen3ThinkerStage
 from omnipipe.families.qwen_omni.thinker import (
@@ -39,6 +40,7 @@ from omnipipe.worker.stages.base import (
 from omnipipe.worker.stages.chat_media import processor_warnings_silenced
 from omnipipe.worker.stages.replies import THINKER_SAMPLING, ReplyText, sampling_params
 from omnipipe.worker.stages.sampling import Sampling
+from omnipipe.worker.stages.vllm_lora import VllmAdapters, lora_engine_args
 
 
 class VllmThinkerMixin(ThinkerStage):
@@ -46,6 +48,7 @@ class VllmThinkerMixin(ThinkerStage):
 
     engine: VllmEngine
     sessions: dict[str, VllmThinkerSession]
+    takes_adapters = True
 
     def handoff_layers(self) -> list[int]:
         return [0, FINAL]
@@ -64,9 +67,10 @@ class VllmThinkerMixin(ThinkerStage):
         if eos is None:
             eos = self.config.thinker_config.text_config.eos_token_id
         self.eos = frozenset([eos] if isinstance(eos, int) else eos)
-        self.engine = VllmEngine(
-            self.model_path, dict(self.spec.engine_args), self.device, self.handoff_layers()
-        )
+        args = lora_engine_args(self.spec.adapters, self.spec.engine_args)
+        self.engine = VllmEngine(self.model_path, args, self.device, self.handoff_layers())
+        self.adapters = VllmAdapters(self.engine.llm, enabled=bool(args.get("enable_lora")))
+        self.adapters.update(self.spec.adapters)
         self.embed = self.engine.embed
         self.sessions = {}
         self.media_limits = self.settle_media_limits()
@@ -78,6 +82,9 @@ class VllmThinkerMixin(ThinkerStage):
 
     def reset_cache(self, which: str) -> None:
         self.engine.reset_cache(which)
+
+    def set_adapters(self, adapters: Sequence[Adapter]) -> list[str]:
+        return self.adapters.update(adapters)
 
     def load_speakers(self) -> dict[str, Any]:
         return {}
@@ -194,11 +201,17 @@ class VllmThinkerSession(Session):
         self.request_id = f"thinker-{uuid.uuid4().hex}"
         llm = stage.engine.llm
         params = sampling_params(self.sampling, stage.eos, max_tokens)
+        lora = stage.adapters.request_for(job.params)
         from vllm.exceptions import VLLMClientError
 
         try:
             with processor_warnings_silenced():
-                self.engine_id = llm.add_request(self.request_id, prompt, params)  # type: ignore[arg-type]
+                self.engine_id = llm.add_request(
+                    self.request_id,
+                    prompt,  # type: ignore[arg-type]
+                    params,
+                    lora_request=lora,
+                )
         except (ValueError, TypeError, VLLMClientError) as exc:
             # Too long for the context, an image or clip the processor rejects: vLLM
             # refuses before the request takes any engine time.

@@ -75,10 +75,14 @@ def _env(ctx: BuildContext, stage: ResolvedStage) -> list[Manifest]:
 def stage_config_hash(ctx: BuildContext, stage: ResolvedStage) -> str:
     """Only what this stage's pods read: editing another stage never rolls this one.
     Nor does a change of its LoRA adapters: its running workers load them from the
-    ConfigMap as the kubelet updates it."""
+    ConfigMap as the kubelet updates it (but a thinker's first adapter, or its last gone,
+    rolls it: ResolvedStage.restart_fields)."""
+    dumped = stage.model_dump(mode="json", exclude={"adapters"})
+    if stage.restart_fields().get("loraEngine"):
+        dumped["loraEngine"] = True
     return content_hash(
         {
-            "stage": stage.model_dump(mode="json", exclude={"adapters"}),
+            "stage": dumped,
             "transfer": ctx.pipeline.transfer.model_dump(mode="json"),
             **ctx.pipeline.tracing.as_config(),
         }

@@ -3,10 +3,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from omnipipe.api import ResolvedPipeline
 from omnipipe.api.adapters import MAX_SCALE
+from omnipipe.api.roles import Role
 from omnipipe.router.errors import BadRequest
 
 
@@ -41,3 +44,29 @@ def lora_param(
         )
     chosen = adapters[lora.name]
     return {"name": chosen.name, "scale": chosen.scale if lora.scale is None else lora.scale}
+
+
+def set_stage_lora(
+    params: dict[str, dict[str, Any]],
+    pipeline: ResolvedPipeline,
+    model: str,
+    lora: LoraRequest | None,
+) -> None:
+    """Gives the adapter's own stage (a chat's thinker) the request's `lora` parameter.
+    A thinker's adapter applies whole, as vLLM applies it: no other scale."""
+    chosen = lora_param(pipeline, model, lora)
+    if chosen is None:
+        return
+    stage = next(a.stage for a in pipeline.adapters if a.name == chosen["name"])
+    if stage not in params:
+        raise BadRequest(
+            f"lora.name: adapter {chosen['name']!r} applies to stage {stage}, which this "
+            "request does not run",
+            param="lora.name" if lora is not None else "model",
+        )
+    if pipeline.stage(stage).role is Role.THINKER and chosen["scale"] != 1.0:
+        raise BadRequest(
+            f"lora.scale: adapter {chosen['name']!r} of the thinker applies whole (scale 1)",
+            param="lora.scale",
+        )
+    params[stage]["lora"] = chosen

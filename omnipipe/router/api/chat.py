@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from omnipipe.api import ResolvedPipeline
 from omnipipe.api.families import RequestExtensions
 from omnipipe.api.spec import Role
+from omnipipe.router.api.adapters import LoraRequest, set_stage_lora
 from omnipipe.router.api.audio import pcm_of, wav_bytes
 from omnipipe.router.api.common import (
     after,
@@ -82,6 +83,8 @@ class ChatRequest(BaseModel):
         default=None,
         description="passed to the thinker's processor: use_audio_in_video (bool), fps",
     )
+    lora: LoraRequest | None = None
+    """A LoRA adapter of the thinker ({"name"}); naming the adapter as the model does too."""
 
 
 class ChatPlan:
@@ -334,6 +337,7 @@ def chat_router(
         body = await parse_body(ChatRequest, request)
         check_model(body.model, model_ids())
         plan = ChatPlan(pipeline, body)
+        set_stage_lora(plan.params, orchestrator.serving_pipeline(), body.model, body.lora)
         outputs = orchestrator.stream(plan.params, plan.emitters)
         if not body.stream:
             async with contextlib.aclosing(outputs):

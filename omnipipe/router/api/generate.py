@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from omnipipe.api import ResolvedPipeline
 from omnipipe.api.spec import Role
-from omnipipe.router.api.adapters import LoraRequest, lora_param
+from omnipipe.router.api.adapters import LoraRequest, lora_param, set_stage_lora
 from omnipipe.router.api.chat import AudioOptions, ChatPlan, ChatRequest
 from omnipipe.router.api.common import (
     after,
@@ -105,8 +105,10 @@ def _plan(
             seed=body.seed,
             sampling_params_list=body.sampling_params_list,
             mm_processor_kwargs=body.mm_processor_kwargs,
+            lora=body.lora,
         )
         plan = ChatPlan(pipeline, chat)
+        set_stage_lora(plan.params, orchestrator.serving_pipeline(), body.model, body.lora)
         return plan.params, plan.emitters
     if wanted - {"image"}:
         raise BadRequest(

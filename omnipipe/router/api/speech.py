@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from omnipipe.api import ResolvedPipeline
 from omnipipe.api.spec import Role
+from omnipipe.router.api.adapters import set_stage_lora
 from omnipipe.router.api.audio import pcm_of, wav_bytes
 from omnipipe.router.api.common import (
     check_model,
@@ -77,6 +78,8 @@ def speech_router(
         body = await parse_body(SpeechRequest, request)
         check_model(body.model, model_ids())
         params, emitters = plan(body)
+        # An adapter of the thinker named as the model shapes what the talker hears.
+        set_stage_lora(params, orchestrator.serving_pipeline(), body.model, None)
         outputs = orchestrator.stream(params, emitters)
         if body.response_format == "wav":
             pcm, rate = bytearray(), DEFAULT_SAMPLE_RATE
