@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -51,7 +52,7 @@ def _free_port(host: str) -> int:
         return int(s.getsockname()[1])
 
 
-def _stop(proc: subprocess.Popen[bytes], log: IO[bytes]) -> None:
+def _stop(proc: subprocess.Popen[bytes], log: IO[bytes], folder: Path | None) -> None:
     """SIGTERM to `omnipipe serve` (it drains and stops its workers), SIGKILL to its
     whole process group if it has not gone within STOP_SECONDS."""
     if proc.poll() is None:
@@ -63,6 +64,8 @@ def _stop(proc: subprocess.Popen[bytes], log: IO[bytes]) -> None:
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     log.close()
+    if folder is not None:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _prompt_fields(prompt: Prompt) -> dict[str, Any]:
@@ -103,7 +106,7 @@ class AsyncOmni(ControlCalls):
             if stage_configs_path is None and model is None:
                 raise ValueError("give model, stage_configs_path (a pipeline file) or base_url")
             # Its own file, which add_lora and remove_lora change and reload.
-            self._pipeline_file = own_pipeline_file(model, stage_configs_path)
+            self._pipeline_file, folder = own_pipeline_file(model, stage_configs_path)
             port = port or _free_port(host)
             # Kept open for the process's life (closed by _stop): the serve log, read back
             # when the pipeline fails to start.
@@ -120,7 +123,7 @@ class AsyncOmni(ControlCalls):
             )
             # The pipeline's processes never outlive this object, even if shutdown() is
             # never called.
-            self._finalizer = weakref.finalize(self, _stop, self._proc, log)
+            self._finalizer = weakref.finalize(self, _stop, self._proc, log, folder)
             base_url = f"http://{host}:{port}"
         self.base_url = base_url.rstrip("/").removesuffix("/v1")
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}

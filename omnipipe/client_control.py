@@ -32,17 +32,22 @@ RELOAD_TIMEOUT_SECONDS = 600.0
 AdapterChange = Callable[[dict[str, Any], list[str]], None]
 
 
-def own_pipeline_file(model: str | None, stage_configs_path: str | os.PathLike[str] | None) -> Path:
+def own_pipeline_file(
+    model: str | None, stage_configs_path: str | os.PathLike[str] | None
+) -> tuple[Path, Path | None]:
     """The file this client's `omnipipe serve` runs and add_lora edits: a copy of the
-    given file, or MODEL's pipeline as `omnipipe render` writes it, in a folder of its own."""
-    folder = Path(tempfile.mkdtemp(prefix="omnipipe-client-"))
+    given file, or MODEL's pipeline as `omnipipe render` writes it, in a folder of its own
+    (the second item, for the client to remove; None when there is no file to copy)."""
+    if stage_configs_path is None and model is not None and Path(model).expanduser().is_file():
+        stage_configs_path = Path(model).expanduser()  # serve takes a file as its MODEL too
     if stage_configs_path is not None:
         source = Path(stage_configs_path)
         if not source.is_file():
-            return source  # serve says what is wrong with it
+            return source, None  # serve says what is wrong with it
+        folder = Path(tempfile.mkdtemp(prefix="omnipipe-client-"))
         target = folder / source.name
         target.write_bytes(source.read_bytes())
-        return target
+        return target, folder
     assert model is not None
     rendered = subprocess.run(
         [sys.executable, "-m", "omnipipe.cli", "render", model],
@@ -52,9 +57,10 @@ def own_pipeline_file(model: str | None, stage_configs_path: str | os.PathLike[s
     )
     if rendered.returncode != 0:
         raise OmniError(f"omnipipe render {model} failed:\n{rendered.stderr[-2000:]}")
+    folder = Path(tempfile.mkdtemp(prefix="omnipipe-client-"))
     target = folder / "pipeline.yaml"
     target.write_text(rendered.stdout)
-    return target
+    return target, folder
 
 
 def _lora_fields(lora: Any, source: str | None) -> tuple[str, str | None]:
@@ -156,10 +162,10 @@ class ControlCalls:
         answer = await self._admin("GET", "tokenizer", query={"stage": stage} if stage else None)
 
         def load(files: dict[str, str]) -> Any:
-            folder = Path(tempfile.mkdtemp(prefix="omnipipe-tokenizer-"))
-            for name, content in files.items():
-                (folder / Path(name).name).write_bytes(base64.b64decode(content))
-            return AutoTokenizer.from_pretrained(str(folder))
+            with tempfile.TemporaryDirectory(prefix="omnipipe-tokenizer-") as folder:
+                for name, content in files.items():
+                    (Path(folder) / Path(name).name).write_bytes(base64.b64decode(content))
+                return AutoTokenizer.from_pretrained(folder)
 
         return await asyncio.to_thread(load, answer["files"])
 

@@ -146,9 +146,9 @@ class ReplicaPool:
         """Poll one stage's replicas now, rather than answer from a stale view."""
         await asyncio.gather(*(self._poll_one(r) for r in self._replicas[stage].values()))
 
-    def urls(self, stage: str) -> list[str]:
-        """The control URLs of every replica of the stage discovery knows, ready or not."""
-        return sorted(self._replicas[stage])
+    def urls(self, stage: str, ready_only: bool = False) -> list[str]:
+        """The control URLs of the replicas of the stage discovery knows (the ready ones)."""
+        return sorted(u for u, r in self._replicas[stage].items() if r.ready or not ready_only)
 
     def stage_ready(self, stage: str, revision: str | None = None) -> bool:
         """At least one replica of the stage (of that revision) is ready; it may be full."""

@@ -41,8 +41,14 @@ class AdapterControl:
         if foreign := sorted(a.name for a in adapters if a.stage != self.stage):
             raise ValueError(f"adapters {', '.join(foreign)} are not for stage {self.stage}")
         runtime = self._runtime()
-        if runtime is None or runtime.stage is None:
+        if runtime is None:
             raise LookupError(f"stage {self.stage} has not loaded its model yet")
+        if runtime.stage is None:
+            # Asleep (level 2): the wake loads the stage with these.
+            async with self._lock:
+                self.loaded = list(adapters)
+            log.info("stage %s (asleep): LoRA adapters on waking %s", self.stage, len(adapters))
+            return sorted(a.name for a in adapters)
         async with self._lock:
             names = await runtime.between_batches(runtime.stage.set_adapters, list(adapters))
             self.loaded = list(adapters)

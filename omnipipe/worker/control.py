@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import ctypes
 import gc
 import logging
@@ -61,8 +62,9 @@ def _give_back_memory(device: torch.device) -> None:
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    else:
-        # glibc keeps freed heap pages; trimming returns them, so RSS shows the release.
+        return
+    # glibc keeps freed heap pages; trimming returns them, so RSS shows the release.
+    with contextlib.suppress(OSError, AttributeError):  # not glibc: RSS shows less
         ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
@@ -98,6 +100,7 @@ class StageControl:
         self._profiler: torch.profiler.profile | None = None
         self._profiling_since = 0.0
         self._lock = asyncio.Lock()
+        self._waking: asyncio.Task[dict[str, Any]] | None = None
 
     def _loaded(self) -> StageRuntime:
         runtime = self._runtime()
@@ -169,6 +172,11 @@ class StageControl:
                     f"stage {self.stage} receives KV blocks into its model's table: it "
                     "sleeps at level 1 only"
                 )
+            if level == 1 and stage.device.type != "cpu" and not stage.torch_modules():
+                raise ControlRefused(
+                    f"stage {self.stage}'s model lives inside its engine (vLLM), which level "
+                    "1 cannot move: sleep it at level 2"
+                )
             await self._settled(runtime, f"sleep (level {level})")
             device = stage.device
             before = _memory_bytes(device)
@@ -181,12 +189,15 @@ class StageControl:
                 else:
                     await runtime.stop_engine_loop()
                     runtime.stage = None
-                del stage
-                await asyncio.to_thread(_give_back_memory, device)
-                if level == 2:
-                    released = max(0, before - _memory_bytes(device))
+                # Asleep from here: whatever fails next, a request wakes the stage.
                 self.sleep_level = level
                 runtime.before_work = self.wake_for_request
+                del stage
+                # On the engine thread, after what it still holds of the stage (a
+                # session's close) has run.
+                await runtime.between_batches(_give_back_memory, device)
+                if level == 2:
+                    released = max(0, before - _memory_bytes(device))
             finally:
                 self._reopen(runtime)
         log.info("stage %s: asleep (level %d), %d bytes released", self.stage, level, released)
@@ -208,9 +219,14 @@ class StageControl:
         return self.state()
 
     async def wake_for_request(self) -> None:
-        if self.sleep_level:
+        """One wake for every request that finds the stage asleep, shielded: a request
+        that gives up (a timeout, a client gone) leaves the reload running for the rest."""
+        if not self.sleep_level:
+            return
+        if self._waking is None or self._waking.done():
             log.info("stage %s: a request wakes it", self.stage)
-            await self.wake_up()
+            self._waking = asyncio.create_task(self.wake_up())
+        await asyncio.shield(self._waking)
 
     # ---- the profiler ------------------------------------------------------------------
     async def start_profile(self) -> dict[str, Any]:
@@ -233,8 +249,8 @@ class StageControl:
             profiler = self._profiler
             if profiler is None:
                 raise ControlRefused(f"stage {self.stage} is not profiling: start_profile first")
-            self._profiler = None
             await runtime.between_batches(profiler.stop)
+            self._profiler = None
             self._profile_dir.mkdir(parents=True, exist_ok=True)
             stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(self._profiling_since))
             name = f"{self.stage}-{socket.gethostname()}-{os.getpid()}-{stamp}.json"
@@ -255,7 +271,7 @@ class StageControl:
         if tokenizer is None:
             raise ControlRefused(f"stage {self.stage} has no tokenizer")
 
-        def saved() -> dict[str, str]:
+        def saved() -> dict[str, str]:  # on the preparer, the tokenizer's one other user
             with tempfile.TemporaryDirectory() as folder:
                 tokenizer.save_pretrained(folder)
                 return {
@@ -264,20 +280,23 @@ class StageControl:
                     if path.is_file()
                 }
 
-        return await asyncio.to_thread(saved)
+        return await runtime.beside_engine(saved)
 
     async def reset_cache(self, cache: str) -> dict[str, Any]:
         runtime = self._loaded()
         async with self._lock:
             stage = runtime.stage
             if stage is None:
-                return {**self.state(), "reset": cache}  # asleep at level 2: nothing cached
+                raise ControlRefused(
+                    f"stage {self.stage} is asleep (level 2): its engine, caches included, "
+                    "is gone until it wakes"
+                )
             if type(stage).reset_cache is Stage.reset_cache:
                 raise ControlRefused(f"stage {self.stage} keeps no {cache} cache")
             await self._settled(runtime, f"reset its {cache} cache")
             try:
                 await runtime.between_batches(stage.reset_cache, cache)
-            except NotImplementedError as exc:
+            except (NotImplementedError, RuntimeError) as exc:
                 raise ControlRefused(f"stage {self.stage}: {exc}") from None
             finally:
                 self._reopen(runtime)

@@ -184,6 +184,11 @@ class StageRuntime:
         finally:
             self._progress_at = None
 
+    async def beside_engine(self, fn: Callable[..., T], *args: Any) -> T:
+        """Runs fn on the preparation thread, the one other thread that uses the stage's
+        processors (their tokenizers are not safe to share between threads)."""
+        return await asyncio.get_running_loop().run_in_executor(self._preparer, fn, *args)
+
     async def between_batches(self, fn: Callable[..., T], *args: Any) -> T:
         """Runs fn on the engine thread, where no batch runs beside it (a LoRA change)."""
         return await self._run_on_engine(fn, *args)

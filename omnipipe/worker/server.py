@@ -226,10 +226,19 @@ def build_app(pipeline: ResolvedPipeline, settings: WorkerSettings) -> FastAPI:
     adapters = AdapterControl(
         spec.name, lambda: state.runtime if state.loaded else None, spec.adapters
     )
+
+    async def reload_stage() -> Stage:
+        """A stage woken from sleep, with the adapters the worker has now."""
+        wanted = list(adapters.loaded)
+        stage = await _new_stage(state, wanted)
+        if adapters.loaded != wanted:  # changed while it loaded
+            await asyncio.to_thread(stage.set_adapters, list(adapters.loaded))
+        return stage
+
     control = StageControl(
         spec.name,
         lambda: state.runtime if state.loaded else None,
-        lambda: _new_stage(state, adapters.loaded),
+        reload_stage,
         settings.drain_timeout_seconds,
         Path(settings.profile_dir),
     )

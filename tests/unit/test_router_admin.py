@@ -38,7 +38,9 @@ class StubWorker(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         if self.path == "/ready":
-            self._answer(503, {"ready": False})
+            port = self.server.server_port
+            status = {"pipeline": "p", "stage": "any", "ready": True, "draining": False}
+            self._answer(200, {**status, "running": 0, "waiting": 0, "transfer_address": f"{port}"})
         else:
             self._answer(200, {"port": self.server.server_port, "paused": False})
 
@@ -137,6 +139,11 @@ def test_a_stage_that_cannot_is_skipped_unless_named(
         assert set(some["stages"]) == {"denoise", "decode"}
         assert len(some["stages"]["denoise"]) == 2
         assert some["skipped"] == {"encode": "stage cannot /control/reset_cache"}
+        # One denoise replica refuses (still busy, say), the other sleeps: not done, a 409.
+        handler.refuse = {urls[1].rsplit(":", 1)[1] + "/control/sleep"}
+        partly = client.post("/admin/sleep")
+        assert partly.status_code == 409
+        assert partly.json()["error"]["code"] == "not_done"
         handler.refuse = {"/control/profile/start"}
         # Only encode's replica is asked (the stub refuses for all of them), named: 409.
         named = client.post("/admin/start_profile", json={"stages": ["encode"]})

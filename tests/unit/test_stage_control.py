@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 from collections.abc import Hashable, Sequence
 from pathlib import Path
@@ -161,6 +162,36 @@ async def test_sleep_level_2_drops_the_stage_and_a_request_wakes_it(tmp_path: Pa
     assert Matmuls.loads == loads + 1  # reloaded once, by the request
     assert scene.rt.stage is not scene.stage
     assert scene.steps_of("a") == 3
+    assert not scene.control.state()["sleeping"]
+    await scene.rt.close()
+
+
+async def test_one_wake_serves_every_request_even_one_that_gives_up(tmp_path: Path) -> None:
+    scene = Scene(tmp_path)
+    loaded = threading.Event()
+
+    def load_when_let() -> Matmuls:
+        loaded.wait(20)
+        stage = Matmuls()
+        stage.load()
+        return stage
+
+    async def slow_reload() -> Matmuls:
+        # As the worker's: a load on a thread, which a cancelled caller does not stop.
+        return await asyncio.to_thread(load_when_let)
+
+    scene.control._reload = slow_reload
+    loads = Matmuls.loads
+    await scene.control.sleep(2)
+    quitter = scene.submit("a", 2)
+    stayer = scene.submit("b", 2)
+    await scene.deliver("b")
+    await until("the wake to start", lambda: scene.control._waking is not None)
+    scene.rt.cancel("a")  # its client left while the stage reloads
+    assert (await last_event(quitter)).code == "cancelled"
+    loaded.set()
+    assert (await last_event(stayer)).type == "done"
+    assert Matmuls.loads == loads + 1
     assert not scene.control.state()["sleeping"]
     await scene.rt.close()
 

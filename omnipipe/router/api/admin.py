@@ -118,26 +118,36 @@ class AdminService:
     async def act(self, action: str, call: AdminCall) -> dict[str, Any]:
         stages = self._stages(call.stages)
         path, body = ACTIONS[action][0], _worker_body(action, call)
-        calls = [(stage, url) for stage in stages for url in self._pool.urls(stage)]
+        # Ready replicas only: one still loading starts as every new worker does
+        # (unpaused, awake), and a replica that is gone would fail the call.
+        calls = [(s, url) for s in stages for url in self._pool.urls(s, ready_only=True)]
         answers = await asyncio.gather(*(self._call("POST", u, path, body) for _, u in calls))
         done: dict[str, list[dict[str, Any]]] = {stage: [] for stage in stages}
-        refused: dict[str, str] = {}
+        refused: dict[str, list[str]] = {}
         failed: list[str] = []
         for (stage, url), (status, answer) in zip(calls, answers, strict=True):
             if status == 200:
                 done[stage].append({"replica": url, **answer})
             elif status == 409:
-                refused[stage] = str(answer)
+                refused.setdefault(stage, []).append(str(answer))
             else:
                 failed.append(f"stage {stage} replica {url}: {answer}")
         if failed:
-            raise StageUnavailable(f"{action}: " + "; ".join(failed), code="stage_unavailable")
-        did = any(answers for stage, answers in done.items() if stage not in refused)
-        if refused and (call.stages is not None or not did):
-            raise Conflict(f"{action}: " + "; ".join(refused.values()), code="unsupported")
-        for stage in refused:
+            raise StageUnavailable(
+                f"{action}: " + "; ".join(failed) + " (every other replica did it)",
+                code="stage_unavailable",
+            )
+        # A stage every replica refused is skipped when the call named no stage; a stage
+        # some replicas refused (one still busy, say) is not done, and that is a 409.
+        skipped = {s: reasons[0] for s, reasons in refused.items() if not done[s]}
+        partly = {s: reasons for s, reasons in refused.items() if done[s]}
+        did = any(done[s] for s in stages if s not in skipped)
+        if partly or (skipped and (call.stages is not None or not did)):
+            reasons = [r for rs in refused.values() for r in rs]
+            raise Conflict(f"{action}: " + "; ".join(dict.fromkeys(reasons)), code="not_done")
+        for stage in skipped:
             del done[stage]
-        return {"action": action, "stages": done, "skipped": refused}
+        return {"action": action, "stages": done, "skipped": skipped}
 
     async def states(self) -> dict[str, Any]:
         stages = self._stages(None)
@@ -151,19 +161,18 @@ class AdminService:
 
     async def tokenizer(self, stage: str | None) -> dict[str, Any]:
         stages = self._stages(None if stage is None else [stage])
-        reasons: list[str] = []
+        refusals: list[str] = []
         for name in stages:
-            for url in self._pool.urls(name):
+            for url in self._pool.urls(name, ready_only=True):
                 status, answer = await self._call("GET", url, "/control/tokenizer", None)
                 if status == 200:
                     return dict(answer)
-                reasons.append(str(answer))
                 if status == 409:
+                    refusals.append(str(answer))
                     break  # every replica of a stage runs the same model
-        raise Conflict(
-            "no stage gave its tokenizer: " + ("; ".join(reasons) or "no replica is running"),
-            code="unsupported",
-        )
+        if len(refusals) < len(stages):
+            raise StageUnavailable("no ready replica gave its tokenizer; try again")
+        raise Conflict("no stage has a tokenizer: " + "; ".join(refusals), code="unsupported")
 
     def adapters(self) -> dict[str, Any]:
         return {

@@ -73,8 +73,8 @@ class VllmAdapters:
         return set(self._loaded)
 
     def update(self, adapters: Sequence[Adapter]) -> list[str]:
-        """Loads what is new (or has a new source), drops what is gone; the names after.
-        A load that fails drops what this call loaded and raises."""
+        """Loads what is new (or has a new source), then drops what is gone; the names
+        after. A load that fails drops what this call loaded and raises: all or nothing."""
         if adapters and not self._enabled:
             raise NotImplementedError(
                 "its vLLM engine started without LoRA (the stage had no adapters): it "
@@ -89,23 +89,26 @@ class VllmAdapters:
                 "restarts the stage"
             )
         wanted = {a.name: a.source for a in adapters}
-        for name in [n for n, (source, _) in self._loaded.items() if wanted.get(n) != source]:
-            self._llm.remove_lora(self._loaded.pop(name)[1].lora_int_id)
-        added: list[str] = []
+        # New ones first, under new ids, so that a failure leaves the set as it was.
+        added: dict[str, tuple[str, Any]] = {}
         try:
             for name, source in wanted.items():
-                if name in self._loaded:
+                if name in self._loaded and self._loaded[name][0] == source:
                     continue
                 request = LoRARequest(name, self._next_id, resolve_model_path(source))
                 self._next_id += 1
                 if not self._llm.add_lora(request):
                     raise RuntimeError(f"vLLM did not load adapter {name} from {source}")
-                self._loaded[name] = (source, request)
-                added.append(name)
+                added[name] = (source, request)
         except Exception:
-            for name in added:
-                self._llm.remove_lora(self._loaded.pop(name)[1].lora_int_id)
+            for _, request in added.values():
+                self._llm.remove_lora(request.lora_int_id)
             raise
+        for name, (source, request) in list(self._loaded.items()):
+            if wanted.get(name) != source:
+                self._llm.remove_lora(request.lora_int_id)
+                del self._loaded[name]
+        self._loaded.update(added)
         return sorted(self._loaded)
 
     def request_for(self, params: Mapping[str, Any]) -> Any:
