@@ -68,15 +68,23 @@ def _give_back_memory(device: torch.device) -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
-def _move_modules(stage: Stage, device: torch.device) -> int:
-    """Moves the stage's torch models (run on the engine thread); bytes moved."""
-    moved = 0
+def _to_host(stage: Stage) -> tuple[int, list[tuple[torch.nn.Module, torch.device]]]:
+    """Moves the stage's torch models to the CPU (on the engine thread): the bytes that
+    left a device, and where each model was, for the wake."""
+    moved, homes = 0, []
     for module in stage.torch_modules():
-        for tensor in [*module.parameters(), *module.buffers()]:
-            if tensor.device != device:
-                moved += tensor.numel() * tensor.element_size()
+        tensors = [*module.parameters(), *module.buffers()]
+        if not tensors:
+            continue
+        homes.append((module, tensors[0].device))
+        moved += sum(t.numel() * t.element_size() for t in tensors if t.device.type != "cpu")
+        module.to("cpu")
+    return moved, homes
+
+
+def _back_home(homes: list[tuple[torch.nn.Module, torch.device]]) -> None:
+    for module, device in homes:
         module.to(device)
-    return moved
 
 
 class StageControl:
@@ -101,6 +109,7 @@ class StageControl:
         self._profiling_since = 0.0
         self._lock = asyncio.Lock()
         self._waking: asyncio.Task[dict[str, Any]] | None = None
+        self._homes: list[tuple[torch.nn.Module, torch.device]] = []  # level 1's
 
     def _loaded(self) -> StageRuntime:
         runtime = self._runtime()
@@ -183,9 +192,7 @@ class StageControl:
             try:
                 if level == 1:
                     # What left the device: nothing when the stage runs on the CPU.
-                    released = await runtime.between_batches(
-                        _move_modules, stage, torch.device("cpu")
-                    )
+                    released, self._homes = await runtime.between_batches(_to_host, stage)
                 else:
                     await runtime.stop_engine_loop()
                     runtime.stage = None
@@ -207,8 +214,8 @@ class StageControl:
         runtime = self._loaded()
         async with self._lock:
             if self.sleep_level == 1:
-                assert runtime.stage is not None
-                await runtime.between_batches(_move_modules, runtime.stage, runtime.stage.device)
+                await runtime.between_batches(_back_home, self._homes)
+                self._homes = []
             elif self.sleep_level == 2:
                 runtime.stage = await self._reload()
                 runtime.start()

@@ -78,3 +78,11 @@ def test_the_second_device_is_the_next_gpu_or_the_cpu_again() -> None:
     else:
         with pytest.raises(ValueError, match="needs a second GPU after cuda:0"):
             branch_device(torch.device("cuda", 0))
+
+
+@pytest.mark.timeout(300)
+def test_sleep_level_1_finds_both_copies_of_the_dit() -> None:
+    stage = loaded(pipeline({"cfgParallelSize": 2}).stage("denoise"))
+    assert stage.branch is not None
+    found = {id(m) for m in stage.torch_modules()}
+    assert {id(stage.pipe.transformer), id(stage.branch.transformer)} <= found

@@ -156,7 +156,13 @@ class Stage(ABC):
         found: dict[int, torch.nn.Module] = {}
         for value in vars(self).values():
             parts = getattr(value, "components", None)
-            for part in [value, *(parts.values() if isinstance(parts, dict) else [])]:
+            if isinstance(parts, dict):
+                inside = list(parts.values())
+            elif not isinstance(value, torch.nn.Module) and hasattr(value, "__dict__"):
+                inside = list(vars(value).values())  # a helper's own model (CFG's copy)
+            else:
+                inside = []
+            for part in [value, *inside]:
                 if isinstance(part, torch.nn.Module):
                     found.setdefault(id(part), part)
         return list(found.values())
