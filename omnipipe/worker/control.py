@@ -134,8 +134,7 @@ class StageControl:
         """Closes the gate and waits for the admitted requests to finish."""
         runtime.admitting.clear()
         if not await runtime.wait_none_admitted(self._settle_seconds):
-            if self.paused is None:
-                runtime.admitting.set()
+            self._reopen(runtime)
             raise ControlRefused(
                 f"stage {self.stage}: {runtime.admitted} requests still running after "
                 f"{self._settle_seconds:.0f}s, so it cannot {action} now; pause it "
@@ -188,12 +187,12 @@ class StageControl:
                 )
             await self._settled(runtime, f"sleep (level {level})")
             device = stage.device
-            before = _memory_bytes(device)
             try:
                 if level == 1:
                     # What left the device: nothing when the stage runs on the CPU.
                     released, self._homes = await runtime.between_batches(_to_host, stage)
                 else:
+                    before = _memory_bytes(device)
                     await runtime.stop_engine_loop()
                     runtime.stage = None
                 # Asleep from here: whatever fails next, a request wakes the stage.

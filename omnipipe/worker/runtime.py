@@ -44,6 +44,15 @@ class DuplicateRequest(Exception):
     pass
 
 
+async def _set_within(event: asyncio.Event, limit_seconds: float) -> bool:
+    """Waits for the event; False if it is still unset after the limit."""
+    try:
+        await asyncio.wait_for(event.wait(), limit_seconds)
+    except TimeoutError:
+        return False
+    return True
+
+
 @dataclass
 class Inbox:
     """Chunks that arrived for a streaming request and were not yet handed to it."""
@@ -158,18 +167,10 @@ class StageRuntime:
 
     async def wait_none_admitted(self, limit_seconds: float) -> bool:
         """Until no admitted request is left (False: still some after the limit)."""
-        try:
-            await asyncio.wait_for(self._none_admitted.wait(), limit_seconds)
-        except TimeoutError:
-            return False
-        return True
+        return await _set_within(self._none_admitted, limit_seconds)
 
     async def wait_idle(self, limit_seconds: float) -> bool:
-        try:
-            await asyncio.wait_for(self._idle.wait(), limit_seconds)
-        except TimeoutError:
-            return False
-        return True
+        return await _set_within(self._idle, limit_seconds)
 
     # ---- watchdog ----------------------------------------------------------------------
     def progress(self) -> None:

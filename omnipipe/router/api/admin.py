@@ -133,16 +133,16 @@ class AdminService:
             else:
                 failed.append(f"stage {stage} replica {url}: {answer}")
         if failed:
+            did_it = sum(len(answers) for answers in done.values())
             raise StageUnavailable(
-                f"{action}: " + "; ".join(failed) + " (every other replica did it)",
+                f"{action}: " + "; ".join(failed) + f" ({did_it} other replicas did it)",
                 code="stage_unavailable",
             )
         # A stage every replica refused is skipped when the call named no stage; a stage
         # some replicas refused (one still busy, say) is not done, and that is a 409.
         skipped = {s: reasons[0] for s, reasons in refused.items() if not done[s]}
         partly = {s: reasons for s, reasons in refused.items() if done[s]}
-        did = any(done[s] for s in stages if s not in skipped)
-        if partly or (skipped and (call.stages is not None or not did)):
+        if partly or (skipped and (call.stages is not None or not any(done.values()))):
             reasons = [r for rs in refused.values() for r in rs]
             raise Conflict(f"{action}: " + "; ".join(dict.fromkeys(reasons)), code="not_done")
         for stage in skipped:
