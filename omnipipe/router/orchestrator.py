@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from collections.abc import AsyncGenerator, Iterable
+from collections.abc import AsyncGenerator, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -50,6 +50,16 @@ class ReplicaDeclined(StageUnavailable):
     """The chosen replica never took the request: it refused the connection, or answered
     the submission with 503 (loading or draining). Nothing ran there, so the request
     may be planned again."""
+
+
+class ReplicaLost(StageUnavailable):
+    """A replica's stream broke mid-request (its connection dropped or timed out). When
+    an upstream stage's replica dies, a downstream stream can break in the same moment:
+    the client hears the upstream one, the cause."""
+
+
+# How long a stage's lost stream waits for a stage upstream of it to fail too.
+ROOT_CAUSE_GRACE_SECONDS = 0.5
 
 
 def _error_for(stage: str, event: StageEvent) -> OpenAIError:
@@ -292,7 +302,7 @@ class Orchestrator:
         except (aiohttp.ClientError, TimeoutError) as exc:
             log.warning("stage %s at %s failed: %r", stage, replica.url, exc)
             self.pool.mark_down(replica)
-            raise StageUnavailable(f"stage {stage} failed: its replica went away") from exc
+            raise ReplicaLost(f"stage {stage} failed: its replica went away") from exc
         except Exception as exc:
             # Whatever else reading the stream raises, the client gets a clean error.
             log.exception("reading stage %s from %s failed", stage, replica.url)
@@ -415,9 +425,8 @@ class Orchestrator:
                 getter = getter or asyncio.ensure_future(sink.get())
                 waits: set[asyncio.Future[Any]] = {getter, *(t for t in tasks if not t.done())}
                 await asyncio.wait(waits, timeout=left, return_when=asyncio.FIRST_COMPLETED)
-                for task in tasks:
-                    if task.done() and task.exception() is not None:
-                        raise task.exception()  # type: ignore[misc]
+                if failed := await _first_failure(tasks):
+                    raise failed
                 if getter.done():
                     item, getter = getter.result(), None
                     if isinstance(item, StageDone):
@@ -436,3 +445,15 @@ class Orchestrator:
                 await asyncio.shield(self._cancel(request_id, chosen))
             for replica in chosen.values():
                 replica.dispatched -= 1
+
+
+async def _first_failure(tasks: Sequence[asyncio.Task[None]]) -> BaseException | None:
+    """The failure of the most upstream stage (tasks are in pipeline order), or None. A
+    lost stream first gives the stages upstream of it a moment to fail as well."""
+    failed = [t for t in tasks if t.done() and t.exception() is not None]
+    if not failed:
+        return None
+    upstream = [t for t in tasks[: tasks.index(failed[0])] if not t.done()]
+    if upstream and isinstance(failed[0].exception(), ReplicaLost):
+        await asyncio.wait(upstream, timeout=ROOT_CAUSE_GRACE_SECONDS)
+    return next(t.exception() for t in tasks if t.done() and t.exception() is not None)
