@@ -4,7 +4,8 @@
 # load generator: ucx_perftest (ucx-utils) and wrk; buildah and mmdebstrap build the
 # container images from a local Debian base (hack/build-images.sh, hack/debian-base.sh);
 # containerd, runc, the CNI plugins, iptables and conntrack run the test tier's real node
-# (tests/harness/node.py: kubelet's runtime, pod networking, kube-proxy's rules).
+# (tests/harness/node.py: kubelet's runtime, pod networking, kube-proxy's rules); redis-server
+# keeps the video jobs that router replicas share (tests/e2e/test_videos.py).
 # Go itself (>= 1.24, for hack/build-k8s.sh) must already be installed.
 # Installs only what is missing; uses sudo when not root.
 set -euo pipefail
@@ -24,6 +25,7 @@ command -v runc >/dev/null || need+=(runc)
 command -v iptables >/dev/null || need+=(iptables)
 command -v conntrack >/dev/null || need+=(conntrack)
 command -v gcc >/dev/null || need+=(gcc libc6-dev)
+command -v redis-server >/dev/null || need+=(redis-server)
 if ((${#need[@]} == 0)); then exit 0; fi
 SUDO=""
 [[ $(id -u) == 0 ]] || SUDO="sudo"

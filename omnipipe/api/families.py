@@ -59,6 +59,9 @@ class PipelineType:
     # What a checkpoint of this type says it is: its model_index.json `_class_name`
     # (diffusers) or its config.json `model_type` (transformers).
     checkpoints: tuple[str, ...] = ()
+    # Its output stage writes videos (an MP4 a result): the router serves it at
+    # /v1/videos, as asynchronous jobs, and not at the image or chat endpoints.
+    makes_video: bool = False
 
     @property
     def stage_names(self) -> tuple[str, ...]:

@@ -37,16 +37,20 @@ class SubmitRequest(WireModel):
     outputs: list[Destination] = []
     emit: bool = False
     timeout_seconds: float = Field(default=300.0, gt=0)
+    progress: bool = False
+    """A stepped stage (a denoiser) sends a `progress` event after each of the
+    request's steps: what a video job's percent is made of."""
 
 
 class StageEvent(WireModel):
     """One line of a request's event stream (NDJSON).
 
-    `result` completes result `index`. Before it, `part` events may carry that result's
-    long string fields in order, `text` a piece of field `key`; the result's `data` then
-    leaves those fields out. `error` and `done` end the stream."""
+        `result` completes result `index`. Before it, `part` events may carry that result's
+        long string fields in order, `text` a piece of field `key`; the result's `data` then
+        leaves those fields out. `progress` says, in `data`, how many of its `steps` the
+    request has had (`step`). `error` and `done` end the stream."""
 
-    type: Literal["result", "part", "error", "done"]
+    type: Literal["result", "part", "progress", "error", "done"]
     index: int = 0
     data: dict[str, Any] = {}
     key: str = ""

@@ -25,6 +25,7 @@ from omnipipe.local.adapters import push_adapters, restore_adapters
 from omnipipe.local.children import Child, die_with_parent, pipeline_credential
 from omnipipe.local.ports import check_port_free, free_port
 from omnipipe.local.reload import ReloadPlan, local_replicas, plan_reload
+from omnipipe.local.video_store import VIDEO_STORE_ENV, needs_video_store, start_redis
 
 STOP_GRACE_SECONDS = 15.0
 
@@ -68,6 +69,8 @@ class Supervisor:
     # Every port handed to a child, and the router's: a child binds its ports a while
     # after they are picked, so the same free port could otherwise be picked twice.
     ports_given: set[int] = field(default_factory=set)
+    # The redis-server a video pipeline's router keeps its jobs in, when serve started it.
+    video_store: subprocess.Popen[bytes] | None = None
 
     @property
     def revision(self) -> str:
@@ -201,6 +204,15 @@ class Supervisor:
             str(self.replicas_file),
         ]
         env = {"OMNIPIPE_ROUTER_DISCOVERY_INTERVAL_SECONDS": ROUTER_DISCOVERY_SECONDS}
+        if needs_video_store(self.pipeline):
+            self.video_store, env[VIDEO_STORE_ENV] = start_redis(
+                self.state_dir / "video-store", self._free_port()
+            )
+            print(
+                f"omnipipe: video jobs kept in {env[VIDEO_STORE_ENV]} (redis-server, pid "
+                f"{self.video_store.pid}; {VIDEO_STORE_ENV} names another)",
+                flush=True,
+            )
         self.children.append(
             Child(
                 "router",
@@ -404,6 +416,10 @@ class Supervisor:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
         self._terminate(self.children)
+        if self.video_store is not None:
+            # After the router, which gives its running jobs back to the store.
+            self.video_store.terminate()
+            self.video_store.wait()
 
     def run_forever(self) -> None:
         while True:

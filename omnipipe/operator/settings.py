@@ -17,6 +17,10 @@ class OperatorSettings(BaseSettings):
     """Default image of stage workers (spec.images.worker overrides it)."""
     router_image: str = f"omnipipe/router:{__version__}"
     """Default image of the router (spec.images.router overrides it)."""
+    video_store: str | None = None
+    """The Redis (redis://host:6379/0) that the routers of video pipelines keep their
+    jobs in, shared by each pipeline's router replicas; a video pipeline's router does not
+    start without one."""
     image_pull_policy: str = "IfNotPresent"
     """imagePullPolicy of every container the operator creates."""
     prometheus_url: str = "http://prometheus-operated.monitoring.svc:9090"

@@ -22,6 +22,7 @@ from starlette.exceptions import HTTPException
 
 from omnipipe.api import ResolvedPipeline
 from omnipipe.api.constants import CREDENTIAL_HEADER
+from omnipipe.api.families import pipeline_types
 from omnipipe.api.loading import new_versions
 from omnipipe.api.tracing import make_tracer
 from omnipipe.router.api.admin import AdminService, admin_router
@@ -32,6 +33,7 @@ from omnipipe.router.api.generate import GenerateRequest, generate_router
 from omnipipe.router.api.images import ImageGenerationRequest, images_router
 from omnipipe.router.api.models import model_ids, models_router
 from omnipipe.router.api.speech import SpeechRequest, speech_router
+from omnipipe.router.api.videos import VideoCreateRequest, videos_router
 from omnipipe.router.discovery import Discovery, DnsDiscovery, StaticDiscovery
 from omnipipe.router.errors import (
     BadRequest,
@@ -45,6 +47,8 @@ from omnipipe.router.middleware import GuardMiddleware
 from omnipipe.router.orchestrator import Orchestrator
 from omnipipe.router.replicas import ReplicaPool
 from omnipipe.router.settings import RouterSettings
+from omnipipe.router.videos.runner import VideoRunner
+from omnipipe.router.videos.store import VideoStore
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +60,7 @@ BODY_MODELS: tuple[type[BaseModel], ...] = (
     ChatRequest,
     SpeechRequest,
     GenerateRequest,
+    VideoCreateRequest,
 )
 
 
@@ -75,6 +80,32 @@ def _discovery(pipeline: ResolvedPipeline, settings: RouterSettings) -> Discover
     if settings.replicas_file:
         return StaticDiscovery.from_file(settings.replicas_file)
     return DnsDiscovery(pipeline, settings.cluster_domain)
+
+
+def _video_runner(
+    pipeline: ResolvedPipeline,
+    settings: RouterSettings,
+    orchestrator: Orchestrator,
+    metrics: RouterMetrics,
+) -> VideoRunner | None:
+    """A video pipeline's job runner; None for the other pipelines."""
+    kind = pipeline_types().get(pipeline.pipeline)
+    if kind is None or not kind.makes_video:
+        return None
+    if settings.video_store is None:
+        raise ValueError(
+            f"pipeline {pipeline.name} makes videos, whose jobs the router keeps in Redis: "
+            "set OMNIPIPE_ROUTER_VIDEO_STORE (redis://host:6379/0; on Kubernetes, the "
+            "chart's operator.videoStore)"
+        )
+    return VideoRunner(
+        VideoStore(settings.video_store, pipeline.name),
+        orchestrator,
+        metrics,
+        ttl_seconds=settings.video_ttl_seconds,
+        concurrency=settings.video_jobs_per_replica,
+        lease_seconds=settings.video_lease_seconds,
+    )
 
 
 def build_app(pipeline: ResolvedPipeline, settings: RouterSettings) -> FastAPI:
@@ -102,6 +133,8 @@ def build_app(pipeline: ResolvedPipeline, settings: RouterSettings) -> FastAPI:
         settings.wake_wait_seconds,
     )
 
+    videos = _video_runner(pipeline, settings, orchestrator, router_metrics)
+
     async def follow_pipeline_file() -> None:
         async for new in new_versions(Path(settings.pipeline_file)):
             if pool.adopt(new):
@@ -119,10 +152,14 @@ def build_app(pipeline: ResolvedPipeline, settings: RouterSettings) -> FastAPI:
             connector=aiohttp.TCPConnector(limit=4096, limit_per_host=0),
             headers={CREDENTIAL_HEADER: credential} if credential else None,
         )
+        if videos is not None:
+            await videos.start()
         try:
             yield
         finally:
             follower.cancel()
+            if videos is not None:
+                await videos.close()
             await pool.close()
             await orchestrator.session.close()
             await client.aclose()
@@ -186,6 +223,8 @@ def build_app(pipeline: ResolvedPipeline, settings: RouterSettings) -> FastAPI:
     app.include_router(chat_router(pipeline, orchestrator, serving_ids))
     app.include_router(speech_router(pipeline, orchestrator, serving_ids))
     app.include_router(generate_router(pipeline, orchestrator, serving_ids))
+    if videos is not None:
+        app.include_router(videos_router(orchestrator, serving_ids, videos))
     credential = settings.pipeline_credential
     admin = AdminService(
         orchestrator.serving_pipeline,

@@ -13,6 +13,8 @@ class RouterMetrics:
     requests: Counter
     duration: Histogram
     pending: Gauge
+    video_jobs: Gauge
+    video_job_age: Gauge
 
     @classmethod
     def create(cls) -> RouterMetrics:
@@ -37,6 +39,19 @@ class RouterMetrics:
                 "Requests held because a stage has no ready replica: the wake-up signal "
                 "for a stage scaled to zero.",
                 ("pipeline", "stage"),
+                registry=registry,
+            ),
+            video_jobs=Gauge(
+                "omnipipe_router_video_jobs",
+                "Video jobs not finished, by status (queued, in_progress), as the store "
+                "shared by every router replica holds them: what the denoiser scales on.",
+                ("pipeline", "status"),
+                registry=registry,
+            ),
+            video_job_age=Gauge(
+                "omnipipe_router_video_oldest_job_seconds",
+                "Age of the oldest video job not finished, by status.",
+                ("pipeline", "status"),
                 registry=registry,
             ),
         )

@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from collections.abc import AsyncGenerator, Iterable, Sequence
+from collections.abc import AsyncGenerator, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -16,6 +16,7 @@ from opentelemetry import trace
 
 from omnipipe.api import ResolvedPipeline
 from omnipipe.api.revision import pipeline_revision
+from omnipipe.api.roles import Role
 from omnipipe.api.tracing import TRACEPARENT, traceparent_of
 from omnipipe.api.wire import Destination, StageEvent, SubmitRequest
 from omnipipe.router.errors import (
@@ -35,6 +36,9 @@ log = logging.getLogger(__name__)
 # client slows the stage stream (TCP back-pressure) instead of growing the router.
 SINK_EVENTS = 16
 
+
+# What hears a stepped stage's progress: (stage, steps done, steps in all).
+Progress = Callable[[str, int, int], None]
 
 # How many times a request is planned again on other replicas when one it chose never
 # took it (gone, or draining), before any output: a rollout or a scale-down retires
@@ -253,6 +257,7 @@ class Orchestrator:
         sink: asyncio.Queue[Output | OutputPart | StageDone],
         whole: bool,
         traceparent: str = "",
+        on_progress: Progress | None = None,
     ) -> None:
         assert self.session is not None
         parts = PartAssembler()
@@ -282,6 +287,9 @@ class Orchestrator:
                     elif event.type == "result":
                         data = parts.complete(event) if whole else event.data
                         await sink.put(Output(stage, data, event.index))
+                    elif event.type == "progress":
+                        if on_progress is not None:
+                            on_progress(stage, int(event.data["step"]), int(event.data["steps"]))
                     elif event.type == "error":
                         raise _error_for(stage, event)
                     else:
@@ -325,11 +333,16 @@ class Orchestrator:
         await asyncio.gather(*(one(r) for r in chosen.values()))
 
     async def stream(
-        self, params: dict[str, dict[str, Any]], emitters: set[str]
+        self,
+        params: dict[str, dict[str, Any]],
+        emitters: set[str],
+        on_progress: Progress | None = None,
     ) -> AsyncGenerator[Output]:
         """Run the emitters and their upstream stages; yield the emitters' whole results
-        as they arrive. Closing the iterator early (a client gone) cancels every stage."""
-        async with contextlib.aclosing(self._run(params, emitters, whole=True)) as items:
+        as they arrive. Closing the iterator early (a client gone) cancels every stage.
+        on_progress hears the denoiser's steps (stage, step, steps)."""
+        run = self._run(params, emitters, whole=True, on_progress=on_progress)
+        async with contextlib.aclosing(run) as items:
             async for item in items:
                 assert isinstance(item, Output)
                 yield item
@@ -353,6 +366,7 @@ class Orchestrator:
         emitters: set[str],
         whole: bool,
         stage_done: bool = False,
+        on_progress: Progress | None = None,
     ) -> AsyncGenerator[Output | OutputPart | StageDone]:
         """_attempt(), planned again (fresh request id, the refusing replica marked down)
         when a replica declines it before anything reached the client."""
@@ -360,7 +374,7 @@ class Orchestrator:
             started = False
             try:
                 async with contextlib.aclosing(
-                    self._attempt(params, emitters, whole, stage_done)
+                    self._attempt(params, emitters, whole, stage_done, on_progress)
                 ) as items:
                     async for item in items:
                         started = True
@@ -377,6 +391,7 @@ class Orchestrator:
         emitters: set[str],
         whole: bool,
         stage_done: bool,
+        on_progress: Progress | None,
     ) -> AsyncGenerator[Output | OutputPart | StageDone]:
         stages = self.needed(emitters)
         request_id = uuid.uuid4().hex
@@ -404,10 +419,13 @@ class Orchestrator:
                     outputs=outputs,
                     emit=name in emitters,
                     timeout_seconds=self.timeout,
+                    progress=on_progress is not None and stage.role is Role.DENOISER,
                 )
                 tasks.append(
                     asyncio.create_task(
-                        self._events(name, chosen[name], submit, sink, whole, traceparent)
+                        self._events(
+                            name, chosen[name], submit, sink, whole, traceparent, on_progress
+                        )
                     )
                 )
             remaining = len(tasks)

@@ -43,3 +43,14 @@ class RouterSettings(BaseSettings):
     """How often replicas' /ready (readiness and load) is polled."""
     discovery_interval_seconds: float = 5.0
     """How often the stages' replica lists are re-resolved."""
+    video_store: str | None = Field(default=None, pattern=r"^(redis|rediss|unix)://")
+    """The Redis that keeps a video pipeline's jobs, shared by every router replica
+    (redis://host:6379/0); required when the pipeline makes videos."""
+    video_ttl_seconds: int = Field(default=86400, ge=60)
+    """How long a finished video job and its content are kept."""
+    video_jobs_per_replica: int = Field(default=2, ge=0, le=64)
+    """Video jobs one router replica runs at once (the stages batch what they get); 0:
+    this replica answers the API and leaves the jobs to the others."""
+    video_lease_seconds: float = Field(default=10.0, gt=0.5, le=600)
+    """How long a replica that stopped renewing holds its running video jobs before
+    another replica queues them again."""

@@ -632,6 +632,10 @@ class StageRuntime:
                     self._settle(job, None, exc)
                 active = []
             for job, state in active:
+                if job.request.progress and (count := stage.step_count(state)) is not None:
+                    job.events.put_nowait(
+                        StageEvent(type="progress", data={"step": count[0], "steps": count[1]})
+                    )
                 if stage.finished(state):
                     self._settle(job, stage.finish(state), None)
             active = [(job, state) for job, state in active if job.running]

@@ -261,6 +261,38 @@ async def test_the_request_steps_a_stage_counts_reach_the_workers_metrics() -> N
     assert counted == 3
 
 
+async def test_a_request_that_asks_hears_each_of_its_steps() -> None:
+    """SubmitRequest.progress: an event after each of the request's steps (what a video
+    job's percent is made of); a request that does not ask hears none."""
+
+    class Counted(Steps):
+        def step_count(self, state: list[Any]) -> tuple[int, int] | None:
+            return int(state[2]) - int(state[1]), int(state[2])
+
+        def begin(self, job: StageJob) -> list[Any]:
+            steps = int(job.params["steps"])
+            return [job.params["id"], steps, steps]
+
+    rt = runtime(Counted(), wait_s=0.0)
+    asked = stepped("a", 3).model_copy(update={"progress": True})
+    jobs = [rt.submit(asked), rt.submit(stepped("b", 3))]
+    await deliver(rt, "a")
+    await deliver(rt, "b")
+    await asyncio.wait_for(asyncio.gather(*(j.task for j in jobs if j.task)), 10)
+    await rt.close()
+    heard: list[list[Any]] = [[], []]
+    for job, events in zip(jobs, heard, strict=True):
+        while not job.events.empty():
+            events.append(job.events.get_nowait())
+    assert [e.data for e in heard[0] if e.type == "progress"] == [
+        {"step": 1, "steps": 3},
+        {"step": 2, "steps": 3},
+        {"step": 3, "steps": 3},
+    ]
+    assert [e.type for e in heard[0]][-1] == "done"
+    assert [e.type for e in heard[1] if e.type == "progress"] == []
+
+
 class StepsTogether(Steps):
     """A stepped stage whose batch runs its steps together, none joining (a step cache)."""
 

@@ -15,7 +15,10 @@ REPO = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).parent / "golden"
 EXAMPLES = sorted((REPO / "examples").glob("*.yaml"))
 SETTINGS = OperatorSettings(
-    worker_image="omnipipe/worker:test", router_image="omnipipe/router:test"
+    worker_image="omnipipe/worker:test",
+    router_image="omnipipe/router:test",
+    # Read by video pipelines' routers only: the other goldens show it nowhere.
+    video_store="redis://redis.omnipipe-system:6379/0",
 )
 CREDENTIAL_ENV_FROM_SECRET = {
     "name": "OMNIPIPE_PIPELINE_CREDENTIAL",

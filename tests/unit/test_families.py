@@ -49,8 +49,9 @@ def test_installed_families_come_from_their_packages_entry_points() -> None:
         "qwen-image": "omnipipe",
         "qwen-omni": "omnipipe",
         "sketch": "omnipipe-sketch",
+        "wan": "omnipipe",
     }
-    assert sorted(own_family_names()) == ["bagel", "qwen-image", "qwen-omni"]
+    assert sorted(own_family_names()) == ["bagel", "qwen-image", "qwen-omni", "wan"]
     found = family_for_checkpoint(["omnipipe_sketch"])
     assert found is not None
     assert (found[0].name, found[1].name) == ("sketch", "sketch-image")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 import aiohttp
@@ -64,6 +64,17 @@ async def stage_stub(status: int = 200) -> AsyncIterator[tuple[str, list[str]]]:
         await resp.write(StageEvent(type="done").model_dump_json().encode() + b"\n")
         return resp
 
+    async with worker_stub(submit) as url:
+        yield url, accepted
+
+
+@asynccontextmanager
+async def worker_stub(
+    submit: Callable[[web.Request], Awaitable[web.StreamResponse]],
+) -> AsyncIterator[str]:
+    """A worker's request API on loopback, its submissions answered by `submit` and its
+    cancels by {}; yields its URL."""
+
     async def cancel(_request: web.Request) -> web.Response:
         return web.json_response({})
 
@@ -76,7 +87,7 @@ async def stage_stub(status: int = 200) -> AsyncIterator[tuple[str, list[str]]]:
     await site.start()
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     try:
-        yield f"http://127.0.0.1:{port}", accepted
+        yield f"http://127.0.0.1:{port}"
     finally:
         await runner.cleanup()
 

@@ -13,7 +13,7 @@ import pytest
 from aiohttp import web
 
 from omnipipe.router.errors import StageUnavailable
-from tests.unit.test_router_replan import orchestrator, run
+from tests.unit.test_router_replan import orchestrator, run, worker_stub
 
 
 @asynccontextmanager
@@ -33,42 +33,28 @@ async def breaking_stub(after: float | None) -> AsyncIterator[str]:
         request.transport.abort()
         return resp
 
-    async def cancel(_request: web.Request) -> web.Response:
-        return web.json_response({})
-
-    app = web.Application()
-    app.router.add_post("/v1/requests", submit)
-    app.router.add_post("/v1/requests/{rid}/cancel", cancel)
-    runner = web.AppRunner(app)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        await runner.cleanup()
+    async with worker_stub(submit) as url:
+        yield url
 
 
-async def test_the_upstream_stage_is_named_when_a_downstream_stream_breaks_first() -> None:
+@pytest.mark.parametrize(
+    ("encode_breaks_after", "named"),
+    [
+        # encode's replica dies a moment after decode's stream broke: encode is the cause.
+        (0.3, "encode"),
+        # decode's stream breaks and encode goes on: decode is the one named.
+        (5.0, "decode"),
+    ],
+)
+async def test_the_stage_named_is_the_upstream_one_that_broke(
+    encode_breaks_after: float, named: str
+) -> None:
     async with (
-        breaking_stub(after=0.3) as encode,
+        breaking_stub(after=encode_breaks_after) as encode,
         breaking_stub(after=None) as denoise,
         breaking_stub(after=0.05) as decode,
     ):
         orch = await orchestrator({"encode": [encode], "denoise": [denoise], "decode": [decode]})
         with pytest.raises(StageUnavailable) as err:
             await run(orch)
-    assert err.value.message == "stage encode failed: its replica went away"
-
-
-async def test_a_downstream_stage_that_breaks_alone_is_named() -> None:
-    async with (
-        breaking_stub(after=5.0) as encode,
-        breaking_stub(after=None) as denoise,
-        breaking_stub(after=0.05) as decode,
-    ):
-        orch = await orchestrator({"encode": [encode], "denoise": [denoise], "decode": [decode]})
-        with pytest.raises(StageUnavailable) as err:
-            await run(orch)
-    assert err.value.message == "stage decode failed: its replica went away"
+    assert err.value.message == f"stage {named} failed: its replica went away"

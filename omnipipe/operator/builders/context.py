@@ -45,6 +45,8 @@ class BuildContext:
     # Names of the fetch Jobs that have succeeded (observed by the reconcile layer):
     # the stages whose claim they filled may start.
     fetched: frozenset[str] = frozenset()
+    # The Redis of video pipelines' routers (the operator's setting).
+    video_store: str | None = None
 
     @property
     def name(self) -> str:
@@ -78,4 +80,5 @@ def build_context(
         weights=resource.spec.weights,
         fetch_backoff_limit=settings.fetch_backoff_limit,
         fetched=fetched,
+        video_store=settings.video_store,
     )

@@ -202,6 +202,10 @@ class SteppedStage(Stage):
     @abstractmethod
     def finished(self, state: Any) -> bool: ...
 
+    def step_count(self, state: Any) -> tuple[int, int] | None:
+        """How many of its steps the state has had, and of how many; None: untold."""
+        return None
+
     @abstractmethod
     def finish(self, state: Any) -> StageResult: ...
 

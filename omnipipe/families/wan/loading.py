@@ -1,0 +1,56 @@
+"""Wan's diffusers loading: only the pipeline components a stage needs."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+log = logging.getLogger(__name__)
+WAN = "WanPipeline"
+
+
+def check_checkpoint(model_path: str) -> dict[str, Any]:
+    """The checkpoint's model_index.json, refused unless it is a one-DiT Wan text-to-video
+    pipeline (Wan 2.1, Wan 2.2 TI2V-5B). Wan 2.2 A14B's second, low-noise DiT is not run
+    yet: it is said here rather than served with the first DiT alone."""
+    from diffusers import DiffusionPipeline
+
+    index = dict(DiffusionPipeline.load_config(model_path))
+    if index.get("_class_name") != WAN:
+        raise ValueError(
+            f"{model_path}: pipeline class {index.get('_class_name')!r} is not one this "
+            f"worker runs as Wan; supported: {WAN}"
+        )
+    if (index.get("transformer_2") or [None])[0] is not None:
+        raise NotImplementedError(
+            f"{model_path}: a Wan 2.2 checkpoint with two DiTs (transformer_2, the "
+            "low-noise expert) is not supported yet; Wan 2.1 and Wan 2.2 TI2V-5B are"
+        )
+    return index
+
+
+def load_wan(model_path: str, device: torch.device, keep: set[str]) -> Any:
+    """The checkpoint's WanPipeline with only `keep` loaded; the rest are None, so a stage
+    never holds weights it does not run (the real UMT5 encoder alone is 5B)."""
+    from diffusers import AutoencoderKLWan, WanPipeline
+
+    index = check_checkpoint(model_path)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    given: dict[str, Any] = {c: None for c in index if not c.startswith("_") and c not in keep}
+    if "vae" in keep:
+        # The VAE runs in float32, as diffusers' Wan examples load it: bf16 decodes band.
+        given["vae"] = AutoencoderKLWan.from_pretrained(
+            model_path, subfolder="vae", torch_dtype=torch.float32
+        )
+    log.info("loading %s (%s) components %s on %s", model_path, WAN, sorted(keep), device)
+    pipe = WanPipeline.from_pretrained(model_path, dtype=dtype, **given)
+    pipe.to(device)
+    pipe.set_progress_bar_config(disable=True)
+    if "vae" not in keep:
+        # Latent geometry still depends on the VAE; read it from its config alone.
+        config = AutoencoderKLWan.load_config(model_path, subfolder="vae")
+        pipe.vae_scale_factor_temporal = config.get("scale_factor_temporal", 4)
+        pipe.vae_scale_factor_spatial = config.get("scale_factor_spatial", 8)
+    return pipe

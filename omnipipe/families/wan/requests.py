@@ -1,0 +1,102 @@
+"""A /v1/videos request as Wan's stage parameters, checked against what the model
+takes: sides that are multiples of 16 (the VAE's 8x and the DiT's 2x2 patches), and a
+frame count of 4k+1 (the VAE packs 4 frames into one latent after the first). Imported
+by the router, so it stays light: no torch, no diffusers."""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from omnipipe.api.families import RequestProblem
+
+SIZE = re.compile(r"(\d{1,5})x(\d{1,5})")
+SIDE_MULTIPLE, MIN_SIDE, MAX_SIDE = 16, 16, 1280
+FRAME_STEP, MAX_FRAMES = 4, 257
+MAX_FPS = 60
+DEFAULT_SIZE, DEFAULT_FPS, DEFAULT_SECONDS = "832x480", 16, 5.0
+
+
+def _number(request: Mapping[str, Any], key: str, default: float, low: float, high: float) -> float:
+    value = request.get(key)
+    if value is None or value == "":
+        return default
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise RequestProblem(f"{key} must be a number, got {value!r}", key) from None
+    if not math.isfinite(number) or not low <= number <= high:
+        raise RequestProblem(f"{key} must be between {low:g} and {high:g}, got {value!r}", key)
+    return number
+
+
+def _integer(request: Mapping[str, Any], key: str, default: int, low: int, high: int) -> int:
+    number = _number(request, key, default, low, high)
+    if number != int(number):
+        raise RequestProblem(f"{key} must be an integer, got {request.get(key)!r}", key)
+    return int(number)
+
+
+def _size(request: Mapping[str, Any]) -> tuple[int, int]:
+    size = request.get("size") or DEFAULT_SIZE
+    m = SIZE.fullmatch(str(size))
+    if not m:
+        raise RequestProblem(f"size must look like {DEFAULT_SIZE}, got {size!r}", "size")
+    width, height = int(m[1]), int(m[2])
+    for side in (width, height):
+        if not MIN_SIDE <= side <= MAX_SIDE or side % SIDE_MULTIPLE:
+            raise RequestProblem(
+                f"size sides must be multiples of {SIDE_MULTIPLE} from {MIN_SIDE} to "
+                f"{MAX_SIDE}, got {size!r}",
+                "size",
+            )
+    return width, height
+
+
+def _frames(request: Mapping[str, Any], fps: int) -> int:
+    if request.get("num_frames") not in (None, ""):
+        frames = _integer(request, "num_frames", 0, 1, MAX_FRAMES)
+        if (frames - 1) % FRAME_STEP:
+            raise RequestProblem(
+                f"num_frames must be {FRAME_STEP}k+1 (1, 5, 9, ... {MAX_FRAMES}), got {frames}",
+                "num_frames",
+            )
+        return frames
+    longest = (MAX_FRAMES - 1) / fps
+    seconds = _number(request, "seconds", DEFAULT_SECONDS, 1 / fps, longest)
+    # The nearest 4k+1 frames to the duration asked for.
+    return FRAME_STEP * round(seconds * fps / FRAME_STEP) + 1
+
+
+class WanRequests:
+    chat_makes_images = False
+
+    def image_params(self, request: Mapping[str, Any]) -> dict[str, Any]:
+        raise RequestProblem("this pipeline makes videos: send the prompt to POST /v1/videos")
+
+    def chat_image_params(
+        self, request: Mapping[str, Any], parse_size: Callable[[str], tuple[int, int]]
+    ) -> dict[str, Any]:
+        raise RequestProblem("this pipeline makes videos: send the prompt to POST /v1/videos")
+
+    def video_params(self, request: Mapping[str, Any]) -> dict[str, Any]:
+        """The stages' parameters for a video request (prompt and seed are the router's)."""
+        width, height = _size(request)
+        fps = _integer(request, "fps", DEFAULT_FPS, 1, MAX_FPS)
+        negative = request.get("negative_prompt")
+        if negative is not None and not isinstance(negative, str):
+            raise RequestProblem("negative_prompt must be a string", "negative_prompt")
+        return {
+            "width": width,
+            "height": height,
+            "fps": fps,
+            "num_frames": _frames(request, fps),
+            "num_inference_steps": _integer(request, "num_inference_steps", 50, 1, 200),
+            "guidance_scale": _number(request, "guidance_scale", 5.0, 0, 50),
+            "negative_prompt": negative or "",
+        }
+
+
+EXTENSIONS = WanRequests()

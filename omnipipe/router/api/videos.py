@@ -1,0 +1,203 @@
+"""/v1/videos: OpenAI's asynchronous video API on a text-to-video stage graph. A POST
+creates a job and answers at once; the client polls GET /v1/videos/{id} (status, and
+progress from the denoiser's steps) and downloads GET /v1/videos/{id}/content. Jobs live
+in the store every router replica shares (router/videos)."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any, Literal
+
+from fastapi import APIRouter, Query, Request
+from fastapi.responses import Response
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.datastructures import UploadFile
+from starlette.exceptions import HTTPException
+
+from omnipipe.router.api.common import (
+    bad_request,
+    check_model,
+    family_requests,
+    json_body,
+    request_fields,
+    with_family_checks,
+)
+from omnipipe.router.errors import BadRequest, ModelNotFound, OpenAIError
+from omnipipe.router.orchestrator import Orchestrator
+from omnipipe.router.videos.runner import UNFINISHED, VideoRunner, public
+
+VIDEO_ID = re.compile(r"video_[0-9a-f]{32}")
+MAX_FORM_FIELDS = 32
+
+
+class VideoCreateRequest(BaseModel):
+    """JSON or a multipart form. Lenient: unknown fields are accepted and logged."""
+
+    model_config = ConfigDict(extra="allow", allow_inf_nan=False)
+
+    prompt: str = Field(min_length=1, max_length=32_000)
+    model: str | None = None
+    """The pipeline's model id; the pipeline's own when left out."""
+    seconds: str | float | None = None
+    """Duration; num_frames, when given, decides instead."""
+    size: str | None = None
+    """WIDTHxHEIGHT."""
+    seed: int | None = Field(default=None, ge=0, lt=2**63)
+
+
+class VideoNotFound(ModelNotFound):
+    """404, in OpenAI's shape (the type ModelNotFound gives it)."""
+
+
+class VideoNotReady(OpenAIError):
+    status, type = 409, "invalid_request_error"
+
+
+async def _fields(request: Request) -> dict[str, Any]:
+    if request.headers.get("content-type", "").startswith("multipart/form-data"):
+        try:
+            form = await request.form(max_files=2, max_fields=MAX_FORM_FIELDS)
+        except HTTPException as exc:
+            raise BadRequest(f"malformed multipart form: {exc.detail}") from None
+        try:
+            if any(isinstance(v, UploadFile) for _, v in form.multi_items()):
+                raise BadRequest(
+                    "input_reference: this pipeline makes video from text only",
+                    param="input_reference",
+                )
+            return {k: v for k, v in form.multi_items() if isinstance(v, str)}
+        finally:
+            await form.close()
+    try:
+        doc = json.loads(await request.body())
+    except ValueError:
+        raise BadRequest("the body must be JSON or a multipart form") from None
+    if not isinstance(doc, dict):
+        raise BadRequest("the body must be a JSON object")
+    if doc.get("input_reference") is not None:
+        raise BadRequest(
+            "input_reference: this pipeline makes video from text only", param="input_reference"
+        )
+    return doc
+
+
+def _video_id(video_id: str) -> str:
+    if not VIDEO_ID.fullmatch(video_id):
+        raise VideoNotFound(f"video {video_id!r} does not exist", param="video_id")
+    return video_id
+
+
+def videos_router(
+    orchestrator: Orchestrator, model_ids: Callable[[], set[str]], runner: VideoRunner
+) -> APIRouter:
+    router = APIRouter()
+    store = runner.store
+
+    async def found(video_id: str) -> dict[str, Any]:
+        job = await store.get(_video_id(video_id))
+        if job is None:
+            raise VideoNotFound(f"video {video_id!r} does not exist", param="video_id")
+        return job
+
+    @router.post("/v1/videos", response_model=None, openapi_extra=json_body(VideoCreateRequest))
+    async def create(request: Request) -> dict[str, Any]:
+        fields = await _fields(request)
+        try:
+            body = VideoCreateRequest.model_validate(fields)
+        except ValidationError as exc:
+            raise bad_request(exc, fields) from None
+        model = body.model or orchestrator.pipeline.name
+        check_model(model, model_ids())
+        extensions = family_requests(orchestrator.pipeline)
+        video_params = getattr(extensions, "video_params", None)
+        if video_params is None:
+            raise BadRequest(f"model {model!r} does not make videos", param="model")
+        params = with_family_checks(lambda: video_params(request_fields(body)))
+        seed = body.seed if body.seed is not None else random.randrange(2**31)
+        params.update(prompt=body.prompt, seed=seed)
+        job = {
+            "id": f"video_{uuid.uuid4().hex}",
+            "object": "video",
+            "model": model,
+            "status": "queued",
+            "progress": 0,
+            "created_at": int(time.time()),
+            "completed_at": None,
+            "expires_at": None,
+            "error": None,
+            "prompt": body.prompt,
+            "seconds": f"{(params['num_frames'] - 1) / params['fps']:g}",
+            "size": f"{params['width']}x{params['height']}",
+            "remixed_from_video_id": None,
+        }
+        await store.create(job, params)
+        return public(job)
+
+    @router.get("/v1/videos/{video_id}", response_model=None)
+    async def retrieve(video_id: str) -> dict[str, Any]:
+        return public(await found(video_id))
+
+    @router.get("/v1/videos/{video_id}/content", response_model=None)
+    async def content(
+        video_id: str, variant: Literal["video", "thumbnail", "spritesheet"] = "video"
+    ) -> Response:
+        job = await found(video_id)
+        if variant != "video":
+            raise BadRequest(f"variant {variant!r} is not made; only video", param="variant")
+        if job["status"] != "completed":
+            raise VideoNotReady(
+                f"video {video_id} is {job['status']}: its content is there once completed"
+            )
+        mp4 = await store.content(video_id)
+        if mp4 is None:
+            raise VideoNotFound(f"video {video_id}'s content has expired", param="video_id")
+        return Response(mp4, media_type="video/mp4")
+
+    @router.get("/v1/videos", response_model=None)
+    async def listing(
+        limit: int = Query(default=20, ge=1, le=100),
+        after: str | None = None,
+        order: Literal["asc", "desc"] = "desc",
+    ) -> dict[str, Any]:
+        ids = await store.ids(newest_first=order == "desc")
+        if after is not None:
+            if after not in ids:
+                raise BadRequest(f"after: no video {after!r}", param="after")
+            ids = ids[ids.index(after) + 1 :]
+        data: list[dict[str, Any]] = []
+        gone: list[str] = []
+        for video_id in ids:
+            if len(data) > limit:
+                break
+            job = await store.get(video_id)
+            if job is None:
+                gone.append(video_id)
+            else:
+                data.append(public(job))
+        await store.forget(gone)
+        page = data[:limit]
+        return {
+            "object": "list",
+            "data": page,
+            "first_id": page[0]["id"] if page else None,
+            "last_id": page[-1]["id"] if page else None,
+            "has_more": len(data) > limit,
+        }
+
+    @router.delete("/v1/videos/{video_id}", response_model=None)
+    async def delete(video_id: str) -> dict[str, Any]:
+        """The job goes at once; a running one is also stopped, at the denoiser's next
+        step, by the replica running it."""
+        job = await found(video_id)
+        if job["status"] in UNFINISHED:
+            await store.cancel(video_id, runner.ttl_seconds)
+        else:
+            await store.delete(video_id)
+        return {"id": video_id, "object": "video.deleted", "deleted": True}
+
+    return router

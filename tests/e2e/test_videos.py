@@ -1,0 +1,249 @@
+"""/v1/videos through two router replicas that share one Redis, as a user runs them:
+`omnipipe serve` of tiny://wan (its router answers the API and runs no jobs) and a
+second router on the same stages (the one that runs them), each started with the same
+OMNIPIPE_ROUTER_VIDEO_STORE. A job made through one is polled, downloaded, listed and
+deleted through the other; a router killed mid-job loses nothing: a router started in its
+place runs the job to the end."""
+
+from __future__ import annotations
+
+import io
+import os
+import signal
+import subprocess
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import av
+import httpx
+import openai
+import pytest
+
+from omnipipe.local.ports import free_port
+from omnipipe.local.video_store import start_redis
+from tests.e2e.conftest import Served, start_serve, stop_cleanly
+
+pytestmark = [
+    pytest.mark.timeout(600),
+    # openai marks client.videos deprecated (OpenAI's own Sora API ends); the calls and
+    # their shapes are what a client of /v1/videos sends, whoever serves it.
+    pytest.mark.filterwarnings("ignore:The Sora API:DeprecationWarning"),
+]
+MANIFEST = """\
+apiVersion: omnipipe.io/v1alpha1
+kind: OmniPipeline
+metadata: {name: video}
+spec:
+  model: tiny://wan
+  pipeline: wan
+"""
+CREDENTIAL = "videos-e2e-credential"
+LEASE_SECONDS = "3"
+# Sent as the openai client sends extensions: form fields beside prompt, size, seconds.
+SMALL = {"num_frames": 9, "fps": 8, "num_inference_steps": 4}
+# Long enough to be caught mid-run: 15 s on an idle 2-core machine, in steps of 70 ms.
+LONG = {"num_frames": 17, "fps": 8, "num_inference_steps": 200}
+LONG_SIZE = "256x256"
+
+
+@dataclass
+class Cluster:
+    served: Served
+    second: subprocess.Popen[bytes]
+    second_url: str
+    router_argv: list[str]
+    env: dict[str, str]
+
+
+def router_argv(served: Served, port: int) -> list[str]:
+    """A second router on the files the first one's command line names (the pipeline
+    snapshot and the replicas file `omnipipe serve` keeps current)."""
+    pid = served.workers["router"][1]
+    argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")[:-1]
+    at = argv.index("--port") + 1
+    return [*argv[:at], str(port), *argv[at + 1 :]]
+
+
+def start_router(argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{argv[argv.index('--port') + 1]}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            with urllib.request.urlopen(f"{url}/ready", timeout=2):
+                return proc
+        except OSError:
+            assert proc.poll() is None, "the second router exited"
+            assert time.monotonic() < deadline, "the second router never turned ready"
+            time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_module: Path) -> Iterator[Cluster]:
+    redis_proc, url = start_redis(tmp_module / "redis", free_port())
+    manifest = tmp_module / "video.yaml"
+    manifest.write_text(MANIFEST)
+    common = {
+        "OMNIPIPE_ROUTER_VIDEO_STORE": url,
+        "OMNIPIPE_ROUTER_VIDEO_LEASE_SECONDS": LEASE_SECONDS,
+        "OMNIPIPE_PIPELINE_CREDENTIAL": CREDENTIAL,
+    }
+    served = start_serve(manifest, env={**common, "OMNIPIPE_ROUTER_VIDEO_JOBS_PER_REPLICA": "0"})
+    env = {**os.environ, **common}
+    port = free_port()
+    argv = router_argv(served, port)
+    second = start_router(argv, env)
+    made = Cluster(served, second, f"http://127.0.0.1:{port}/v1", argv, env)
+    try:
+        yield made
+    finally:
+        made.second.terminate()
+        made.second.wait(30)
+        stop_cleanly(served)
+        redis_proc.terminate()
+        redis_proc.wait(10)
+
+
+def client(base_url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=60)
+
+
+@pytest.fixture
+def first(cluster: Cluster) -> Iterator[openai.OpenAI]:
+    """A client of `omnipipe serve`'s router, which runs no jobs."""
+    with client(cluster.served.base_url) as c:
+        yield c
+
+
+@pytest.fixture
+def second(cluster: Cluster) -> Iterator[openai.OpenAI]:
+    """A client of the second router, which runs them."""
+    with client(cluster.second_url) as c:
+        yield c
+
+
+def wait_status(
+    c: openai.OpenAI,
+    video_id: str,
+    wanted: set[str],
+    timeout: float,
+    progress: list[int] | None = None,
+) -> Any:
+    """The job once its status is one of `wanted`; its progress only grows on the way,
+    unless the caller keeps the readings (`progress`) to judge them itself."""
+    deadline = time.monotonic() + timeout
+    seen: list[int] = [] if progress is None else progress
+    while True:
+        video = c.videos.retrieve(video_id)
+        seen.append(video.progress)
+        if video.status in wanted:
+            assert progress is not None or seen == sorted(seen), f"progress went back: {seen}"
+            return video
+        assert video.status in ("queued", "in_progress"), video
+        assert time.monotonic() < deadline, f"still {video.status} after {timeout}s"
+        time.sleep(0.2)
+
+
+def test_a_job_made_through_one_router_is_served_whole_by_the_other(
+    first: openai.OpenAI, second: openai.OpenAI
+) -> None:
+    video = first.videos.create(prompt="a lighthouse", size="64x48", extra_body=SMALL)  # type: ignore[arg-type]
+    assert (video.object, video.status, video.size, video.seconds) == (
+        "video",
+        "queued",
+        "64x48",
+        "1",
+    )
+    done = wait_status(second, video.id, {"completed", "failed"}, timeout=120)
+    assert done.status == "completed", done.error
+    assert done.progress == 100
+    assert done.expires_at is not None
+    assert done.completed_at is not None
+    mp4 = second.videos.download_content(video.id).read()
+    with av.open(io.BytesIO(mp4)) as container:
+        stream = container.streams.video[0]
+        assert stream.codec_context.name == "h264"
+        frames = [f.to_ndarray(format="rgb24") for f in container.decode(stream)]
+    assert len(frames) == 9
+    assert frames[0].shape == (48, 64, 3)
+    # The first router lists and downloads what the second one finished.
+    assert video.id in [v.id for v in first.videos.list(limit=100)]
+    assert first.videos.download_content(video.id).read() == mp4
+    deleted = first.videos.delete(video.id)
+    assert deleted.deleted
+    with pytest.raises(openai.NotFoundError):
+        second.videos.retrieve(video.id)
+
+
+def test_bad_requests_are_openai_shaped_4xx(cluster: Cluster, second: openai.OpenAI) -> None:
+    base = cluster.served.base_url
+    cases = [
+        ({"prompt": "x", "size": "65x48"}, 400, "size"),
+        ({"prompt": "x", "size": "4096x48"}, 400, "size"),
+        ({"prompt": "x", "num_frames": 10}, 400, "num_frames"),
+        ({"prompt": "x", "num_frames": 1000}, 400, "num_frames"),
+        ({"prompt": "x", "seconds": "600"}, 400, "seconds"),
+        ({"prompt": ""}, 400, "prompt"),
+        ({"prompt": "x", "model": "nope"}, 404, "model"),
+    ]
+    for body, status, param in cases:
+        r = httpx.post(f"{base}/videos", json=body, timeout=30)
+        assert r.status_code == status, (body, r.text)
+        assert r.json()["error"]["param"] == param, (body, r.text)
+    unknown = httpx.get(f"{base}/videos/video_{'0' * 32}", timeout=30)
+    assert unknown.status_code == 404
+    assert unknown.json()["error"]["param"] == "video_id"
+    # Content before completion: a queued job's content is a 409, not a 5xx or a wait.
+    video = second.videos.create(prompt="x", size=LONG_SIZE, extra_body=LONG)  # type: ignore[arg-type]
+    early = httpx.get(f"{base}/videos/{video.id}/content", timeout=30)
+    assert early.status_code == 409, early.text
+    assert "content is there once completed" in early.json()["error"]["message"]
+    second.videos.delete(video.id)
+
+
+def running_on_denoise(served: Served) -> float:
+    return served.metric("denoise-0", "omnipipe_stage_requests_running")
+
+
+def test_deleting_a_running_job_frees_the_denoiser(cluster: Cluster, second: openai.OpenAI) -> None:
+    c = second
+    video = c.videos.create(prompt="a long one", size=LONG_SIZE, extra_body=LONG)  # type: ignore[arg-type]
+    running = wait_status(c, video.id, {"in_progress"}, timeout=60)
+    deadline = time.monotonic() + 60
+    while running_on_denoise(cluster.served) == 0 or c.videos.retrieve(video.id).progress == 0:
+        assert time.monotonic() < deadline, "the denoiser never started the job"
+        time.sleep(0.2)
+    assert running.status == "in_progress"
+    c.videos.delete(video.id)
+    deadline = time.monotonic() + 20
+    while running_on_denoise(cluster.served) > 0:
+        assert time.monotonic() < deadline, "the denoiser still runs the deleted job"
+        time.sleep(0.2)
+    with pytest.raises(openai.NotFoundError):
+        c.videos.retrieve(video.id)
+
+
+def test_a_router_killed_mid_job_loses_nothing(cluster: Cluster, first: openai.OpenAI) -> None:
+    video = first.videos.create(prompt="survive", size=LONG_SIZE, extra_body=LONG)  # type: ignore[arg-type]
+    deadline = time.monotonic() + 60
+    while first.videos.retrieve(video.id).progress == 0:
+        assert time.monotonic() < deadline, "the job never progressed"
+        time.sleep(0.1)
+    cluster.second.send_signal(signal.SIGKILL)
+    cluster.second.wait()
+    # Nothing runs the job now; it is unfinished, and its lease runs out.
+    assert first.videos.retrieve(video.id).status == "in_progress"
+    # A replica started in the dead one's place (a Deployment's new pod).
+    cluster.second = start_router(cluster.router_argv, cluster.env)
+    progress: list[int] = []
+    done = wait_status(first, video.id, {"completed", "failed"}, 180, progress)
+    assert done.status == "completed", done.error
+    # It ran again from its first step, and to its last.
+    restart = progress.index(0)
+    assert progress[:restart] == [progress[0]] * restart
+    assert progress[restart:] == sorted(progress[restart:]), progress
+    assert len(first.videos.download_content(video.id).read()) > 0

@@ -1,0 +1,126 @@
+"""tiny://wan split into its three stages equals diffusers' one-process WanPipeline: the
+same frames, within float rounding of another batch shape, for requests denoised in one
+batch with their own seeds, step counts and guidance (with CFG and without); and the
+decode stage's MP4 holds those frames."""
+
+from __future__ import annotations
+
+import base64
+import io
+from typing import Any
+
+import av
+import numpy as np
+import pytest
+import torch
+
+from omnipipe.api import ResolvedPipeline, parse_resource, resolve
+from omnipipe.worker.models.tiny import resolve_model_path
+from omnipipe.worker.stages import stage_class
+from omnipipe.worker.stages.base import StageInputError, StageJob
+
+pytestmark = pytest.mark.timeout(600)
+BASE = {"width": 64, "height": 48, "num_frames": 9, "num_inference_steps": 4, "fps": 8}
+REQUESTS = [
+    {**BASE, "prompt": "a lighthouse at dusk", "negative_prompt": "blurry", "seed": 1},
+    {**BASE, "prompt": "a cat", "guidance_scale": 1.0, "seed": 2},
+    {**BASE, "prompt": "a dog on a beach", "guidance_scale": 3.0, "num_inference_steps": 3},
+]
+# Float rounding: one forward of several rows against the pipeline's forwards of one.
+FRAME_TOLERANCE = 1e-4
+
+
+def pipeline() -> ResolvedPipeline:
+    return resolve(
+        parse_resource(
+            {
+                "apiVersion": "omnipipe.io/v1alpha1",
+                "kind": "OmniPipeline",
+                "metadata": {"name": "video"},
+                "spec": {"model": "tiny://wan", "pipeline": "wan"},
+            }
+        )
+    )
+
+
+def loaded(name: str) -> Any:
+    spec = pipeline().stage(name)
+    path = resolve_model_path("tiny://wan")
+    stage = stage_class(spec, path)(spec, path, "cpu")
+    stage.load()
+    return stage
+
+
+@pytest.fixture(scope="module")
+def split() -> list[tuple[np.ndarray, dict[str, Any]]]:
+    """Each request's frames through the three stages (one denoise batch), and the
+    decode stage's result."""
+    encode, denoise, decode = loaded("encode"), loaded("denoise"), loaded("decode")
+    jobs = [StageJob(p, {"encode": encode.run(StageJob(p, {})).tensors}) for p in REQUESTS]
+    assert len({denoise.batch_key(j) for j in jobs}) == 1
+    latents = [r.tensors["latents"] for r in denoise.run_batch(jobs)]
+    out = []
+    for params, lat in zip(REQUESTS, latents, strict=True):
+        [result] = decode.run(StageJob(params, {"denoise": {"latents": lat}})).outputs
+        out.append((decode.frames(lat), result))
+    return out
+
+
+def reference(params: dict[str, Any]) -> np.ndarray:
+    from diffusers import WanPipeline
+
+    pipe = WanPipeline.from_pretrained(resolve_model_path("tiny://wan"))
+    pipe.set_progress_bar_config(disable=True)
+    frames = pipe(
+        prompt=params["prompt"],
+        negative_prompt=params.get("negative_prompt"),
+        width=params["width"],
+        height=params["height"],
+        num_frames=params["num_frames"],
+        num_inference_steps=params["num_inference_steps"],
+        guidance_scale=params.get("guidance_scale", 5.0),
+        generator=torch.Generator().manual_seed(params.get("seed", 0)),
+        output_type="np",
+    ).frames
+    return np.asarray(frames[0])
+
+
+@pytest.mark.parametrize("i", range(len(REQUESTS)))
+def test_the_split_graph_equals_diffusers_one_process_pipeline(
+    split: list[tuple[np.ndarray, dict[str, Any]]], i: int
+) -> None:
+    frames, _ = split[i]
+    expected = reference(REQUESTS[i])
+    assert frames.shape == expected.shape == (9, 48, 64, 3)
+    np.testing.assert_allclose(frames, expected, rtol=0, atol=FRAME_TOLERANCE)
+    # Not a test of noise against noise: the frames differ from request to request.
+    others = [f for j, (f, _) in enumerate(split) if j != i]
+    assert all(np.abs(frames - o).max() > 0.01 for o in others)
+
+
+def test_the_decode_stage_writes_an_h264_mp4_of_the_frames(
+    split: list[tuple[np.ndarray, dict[str, Any]]],
+) -> None:
+    frames, result = split[0]
+    assert {k: result[k] for k in ("frames", "width", "height", "fps")} == {
+        "frames": 9,
+        "width": 64,
+        "height": 48,
+        "fps": 8,
+    }
+    with av.open(io.BytesIO(base64.b64decode(result["b64_mp4"]))) as container:
+        stream = container.streams.video[0]
+        assert stream.codec_context.name == "h264"
+        assert stream.average_rate == 8
+        decoded = np.stack([f.to_ndarray(format="rgb24") for f in container.decode(stream)])
+    assert decoded.shape == (9, 48, 64, 3)
+    # Lossy, but the same pictures: yuv420p at CRF 18 is within a few levels on average.
+    assert np.abs(decoded / 255.0 - frames).mean() < 0.05
+
+
+def test_a_bad_frame_count_or_prompt_is_the_clients_error() -> None:
+    encode = loaded("encode")
+    with pytest.raises(StageInputError, match="prompt must be a non-empty string"):
+        encode.run(StageJob({**BASE, "prompt": ""}, {}))
+    with pytest.raises(StageInputError, match="num_frames must be an integer"):
+        encode.run(StageJob({**BASE, "prompt": "x", "num_frames": "9"}, {}))
