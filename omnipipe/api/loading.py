@@ -50,6 +50,8 @@ def pipeline_yaml(pipeline: ResolvedPipeline) -> str:
     data = pipeline.model_dump(mode="json")
     if not pipeline.tracing.as_config():
         del data["tracing"]
+    if not pipeline.videos.as_config():
+        del data["videos"]
     return yaml.safe_dump(data, sort_keys=False)
 
 

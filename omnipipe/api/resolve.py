@@ -35,6 +35,7 @@ from omnipipe.api.spec import (
     Toleration,
     Tracing,
     Transfer,
+    Videos,
 )
 
 TINY_SCHEME = "tiny://"
@@ -127,6 +128,7 @@ class ResolvedPipeline(ResolvedModel):
     router: Router
     transfer: Transfer
     tracing: Tracing = Tracing()
+    videos: Videos = Videos()
 
     def stage(self, name: str) -> ResolvedStage:
         for stage in self.stages:
@@ -241,4 +243,5 @@ def resolve(resource: OmniPipeline) -> ResolvedPipeline:
         router=spec.router,
         transfer=spec.transfer,
         tracing=spec.tracing,
+        videos=spec.videos,
     )

@@ -278,6 +278,18 @@ class Tracing(SpecModel):
         return {} if self == Tracing() else {"tracing": self.model_dump(mode="json")}
 
 
+class Videos(SpecModel):
+    """A video pipeline's jobs (/v1/videos), which its routers keep in Redis."""
+
+    ttl_seconds: Annotated[int, Field(ge=60, le=30 * 86400)] = 86400
+    """How long a finished video job and its MP4 are kept (a day by default, at most 30)."""
+
+    def as_config(self) -> dict[str, Any]:
+        """As the pipeline file and the router's hash carry it: empty at the default, so
+        that pipelines' files and router pods stay what they were before it existed."""
+        return {} if self == Videos() else {"videos": self.model_dump(mode="json")}
+
+
 class Images(SpecModel):
     """Container image overrides; the operator's defaults apply otherwise."""
 
@@ -304,6 +316,8 @@ class OmniPipelineSpec(SpecModel):
     """Container image overrides."""
     tracing: Tracing = Tracing()
     """Request traces over OTLP; off unless an endpoint is set."""
+    videos: Videos = Videos()
+    """Video jobs, for pipelines that make videos (wan)."""
     prometheus_url: Annotated[str, Field(pattern=r"^https?://")] | None = None
     """Prometheus the autoscaler queries for this pipeline; defaults to the operator's."""
     weights: Weights = Weights()

@@ -102,7 +102,7 @@ def _video_runner(
         VideoStore(settings.video_store, pipeline.name),
         orchestrator,
         metrics,
-        ttl_seconds=settings.video_ttl_seconds,
+        ttl_seconds=pipeline.videos.ttl_seconds,
         concurrency=settings.video_jobs_per_replica,
         lease_seconds=settings.video_lease_seconds,
     )

@@ -46,8 +46,6 @@ class RouterSettings(BaseSettings):
     video_store: str | None = Field(default=None, pattern=r"^(redis|rediss|unix)://")
     """The Redis that keeps a video pipeline's jobs, shared by every router replica
     (redis://host:6379/0); required when the pipeline makes videos."""
-    video_ttl_seconds: int = Field(default=86400, ge=60)
-    """How long a finished video job and its content are kept."""
     video_jobs_per_replica: int = Field(default=2, ge=0, le=64)
     """Video jobs one router replica runs at once (the stages batch what they get); 0:
     this replica answers the API and leaves the jobs to the others."""

@@ -33,6 +33,7 @@ def router_config_hash(ctx: BuildContext) -> str:
             "pipeline": p.pipeline,
             "stages": [(s.name, s.role, s.inputs) for s in p.stages],
             **p.tracing.as_config(),
+            **p.videos.as_config(),
             # Only a video pipeline's router reads it: the others' hashes stay as they were.
             **({"videoStore": ctx.video_store} if _makes_video(ctx) else {}),
         }

@@ -20,7 +20,7 @@ from typing import Any
 from omnipipe.router.errors import OpenAIError
 from omnipipe.router.metrics import RouterMetrics
 from omnipipe.router.orchestrator import Orchestrator
-from omnipipe.router.videos.store import VideoStore
+from omnipipe.router.videos.store import StoreUnavailable, VideoStore
 
 log = logging.getLogger(__name__)
 UNFINISHED = ("queued", "in_progress")
@@ -28,6 +28,7 @@ UNFINISHED = ("queued", "in_progress")
 MAX_RUNS = 3
 RUNS_FIELD = "_runs"
 TAKE_EVERY_SECONDS = 0.25
+STORE_WARNING_SECONDS = 60.0
 
 
 def public(job: dict[str, Any]) -> dict[str, Any]:
@@ -56,9 +57,16 @@ class VideoRunner:
         self._tasks: list[asyncio.Task[None]] = []
         # Jobs this replica runs now: id -> the task running it.
         self._running: dict[str, asyncio.Task[None]] = {}
+        self._warned_at = -STORE_WARNING_SECONDS
 
     async def start(self) -> None:
-        await self.store.ping()
+        """Starts taking jobs; a store that does not answer yet is retried (the API
+        answers 503 meanwhile), so a router that starts before its Redis serves once it
+        is up."""
+        try:
+            await self.store.ping()
+        except StoreUnavailable:
+            self._store_down("starting")
         self._tasks = [asyncio.create_task(self._take_jobs()) for _ in range(self.concurrency)]
         self._tasks.append(asyncio.create_task(self._sweep_forever()))
 
@@ -84,13 +92,21 @@ class VideoRunner:
             await self.store.requeue(video_id)
         await self.store.release(video_id, self.owner)
 
+    def _store_down(self, what: str) -> None:
+        """One warning a minute while the store does not answer, not one a poll."""
+        now = time.monotonic()
+        if now - self._warned_at > STORE_WARNING_SECONDS:
+            self._warned_at = now
+            log.warning("video job store unavailable (%s); retrying", what)
+
     async def _take_jobs(self) -> None:
         while True:
             try:
                 video_id = await self.store.take(self.owner, self.lease_ms)
-            except Exception:
-                log.exception("taking a video job from the store failed")
-                video_id = None
+            except StoreUnavailable:
+                self._store_down("taking a job")
+                await asyncio.sleep(1.0)
+                continue
             if video_id is None:
                 await asyncio.sleep(TAKE_EVERY_SECONDS)
                 continue
@@ -101,6 +117,11 @@ class VideoRunner:
             except asyncio.CancelledError:
                 if not task.done():
                     raise
+            except StoreUnavailable:
+                # Its lease runs out unrenewed: a sweep queues it again once the store is back.
+                self._store_down(f"running job {video_id}")
+            except Exception:
+                log.exception("video job %s failed in the router", video_id)
             finally:
                 self._running.pop(video_id, None)
 
@@ -179,6 +200,8 @@ class VideoRunner:
                 if percent != written:
                     job["progress"] = written = percent
                     await self.store.put(job)
+            except StoreUnavailable:
+                self._store_down(f"renewing job {video_id}")
             except Exception:
                 log.exception("keeping video job %s failed", video_id)
 
@@ -187,6 +210,8 @@ class VideoRunner:
             await asyncio.sleep(self.lease_ms / 2000)
             try:
                 await self.sweep()
+            except StoreUnavailable:
+                self._store_down("sweeping")
             except Exception:
                 log.exception("sweeping video jobs failed")
 

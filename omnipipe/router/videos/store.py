@@ -17,10 +17,39 @@ would hold the MP4s in rows. Keys, under `omnipipe:videos:<pipeline>:`:
 
 from __future__ import annotations
 
+import functools
 import json
-from typing import Any, cast
+from collections.abc import Awaitable, Callable
+from typing import Any, ParamSpec, TypeVar, cast
 
 import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from omnipipe.router.errors import StageUnavailable
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+class StoreUnavailable(StageUnavailable):
+    """The Redis of the video jobs does not answer: a 503, the job untouched."""
+
+
+def _reported(call: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
+    """A store call whose Redis failure is the client's 503, said plainly (the address
+    and the driver's words go to the log only)."""
+
+    @functools.wraps(call)
+    async def guarded(*args: P.args, **kwargs: P.kwargs) -> T:
+        try:
+            return await call(*args, **kwargs)
+        except RedisError as exc:
+            raise StoreUnavailable(
+                "the video job store is unavailable; retry later", retry_after=5
+            ) from exc
+
+    return guarded
+
 
 # Takes the queue's head and the lease on it in one step: no replica can see the job
 # neither queued nor leased, and take it for one whose runner died.
@@ -72,9 +101,11 @@ class VideoStore:
     async def close(self) -> None:
         await self.redis.aclose()
 
+    @_reported
     async def ping(self) -> None:
         await self.redis.ping()
 
+    @_reported
     async def create(self, job: dict[str, Any], params: dict[str, Any]) -> None:
         video_id = job["id"]
         async with self.redis.pipeline(transaction=True) as tx:
@@ -84,14 +115,17 @@ class VideoStore:
             tx.rpush(self._key("queue"), video_id)
             await tx.execute()
 
+    @_reported
     async def get(self, video_id: str) -> dict[str, Any] | None:
         raw = await self.redis.get(self._key("job", video_id))
         return None if raw is None else cast(dict[str, Any], json.loads(raw))
 
+    @_reported
     async def params(self, video_id: str) -> dict[str, Any] | None:
         raw = await self.redis.get(self._key("params", video_id))
         return None if raw is None else cast(dict[str, Any], json.loads(raw))
 
+    @_reported
     async def put(self, job: dict[str, Any], ttl_seconds: int | None = None) -> None:
         """Writes the job's object, if it still exists (a client may have deleted it);
         with ttl_seconds, it (and its params) expire then."""
@@ -102,6 +136,7 @@ class VideoStore:
                 tx.expire(self._key("params", video_id), ttl_seconds)
             await tx.execute()
 
+    @_reported
     async def finish(self, job: dict[str, Any], mp4: bytes, ttl_seconds: int) -> bool:
         """The content and the completed job, both expiring after ttl_seconds; False when
         the job was deleted (or is being cancelled), and nothing was written."""
@@ -109,10 +144,12 @@ class VideoStore:
         keys = [self._key(k, video_id) for k in ("job", "content", "cancel", "params")]
         return bool(await self._finish(keys=keys, args=[json.dumps(job), mp4, ttl_seconds]))
 
+    @_reported
     async def content(self, video_id: str) -> bytes | None:
         raw = await self.redis.get(self._key("content", video_id))
         return raw if raw is None or isinstance(raw, bytes) else raw.encode()
 
+    @_reported
     async def delete(self, video_id: str, cancelling: bool = False) -> None:
         """Removes the job; cancelling: its runner is told to stop (the flag outlives
         the job, until the runner removes it)."""
@@ -121,21 +158,26 @@ class VideoStore:
         await self.redis.zrem(self._key("jobs"), video_id)
         await self.redis.lrem(self._key("queue"), 0, video_id)
 
+    @_reported
     async def ids(self, newest_first: bool) -> list[str]:
         raw = await self.redis.zrange(self._key("jobs"), 0, -1, desc=newest_first)
         return [_text(r) for r in raw]
 
+    @_reported
     async def forget(self, video_ids: list[str]) -> None:
         """Drops ids whose jobs expired from the index."""
         if video_ids:
             await self.redis.zrem(self._key("jobs"), *video_ids)
 
+    @_reported
     async def queued(self) -> list[str]:
         return [_text(r) for r in await self.redis.lrange(self._key("queue"), 0, -1)]
 
+    @_reported
     async def requeue(self, video_id: str) -> None:
         await self.redis.rpush(self._key("queue"), video_id)
 
+    @_reported
     async def take(self, owner: str, lease_ms: int) -> str | None:
         """The next queued job's id, leased to `owner`; None when the queue is empty."""
         got = await self._take(
@@ -143,21 +185,26 @@ class VideoStore:
         )
         return None if not got else bytes(got).decode()
 
+    @_reported
     async def claim(self, video_id: str, owner: str, lease_ms: int) -> bool:
         """The lease of a job nobody holds, for `owner`."""
         return bool(await self.redis.set(self._key("lease", video_id), owner, px=lease_ms, nx=True))
 
+    @_reported
     async def renew(self, video_id: str, owner: str, lease_ms: int) -> bool:
         renewed = await self._renew(keys=[self._key("lease", video_id)], args=[owner, lease_ms])
         return bool(renewed)
 
+    @_reported
     async def release(self, video_id: str, owner: str) -> None:
         await self._release(keys=[self._key("lease", video_id)], args=[owner])
 
+    @_reported
     async def cancel(self, video_id: str, ttl_seconds: int) -> None:
         """Asks the job's runner to stop, and removes the job at once."""
         await self.redis.set(self._key("cancel", video_id), b"1", ex=ttl_seconds)
         await self.delete(video_id, cancelling=True)
 
+    @_reported
     async def cancelled(self, video_id: str) -> bool:
         return bool(await self.redis.exists(self._key("cancel", video_id)))
