@@ -43,6 +43,7 @@ DEFAULT_TARGETS = {
     Metric.INFLIGHT: 4.0,
     Metric.QUEUE_WAIT_P90: 1.0,
     Metric.KV_CACHE_USAGE: 0.8,
+    Metric.VIDEO_JOBS: 2.0,
     Metric.PROMQL: 1.0,
 }
 

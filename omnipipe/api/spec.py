@@ -30,6 +30,7 @@ class Metric(StrEnum):
     INFLIGHT = "inflight"
     QUEUE_WAIT_P90 = "queue-wait-p90"
     KV_CACHE_USAGE = "kv-cache-usage"
+    VIDEO_JOBS = "video-jobs"
     PROMQL = "promql"
 
 
@@ -139,7 +140,8 @@ class Autoscaling(SpecModel):
     """Highest replica count."""
     metric: Metric = Metric.INFLIGHT
     """Signal to scale on: inflight (running plus waiting requests per ready replica),
-    queue-wait-p90 (seconds), kv-cache-usage (fraction, vLLM stages) or promql (see query)."""
+    queue-wait-p90 (seconds), kv-cache-usage (fraction, vLLM stages), video-jobs (a video
+    pipeline's unfinished jobs, queued or running, per replica) or promql (see query)."""
     target: Annotated[float, Field(gt=0)] | None = None
     """Target value of the metric per replica. Defaults depend on the metric."""
     query: Annotated[str, Field(min_length=1, max_length=4096)] | None = None

@@ -161,6 +161,13 @@ def test_queries_select_the_stage_and_pick_the_signal_kind() -> None:
     )
     # vLLM's gauge, as the worker re-exports it with the stage's labels.
     assert kv.value == 'avg(vllm:kv_cache_usage_perc{namespace="ns",pipeline="p",stage="thinker"})'
+    jobs = signal_queries(
+        "ns", "v", "denoise", Autoscaling(max_replicas=3, metric=Metric.VIDEO_JOBS)
+    )
+    every = 'omnipipe_router_video_jobs{namespace="ns",pipeline="v"}'
+    assert jobs.kind is SignalKind.TOTAL
+    assert jobs.value == f"sum(max by (status) ({every}))"
+    assert jobs.demand.endswith(f" + sum(max by (status) ({every}))")
     raw = signal_queries(
         "ns", "p", "s", Autoscaling(max_replicas=3, metric=Metric.PROMQL, query="vector(1)")
     )

@@ -5,6 +5,8 @@ the store is back; a job queued while no replica runs jobs stays queued."""
 from __future__ import annotations
 
 import json
+import logging
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -34,14 +36,19 @@ SMALL = {"prompt": "x", "size": "64x48", "num_frames": 9, "num_inference_steps":
 
 
 @pytest.fixture
-def api(tmp_path: Path) -> Iterator[tuple[TestClient, Path, int]]:
-    """The router (no stage replicas, no job takers) on a redis-server of its own."""
+def api(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[tuple[TestClient, Path, int]]:
+    """The router (no stage replicas; as many job takers as the test's parameter says,
+    none by default) on a redis-server of its own."""
+    takers = getattr(request, "param", 0)
     port = free_port()
     server, url = start_redis(tmp_path / "redis", port)
     replicas = tmp_path / "replicas.json"
     replicas.write_text(json.dumps({"stages": {s.name: [] for s in PIPELINE.stages}}))
     settings = RouterSettings(
-        replicas_file=str(replicas), video_store=url, video_jobs_per_replica=0
+        replicas_file=str(replicas),
+        video_store=url,
+        video_jobs_per_replica=takers,
+        wake_wait_seconds=0.2,
     )
     try:
         with TestClient(build_app(PIPELINE, settings)) as client:
@@ -106,3 +113,22 @@ def test_a_deleted_job_is_gone_at_once_and_its_flag_lives_the_resources_ttl(
     # What tells a replica that might be running it to stop, kept as long as any job.
     assert 110 < store.ttl(f"omnipipe:videos:v:cancel:{video_id}") <= 120
     assert store.llen("omnipipe:videos:v:queue") == 0
+
+
+@pytest.mark.parametrize("api", [1], indirect=True)
+def test_a_job_no_stage_can_take_waits_in_the_queue_and_does_not_fail(
+    api: tuple[TestClient, Path, int], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every stage at zero replicas (a cluster waking its GPUs): the job is taken, finds
+    no replica, and goes back to the queue, again and again, never failing meanwhile."""
+    client, _, _ = api
+    caplog.set_level(logging.INFO, logger="omnipipe.router.videos.runner")
+    video_id = client.post("/v1/videos", json=SMALL).json()["id"]
+    deadline = time.monotonic() + 30
+    while "waits again" not in caplog.text:
+        assert time.monotonic() < deadline, caplog.text
+        time.sleep(0.1)
+    job = client.get(f"/v1/videos/{video_id}").json()
+    assert job["status"] in ("queued", "in_progress"), job
+    assert job["error"] is None
+    assert f"video job {video_id} waits again: stage encode has no ready replica" in caplog.text

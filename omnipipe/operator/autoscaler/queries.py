@@ -57,5 +57,13 @@ def signal_queries(namespace: str, pipeline: str, stage: str, policy: Autoscalin
             f"time() - max(timestamp(vllm:kv_cache_usage_perc{{{sel}}}))",
             demand,
         )
+    if policy.metric is Metric.VIDEO_JOBS:
+        jobs = f'omnipipe_router_video_jobs{{namespace="{namespace}",pipeline="{pipeline}"}}'
+        # Every router replica publishes the counts of the store they share: one
+        # replica's count per status is the total. Queued jobs wake a stage at zero.
+        total = f"sum(max by (status) ({jobs}))"
+        return SignalQueries(
+            SignalKind.TOTAL, total, f"time() - max(timestamp({jobs}))", f"{demand} + {total}"
+        )
     assert policy.query is not None  # the spec requires it for promql
     return SignalQueries(SignalKind.LEVEL, policy.query, None, demand)

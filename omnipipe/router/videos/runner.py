@@ -17,7 +17,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
-from omnipipe.router.errors import OpenAIError
+from omnipipe.router.errors import OpenAIError, Overloaded, StageUnavailable
 from omnipipe.router.metrics import RouterMetrics
 from omnipipe.router.orchestrator import Orchestrator
 from omnipipe.router.videos.store import StoreUnavailable, VideoStore
@@ -28,6 +28,9 @@ UNFINISHED = ("queued", "in_progress")
 MAX_RUNS = 3
 RUNS_FIELD = "_runs"
 TAKE_EVERY_SECONDS = 0.25
+# A job no stage replica can take is queued again after this pause, for this long at most.
+REQUEUE_PAUSE_SECONDS = 5.0
+MAX_WAIT_SECONDS = 3600.0
 STORE_WARNING_SECONDS = 60.0
 
 
@@ -150,6 +153,20 @@ class VideoRunner:
                 await self.store.delete(video_id)
                 return
             raise
+        except (StageUnavailable, Overloaded) as exc:
+            if time.time() - job["created_at"] < MAX_WAIT_SECONDS:
+                # No stage replica could take it (one waking from zero, all full, one
+                # gone mid-run): it waits in the queue again, as a job does for a GPU.
+                log.info("video job %s waits again: %s", video_id, exc.message)
+                job.update(status="queued", progress=0)
+                job[RUNS_FIELD] -= 1
+                await self.store.put(job)
+                await asyncio.sleep(REQUEUE_PAUSE_SECONDS)
+                await self.store.requeue(video_id)
+                return
+            self._fail(job, f"no stage could run it for {MAX_WAIT_SECONDS:.0f}s: {exc.message}")
+            await self.store.put(job, self.ttl_seconds)
+            return
         except OpenAIError as exc:
             job.update(status="failed", error={"code": exc.type, "message": exc.message})
             await self.store.put(job, self.ttl_seconds)
@@ -170,6 +187,11 @@ class VideoRunner:
         if not await self.store.finish(job, base64.b64decode(result["b64_mp4"]), self.ttl_seconds):
             log.info("video job %s was deleted as it finished", video_id)
             await self.store.delete(video_id)
+
+    @staticmethod
+    def _fail(job: dict[str, Any], message: str) -> None:
+        job.update(status="failed", error={"code": "service_unavailable", "message": message})
+        log.warning("video job %s failed: %s", job["id"], message)
 
     async def _generate(
         self, params: dict[str, Any], on_progress: Callable[[str, int, int], None]
