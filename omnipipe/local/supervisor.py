@@ -205,9 +205,7 @@ class Supervisor:
         ]
         env = {"OMNIPIPE_ROUTER_DISCOVERY_INTERVAL_SECONDS": ROUTER_DISCOVERY_SECONDS}
         if needs_video_store(self.pipeline):
-            self.video_store, env[VIDEO_STORE_ENV] = start_redis(
-                self.state_dir / "video-store", self._free_port()
-            )
+            self.video_store, env[VIDEO_STORE_ENV] = start_redis(self.state_dir / "video-store")
             print(
                 f"omnipipe: video jobs kept in {env[VIDEO_STORE_ENV]} (redis-server, pid "
                 f"{self.video_store.pid}; {VIDEO_STORE_ENV} names another)",
@@ -224,6 +222,11 @@ class Supervisor:
         )
 
     def _check_alive(self) -> None:
+        store = self.video_store
+        if store is not None and not self.stopping and (code := store.poll()) is not None:
+            # Its jobs went with it: serve stops, as it does when its router dies, rather
+            # than answer 503 for ever.
+            raise RuntimeError(f"the video job store (redis-server) exited with code {code}")
         for child in self.children:
             code = child.proc.poll()
             if code is None or self.stopping or child.pending:

@@ -1,6 +1,8 @@
 """The Redis a video pipeline's router keeps its jobs in, under `omnipipe serve`: a
-redis-server of its own on loopback, unless OMNIPIPE_ROUTER_VIDEO_STORE names one (a
-second router, or one the user runs). Nothing is saved to disk: jobs last while it runs."""
+redis-server of its own, unless OMNIPIPE_ROUTER_VIDEO_STORE names one (a second router, or
+one the user runs). It listens on a unix socket in a folder only this user may open, not
+on a TCP port any local user could reach. Nothing is saved to disk: jobs last while it
+runs."""
 
 from __future__ import annotations
 
@@ -24,26 +26,30 @@ def needs_video_store(pipeline: ResolvedPipeline) -> bool:
     return kind is not None and kind.makes_video and not os.environ.get(VIDEO_STORE_ENV)
 
 
-def _answers(port: int) -> bool:
+def _answers(path: Path) -> bool:
     try:
-        with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(1)
+            s.connect(str(path))
             s.sendall(b"PING\r\n")
             return s.recv(16).startswith(b"+PONG")
     except OSError:
         return False
 
 
-def start_redis(folder: Path, port: int) -> tuple[subprocess.Popen[bytes], str]:
-    """A redis-server on 127.0.0.1:port, answering; and its URL."""
+def start_redis(folder: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """A redis-server on the unix socket folder/redis.sock, answering; and its URL."""
     server = shutil.which("redis-server")
     if server is None:
         raise RuntimeError(
             "this pipeline makes videos, whose jobs the router keeps in Redis: install "
             f"redis-server (apt-get install redis-server), or set {VIDEO_STORE_ENV}"
         )
-    folder.mkdir(parents=True, exist_ok=True)
-    argv = [server, "--bind", "127.0.0.1", "--port", str(port), "--dir", str(folder)]
-    argv += ["--save", "", "--appendonly", "no", "--protected-mode", "yes"]
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    folder.chmod(0o700)
+    path = folder / "redis.sock"
+    argv = [server, "--port", "0", "--unixsocket", str(path), "--unixsocketperm", "700"]
+    argv += ["--dir", str(folder), "--save", "", "--appendonly", "no"]
     proc = subprocess.Popen(
         argv,
         stdout=subprocess.DEVNULL,
@@ -52,9 +58,9 @@ def start_redis(folder: Path, port: int) -> tuple[subprocess.Popen[bytes], str]:
         start_new_session=True,
     )
     deadline = time.monotonic() + START_TIMEOUT_SECONDS
-    while not _answers(port):
+    while not _answers(path):
         if proc.poll() is not None or time.monotonic() > deadline:
             proc.kill()
-            raise RuntimeError(f"redis-server on port {port} did not start ({' '.join(argv)})")
+            raise RuntimeError(f"redis-server on {path} did not start ({' '.join(argv)})")
         time.sleep(0.05)
-    return proc, f"redis://127.0.0.1:{port}/0"
+    return proc, f"unix://{path}?db=0"

@@ -19,6 +19,7 @@ from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
 from omnipipe.api import ResolvedPipeline
 from omnipipe.api.constants import CREDENTIAL_HEADER
@@ -99,11 +100,12 @@ def _video_runner(
             "chart's operator.videoStore)"
         )
     return VideoRunner(
-        VideoStore(settings.video_store, pipeline.name),
+        VideoStore(settings.video_store, pipeline.namespace, pipeline.name),
         orchestrator,
         metrics,
         ttl_seconds=pipeline.videos.ttl_seconds,
         concurrency=settings.video_jobs_per_replica,
+        timeout_seconds=settings.video_timeout_seconds,
         lease_seconds=settings.video_lease_seconds,
     )
 
@@ -177,6 +179,12 @@ def build_app(pipeline: ResolvedPipeline, settings: RouterSettings) -> FastAPI:
         metrics=router_metrics,
         tracer=tracer.tracer,
     )
+
+    @app.exception_handler(ClientDisconnect)
+    async def gone(_request: Request, _exc: ClientDisconnect) -> JSONResponse:
+        # The client hung up mid-body: nobody reads this answer, but the metrics and the
+        # log count it as the client's doing, not as a router error with a traceback.
+        return BadRequest("the client went away before its request body arrived").response()
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:

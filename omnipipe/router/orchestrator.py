@@ -258,6 +258,7 @@ class Orchestrator:
         whole: bool,
         traceparent: str = "",
         on_progress: Progress | None = None,
+        limit_seconds: float | None = None,
     ) -> None:
         assert self.session is not None
         parts = PartAssembler()
@@ -265,11 +266,14 @@ class Orchestrator:
         try:
             async with self.session.post(
                 f"{replica.url}/v1/requests",
-                data=submit.model_dump_json(),
+                # Left out when off: a worker of an older version forbids the field.
+                data=submit.model_dump_json(exclude=None if submit.progress else {"progress"}),
                 # W3C trace context rides as the HTTP header: a worker that predates
                 # tracing ignores it (the body's model forbids unknown fields).
                 headers={"content-type": "application/json", **trace_headers},
-                timeout=aiohttp.ClientTimeout(total=None, sock_connect=5.0, sock_read=self.timeout),
+                timeout=aiohttp.ClientTimeout(
+                    total=None, sock_connect=5.0, sock_read=limit_seconds or self.timeout
+                ),
             ) as resp:
                 if resp.status != 200:
                     body = (await resp.content.read(500)).decode(errors="replace")
@@ -337,11 +341,15 @@ class Orchestrator:
         params: dict[str, dict[str, Any]],
         emitters: set[str],
         on_progress: Progress | None = None,
+        limit_seconds: float | None = None,
     ) -> AsyncGenerator[Output]:
         """Run the emitters and their upstream stages; yield the emitters' whole results
         as they arrive. Closing the iterator early (a client gone) cancels every stage.
-        on_progress hears the denoiser's steps (stage, step, steps)."""
-        run = self._run(params, emitters, whole=True, on_progress=on_progress)
+        on_progress hears the denoiser's steps (stage, step, steps); limit_seconds replaces
+        the router's request timeout (a video job's run is not a client's wait)."""
+        run = self._run(
+            params, emitters, whole=True, on_progress=on_progress, limit_seconds=limit_seconds
+        )
         async with contextlib.aclosing(run) as items:
             async for item in items:
                 assert isinstance(item, Output)
@@ -367,6 +375,7 @@ class Orchestrator:
         whole: bool,
         stage_done: bool = False,
         on_progress: Progress | None = None,
+        limit_seconds: float | None = None,
     ) -> AsyncGenerator[Output | OutputPart | StageDone]:
         """_attempt(), planned again (fresh request id, the refusing replica marked down)
         when a replica declines it before anything reached the client."""
@@ -374,7 +383,7 @@ class Orchestrator:
             started = False
             try:
                 async with contextlib.aclosing(
-                    self._attempt(params, emitters, whole, stage_done, on_progress)
+                    self._attempt(params, emitters, whole, stage_done, on_progress, limit_seconds)
                 ) as items:
                     async for item in items:
                         started = True
@@ -392,7 +401,9 @@ class Orchestrator:
         whole: bool,
         stage_done: bool,
         on_progress: Progress | None,
+        limit_seconds: float | None = None,
     ) -> AsyncGenerator[Output | OutputPart | StageDone]:
+        timeout = limit_seconds or self.timeout
         stages = self.needed(emitters)
         request_id = uuid.uuid4().hex
         # The span the router's middleware made current for this request.
@@ -418,13 +429,20 @@ class Orchestrator:
                     inputs=list(stage.inputs),
                     outputs=outputs,
                     emit=name in emitters,
-                    timeout_seconds=self.timeout,
+                    timeout_seconds=timeout,
                     progress=on_progress is not None and stage.role is Role.DENOISER,
                 )
                 tasks.append(
                     asyncio.create_task(
                         self._events(
-                            name, chosen[name], submit, sink, whole, traceparent, on_progress
+                            name,
+                            chosen[name],
+                            submit,
+                            sink,
+                            whole,
+                            traceparent,
+                            on_progress,
+                            timeout,
                         )
                     )
                 )
@@ -435,11 +453,11 @@ class Orchestrator:
             # asyncio.timeout() would cancel the task that entered it, dropping the
             # client's connection instead of answering 504.
             loop = asyncio.get_running_loop()
-            deadline = loop.time() + self.timeout
+            deadline = loop.time() + timeout
             while remaining:
                 left = deadline - loop.time()
                 if left <= 0:
-                    raise GatewayTimeout(f"request took longer than {self.timeout:g}s")
+                    raise GatewayTimeout(f"request took longer than {timeout:g}s")
                 getter = getter or asyncio.ensure_future(sink.get())
                 waits: set[asyncio.Future[Any]] = {getter, *(t for t in tasks if not t.done())}
                 await asyncio.wait(waits, timeout=left, return_when=asyncio.FIRST_COMPLETED)

@@ -46,9 +46,11 @@ class RouterSettings(BaseSettings):
     video_store: str | None = Field(default=None, pattern=r"^(redis|rediss|unix)://")
     """The Redis that keeps a video pipeline's jobs, shared by every router replica
     (redis://host:6379/0); required when the pipeline makes videos."""
+    video_timeout_seconds: float = Field(default=3600.0, gt=0)
+    """Longest one run of a video job may take (the stages' request timeout for it)."""
     video_jobs_per_replica: int = Field(default=2, ge=0, le=64)
     """Video jobs one router replica runs at once (the stages batch what they get); 0:
     this replica answers the API and leaves the jobs to the others."""
-    video_lease_seconds: float = Field(default=10.0, gt=0.5, le=600)
+    video_lease_seconds: float = Field(default=10.0, ge=3, le=600)
     """How long a replica that stopped renewing holds its running video jobs before
     another replica queues them again."""

@@ -42,12 +42,19 @@ spec:
   pipeline: wan
 """
 CREDENTIAL = "videos-e2e-credential"
-LEASE_SECONDS = "3"
+# Short, so that the test of a killed router is quick; renewed every 2 s, which a loaded
+# CI machine keeps up with.
+LEASE_SECONDS = "6"
 # Sent as the openai client sends extensions: form fields beside prompt, size, seconds.
 SMALL = {"num_frames": 9, "fps": 8, "num_inference_steps": 4}
 # Long enough to be caught mid-run: 15 s on an idle 2-core machine, in steps of 70 ms.
 LONG = {"num_frames": 17, "fps": 8, "num_inference_steps": 200}
 LONG_SIZE = "256x256"
+# Twice that: a delete that did not stop it would leave the denoiser busy long after.
+LONGER = {**LONG, "num_frames": 33}
+# How soon a deleted job leaves the denoiser: the replica running it sees the delete at
+# its next renewal (2 s) and the denoiser drops it at its next step.
+FREED_WITHIN_SECONDS = 8
 
 
 @dataclass
@@ -84,7 +91,7 @@ def start_router(argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes
 
 @pytest.fixture(scope="module")
 def cluster(tmp_module: Path) -> Iterator[Cluster]:
-    redis_proc, url = start_redis(tmp_module / "redis", free_port())
+    redis_proc, url = start_redis(tmp_module / "redis")
     manifest = tmp_module / "video.yaml"
     manifest.write_text(MANIFEST)
     common = {
@@ -210,21 +217,23 @@ def running_on_denoise(served: Served) -> float:
 
 
 def test_deleting_a_running_job_frees_the_denoiser(cluster: Cluster, second: openai.OpenAI) -> None:
-    c = second
-    video = c.videos.create(prompt="a long one", size=LONG_SIZE, extra_body=LONG)  # type: ignore[arg-type]
-    running = wait_status(c, video.id, {"in_progress"}, timeout=60)
+    video = second.videos.create(prompt="a long one", size=LONG_SIZE, extra_body=LONGER)  # type: ignore[arg-type]
     deadline = time.monotonic() + 60
-    while running_on_denoise(cluster.served) == 0 or c.videos.retrieve(video.id).progress == 0:
+    while running_on_denoise(cluster.served) == 0 or second.videos.retrieve(video.id).progress == 0:
         assert time.monotonic() < deadline, "the denoiser never started the job"
         time.sleep(0.2)
-    assert running.status == "in_progress"
-    c.videos.delete(video.id)
-    deadline = time.monotonic() + 20
-    while running_on_denoise(cluster.served) > 0:
-        assert time.monotonic() < deadline, "the denoiser still runs the deleted job"
-        time.sleep(0.2)
+    progress = second.videos.retrieve(video.id).progress
+    second.videos.delete(video.id)
+    deleted = time.monotonic()
     with pytest.raises(openai.NotFoundError):
-        c.videos.retrieve(video.id)
+        second.videos.retrieve(video.id)
+    while running_on_denoise(cluster.served) > 0:
+        assert time.monotonic() - deleted < FREED_WITHIN_SECONDS, (
+            f"the denoiser still runs the job deleted at {progress}%"
+        )
+        time.sleep(0.2)
+    # It stopped, not finished: the job had most of its steps to go.
+    assert progress < 50
 
 
 def test_a_router_killed_mid_job_loses_nothing(cluster: Cluster, first: openai.OpenAI) -> None:
@@ -235,15 +244,15 @@ def test_a_router_killed_mid_job_loses_nothing(cluster: Cluster, first: openai.O
         time.sleep(0.1)
     cluster.second.send_signal(signal.SIGKILL)
     cluster.second.wait()
-    # Nothing runs the job now; it is unfinished, and its lease runs out.
-    assert first.videos.retrieve(video.id).status == "in_progress"
+    # Nothing runs the job now: it stays unfinished (queued again once its lease runs out).
+    assert first.videos.retrieve(video.id).status in ("in_progress", "queued")
     # A replica started in the dead one's place (a Deployment's new pod).
     cluster.second = start_router(cluster.router_argv, cluster.env)
     progress: list[int] = []
     done = wait_status(first, video.id, {"completed", "failed"}, 180, progress)
     assert done.status == "completed", done.error
-    # It ran again from its first step, and to its last.
-    restart = progress.index(0)
-    assert progress[:restart] == [progress[0]] * restart
-    assert progress[restart:] == sorted(progress[restart:]), progress
+    # It ran again from its first step, and to its last: its progress went back once.
+    drops = [i for i in range(1, len(progress)) if progress[i] < progress[i - 1]]
+    assert len(drops) == 1, progress
+    assert progress[drops[0] :] == sorted(progress[drops[0] :]), progress
     assert len(first.videos.download_content(video.id).read()) > 0

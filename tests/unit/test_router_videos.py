@@ -9,13 +9,13 @@ import logging
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
 from fastapi.testclient import TestClient
 
 from omnipipe.api import parse_resource, resolve
-from omnipipe.local.ports import free_port
 from omnipipe.local.video_store import start_redis
 from omnipipe.router.app import build_app
 from omnipipe.router.settings import RouterSettings
@@ -36,12 +36,11 @@ SMALL = {"prompt": "x", "size": "64x48", "num_frames": 9, "num_inference_steps":
 
 
 @pytest.fixture
-def api(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[tuple[TestClient, Path, int]]:
+def api(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[tuple[TestClient, Path]]:
     """The router (no stage replicas; as many job takers as the test's parameter says,
     none by default) on a redis-server of its own."""
     takers = getattr(request, "param", 0)
-    port = free_port()
-    server, url = start_redis(tmp_path / "redis", port)
+    server, url = start_redis(tmp_path / "redis")
     replicas = tmp_path / "replicas.json"
     replicas.write_text(json.dumps({"stages": {s.name: [] for s in PIPELINE.stages}}))
     settings = RouterSettings(
@@ -52,23 +51,23 @@ def api(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[tuple[TestCl
     )
     try:
         with TestClient(build_app(PIPELINE, settings)) as client:
-            yield client, tmp_path, port
+            yield client, tmp_path / "redis"
     finally:
         server.terminate()
         server.wait(10)
 
 
 def test_a_store_that_stops_answering_is_a_503_and_the_job_outlives_it(
-    api: tuple[TestClient, Path, int],
+    api: tuple[TestClient, Path],
 ) -> None:
-    client, tmp_path, port = api
+    client, folder = api
     made = client.post("/v1/videos", json=SMALL)
     assert made.status_code == 200, made.text
     video_id = made.json()["id"]
     assert client.get(f"/v1/videos/{video_id}").json()["status"] == "queued"
     # The store goes away: the job is saved to disk first, so a store that comes back
     # with its data (as a Redis with persistence does) has it.
-    store = redis.Redis(port=port)
+    store = redis.Redis(unix_socket_path=str(folder / "redis.sock"))
     store.save()
     store.shutdown(nosave=True)
     for call in (
@@ -87,7 +86,7 @@ def test_a_store_that_stops_answering_is_a_503_and_the_job_outlives_it(
             "param": None,
             "code": None,
         }
-    back, _ = start_redis(tmp_path / "redis", port)
+    back, _ = start_redis(folder)
     try:
         job = client.get(f"/v1/videos/{video_id}")
         assert job.status_code == 200, job.text
@@ -97,31 +96,47 @@ def test_a_store_that_stops_answering_is_a_503_and_the_job_outlives_it(
         back.wait(10)
 
 
-def test_a_deleted_job_is_gone_at_once_and_its_flag_lives_the_resources_ttl(
-    api: tuple[TestClient, Path, int],
+def test_a_deleted_job_is_gone_at_once_and_a_held_one_is_told_to_stop(
+    api: tuple[TestClient, Path],
 ) -> None:
-    client, _, port = api
-    video_id = client.post("/v1/videos", json=SMALL).json()["id"]
-    assert client.delete(f"/v1/videos/{video_id}").json() == {
-        "id": video_id,
-        "object": "video.deleted",
-        "deleted": True,
-    }
-    assert client.get(f"/v1/videos/{video_id}").status_code == 404
+    """A queued job is simply gone; one a runner holds also gets the flag that stops
+    it, kept for the resource's TTL."""
+    client, folder = api
+    store = redis.Redis(unix_socket_path=str(folder / "redis.sock"))
+    key = "omnipipe:videos:{default/v}:"
+    queued, held = (client.post("/v1/videos", json=SMALL).json()["id"] for _ in range(2))
+    # What a runner does as it takes the second job: off the queue, under its lease.
+    assert store.lrem(f"{key}queue", 0, held) == 1
+    store.set(f"{key}lease:{held}", "a-runner", px=60_000)
+    for video_id in (queued, held):
+        assert client.delete(f"/v1/videos/{video_id}").json() == {
+            "id": video_id,
+            "object": "video.deleted",
+            "deleted": True,
+        }
+        assert client.get(f"/v1/videos/{video_id}").status_code == 404
     assert client.get("/v1/videos").json()["data"] == []
-    store = redis.Redis(port=port)
-    # What tells a replica that might be running it to stop, kept as long as any job.
-    assert 110 < store.ttl(f"omnipipe:videos:v:cancel:{video_id}") <= 120
-    assert store.llen("omnipipe:videos:v:queue") == 0
+    assert store.llen(f"{key}queue") == 0
+    assert store.exists(f"{key}cancel:{queued}") == 0
+    assert 110 < store.ttl(f"{key}cancel:{held}") <= 120
+
+
+def test_a_body_nested_past_the_parser_is_a_400(api: tuple[TestClient, Path]) -> None:
+    client, _ = api
+    deep = client.post(
+        "/v1/videos", content=b"[" * 100_000, headers={"content-type": "application/json"}
+    )
+    assert deep.status_code == 400, deep.text
+    assert deep.json()["error"]["message"] == "the body must be JSON or a multipart form"
 
 
 @pytest.mark.parametrize("api", [1], indirect=True)
 def test_a_job_no_stage_can_take_waits_in_the_queue_and_does_not_fail(
-    api: tuple[TestClient, Path, int], caplog: pytest.LogCaptureFixture
+    api: tuple[TestClient, Path], caplog: pytest.LogCaptureFixture
 ) -> None:
     """Every stage at zero replicas (a cluster waking its GPUs): the job is taken, finds
     no replica, and goes back to the queue, again and again, never failing meanwhile."""
-    client, _, _ = api
+    client, _ = api
     caplog.set_level(logging.INFO, logger="omnipipe.router.videos.runner")
     video_id = client.post("/v1/videos", json=SMALL).json()["id"]
     deadline = time.monotonic() + 30
@@ -132,3 +147,42 @@ def test_a_job_no_stage_can_take_waits_in_the_queue_and_does_not_fail(
     assert job["status"] in ("queued", "in_progress"), job
     assert job["error"] is None
     assert f"video job {video_id} waits again: stage encode has no ready replica" in caplog.text
+
+
+async def test_a_client_that_hangs_up_mid_body_is_a_400_not_a_router_error(
+    tmp_path: Path,
+) -> None:
+    replicas = tmp_path / "replicas.json"
+    replicas.write_text(json.dumps({"stages": {s.name: [] for s in PIPELINE.stages}}))
+    app = build_app(
+        PIPELINE, RouterSettings(replicas_file=str(replicas), video_store="redis://127.0.0.1:1")
+    )
+    arriving = [
+        {"type": "http.request", "body": b'{"prompt": "a c', "more_body": True},
+        {"type": "http.disconnect"},
+    ]
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return arriving.pop(0) if arriving else {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {
+        "type": "http",
+        "method": "POST",
+        "path": "/v1/videos",
+        "raw_path": b"/v1/videos",
+        "query_string": b"",
+        "headers": [(b"content-type", b"application/json"), (b"content-length", b"40")],
+        "http_version": "1.1",
+        "scheme": "http",
+        "server": ("127.0.0.1", 8000),
+        "client": ("127.0.0.1", 5000),
+        "root_path": "",
+    }
+    await app(scope, receive, send)
+    assert sent[0]["status"] == 400
+    body = json.loads(b"".join(m.get("body", b"") for m in sent[1:]))
+    assert body["error"]["message"] == "the client went away before its request body arrived"

@@ -56,6 +56,8 @@ def test_the_frame_count_is_4k_plus_1(fields: dict[str, Any], frames: int) -> No
         ({"seconds": "nan"}, "seconds", "between"),
         ({"seconds": "soon"}, "seconds", "must be a number"),
         ({"fps": 0}, "fps", "between 1 and 60"),
+        # Past a float: JSON carries integers of any length.
+        ({"fps": 10**400}, "fps", "must be a number"),
         ({"num_inference_steps": 500}, "num_inference_steps", "between 1 and 200"),
         ({"guidance_scale": -1}, "guidance_scale", "between 0 and 50"),
         ({"negative_prompt": 3}, "negative_prompt", "must be a string"),

@@ -12,9 +12,10 @@ WAN = "WanPipeline"
 
 
 def check_checkpoint(model_path: str) -> dict[str, Any]:
-    """The checkpoint's model_index.json, refused unless it is a one-DiT Wan text-to-video
-    pipeline (Wan 2.1, Wan 2.2 TI2V-5B). Wan 2.2 A14B's second, low-noise DiT is not run
-    yet: it is said here rather than served with the first DiT alone."""
+    """The checkpoint's model_index.json, refused unless it is a Wan 2.1 text-to-video
+    pipeline. Wan 2.2's checkpoints are said not to run yet, rather than served wrong:
+    A14B's second, low-noise DiT, and TI2V-5B's per-token timesteps (expand_timesteps)
+    over a VAE of 16x, not 8x."""
     from diffusers import DiffusionPipeline
 
     index = dict(DiffusionPipeline.load_config(model_path))
@@ -26,7 +27,12 @@ def check_checkpoint(model_path: str) -> dict[str, Any]:
     if (index.get("transformer_2") or [None])[0] is not None:
         raise NotImplementedError(
             f"{model_path}: a Wan 2.2 checkpoint with two DiTs (transformer_2, the "
-            "low-noise expert) is not supported yet; Wan 2.1 and Wan 2.2 TI2V-5B are"
+            "low-noise expert) is not supported yet; Wan 2.1 is"
+        )
+    if index.get("expand_timesteps"):
+        raise NotImplementedError(
+            f"{model_path}: a Wan 2.2 TI2V checkpoint (expand_timesteps) is not supported "
+            "yet; Wan 2.1 is"
         )
     return index
 

@@ -16,6 +16,8 @@ SIZE = re.compile(r"(\d{1,5})x(\d{1,5})")
 SIDE_MULTIPLE, MIN_SIDE, MAX_SIDE = 16, 16, 1280
 FRAME_STEP, MAX_FRAMES = 4, 257
 MAX_FPS = 60
+# As the prompt's own bound (the router's request model).
+MAX_PROMPT_CHARS = 32_000
 DEFAULT_SIZE, DEFAULT_FPS, DEFAULT_SECONDS = "832x480", 16, 5.0
 
 
@@ -23,12 +25,16 @@ def _number(request: Mapping[str, Any], key: str, default: float, low: float, hi
     value = request.get(key)
     if value is None or value == "":
         return default
+    if isinstance(value, bool):
+        raise RequestProblem(f"{key} must be a number, got {value!r}", key)
     try:
         number = float(value)
-    except (TypeError, ValueError):
-        raise RequestProblem(f"{key} must be a number, got {value!r}", key) from None
+    except (TypeError, ValueError, OverflowError):
+        shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+        raise RequestProblem(f"{key} must be a number, got {shown}", key) from None
     if not math.isfinite(number) or not low <= number <= high:
-        raise RequestProblem(f"{key} must be between {low:g} and {high:g}, got {value!r}", key)
+        shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+        raise RequestProblem(f"{key} must be between {low:g} and {high:g}, got {shown}", key)
     return number
 
 
@@ -88,6 +94,11 @@ class WanRequests:
         negative = request.get("negative_prompt")
         if negative is not None and not isinstance(negative, str):
             raise RequestProblem("negative_prompt must be a string", "negative_prompt")
+        if negative is not None and len(negative) > MAX_PROMPT_CHARS:
+            raise RequestProblem(
+                f"negative_prompt: at most {MAX_PROMPT_CHARS} characters, got {len(negative)}",
+                "negative_prompt",
+            )
         return {
             "width": width,
             "height": height,

@@ -59,23 +59,26 @@ class VideoNotReady(OpenAIError):
 
 
 async def _fields(request: Request) -> dict[str, Any]:
-    if request.headers.get("content-type", "").startswith("multipart/form-data"):
+    if request.headers.get("content-type", "").lower().startswith("multipart/form-data"):
         try:
             form = await request.form(max_files=2, max_fields=MAX_FORM_FIELDS)
         except HTTPException as exc:
             raise BadRequest(f"malformed multipart form: {exc.detail}") from None
         try:
-            if any(isinstance(v, UploadFile) for _, v in form.multi_items()):
-                raise BadRequest(
-                    "input_reference: this pipeline makes video from text only",
-                    param="input_reference",
-                )
+            for key, value in form.multi_items():
+                if key == "input_reference":
+                    raise BadRequest(
+                        "input_reference: this pipeline makes video from text only",
+                        param="input_reference",
+                    )
+                if isinstance(value, UploadFile):
+                    raise BadRequest(f"{key}: a file where a text field belongs", param=key)
             return {k: v for k, v in form.multi_items() if isinstance(v, str)}
         finally:
             await form.close()
     try:
         doc = json.loads(await request.body())
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested past the parser's depth
         raise BadRequest("the body must be JSON or a multipart form") from None
     if not isinstance(doc, dict):
         raise BadRequest("the body must be a JSON object")
@@ -88,7 +91,8 @@ async def _fields(request: Request) -> dict[str, Any]:
 
 def _video_id(video_id: str) -> str:
     if not VIDEO_ID.fullmatch(video_id):
-        raise VideoNotFound(f"video {video_id!r} does not exist", param="video_id")
+        shown = video_id if len(video_id) <= 64 else video_id[:61] + "..."
+        raise VideoNotFound(f"video {shown!r} does not exist", param="video_id")
     return video_id
 
 
@@ -164,29 +168,21 @@ def videos_router(
         after: str | None = None,
         order: Literal["asc", "desc"] = "desc",
     ) -> dict[str, Any]:
-        ids = await store.ids(newest_first=order == "desc")
-        if after is not None:
-            if after not in ids:
-                raise BadRequest(f"after: no video {after!r}", param="after")
-            ids = ids[ids.index(after) + 1 :]
-        data: list[dict[str, Any]] = []
-        gone: list[str] = []
-        for video_id in ids:
-            if len(data) > limit:
-                break
-            job = await store.get(video_id)
-            if job is None:
-                gone.append(video_id)
-            else:
-                data.append(public(job))
-        await store.forget(gone)
+        # One more than asked: whether there are more. Expired jobs leave the index as
+        # they are met, so a page may hold fewer than `limit` while more follow.
+        ids = await store.page(after, limit + 1, newest_first=order == "desc")
+        if ids is None:
+            raise BadRequest(f"after: no video {after!r}", param="after")
+        jobs = await store.jobs(ids)
+        await store.forget([v for v, job in zip(ids, jobs, strict=True) if job is None])
+        data = [public(job) for job in jobs if job is not None]
         page = data[:limit]
         return {
             "object": "list",
             "data": page,
             "first_id": page[0]["id"] if page else None,
             "last_id": page[-1]["id"] if page else None,
-            "has_more": len(data) > limit,
+            "has_more": len(ids) > limit,
         }
 
     @router.delete("/v1/videos/{video_id}", response_model=None)

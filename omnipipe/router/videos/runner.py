@@ -1,8 +1,8 @@
 """Runs video jobs: each router replica takes jobs from the shared queue, runs them
 through the stages, and keeps their state in the store. A replica that dies mid-job
-stops renewing its lease; another replica's sweep finds the job unfinished and unleased
-and queues it again (up to MAX_RUNS runs in all), so a job completes, or fails saying
-why, whichever replicas live."""
+stops renewing its lease; another replica's sweep finds the job unfinished, unqueued and
+unleased and queues it again (up to MAX_RUNS runs in all), so a job completes, or fails
+saying why, whichever replicas live."""
 
 from __future__ import annotations
 
@@ -28,10 +28,10 @@ UNFINISHED = ("queued", "in_progress")
 MAX_RUNS = 3
 RUNS_FIELD = "_runs"
 TAKE_EVERY_SECONDS = 0.25
+STORE_WARNING_SECONDS = 60.0
 # A job no stage replica can take is queued again after this pause, for this long at most.
 REQUEUE_PAUSE_SECONDS = 5.0
 MAX_WAIT_SECONDS = 3600.0
-STORE_WARNING_SECONDS = 60.0
 
 
 def public(job: dict[str, Any]) -> dict[str, Any]:
@@ -48,6 +48,7 @@ class VideoRunner:
         *,
         ttl_seconds: int,
         concurrency: int,
+        timeout_seconds: float,
         lease_seconds: float = 10.0,
     ) -> None:
         self.store = store
@@ -55,11 +56,15 @@ class VideoRunner:
         self.metrics = metrics
         self.ttl_seconds = ttl_seconds
         self.concurrency = concurrency
+        self.timeout_seconds = timeout_seconds
         self.lease_ms = int(lease_seconds * 1000)
+        # A lease is renewed three times within its life: one late renewal loses nothing.
+        self.renew_every = lease_seconds / 3
         self.owner = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         self._tasks: list[asyncio.Task[None]] = []
         # Jobs this replica runs now: id -> the task running it.
         self._running: dict[str, asyncio.Task[None]] = {}
+        self._closing = False
         self._warned_at = -STORE_WARNING_SECONDS
 
     async def start(self) -> None:
@@ -76,6 +81,7 @@ class VideoRunner:
     async def close(self) -> None:
         """Stops taking jobs; those running here go back to the queue for another
         replica (a rollout retires this one), not to failure."""
+        self._closing = True
         for task in self._tasks:
             task.cancel()
         running = list(self._running.items())
@@ -84,13 +90,16 @@ class VideoRunner:
         await asyncio.gather(*self._tasks, *(t for _, t in running), return_exceptions=True)
         for video_id, _ in running:
             with contextlib.suppress(Exception):
-                await self._requeue(video_id)
+                await self._give_back(video_id)
         await self.store.close()
 
-    async def _requeue(self, video_id: str) -> None:
+    async def _give_back(self, video_id: str) -> None:
+        """A job this replica stops running, queued again; the run does not count
+        against it (nothing went wrong)."""
         job = await self.store.get(video_id)
         if job is not None and job["status"] in UNFINISHED:
             job.update(status="queued", progress=0)
+            job[RUNS_FIELD] = max(0, job.get(RUNS_FIELD, 0) - 1)
             await self.store.put(job)
             await self.store.requeue(video_id)
         await self.store.release(video_id, self.owner)
@@ -103,7 +112,7 @@ class VideoRunner:
             log.warning("video job store unavailable (%s); retrying", what)
 
     async def _take_jobs(self) -> None:
-        while True:
+        while not self._closing:
             try:
                 video_id = await self.store.take(self.owner, self.lease_ms)
             except StoreUnavailable:
@@ -118,7 +127,9 @@ class VideoRunner:
             try:
                 await asyncio.shield(task)
             except asyncio.CancelledError:
-                if not task.done():
+                # The job's own cancellation (its client deleted it) is not this loop's.
+                current = asyncio.current_task()
+                if not task.done() or (current is not None and current.cancelling()):
                     raise
             except StoreUnavailable:
                 # Its lease runs out unrenewed: a sweep queues it again once the store is back.
@@ -130,11 +141,18 @@ class VideoRunner:
 
     async def _run(self, video_id: str) -> None:
         job, params = await self.store.get(video_id), await self.store.params(video_id)
-        if job is None or params is None or job["status"] not in UNFINISHED:
+        if job is None:
+            await self.store.delete(video_id)  # its client deleted it: the flag goes too
             await self.store.release(video_id, self.owner)
-            if job is None:
-                await self.store.delete(video_id)  # its client deleted it: the flag goes
-            return  # deleted, expired or finished meanwhile
+            return
+        if job["status"] not in UNFINISHED:
+            await self.store.release(video_id, self.owner)
+            return
+        if params is None:
+            self._fail(job, "its parameters are gone from the store (evicted?)")
+            await self.store.put(job, self.ttl_seconds)
+            await self.store.release(video_id, self.owner)
+            return
         job.update(status="in_progress", progress=0)
         job[RUNS_FIELD] = job.get(RUNS_FIELD, 0) + 1
         await self.store.put(job)
@@ -146,6 +164,18 @@ class VideoRunner:
         work = asyncio.create_task(self._generate(params, on_progress))
         keeper = asyncio.create_task(self._keep(video_id, job, steps, work))
         try:
+            await self._settle(video_id, job, work)
+        finally:
+            work.cancel()
+            keeper.cancel()
+            # The work's own cleanup (cancelling the stages) ends before the lease goes.
+            await asyncio.gather(work, keeper, return_exceptions=True)
+            with contextlib.suppress(Exception):
+                await self.store.release(video_id, self.owner)
+
+    async def _settle(self, video_id: str, job: dict[str, Any], work: asyncio.Task[Any]) -> None:
+        """Waits for the job's work and writes what came of it, holding the lease."""
+        try:
             result = await work
         except asyncio.CancelledError:
             if await self.store.cancelled(video_id):
@@ -154,39 +184,34 @@ class VideoRunner:
                 return
             raise
         except (StageUnavailable, Overloaded) as exc:
-            if time.time() - job["created_at"] < MAX_WAIT_SECONDS:
-                # No stage replica could take it (one waking from zero, all full, one
-                # gone mid-run): it waits in the queue again, as a job does for a GPU.
-                log.info("video job %s waits again: %s", video_id, exc.message)
-                job.update(status="queued", progress=0)
-                job[RUNS_FIELD] -= 1
-                await self.store.put(job)
-                await asyncio.sleep(REQUEUE_PAUSE_SECONDS)
-                await self.store.requeue(video_id)
+            if time.time() - job["created_at"] >= MAX_WAIT_SECONDS:
+                self._fail(job, f"no stage could run it for {MAX_WAIT_SECONDS:.0f}s: {exc.message}")
+                await self.store.put(job, self.ttl_seconds)
                 return
-            self._fail(job, f"no stage could run it for {MAX_WAIT_SECONDS:.0f}s: {exc.message}")
-            await self.store.put(job, self.ttl_seconds)
+            # No stage replica could take it (one waking from zero, all full, one gone
+            # mid-run): it waits in the queue again, as a job does for a GPU. The lease,
+            # still renewed, keeps the sweep off it meanwhile.
+            log.info("video job %s waits again: %s", video_id, exc.message)
+            job.update(status="queued", progress=0)
+            job[RUNS_FIELD] -= 1
+            await self.store.put(job)
+            await asyncio.sleep(REQUEUE_PAUSE_SECONDS)
+            await self.store.requeue(video_id)
             return
         except OpenAIError as exc:
             job.update(status="failed", error={"code": exc.type, "message": exc.message})
             await self.store.put(job, self.ttl_seconds)
             log.warning("video job %s failed: %s", video_id, exc.message)
             return
-        finally:
-            keeper.cancel()
-            await asyncio.gather(keeper, return_exceptions=True)
-            with contextlib.suppress(Exception):
-                await self.store.release(video_id, self.owner)
         now = int(time.time())
         job.update(
-            status="completed",
-            progress=100,
-            completed_at=now,
-            expires_at=now + self.ttl_seconds,
+            status="completed", progress=100, completed_at=now, expires_at=now + self.ttl_seconds
         )
-        if not await self.store.finish(job, base64.b64decode(result["b64_mp4"]), self.ttl_seconds):
-            log.info("video job %s was deleted as it finished", video_id)
-            await self.store.delete(video_id)
+        mp4 = base64.b64decode(result["b64_mp4"])
+        if not await self.store.finish(job, mp4, self.ttl_seconds, self.owner):
+            log.info("video job %s was deleted or taken over as it finished", video_id)
+            if await self.store.cancelled(video_id):
+                await self.store.delete(video_id)
 
     @staticmethod
     def _fail(job: dict[str, Any], message: str) -> None:
@@ -197,8 +222,12 @@ class VideoRunner:
         self, params: dict[str, Any], on_progress: Callable[[str, int, int], None]
     ) -> dict[str, Any]:
         orch = self.orchestrator
-        outputs = set(orch.outputs)
-        stream = orch.stream({stage: params for stage in orch.stages}, outputs, on_progress)
+        stream = orch.stream(
+            {stage: params for stage in orch.stages},
+            set(orch.outputs),
+            on_progress,
+            limit_seconds=self.timeout_seconds,
+        )
         async with contextlib.aclosing(stream) as items:
             async for item in items:
                 return dict(item.data)
@@ -207,16 +236,18 @@ class VideoRunner:
     async def _keep(
         self, video_id: str, job: dict[str, Any], steps: dict[str, int], work: asyncio.Task[Any]
     ) -> None:
-        """While the job runs: renew its lease, write its progress, and stop it when its
-        client deletes it or another replica has taken it over."""
+        """While this replica holds the job: renew its lease, write its progress, and stop
+        it when its client deletes it or another replica has taken it over."""
         written = 0
-        while not work.done():
-            await asyncio.sleep(1.0)
+        while True:
+            await asyncio.sleep(self.renew_every)
             try:
                 held = await self.store.renew(video_id, self.owner, self.lease_ms)
                 if not held or await self.store.cancelled(video_id):
                     work.cancel()
                     return
+                if work.done():
+                    continue  # waiting to queue it again: the lease is all there is to keep
                 # The denoiser's steps are the job's progress; decoding is the last 1%.
                 percent = min(99, 100 * steps["done"] // steps["all"]) if steps["all"] else 0
                 if percent != written:
@@ -238,33 +269,40 @@ class VideoRunner:
                 log.exception("sweeping video jobs failed")
 
     async def sweep(self) -> None:
-        """Queues again each unfinished job that no replica holds, forgets expired ones,
-        and publishes how many jobs wait and for how long."""
-        queued = set(await self.store.queued())
+        """Queues again each unfinished job that is neither queued nor held, and
+        publishes how many jobs wait and for how long."""
+        ids = await self.store.unfinished()
+        jobs = await self.store.jobs(ids)
         gone, now = [], time.time()
         counts = {s: 0 for s in UNFINISHED}
         oldest = {s: 0.0 for s in UNFINISHED}
-        for video_id in await self.store.ids(newest_first=False):
-            job = await self.store.get(video_id)
+        for video_id, job in zip(ids, jobs, strict=True):
             if job is None:
                 gone.append(video_id)
                 continue
-            if job["status"] not in UNFINISHED:
-                continue
             status = str(job["status"])
+            if status not in UNFINISHED:
+                continue
             counts[status] += 1
             oldest[status] = max(oldest[status], now - job["created_at"])
-            if video_id in queued or video_id in self._running:
-                continue
-            if await self.store.claim(video_id, self.owner, self.lease_ms):
-                await self._recover(video_id, job)
+            if video_id not in self._running and await self.store.claim(
+                video_id, self.owner, self.lease_ms
+            ):
+                try:
+                    await self._recover(video_id)
+                finally:
+                    await self.store.release(video_id, self.owner)
         await self.store.forget(gone)
         name = self.orchestrator.pipeline.name
         for status in UNFINISHED:
             self.metrics.video_jobs.labels(name, status).set(counts[status])
             self.metrics.video_job_age.labels(name, status).set(oldest[status])
 
-    async def _recover(self, video_id: str, job: dict[str, Any]) -> None:
+    async def _recover(self, video_id: str) -> None:
+        """A job claimed from a runner that went away: queued again, or failed."""
+        job = await self.store.get(video_id)  # read again, now that it is held
+        if job is None or job["status"] not in UNFINISHED:
+            return
         runs = int(job.get(RUNS_FIELD, 0))
         if runs >= MAX_RUNS:
             job.update(
@@ -276,9 +314,8 @@ class VideoRunner:
             )
             await self.store.put(job, self.ttl_seconds)
             log.warning("video job %s failed: its runners went away %d times", video_id, runs)
-        else:
-            log.info("video job %s lost its runner; queued again", video_id)
-            job.update(status="queued", progress=0)
-            await self.store.put(job)
-            await self.store.requeue(video_id)
-        await self.store.release(video_id, self.owner)
+            return
+        log.info("video job %s lost its runner; queued again", video_id)
+        job.update(status="queued", progress=0)
+        await self.store.put(job)
+        await self.store.requeue(video_id)

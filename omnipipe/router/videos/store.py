@@ -5,11 +5,13 @@ MP4 live outside them. Redis is what a cluster operator already runs for this (o
 from a chart), it expires content by itself (the TTL), and its atomic commands and
 scripts let replicas share one queue without a lock service. A volume shared by the
 router pods would need ReadWriteMany storage and file locking across nodes; a database
-would hold the MP4s in rows. Keys, under `omnipipe:videos:<pipeline>:`:
+would hold the MP4s in rows. Keys, under `omnipipe:videos:{<namespace>/<pipeline>}:` (one pipeline's
+keys share a Redis Cluster slot, so its scripts may touch them all):
 
 - `job:<id>`: the OpenAI video object (JSON); `params:<id>`: what the stages are given;
 - `content:<id>`: the MP4, expiring with the job;
-- `queue`: ids waiting for a runner (a list); `jobs`: every id by creation (a sorted set);
+- `queue`: ids waiting for a runner (a list, an id at most once); `jobs`: every id by
+  creation (a sorted set); `active`: the ids of unfinished jobs (a set), what a sweep reads;
 - `lease:<id>`: held by the replica running the job, renewed while it runs: a job whose
   lease is gone while it is not finished lost its runner, and is queued again;
 - `cancel:<id>`: asks the job's runner to stop.
@@ -32,7 +34,9 @@ T = TypeVar("T")
 
 
 class StoreUnavailable(StageUnavailable):
-    """The Redis of the video jobs does not answer: a 503, the job untouched."""
+    """The Redis of the video jobs does not answer in time: a 503. What the call was
+    writing may still have been applied (a stalled Redis runs it once it wakes): a retried
+    create may make a second job."""
 
 
 def _reported(call: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
@@ -51,13 +55,25 @@ def _reported(call: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
     return guarded
 
 
-# Takes the queue's head and the lease on it in one step: no replica can see the job
-# neither queued nor leased, and take it for one whose runner died.
+# Takes the queue's head and its lease in one step: no replica sees a job neither queued
+# nor leased. An id whose lease someone holds (a sweep about to queue it again) is left
+# to them.
 _TAKE = """
 local id = redis.call('LPOP', KEYS[1])
 if not id then return false end
-redis.call('SET', ARGV[1] .. id, ARGV[2], 'PX', ARGV[3])
-return id
+if redis.call('SET', KEYS[2] .. id, ARGV[1], 'NX', 'PX', ARGV[2]) then return id end
+return false
+"""
+# Claims the lease of a job that is neither queued nor leased (its runner went away).
+_CLAIM = """
+if redis.call('LPOS', KEYS[1], ARGV[1]) then return 0 end
+if redis.call('SET', KEYS[2], ARGV[2], 'NX', 'PX', ARGV[3]) then return 1 end
+return 0
+"""
+# Queues an id unless it is queued already.
+_REQUEUE = """
+if redis.call('LPOS', KEYS[1], ARGV[1]) then return 0 end
+return redis.call('RPUSH', KEYS[1], ARGV[1])
 """
 # Renews a lease only while this runner still holds it.
 _RENEW = """
@@ -66,18 +82,36 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
 end
 return 0
 """
-# The finished job and its content, unless its client deleted it meanwhile.
+# The finished job and its content, only while this runner holds its lease and its
+# client has not deleted it.
 _FINISH = """
+if redis.call('GET', KEYS[5]) ~= ARGV[4] then return 0 end
 if redis.call('EXISTS', KEYS[3]) == 1 or redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
 redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[3])
 redis.call('SET', KEYS[2], ARGV[2], 'EX', ARGV[3])
 redis.call('EXPIRE', KEYS[4], ARGV[3])
+redis.call('SREM', KEYS[6], ARGV[5])
 return 1
+"""
+# Removes a job its client deletes. One still queued is simply gone; one a runner may
+# hold (taken from the queue, leased) also gets the flag that tells the runner to stop.
+_CANCEL = """
+local removed = redis.call('LREM', KEYS[1], 0, ARGV[1])
+redis.call('DEL', KEYS[3], KEYS[4], KEYS[5])
+redis.call('ZREM', KEYS[6], ARGV[1])
+redis.call('SREM', KEYS[7], ARGV[1])
+if removed == 0 or redis.call('EXISTS', KEYS[2]) == 1 then
+  redis.call('SET', KEYS[8], '1', 'EX', ARGV[2])
+  return 1
+end
+return 0
 """
 _RELEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
 """
+# A store that stops answering is a 503 in this long, not a hung request.
+SOCKET_TIMEOUT_SECONDS = 5.0
 
 
 def _text(raw: Any) -> str:
@@ -87,13 +121,22 @@ def _text(raw: Any) -> str:
 class VideoStore:
     """One pipeline's jobs. Every method is one or a few round trips."""
 
-    def __init__(self, url: str, pipeline: str) -> None:
-        self.redis = aioredis.Redis.from_url(url, decode_responses=False)
-        self.prefix = f"omnipipe:videos:{pipeline}:"
+    def __init__(self, url: str, namespace: str, pipeline: str) -> None:
+        self.redis = aioredis.Redis.from_url(
+            url,
+            decode_responses=False,
+            socket_timeout=SOCKET_TIMEOUT_SECONDS,
+            socket_connect_timeout=SOCKET_TIMEOUT_SECONDS,
+            health_check_interval=30,
+        )
+        self.prefix = f"omnipipe:videos:{{{namespace}/{pipeline}}}:"
         self._take = self.redis.register_script(_TAKE)
+        self._claim = self.redis.register_script(_CLAIM)
+        self._requeue = self.redis.register_script(_REQUEUE)
         self._renew = self.redis.register_script(_RENEW)
         self._release = self.redis.register_script(_RELEASE)
         self._finish = self.redis.register_script(_FINISH)
+        self._cancel = self.redis.register_script(_CANCEL)
 
     def _key(self, kind: str, video_id: str = "") -> str:
         return f"{self.prefix}{kind}:{video_id}" if video_id else f"{self.prefix}{kind}"
@@ -112,6 +155,7 @@ class VideoStore:
             tx.set(self._key("job", video_id), json.dumps(job))
             tx.set(self._key("params", video_id), json.dumps(params))
             tx.zadd(self._key("jobs"), {video_id: job["created_at"]})
+            tx.sadd(self._key("active"), video_id)
             tx.rpush(self._key("queue"), video_id)
             await tx.execute()
 
@@ -127,22 +171,26 @@ class VideoStore:
 
     @_reported
     async def put(self, job: dict[str, Any], ttl_seconds: int | None = None) -> None:
-        """Writes the job's object, if it still exists (a client may have deleted it);
-        with ttl_seconds, it (and its params) expire then."""
+        """Writes the job's object, if it still exists (a client may have deleted it).
+        With ttl_seconds the job is finished (failed): it and its params expire then."""
         video_id = job["id"]
         async with self.redis.pipeline(transaction=True) as tx:
             tx.set(self._key("job", video_id), json.dumps(job), ex=ttl_seconds, xx=True)
             if ttl_seconds is not None:
                 tx.expire(self._key("params", video_id), ttl_seconds)
+                tx.srem(self._key("active"), video_id)
             await tx.execute()
 
     @_reported
-    async def finish(self, job: dict[str, Any], mp4: bytes, ttl_seconds: int) -> bool:
+    async def finish(self, job: dict[str, Any], mp4: bytes, ttl_seconds: int, owner: str) -> bool:
         """The content and the completed job, both expiring after ttl_seconds; False when
-        the job was deleted (or is being cancelled), and nothing was written."""
+        the job was deleted (or is being cancelled) or `owner` no longer holds it, and
+        nothing was written."""
         video_id = job["id"]
-        keys = [self._key(k, video_id) for k in ("job", "content", "cancel", "params")]
-        return bool(await self._finish(keys=keys, args=[json.dumps(job), mp4, ttl_seconds]))
+        kinds = ("job", "content", "cancel", "params", "lease")
+        keys = [*(self._key(k, video_id) for k in kinds), self._key("active")]
+        args = [json.dumps(job), mp4, ttl_seconds, owner, video_id]
+        return bool(await self._finish(keys=keys, args=args))
 
     @_reported
     async def content(self, video_id: str) -> bytes | None:
@@ -154,41 +202,74 @@ class VideoStore:
         """Removes the job; cancelling: its runner is told to stop (the flag outlives
         the job, until the runner removes it)."""
         kinds = ("job", "params", "content", *(() if cancelling else ("cancel",)))
-        await self.redis.delete(*(self._key(k, video_id) for k in kinds))
-        await self.redis.zrem(self._key("jobs"), video_id)
-        await self.redis.lrem(self._key("queue"), 0, video_id)
+        async with self.redis.pipeline(transaction=True) as tx:
+            tx.delete(*(self._key(k, video_id) for k in kinds))
+            tx.zrem(self._key("jobs"), video_id)
+            tx.srem(self._key("active"), video_id)
+            tx.lrem(self._key("queue"), 0, video_id)
+            await tx.execute()
 
     @_reported
-    async def ids(self, newest_first: bool) -> list[str]:
-        raw = await self.redis.zrange(self._key("jobs"), 0, -1, desc=newest_first)
+    async def page(self, after: str | None, count: int, newest_first: bool) -> list[str] | None:
+        """Up to `count` ids in creation order (or its reverse) after `after`; None when
+        `after` is no job's id."""
+        start = 0
+        if after is not None:
+            rank = await (
+                self.redis.zrevrank(self._key("jobs"), after)
+                if newest_first
+                else self.redis.zrank(self._key("jobs"), after)
+            )
+            if not isinstance(rank, int):
+                return None  # None: no such member
+            start = rank + 1
+        raw = await self.redis.zrange(
+            self._key("jobs"), start, start + count - 1, desc=newest_first
+        )
         return [_text(r) for r in raw]
 
     @_reported
-    async def forget(self, video_ids: list[str]) -> None:
-        """Drops ids whose jobs expired from the index."""
-        if video_ids:
-            await self.redis.zrem(self._key("jobs"), *video_ids)
+    async def jobs(self, video_ids: list[str]) -> list[dict[str, Any] | None]:
+        if not video_ids:
+            return []
+        raw = await self.redis.mget([self._key("job", v) for v in video_ids])
+        return [None if r is None else cast(dict[str, Any], json.loads(r)) for r in raw]
 
     @_reported
-    async def queued(self) -> list[str]:
-        return [_text(r) for r in await self.redis.lrange(self._key("queue"), 0, -1)]
+    async def unfinished(self) -> list[str]:
+        return sorted(_text(r) for r in await self.redis.smembers(self._key("active")))
+
+    @_reported
+    async def forget(self, video_ids: list[str]) -> None:
+        """Drops ids whose jobs expired from the index and the unfinished set."""
+        if video_ids:
+            async with self.redis.pipeline(transaction=True) as tx:
+                tx.zrem(self._key("jobs"), *video_ids)
+                tx.srem(self._key("active"), *video_ids)
+                await tx.execute()
 
     @_reported
     async def requeue(self, video_id: str) -> None:
-        await self.redis.rpush(self._key("queue"), video_id)
+        """Queues the job again, unless it is queued already."""
+        await self._requeue(keys=[self._key("queue")], args=[video_id])
 
     @_reported
     async def take(self, owner: str, lease_ms: int) -> str | None:
-        """The next queued job's id, leased to `owner`; None when the queue is empty."""
+        """The next queued job's id, leased to `owner`; None when the queue is empty (or
+        its head is another's to queue again)."""
         got = await self._take(
-            keys=[self._key("queue")], args=[f"{self.prefix}lease:", owner, lease_ms]
+            keys=[self._key("queue"), f"{self.prefix}lease:"], args=[owner, lease_ms]
         )
-        return None if not got else bytes(got).decode()
+        return None if not got else _text(got)
 
     @_reported
     async def claim(self, video_id: str, owner: str, lease_ms: int) -> bool:
-        """The lease of a job nobody holds, for `owner`."""
-        return bool(await self.redis.set(self._key("lease", video_id), owner, px=lease_ms, nx=True))
+        """The lease of a job that is neither queued nor leased, for `owner`."""
+        claimed = await self._claim(
+            keys=[self._key("queue"), self._key("lease", video_id)],
+            args=[video_id, owner, lease_ms],
+        )
+        return bool(claimed)
 
     @_reported
     async def renew(self, video_id: str, owner: str, lease_ms: int) -> bool:
@@ -201,9 +282,17 @@ class VideoStore:
 
     @_reported
     async def cancel(self, video_id: str, ttl_seconds: int) -> None:
-        """Asks the job's runner to stop, and removes the job at once."""
-        await self.redis.set(self._key("cancel", video_id), b"1", ex=ttl_seconds)
-        await self.delete(video_id, cancelling=True)
+        """Removes an unfinished job at once, and tells a runner that may hold it to stop
+        (the flag outlives the job until that runner, or the TTL, removes it)."""
+        keys = [
+            self._key("queue"),
+            self._key("lease", video_id),
+            *(self._key(k, video_id) for k in ("job", "params", "content")),
+            self._key("jobs"),
+            self._key("active"),
+            self._key("cancel", video_id),
+        ]
+        await self._cancel(keys=keys, args=[video_id, ttl_seconds])
 
     @_reported
     async def cancelled(self, video_id: str) -> bool:
