@@ -6,6 +6,7 @@ still the one named."""
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -58,3 +59,34 @@ async def test_the_stage_named_is_the_upstream_one_that_broke(
         with pytest.raises(StageUnavailable) as err:
             await run(orch)
     assert err.value.message == f"stage {named} failed: its replica went away"
+
+
+async def test_the_progress_field_goes_only_to_a_stage_asked_for_it() -> None:
+    """A worker of an older version forbids fields it does not know: a request that asks
+    for no progress sends no `progress` field."""
+    bodies: list[dict[str, object]] = []
+
+    async def submit(request: web.Request) -> web.StreamResponse:
+        bodies.append(json.loads(await request.read()))
+        resp = web.StreamResponse()
+        await resp.prepare(request)
+        if bodies[-1].get("emit"):
+            await resp.write(b'{"type": "result", "data": {"b64_json": "AA=="}}\n')
+        await resp.write(b'{"type": "done"}\n')
+        return resp
+
+    async with worker_stub(submit) as url:
+        orch = await orchestrator({"encode": [url], "denoise": [url], "decode": [url]})
+        await run(orch)
+        assert [("progress" in b) for b in bodies] == [False, False, False]
+        orch = await orchestrator({"encode": [url], "denoise": [url], "decode": [url]})
+        bodies.clear()
+        try:
+            outputs = orch.stream({}, {"decode"}, on_progress=lambda *_: None)
+            assert len([o async for o in outputs]) == 1
+        finally:
+            assert orch.session is not None
+            await orch.session.close()
+            await orch.pool._client.aclose()
+    # Only the denoiser steps.
+    assert sorted(str(b.get("progress")) for b in bodies) == ["None", "None", "True"]
