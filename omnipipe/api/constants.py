@@ -60,5 +60,8 @@ DEFAULT_DENOISER_BATCH_WAIT_MS: Final = 20
 # carries it. The operator keeps it in a Secret (key CREDENTIAL_SECRET_KEY) and passes it
 # to the pods as CREDENTIAL_ENV; `omnipipe serve` generates one per run.
 CREDENTIAL_ENV: Final = "OMNIPIPE_PIPELINE_CREDENTIAL"
+# The Redis a video pipeline's routers keep their jobs in (the router's video_store
+# setting): the operator and `omnipipe serve` hand it to the router by this name.
+VIDEO_STORE_ENV: Final = "OMNIPIPE_ROUTER_VIDEO_STORE"
 CREDENTIAL_HEADER: Final = "X-Omnipipe-Credential"
 CREDENTIAL_SECRET_KEY: Final = "credential"

@@ -261,6 +261,12 @@ def family_for_checkpoint(kinds: Sequence[str]) -> tuple[Family, PipelineType] |
     return None
 
 
+def makes_video(pipeline: str) -> bool:
+    """Whether pipeline type `pipeline` writes videos (served at /v1/videos as jobs)."""
+    kind = pipeline_types().get(pipeline)
+    return kind is not None and kind.makes_video
+
+
 def installed_summary() -> str:
     """The installed families and their pipeline types, for error messages."""
     return "; ".join(

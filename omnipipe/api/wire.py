@@ -45,9 +45,9 @@ class SubmitRequest(WireModel):
 class StageEvent(WireModel):
     """One line of a request's event stream (NDJSON).
 
-        `result` completes result `index`. Before it, `part` events may carry that result's
-        long string fields in order, `text` a piece of field `key`; the result's `data` then
-        leaves those fields out. `progress` says, in `data`, how many of its `steps` the
+    `result` completes result `index`. Before it, `part` events may carry that result's
+    long string fields in order, `text` a piece of field `key`; the result's `data` then
+    leaves those fields out. `progress` says, in `data`, how many of its `steps` the
     request has had (`step`). `error` and `done` end the stream."""
 
     type: Literal["result", "part", "progress", "error", "done"]

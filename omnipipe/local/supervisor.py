@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from omnipipe.api import ResolvedPipeline
-from omnipipe.api.constants import CREDENTIAL_ENV
+from omnipipe.api.constants import CREDENTIAL_ENV, VIDEO_STORE_ENV
 from omnipipe.api.cpus import split_cores, usable_cpus
 from omnipipe.api.loading import pipeline_yaml
 from omnipipe.api.resource import ManifestError
@@ -25,7 +25,7 @@ from omnipipe.local.adapters import push_adapters, restore_adapters
 from omnipipe.local.children import Child, die_with_parent, pipeline_credential
 from omnipipe.local.ports import check_port_free, free_port
 from omnipipe.local.reload import ReloadPlan, local_replicas, plan_reload
-from omnipipe.local.video_store import VIDEO_STORE_ENV, needs_video_store, start_redis
+from omnipipe.local.video_store import needs_video_store, start_redis
 
 STOP_GRACE_SECONDS = 15.0
 

@@ -14,16 +14,15 @@ import time
 from pathlib import Path
 
 from omnipipe.api import ResolvedPipeline
-from omnipipe.api.families import pipeline_types
+from omnipipe.api.constants import VIDEO_STORE_ENV
+from omnipipe.api.families import makes_video
 from omnipipe.local.children import die_with_parent
 
-VIDEO_STORE_ENV = "OMNIPIPE_ROUTER_VIDEO_STORE"
 START_TIMEOUT_SECONDS = 10.0
 
 
 def needs_video_store(pipeline: ResolvedPipeline) -> bool:
-    kind = pipeline_types().get(pipeline.pipeline)
-    return kind is not None and kind.makes_video and not os.environ.get(VIDEO_STORE_ENV)
+    return makes_video(pipeline.pipeline) and not os.environ.get(VIDEO_STORE_ENV)
 
 
 def _answers(path: Path) -> bool:

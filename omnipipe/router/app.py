@@ -23,7 +23,7 @@ from starlette.requests import ClientDisconnect
 
 from omnipipe.api import ResolvedPipeline
 from omnipipe.api.constants import CREDENTIAL_HEADER
-from omnipipe.api.families import pipeline_types
+from omnipipe.api.families import makes_video
 from omnipipe.api.loading import new_versions
 from omnipipe.api.tracing import make_tracer
 from omnipipe.router.api.admin import AdminService, admin_router
@@ -90,8 +90,7 @@ def _video_runner(
     metrics: RouterMetrics,
 ) -> VideoRunner | None:
     """A video pipeline's job runner; None for the other pipelines."""
-    kind = pipeline_types().get(pipeline.pipeline)
-    if kind is None or not kind.makes_video:
+    if not makes_video(pipeline.pipeline):
         return None
     if settings.video_store is None:
         raise ValueError(

@@ -256,9 +256,9 @@ class Orchestrator:
         submit: SubmitRequest,
         sink: asyncio.Queue[Output | OutputPart | StageDone],
         whole: bool,
-        traceparent: str = "",
-        on_progress: Progress | None = None,
-        limit_seconds: float | None = None,
+        traceparent: str,
+        on_progress: Progress | None,
+        limit_seconds: float,
     ) -> None:
         assert self.session is not None
         parts = PartAssembler()
@@ -272,7 +272,7 @@ class Orchestrator:
                 # tracing ignores it (the body's model forbids unknown fields).
                 headers={"content-type": "application/json", **trace_headers},
                 timeout=aiohttp.ClientTimeout(
-                    total=None, sock_connect=5.0, sock_read=limit_seconds or self.timeout
+                    total=None, sock_connect=5.0, sock_read=limit_seconds
                 ),
             ) as resp:
                 if resp.status != 200:

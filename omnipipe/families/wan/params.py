@@ -5,11 +5,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from omnipipe.families.wan.requests import (
+    DEFAULT_FPS,
+    DEFAULT_FRAMES,
+    DEFAULT_GUIDANCE,
+    DEFAULT_HEIGHT,
+    DEFAULT_STEPS,
+    DEFAULT_WIDTH,
+)
 from omnipipe.worker.stages.base import StageInputError
 
-# WanPipeline's defaults: 480x832, 81 frames at 16 fps (5 s), 50 steps, guidance 5.
-DEFAULT_WIDTH, DEFAULT_HEIGHT, DEFAULT_FRAMES, DEFAULT_FPS = 832, 480, 81, 16
-DEFAULT_STEPS, DEFAULT_GUIDANCE = 50, 5.0
 # The UMT5 context WanPipeline.__call__ pads every prompt to (its encode_prompt says 226).
 MAX_SEQUENCE_LENGTH = 512
 

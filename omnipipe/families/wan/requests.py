@@ -18,7 +18,19 @@ FRAME_STEP, MAX_FRAMES = 4, 257
 MAX_FPS = 60
 # As the prompt's own bound (the router's request model).
 MAX_PROMPT_CHARS = 32_000
-DEFAULT_SIZE, DEFAULT_FPS, DEFAULT_SECONDS = "832x480", 16, 5.0
+# WanPipeline's defaults, what a request leaves out gets: 832x480, 5 s at 16 fps (81
+# frames), 50 steps, guidance 5.
+DEFAULT_WIDTH, DEFAULT_HEIGHT, DEFAULT_FPS, DEFAULT_SECONDS = 832, 480, 16, 5.0
+DEFAULT_SIZE = f"{DEFAULT_WIDTH}x{DEFAULT_HEIGHT}"
+DEFAULT_STEPS, DEFAULT_GUIDANCE = 50, 5.0
+
+
+def frames_for(seconds: float, fps: int) -> int:
+    """The nearest 4k+1 frames to a duration."""
+    return FRAME_STEP * round(seconds * fps / FRAME_STEP) + 1
+
+
+DEFAULT_FRAMES = frames_for(DEFAULT_SECONDS, DEFAULT_FPS)
 
 
 def _number(request: Mapping[str, Any], key: str, default: float, low: float, high: float) -> float:
@@ -72,8 +84,7 @@ def _frames(request: Mapping[str, Any], fps: int) -> int:
         return frames
     longest = (MAX_FRAMES - 1) / fps
     seconds = _number(request, "seconds", DEFAULT_SECONDS, 1 / fps, longest)
-    # The nearest 4k+1 frames to the duration asked for.
-    return FRAME_STEP * round(seconds * fps / FRAME_STEP) + 1
+    return frames_for(seconds, fps)
 
 
 class WanRequests:
@@ -104,8 +115,8 @@ class WanRequests:
             "height": height,
             "fps": fps,
             "num_frames": _frames(request, fps),
-            "num_inference_steps": _integer(request, "num_inference_steps", 50, 1, 200),
-            "guidance_scale": _number(request, "guidance_scale", 5.0, 0, 50),
+            "num_inference_steps": _integer(request, "num_inference_steps", DEFAULT_STEPS, 1, 200),
+            "guidance_scale": _number(request, "guidance_scale", DEFAULT_GUIDANCE, 0, 50),
             "negative_prompt": negative or "",
         }
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from omnipipe.api import constants as c
-from omnipipe.api.families import pipeline_types
+from omnipipe.api.families import makes_video
 from omnipipe.api.names import router_labels, router_object_name, router_selector
 from omnipipe.operator.builders.common import (
     Manifest,
@@ -20,7 +20,6 @@ from omnipipe.operator.builders.common import (
 from omnipipe.operator.builders.context import BuildContext
 
 API_KEY_ENV = "OMNIPIPE_ROUTER_API_KEY"
-VIDEO_STORE_ENV = "OMNIPIPE_ROUTER_VIDEO_STORE"
 ROUTER_DRAIN_SECONDS = 5
 
 
@@ -35,14 +34,9 @@ def router_config_hash(ctx: BuildContext) -> str:
             **p.tracing.as_config(),
             **p.videos.as_config(),
             # Only a video pipeline's router reads it: the others' hashes stay as they were.
-            **({"videoStore": ctx.video_store} if _makes_video(ctx) else {}),
+            **({"videoStore": ctx.video_store} if makes_video(p.pipeline) else {}),
         }
     )
-
-
-def _makes_video(ctx: BuildContext) -> bool:
-    kind = pipeline_types().get(ctx.pipeline.pipeline)
-    return kind is not None and kind.makes_video
 
 
 def _env(ctx: BuildContext) -> list[Manifest]:
@@ -55,8 +49,8 @@ def _env(ctx: BuildContext) -> list[Manifest]:
                 "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}},
             }
         )
-    if _makes_video(ctx) and ctx.video_store:
-        env.append({"name": VIDEO_STORE_ENV, "value": ctx.video_store})
+    if makes_video(ctx.pipeline.pipeline) and ctx.video_store:
+        env.append({"name": c.VIDEO_STORE_ENV, "value": ctx.video_store})
     return env
 
 

@@ -27,7 +27,7 @@ from omnipipe.router.api.common import (
     request_fields,
     with_family_checks,
 )
-from omnipipe.router.errors import BadRequest, ModelNotFound, OpenAIError
+from omnipipe.router.errors import BadRequest, Conflict, ModelNotFound
 from omnipipe.router.orchestrator import Orchestrator
 from omnipipe.router.videos.runner import UNFINISHED, VideoRunner, public
 
@@ -54,8 +54,10 @@ class VideoNotFound(ModelNotFound):
     """404, in OpenAI's shape (the type ModelNotFound gives it)."""
 
 
-class VideoNotReady(OpenAIError):
-    status, type = 409, "invalid_request_error"
+def _no_reference() -> BadRequest:
+    return BadRequest(
+        "input_reference: this pipeline makes video from text only", param="input_reference"
+    )
 
 
 async def _fields(request: Request) -> dict[str, Any]:
@@ -67,10 +69,7 @@ async def _fields(request: Request) -> dict[str, Any]:
         try:
             for key, value in form.multi_items():
                 if key == "input_reference":
-                    raise BadRequest(
-                        "input_reference: this pipeline makes video from text only",
-                        param="input_reference",
-                    )
+                    raise _no_reference()
                 if isinstance(value, UploadFile):
                     raise BadRequest(f"{key}: a file where a text field belongs", param=key)
             return {k: v for k, v in form.multi_items() if isinstance(v, str)}
@@ -83,9 +82,7 @@ async def _fields(request: Request) -> dict[str, Any]:
     if not isinstance(doc, dict):
         raise BadRequest("the body must be a JSON object")
     if doc.get("input_reference") is not None:
-        raise BadRequest(
-            "input_reference: this pipeline makes video from text only", param="input_reference"
-        )
+        raise _no_reference()
     return doc
 
 
@@ -154,7 +151,7 @@ def videos_router(
         if variant != "video":
             raise BadRequest(f"variant {variant!r} is not made; only video", param="variant")
         if job["status"] != "completed":
-            raise VideoNotReady(
+            raise Conflict(
                 f"video {video_id} is {job['status']}: its content is there once completed"
             )
         mp4 = await store.content(video_id)

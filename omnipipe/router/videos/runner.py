@@ -27,6 +27,7 @@ UNFINISHED = ("queued", "in_progress")
 # A job whose runners went away this many times fails.
 MAX_RUNS = 3
 RUNS_FIELD = "_runs"
+UNAVAILABLE = "service_unavailable"
 TAKE_EVERY_SECONDS = 0.25
 STORE_WARNING_SECONDS = 60.0
 # A job no stage replica can take is queued again after this pause, for this long at most.
@@ -98,10 +99,7 @@ class VideoRunner:
         against it (nothing went wrong)."""
         job = await self.store.get(video_id)
         if job is not None and job["status"] in UNFINISHED:
-            job.update(status="queued", progress=0)
-            job[RUNS_FIELD] = max(0, job.get(RUNS_FIELD, 0) - 1)
-            await self.store.put(job)
-            await self.store.requeue(video_id)
+            await self._queue_again(job, uncount_run=True)
         await self.store.release(video_id, self.owner)
 
     def _store_down(self, what: str) -> None:
@@ -149,8 +147,7 @@ class VideoRunner:
             await self.store.release(video_id, self.owner)
             return
         if params is None:
-            self._fail(job, "its parameters are gone from the store (evicted?)")
-            await self.store.put(job, self.ttl_seconds)
+            await self._fail(job, UNAVAILABLE, "its parameters are gone from the store (evicted?)")
             await self.store.release(video_id, self.owner)
             return
         job.update(status="in_progress", progress=0)
@@ -185,23 +182,17 @@ class VideoRunner:
             raise
         except (StageUnavailable, Overloaded) as exc:
             if time.time() - job["created_at"] >= MAX_WAIT_SECONDS:
-                self._fail(job, f"no stage could run it for {MAX_WAIT_SECONDS:.0f}s: {exc.message}")
-                await self.store.put(job, self.ttl_seconds)
+                waited = f"no stage could run it for {MAX_WAIT_SECONDS:.0f}s: {exc.message}"
+                await self._fail(job, UNAVAILABLE, waited)
                 return
             # No stage replica could take it (one waking from zero, all full, one gone
             # mid-run): it waits in the queue again, as a job does for a GPU. The lease,
             # still renewed, keeps the sweep off it meanwhile.
             log.info("video job %s waits again: %s", video_id, exc.message)
-            job.update(status="queued", progress=0)
-            job[RUNS_FIELD] -= 1
-            await self.store.put(job)
-            await asyncio.sleep(REQUEUE_PAUSE_SECONDS)
-            await self.store.requeue(video_id)
+            await self._queue_again(job, uncount_run=True, pause=REQUEUE_PAUSE_SECONDS)
             return
         except OpenAIError as exc:
-            job.update(status="failed", error={"code": exc.type, "message": exc.message})
-            await self.store.put(job, self.ttl_seconds)
-            log.warning("video job %s failed: %s", video_id, exc.message)
+            await self._fail(job, exc.type, exc.message)
             return
         now = int(time.time())
         job.update(
@@ -213,10 +204,22 @@ class VideoRunner:
             if await self.store.cancelled(video_id):
                 await self.store.delete(video_id)
 
-    @staticmethod
-    def _fail(job: dict[str, Any], message: str) -> None:
-        job.update(status="failed", error={"code": "service_unavailable", "message": message})
+    async def _fail(self, job: dict[str, Any], code: str, message: str) -> None:
+        job.update(status="failed", error={"code": code, "message": message})
+        await self.store.put(job, self.ttl_seconds)
         log.warning("video job %s failed: %s", job["id"], message)
+
+    async def _queue_again(
+        self, job: dict[str, Any], uncount_run: bool = False, pause: float = 0.0
+    ) -> None:
+        """The job back in the queue (after `pause`, shown queued meanwhile); uncount_run:
+        the run that ends here does not count against MAX_RUNS (nothing went wrong)."""
+        job.update(status="queued", progress=0)
+        if uncount_run:
+            job[RUNS_FIELD] = max(0, job.get(RUNS_FIELD, 0) - 1)
+        await self.store.put(job)
+        await asyncio.sleep(pause)
+        await self.store.requeue(job["id"])
 
     async def _generate(
         self, params: dict[str, Any], on_progress: Callable[[str, int, int], None]
@@ -305,17 +308,8 @@ class VideoRunner:
             return
         runs = int(job.get(RUNS_FIELD, 0))
         if runs >= MAX_RUNS:
-            job.update(
-                status="failed",
-                error={
-                    "code": "runner_lost",
-                    "message": f"the router replica running this job went away {runs} times",
-                },
-            )
-            await self.store.put(job, self.ttl_seconds)
-            log.warning("video job %s failed: its runners went away %d times", video_id, runs)
+            lost = f"the router replica running this job went away {runs} times"
+            await self._fail(job, "runner_lost", lost)
             return
         log.info("video job %s lost its runner; queued again", video_id)
-        job.update(status="queued", progress=0)
-        await self.store.put(job)
-        await self.store.requeue(video_id)
+        await self._queue_again(job)

@@ -198,10 +198,9 @@ class VideoStore:
         return raw if raw is None or isinstance(raw, bytes) else raw.encode()
 
     @_reported
-    async def delete(self, video_id: str, cancelling: bool = False) -> None:
-        """Removes the job; cancelling: its runner is told to stop (the flag outlives
-        the job, until the runner removes it)."""
-        kinds = ("job", "params", "content", *(() if cancelling else ("cancel",)))
+    async def delete(self, video_id: str) -> None:
+        """Removes the job, and the flag that told a runner to stop it."""
+        kinds = ("job", "params", "content", "cancel")
         async with self.redis.pipeline(transaction=True) as tx:
             tx.delete(*(self._key(k, video_id) for k in kinds))
             tx.zrem(self._key("jobs"), video_id)
