@@ -31,7 +31,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -328,15 +328,23 @@ def attention_probe(pipe: Any, clock: Clock, side: int, repeats: int) -> dict[st
         "one_forward_masked_ms": lambda: forward(slice(0, 2), True),
         "two_forwards_ms": lambda: (forward(slice(0, 1), False), forward(slice(1, 2), False)),
     }
+    from omnipipe.families.qwen_image.denoise import attention_kernels
+
+    kernels: dict[str, Callable[[], AbstractContextManager[object]]] = {
+        "torch_default": nullcontext,
+        "stage_kernel_order": lambda: attention_kernels(device),
+    }
     out: dict[str, float] = {}
-    for name, way in ways.items():
-        way()
-        times_ms = []
-        for _ in range(repeats):
-            start = clock.now()
-            way()
-            times_ms.append((clock.now() - start) * 1000)
-        out[name] = round(sorted(times_ms)[len(times_ms) // 2], 1)
+    for kernel, context in kernels.items():
+        for name, way in ways.items():
+            with context():
+                way()
+                times_ms = []
+                for _ in range(repeats):
+                    start = clock.now()
+                    way()
+                    times_ms.append((clock.now() - start) * 1000)
+            out[f"{kernel}_{name}"] = round(sorted(times_ms)[len(times_ms) // 2], 1)
     return out
 
 
@@ -372,6 +380,7 @@ def main() -> None:
                         help="skip what is left once this many seconds have passed")  # fmt: skip
     parser.add_argument("--out", type=Path, help="the results as JSON, rewritten as they come")
     parser.add_argument("--cache-threshold", type=float, default=0.08)
+    parser.add_argument("--rows", help="comma-separated rows to run, in their order here")
     parser.add_argument("--dtype", choices=["bfloat16", "float32"],
                         help="default: bfloat16 on a GPU, float32 on the CPU")  # fmt: skip
     args = parser.parse_args()
@@ -460,25 +469,47 @@ def main() -> None:
                 pipe.vae.enable_slicing()
                 guarded(name, row)
 
-    guarded("split_c1", lambda: split_row("split_c1", plain, 1))
-    guarded("monolith_c1", lambda: monolith_row("monolith_c1", 1))
-    guarded("dit_step_probe", lambda: report.add(
-        "dit_step_probe", attention_probe(pipe, clock, args.side, 3)))  # fmt: skip
-    guarded("split_c4", lambda: split_row("split_c4", plain, 4))
-    guarded("monolith_c4", lambda: monolith_row("monolith_c4", 4))
-    # Last: cache-dit wraps the shared transformer, which the rows above ran plain.
-    cached = make_stages(pipe, device, cache)
-    guarded("split_cache_c1", lambda: split_row("split_cache_c1", cached, 1))
-    guarded("split_cache_c4", lambda: split_row("split_cache_c4", cached, 4))
-    # Random weights move the first blocks' residual unlike a trained model's, so the
-    # default threshold may reuse few steps: the same stage again at cache-dit's usual
-    # upper threshold, to show the reuse a looser setting buys.
-    loose = cache_settings(args.steps, args.size, 0.2)
-    if cached.denoise.cacher is not None and within_budget("split_cache_loose_c1"):
-        from omnipipe.api.acceleration import StepCache
+    from omnipipe.api.acceleration import StepCache
 
-        cached.denoise.cacher.settings = StepCache.model_validate(loose)
-        guarded("split_cache_loose_c1", lambda: split_row("split_cache_loose_c1", cached, 1))
+    cached: Stages | None = None
+
+    def cache_row(name: str, n: int, settings: dict[str, Any]) -> None:
+        nonlocal cached
+        if cached is None:
+            # cache-dit wraps the shared transformer, which the rows before ran plain.
+            cached = make_stages(pipe, device, cache)
+        assert cached.denoise.cacher is not None
+        cached.denoise.cacher.settings = StepCache.model_validate(settings)
+        split_row(name, cached, n)
+
+    # Random weights move the first blocks' residual unlike a trained model's: the
+    # default threshold and cache-dit's usual upper one may reuse no step. The last two
+    # rows force reuse (threshold 1), every step after the warm-up and every other one,
+    # to show what a reused step costs; a trained model's own reuse lies between.
+    forced = {**cache_settings(args.steps, args.size, 1.0)}
+    rows: dict[str, Callable[[], None]] = {
+        "split_c1": lambda: split_row("split_c1", plain, 1),
+        "monolith_c1": lambda: monolith_row("monolith_c1", 1),
+        "dit_step_probe": lambda: report.add(
+            "dit_step_probe", attention_probe(pipe, clock, args.side, 3)
+        ),
+        "split_c4": lambda: split_row("split_c4", plain, 4),
+        "monolith_c4": lambda: monolith_row("monolith_c4", 4),
+        "split_cache_c1": lambda: cache_row("split_cache_c1", 1, cache),
+        "split_cache_c4": lambda: cache_row("split_cache_c4", 4, cache),
+        "split_cache_loose_c1": lambda: cache_row(
+            "split_cache_loose_c1", 1, cache_settings(args.steps, args.size, 0.2)
+        ),
+        "split_cache_forced_all_c1": lambda: cache_row("split_cache_forced_all_c1", 1, forced),
+        "split_cache_forced_every_other_c1": lambda: cache_row(
+            "split_cache_forced_every_other_c1", 1, {**forced, "maxConsecutiveCachedSteps": 1}
+        ),
+    }
+    chosen = args.rows.split(",") if args.rows else list(rows)
+    if unknown := [r for r in chosen if r not in rows]:
+        parser.error(f"--rows: no row {', '.join(unknown)}; rows: {', '.join(rows)}")
+    for name in chosen:
+        guarded(name, rows[name])
     if "monolith_c1" in per_image:
         # What a server that runs the pipeline one request at a time gives at c4.
         per_image["monolith_one_at_a_time_c4"] = per_image["monolith_c1"]
@@ -486,8 +517,8 @@ def main() -> None:
     for anchor_name in ("monolith_c1", "monolith_c4", "monolith_one_at_a_time_c4"):
         c = anchor_name[-1]
         anchor = per_image.get(anchor_name)
-        for name in (f"split_c{c}", f"split_cache_c{c}"):
-            if anchor and name in per_image:
+        for name in [n for n in per_image if n.startswith("split") and n.endswith(c)]:
+            if anchor:
                 label = (
                     anchor_name.replace("monolith", "monolith_batched")
                     if c == "4" and "one_at" not in anchor_name

@@ -15,6 +15,7 @@ from __future__ import annotations
 import itertools
 import logging
 from collections.abc import Hashable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -36,6 +37,27 @@ from omnipipe.families.qwen_image.step_cache import StepCacher
 from omnipipe.worker.stages.base import StageJob, StageResult, SteppedStage
 
 log = logging.getLogger(__name__)
+
+
+def attention_kernels(device: torch.device) -> AbstractContextManager[object]:
+    """On a GPU, torch's attention tried in the order cuDNN, flash, memory-efficient.
+
+    CFG's rows share a forward with their text padded to the longest and the pad masked;
+    torch's flash kernel takes no mask, so by default a masked forward falls to the
+    memory-efficient kernel, and batching the two branches then costs what two unmasked
+    forwards do (bench/diffusion_real_size.py's step probe, on an H100). cuDNN's kernel
+    takes the mask."""
+    if device.type != "cuda":
+        return nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    order = [
+        SDPBackend.CUDNN_ATTENTION,
+        SDPBackend.FLASH_ATTENTION,
+        SDPBackend.EFFICIENT_ATTENTION,
+        SDPBackend.MATH,
+    ]
+    return sdpa_kernel(order, set_priority=True)
 
 
 @dataclass
@@ -173,7 +195,7 @@ class SteppedDenoiseStage(SteppedStage):
         hidden = torch.cat([s.latents for s in rows]).to(device)
         times = torch.cat([s.timesteps[s.index].expand(len(s.latents)) for s in rows])
         mask = padded(masks).to(device)
-        with torch.inference_mode():
+        with torch.inference_mode(), attention_kernels(device):
             pred: torch.Tensor = transformer(
                 hidden_states=hidden,
                 timestep=times.to(device, hidden.dtype) / 1000,
