@@ -31,7 +31,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -328,23 +328,15 @@ def attention_probe(pipe: Any, clock: Clock, side: int, repeats: int) -> dict[st
         "one_forward_masked_ms": lambda: forward(slice(0, 2), True),
         "two_forwards_ms": lambda: (forward(slice(0, 1), False), forward(slice(1, 2), False)),
     }
-    from omnipipe.families.qwen_image.denoise import attention_kernels
-
-    kernels: dict[str, Callable[[], AbstractContextManager[object]]] = {
-        "torch_default": nullcontext,
-        "stage_kernel_order": lambda: attention_kernels(device),
-    }
     out: dict[str, float] = {}
-    for kernel, context in kernels.items():
-        for name, way in ways.items():
-            with context():
-                way()
-                times_ms = []
-                for _ in range(repeats):
-                    start = clock.now()
-                    way()
-                    times_ms.append((clock.now() - start) * 1000)
-            out[f"{kernel}_{name}"] = round(sorted(times_ms)[len(times_ms) // 2], 1)
+    for name, way in ways.items():
+        way()
+        times_ms = []
+        for _ in range(repeats):
+            start = clock.now()
+            way()
+            times_ms.append((clock.now() - start) * 1000)
+        out[name] = round(sorted(times_ms)[len(times_ms) // 2], 1)
     return out
 
 

@@ -561,8 +561,13 @@ spec: {model: "tiny://qwen-image", pipeline: qwen-image}
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize("per_length", [False, True], ids=["padded", "forward-per-length"])
 @pytest.mark.parametrize("cfg", [False, True], ids=["no-cfg", "cfg"])
-def test_prompts_of_different_lengths_share_a_forward_and_equal_running_alone(cfg: bool) -> None:
+def test_prompts_of_different_lengths_share_a_step_and_equal_running_alone(
+    cfg: bool, per_length: bool
+) -> None:
+    """Padded and masked in one forward (the CPU's way), or one unmasked forward per text
+    length (a GPU's): either way a batch equals its requests run alone, and diffusers."""
     import yaml
     from diffusers import QwenImagePipeline
 
@@ -586,9 +591,23 @@ def test_prompts_of_different_lengths_share_a_forward_and_equal_running_alone(cf
     assert len(lengths) == 2, "the prompts should tokenize to different lengths"
     jobs = [StageJob(p, {"encode": e}) for p, e in zip(params, encoded, strict=True)]
     denoise = stages["denoise"]
+    assert denoise.forward_per_text_length is False  # the CPU's default
+    denoise.forward_per_text_length = per_length
     assert denoise.batch_key(jobs[0]) == denoise.batch_key(jobs[1])
     alone = [denoise.run_batch([j])[0].tensors["latents"] for j in jobs]
+    forwards: list[int] = []
+    hook = denoise.pipe.transformer.register_forward_hook(
+        lambda module, args, kwargs, out: forwards.append(len(kwargs["hidden_states"])),
+        with_kwargs=True,
+    )
     together = [r.tensors["latents"] for r in denoise.run_batch(jobs)]
+    hook.remove()
+    texts = [e["prompt_embeds"].shape[1] for e in encoded]
+    if cfg:  # both requests share the negative prompt: one more length, two more rows
+        texts.append(encoded[0]["negative_prompt_embeds"].shape[1])
+    groups = len(set(texts)) if per_length else 1
+    assert len(forwards) == 3 * groups  # three steps
+    assert sum(forwards) == 3 * (4 if cfg else 2)  # every row, once a step
     for a, t in zip(alone, together, strict=True):
         torch.testing.assert_close(t, a, rtol=1e-4, atol=1e-4)
     # The fence: one prompt alone equals diffusers' whole pipeline.

@@ -15,7 +15,6 @@ from __future__ import annotations
 import itertools
 import logging
 from collections.abc import Hashable, Sequence
-from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -39,27 +38,6 @@ from omnipipe.worker.stages.base import StageJob, StageResult, SteppedStage
 log = logging.getLogger(__name__)
 
 
-def attention_kernels(device: torch.device) -> AbstractContextManager[object]:
-    """On a GPU, torch's attention tried in the order cuDNN, flash, memory-efficient.
-
-    CFG's rows share a forward with their text padded to the longest and the pad masked;
-    torch's flash kernel takes no mask, so by default a masked forward falls to the
-    memory-efficient kernel, and batching the two branches then costs what two unmasked
-    forwards do (bench/diffusion_real_size.py's step probe, on an H100). cuDNN's kernel
-    takes the mask."""
-    if device.type != "cuda":
-        return nullcontext()
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    order = [
-        SDPBackend.CUDNN_ATTENTION,
-        SDPBackend.FLASH_ATTENTION,
-        SDPBackend.EFFICIENT_ATTENTION,
-        SDPBackend.MATH,
-    ]
-    return sdpa_kernel(order, set_priority=True)
-
-
 @dataclass
 class Denoising:
     """One request in flight: its latents and where it is in its schedule."""
@@ -79,6 +57,10 @@ class Denoising:
     reused: int = 0
 
 
+# A forward's row group: its request, and the text (and mask) it is conditioned on.
+Row = tuple[Denoising, torch.Tensor, torch.Tensor]
+
+
 class SteppedDenoiseStage(SteppedStage):
     """Flow-matching DiT denoising with true CFG over the two embeddings -> latents."""
 
@@ -94,6 +76,14 @@ class SteppedDenoiseStage(SteppedStage):
         if acceleration and acceleration.quantization:
             quantize_weights(self.pipe.transformer, acceleration.quantization)
         self.cacher = StepCacher(self.pipe.transformer, cache) if cache else None
+        # Texts of different lengths share a forward padded and masked. On a GPU the
+        # masked forward costs more than one forward per length: torch's flash attention
+        # takes no mask, and the kernel that does is slower. Qwen-Image at 1024x1024 on
+        # an H200, one step of CFG's two rows: 380 ms masked, 370 ms as two forwards
+        # (353 ms unmasked together); bench/diffusion_real_size.py's step probe. On the
+        # CPU one padded forward is the cheaper. A step cache compares each forward with
+        # the one before, so a cached stage keeps to one forward a step.
+        self.forward_per_text_length = self.device.type == "cuda" and cache is None
         self.branch = (
             BranchDevice(self._load_transformer, self.device)
             if acceleration and acceleration.cfg_parallel_size > 1
@@ -183,27 +173,43 @@ class SteppedDenoiseStage(SteppedStage):
         negative: Sequence[Denoising],
         device: torch.device,
     ) -> torch.Tensor:
-        """One forward on `device`: the conditional rows of `positive`, then the
-        unconditional rows of `negative`."""
-        texts, masks = [s.text for s in positive], [s.mask for s in positive]
+        """The noise predictions on `device`: the conditional rows of `positive`, then the
+        unconditional rows of `negative`, in that order."""
+        rows: list[Row] = [(s, s.text, s.mask) for s in positive]
         for state in negative:
             assert state.neg_text is not None
             assert state.neg_mask is not None
-            texts.append(state.neg_text)
-            masks.append(state.neg_mask)
-        rows = [*positive, *negative]
-        hidden = torch.cat([s.latents for s in rows]).to(device)
-        times = torch.cat([s.timesteps[s.index].expand(len(s.latents)) for s in rows])
-        mask = padded(masks).to(device)
-        with torch.inference_mode(), attention_kernels(device):
+            rows.append((state, state.neg_text, state.neg_mask))
+        if not self.forward_per_text_length:
+            return self._forward(transformer, rows, device)
+        by_length: dict[int, list[int]] = {}
+        for i, (_, text, _) in enumerate(rows):
+            by_length.setdefault(text.shape[1], []).append(i)
+        parts: dict[int, torch.Tensor] = {}
+        for indices in by_length.values():
+            pred = self._forward(transformer, [rows[i] for i in indices], device)
+            sizes = [len(rows[i][0].latents) for i in indices]
+            parts.update(zip(indices, pred.split(sizes), strict=True))
+        return torch.cat([parts[i] for i in range(len(rows))])
+
+    def _forward(
+        self, transformer: torch.nn.Module, rows: Sequence[Row], device: torch.device
+    ) -> torch.Tensor:
+        """One transformer forward of `rows`, their text padded to the longest and the pad
+        masked."""
+        states = [state for state, _, _ in rows]
+        hidden = torch.cat([s.latents for s in states]).to(device)
+        times = torch.cat([s.timesteps[s.index].expand(len(s.latents)) for s in states])
+        mask = padded([m for _, _, m in rows]).to(device)
+        with torch.inference_mode():
             pred: torch.Tensor = transformer(
                 hidden_states=hidden,
                 timestep=times.to(device, hidden.dtype) / 1000,
                 guidance=None,
                 # All ones is None to the transformer, as in the pipeline's own calls.
                 encoder_hidden_states_mask=None if bool(mask.all()) else mask,
-                encoder_hidden_states=padded(texts).to(device),
-                img_shapes=[[rows[0].image_shape]] * len(hidden),
+                encoder_hidden_states=padded([t for _, t, _ in rows]).to(device),
+                img_shapes=[[states[0].image_shape]] * len(hidden),
                 attention_kwargs={},
                 return_dict=False,
             )[0]
