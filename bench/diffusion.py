@@ -12,27 +12,30 @@ split, not a second device's gain). Closed-loop clients at concurrency 1 and 4; 
 of --repeats runs; each row's ratio is to the monolith at the same concurrency.
 Step-cache rows also report the steps reused, from the worker's omnipipe_stage_denoise_steps_total.
 
-The GPU side (a real-size random-weight model, --device cuda) is not written yet: no
-accelerator was lent while this was.
+The GPU side, --device cuda, is bench/diffusion_real_size.py (Qwen-Image at its released
+size with random weights, the monolith beside the stages in one process); the arguments
+after --device cuda go to it.
 
     .venv/bin/python bench/diffusion.py [--quick] [--repeats N]
+    python bench/diffusion.py --device cuda [diffusion_real_size.py's arguments]
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 import tempfile
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import openai
-import yaml
 from _common import record, table
-from throughput import Level, drive, percentile
 
-from tests.e2e.conftest import Served, start_serve, stop_cleanly
+if TYPE_CHECKING:
+    from throughput import Level
+
+    from tests.e2e.conftest import Served
 
 SIZE, STEPS, GUIDANCE = 128, 20, 4.0
 # The tiny model's random weights move its residuals far more per step than a trained
@@ -48,6 +51,8 @@ VARIANTS: dict[str, dict[str, Any] | None] = {
 
 
 def manifest(acceleration: dict[str, Any] | None) -> str:
+    import yaml
+
     spec: dict[str, Any] = {"model": "tiny://qwen-image", "pipeline": "qwen-image"}
     if acceleration:
         spec["stages"] = [{"name": "denoise", "acceleration": acceleration}]
@@ -88,6 +93,8 @@ def monolith_call() -> Callable[[int], None]:
 
 
 def served_call(served: Served) -> Callable[[int], None]:
+    import openai
+
     client = openai.OpenAI(base_url=served.base_url, api_key="any", max_retries=0)
 
     def call(i: int) -> None:
@@ -120,6 +127,8 @@ def reused_share(served: Served) -> float:
 def measure(
     call: Callable[[int], None], levels: list[int], requests: int, repeats: int
 ) -> dict[int, Level]:
+    from throughput import drive
+
     call(0)  # warm: first-call allocations and lazy imports stay out of the figures
     runs: dict[int, list[Level]] = {c: [] for c in levels}
     for _ in range(repeats):
@@ -130,7 +139,23 @@ def measure(
 
 
 def main() -> None:
+    if sys.argv[1:3] == ["--device", "cuda"]:
+        import diffusion_real_size
+
+        sys.argv[1:] = ["--device", "cuda", *sys.argv[3:]]
+        diffusion_real_size.main()
+        return
+    from throughput import percentile
+
+    from tests.e2e.conftest import start_serve, stop_cleanly
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--device",
+        choices=["cpu", "cuda"],
+        default="cpu",
+        help="cuda: the GPU side, bench/diffusion_real_size.py (its arguments follow)",
+    )
     parser.add_argument("--quick", action="store_true", help="one repeat, few requests")
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()

@@ -150,3 +150,17 @@ def test_diffusion_quick(tmp_path: Path) -> None:
     shares = results["steps_reused_share"]
     assert shares["split graph"] == 0  # type: ignore[index]
     assert shares["split graph + step cache"] > 0  # type: ignore[index]
+
+
+def test_diffusion_real_size_path_runs_on_the_cpu_at_a_tiny_size(tmp_path: Path) -> None:
+    """The GPU side's code, at a tiny size on the CPU: the monolith, the stages sharing
+    its modules, the step probe, and the step cache forced to reuse."""
+    out, results = run_quick("diffusion_real_size", tmp_path, "--device", "cpu", "--size", "tiny")
+    assert "split_c1_time_vs_monolith_c1=" in out
+    rows = results["results"]
+    for name in ("split_c1", "split_c4", "split_cache_c1", "split_cache_forced_all_c1"):
+        assert rows[name]["latents_finite"] is True  # type: ignore[index]
+    assert rows["split_c4"]["request_steps"] == {"computed": 16, "reused": 0}  # type: ignore[index]
+    forced = rows["split_cache_forced_all_c1"]["request_steps"]  # type: ignore[index]
+    assert forced["reused"] > 0  # type: ignore[index]
+    assert rows["monolith_c4"]["s_per_image"] > 0  # type: ignore[index]

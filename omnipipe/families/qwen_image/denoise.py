@@ -189,7 +189,7 @@ class SteppedDenoiseStage(SteppedStage):
         for indices in by_length.values():
             pred = self._forward(transformer, [rows[i] for i in indices], device)
             sizes = [len(rows[i][0].latents) for i in indices]
-            parts.update(zip(indices, pred.split(sizes), strict=True))
+            parts.update(zip(indices, torch.split(pred, sizes), strict=True))
         return torch.cat([parts[i] for i in range(len(rows))])
 
     def _forward(
