@@ -10,7 +10,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Annotated, Any
 
-from pydantic import Field, model_validator
+from pydantic import Field, SerializerFunctionWrapHandler, model_serializer, model_validator
 
 from omnipipe.api import constants as c
 from omnipipe.api.acceleration import Acceleration
@@ -251,6 +251,18 @@ class Router(SpecModel):
     """Type of the router's Service: ClusterIP, NodePort or LoadBalancer."""
     api_key_secret_ref: SecretKeyRef | None = None
     """When set, clients must send this Secret's value as a Bearer token."""
+    admin_key_secret_ref: SecretKeyRef | None = None
+    """When set, the `/admin` API takes this Secret's value as its Bearer token instead of
+    the API key, so the API's clients cannot pause, sleep or reload the stages."""
+
+    @model_serializer(mode="wrap")
+    def _without_unset_admin_key(self, handler: SerializerFunctionWrapHandler) -> Any:
+        # Left out when unset, so a pipeline without one keeps its file and its hashes.
+        data = handler(self)
+        if isinstance(data, dict) and self.admin_key_secret_ref is None:
+            data.pop("admin_key_secret_ref", None)
+            data.pop("adminKeySecretRef", None)
+        return data
 
 
 class Transfer(SpecModel):

@@ -174,6 +174,7 @@ def build_app(pipeline: ResolvedPipeline, settings: RouterSettings) -> FastAPI:
         GuardMiddleware,
         pipeline=pipeline.name,
         api_key=settings.api_key,
+        admin_api_key=settings.admin_api_key,
         max_body_bytes=settings.max_body_bytes,
         metrics=router_metrics,
         tracer=tracer.tracer,

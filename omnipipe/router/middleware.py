@@ -22,6 +22,11 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 OPEN_PATHS = frozenset({"/health", "/ready", "/metrics"})
+ADMIN_PREFIX = "/admin"
+
+
+def bearer(key: str | None) -> bytes | None:
+    return f"Bearer {key}".encode() if key is not None else None
 
 
 class GuardMiddleware:
@@ -32,20 +37,30 @@ class GuardMiddleware:
         pipeline: str,
         api_key: str | None,
         max_body_bytes: int,
+        admin_api_key: str | None = None,
         metrics: RouterMetrics,
         tracer: trace.Tracer | None = None,
     ) -> None:
         self.app = app
         self.tracer = tracer or trace.NoOpTracer()
         self.pipeline = pipeline
-        self.expected = f"Bearer {api_key}".encode() if api_key is not None else None
+        self.expected = bearer(api_key)
+        self.admin_expected = bearer(admin_api_key)
         self.max_body = max_body_bytes
         self.metrics = metrics
 
+    def _expected(self, path: str) -> bytes | None:
+        """The Authorization header the path needs; None: any."""
+        admin = path == ADMIN_PREFIX or path.startswith(ADMIN_PREFIX + "/")
+        if admin and self.admin_expected is not None:
+            return self.admin_expected
+        return self.expected
+
     def _reject(self, scope: Scope) -> OpenAIError | None:
         headers = dict(scope.get("headers") or [])
-        if self.expected is not None and not hmac.compare_digest(
-            headers.get(b"authorization", b""), self.expected
+        expected = self._expected(scope["path"])
+        if expected is not None and not hmac.compare_digest(
+            headers.get(b"authorization", b""), expected
         ):
             return Unauthorized("invalid or missing API key", code="invalid_api_key")
         length = headers.get(b"content-length", b"")

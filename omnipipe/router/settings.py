@@ -22,6 +22,9 @@ class RouterSettings(BaseSettings):
     """HTTP port of the OpenAI-compatible API."""
     api_key: str | None = None
     """When set, clients must send `Authorization: Bearer <key>` (a Secret in Kubernetes)."""
+    admin_api_key: str | None = None
+    """When set, `/admin` takes `Authorization: Bearer <key>` with this key instead of
+    api_key (which then no longer opens it)."""
     pipeline_credential: str | None = Field(default=None, validation_alias=CREDENTIAL_ENV)
     """The pipeline's shared credential, sent on every call to a worker's control API
     (read from OMNIPIPE_PIPELINE_CREDENTIAL, the variable the workers read too)."""

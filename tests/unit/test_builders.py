@@ -255,6 +255,27 @@ def test_router_api_key_comes_from_the_secret_and_service_type_applies() -> None
     assert deps[("Service", "p-denoise")]["spec"]["clusterIP"] == "None"
 
 
+def test_the_admin_key_comes_from_its_own_secret_and_rolls_only_the_router() -> None:
+    spec: dict[str, Any] = {"model": "m", "pipeline": "qwen-image"}
+    keyed = {**spec, "router": {"adminKeySecretRef": {"name": "ops", "key": "admin"}}}
+    plain, deps = children(spec), children(keyed)
+    [c] = deps[("Deployment", "p-router")]["spec"]["template"]["spec"]["containers"]
+    assert c["env"] == [
+        CREDENTIAL_ENV_FROM_SECRET,
+        {
+            "name": "OMNIPIPE_ROUTER_ADMIN_API_KEY",
+            "valueFrom": {"secretKeyRef": {"name": "ops", "key": "admin"}},
+        },
+    ]
+
+    def template(children: Any, name: str) -> Any:
+        return children[("Deployment", name)]["spec"]["template"]
+
+    assert template(deps, "p-router") != template(plain, "p-router")
+    for stage in ("p-encode", "p-denoise", "p-decode"):
+        assert template(deps, stage) == template(plain, stage)
+
+
 def test_keda_mode_emits_a_scaled_object_with_the_same_policy() -> None:
     deps = children(
         {

@@ -69,7 +69,9 @@ def workers() -> Iterator[tuple[list[str], type[StubWorker]]]:
         server.server_close()
 
 
-def app_over(tmp_path: Path, urls: list[str], api_key: str | None) -> TestClient:
+def app_over(
+    tmp_path: Path, urls: list[str], api_key: str | None, admin_api_key: str | None = None
+) -> TestClient:
     pipeline = resolve(
         parse_resource(
             {
@@ -82,7 +84,9 @@ def app_over(tmp_path: Path, urls: list[str], api_key: str | None) -> TestClient
     )
     replicas = tmp_path / "replicas.json"
     replicas.write_text(json.dumps({"encode": [urls[0]], "denoise": urls[1:], "decode": []}))
-    settings = RouterSettings(replicas_file=str(replicas), api_key=api_key)
+    settings = RouterSettings(
+        replicas_file=str(replicas), api_key=api_key, admin_api_key=admin_api_key
+    )
     return TestClient(build_app(pipeline, settings))
 
 
@@ -97,6 +101,32 @@ def test_the_admin_api_takes_the_api_key(
         assert handler.calls == []
         ok = client.post("/admin/pause", json={}, headers={"Authorization": "Bearer secret"})
         assert ok.status_code == 200
+
+
+@pytest.mark.parametrize("api_key", ["client", None], ids=["api-keyed", "api-open"])
+def test_an_admin_key_guards_the_admin_api_alone(
+    tmp_path: Path, workers: tuple[list[str], type[StubWorker]], api_key: str | None
+) -> None:
+    urls, handler = workers
+    with app_over(tmp_path, urls, api_key=api_key, admin_api_key="ops") as client:
+        for header in ({}, {"Authorization": "Bearer client"}):
+            for call in (
+                lambda h: client.post("/admin/pause", json={}, headers=h),
+                lambda h: client.get("/admin/stages", headers=h),
+                lambda h: client.post("/admin/loras", json={}, headers=h),
+            ):
+                refused = call(header)
+                assert refused.status_code == 401, refused.text
+                assert refused.json()["error"]["code"] == "invalid_api_key"
+        assert handler.calls == []
+        ok = client.post("/admin/pause", json={}, headers={"Authorization": "Bearer ops"})
+        assert ok.status_code == 200
+        # The API takes its own key (or none), never the admin's.
+        models = client.get("/v1/models", headers={"Authorization": "Bearer ops"})
+        assert models.status_code == (401 if api_key else 200)
+        if api_key:
+            mine = client.get("/v1/models", headers={"Authorization": f"Bearer {api_key}"})
+            assert mine.status_code == 200
 
 
 def test_a_call_reaches_every_replica_of_the_stages_it_names(

@@ -20,6 +20,7 @@ from omnipipe.operator.builders.common import (
 from omnipipe.operator.builders.context import BuildContext
 
 API_KEY_ENV = "OMNIPIPE_ROUTER_API_KEY"
+ADMIN_API_KEY_ENV = "OMNIPIPE_ROUTER_ADMIN_API_KEY"
 ROUTER_DRAIN_SECONDS = 5
 
 
@@ -41,14 +42,15 @@ def router_config_hash(ctx: BuildContext) -> str:
 
 def _env(ctx: BuildContext) -> list[Manifest]:
     env = [credential_env(ctx)]
-    ref = ctx.pipeline.router.api_key_secret_ref
-    if ref is not None:
-        env.append(
-            {
-                "name": API_KEY_ENV,
-                "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}},
-            }
-        )
+    router = ctx.pipeline.router
+    for name, ref in (
+        (API_KEY_ENV, router.api_key_secret_ref),
+        (ADMIN_API_KEY_ENV, router.admin_key_secret_ref),
+    ):
+        if ref is not None:
+            env.append(
+                {"name": name, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}
+            )
     if makes_video(ctx.pipeline.pipeline) and ctx.video_store:
         env.append({"name": c.VIDEO_STORE_ENV, "value": ctx.video_store})
     return env
