@@ -186,3 +186,34 @@ async def test_a_client_that_hangs_up_mid_body_is_a_400_not_a_router_error(
     assert sent[0]["status"] == 400
     body = json.loads(b"".join(m.get("body", b"") for m in sent[1:]))
     assert body["error"]["message"] == "the client went away before its request body arrived"
+
+
+def test_an_idempotency_key_makes_one_job_however_often_it_is_sent(
+    api: tuple[TestClient, Path],
+) -> None:
+    """A create retried with its Idempotency-Key (after a 503, a timeout) is the job the
+    key made; the key with another request is a 409; without a key, each create is a job;
+    a key whose job was deleted makes a new one."""
+    client, _ = api
+    once = {"Idempotency-Key": "retry-me"}
+    first = client.post("/v1/videos", json=SMALL, headers=once)
+    assert first.status_code == 200, first.text
+    again = client.post("/v1/videos", json=SMALL, headers=once)
+    assert again.status_code == 200, again.text
+    assert again.json()["id"] == first.json()["id"]
+    other = client.post("/v1/videos", json={**SMALL, "prompt": "y"}, headers=once)
+    assert other.status_code == 409, other.text
+    assert other.json()["error"]["param"] == "Idempotency-Key"
+    assert first.json()["id"] in other.json()["error"]["message"]
+    plain = [client.post("/v1/videos", json=SMALL).json()["id"] for _ in range(2)]
+    assert len(set(plain)) == 2
+    listed = {v["id"] for v in client.get("/v1/videos", params={"limit": 100}).json()["data"]}
+    assert listed == {first.json()["id"], *plain}
+    assert client.delete(f"/v1/videos/{first.json()['id']}").status_code == 200
+    after = client.post("/v1/videos", json=SMALL, headers=once)
+    assert after.status_code == 200, after.text
+    assert after.json()["id"] != first.json()["id"]
+    for bad in ("", "x" * 256):
+        refused = client.post("/v1/videos", json=SMALL, headers={"Idempotency-Key": bad})
+        assert refused.status_code == 400, refused.text
+        assert refused.json()["error"]["param"] == "Idempotency-Key"

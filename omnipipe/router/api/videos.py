@@ -11,6 +11,7 @@ import re
 import time
 import uuid
 from collections.abc import Callable
+from hashlib import sha256
 from typing import Any, Literal
 
 from fastapi import APIRouter, Query, Request
@@ -30,9 +31,11 @@ from omnipipe.router.api.common import (
 from omnipipe.router.errors import BadRequest, Conflict, ModelNotFound
 from omnipipe.router.orchestrator import Orchestrator
 from omnipipe.router.videos.runner import UNFINISHED, VideoRunner, public
+from omnipipe.router.videos.store import KeyReused
 
 VIDEO_ID = re.compile(r"video_[0-9a-f]{32}")
 MAX_FORM_FIELDS = 32
+MAX_IDEMPOTENCY_KEY = 255
 
 
 class VideoCreateRequest(BaseModel):
@@ -48,6 +51,21 @@ class VideoCreateRequest(BaseModel):
     size: str | None = None
     """WIDTHxHEIGHT."""
     seed: int | None = Field(default=None, ge=0, lt=2**63)
+
+
+def idempotency(request: Request, body: VideoCreateRequest) -> tuple[str, str] | None:
+    """(digest of the request's Idempotency-Key, fingerprint of its body), or None when
+    it sent none."""
+    key = request.headers.get("idempotency-key")
+    if key is None:
+        return None
+    if not 1 <= len(key) <= MAX_IDEMPOTENCY_KEY or not key.isprintable():
+        raise BadRequest(
+            f"Idempotency-Key must be 1 to {MAX_IDEMPOTENCY_KEY} printable characters",
+            param="Idempotency-Key",
+        )
+    body_json = json.dumps(body.model_dump(mode="json"), sort_keys=True)
+    return sha256(key.encode()).hexdigest(), sha256(body_json.encode()).hexdigest()
 
 
 class VideoNotFound(ModelNotFound):
@@ -136,8 +154,14 @@ def videos_router(
             "size": f"{params['width']}x{params['height']}",
             "remixed_from_video_id": None,
         }
-        await store.create(job, params)
-        return public(job)
+        try:
+            made = await store.create(job, params, idempotency(request, body))
+        except KeyReused as exc:
+            raise Conflict(
+                f"this Idempotency-Key made video {exc.video_id!r} from another request",
+                param="Idempotency-Key",
+            ) from None
+        return public(job) if made == job["id"] else await found(made)
 
     @router.get("/v1/videos/{video_id}", response_model=None)
     async def retrieve(video_id: str) -> dict[str, Any]:

@@ -14,7 +14,9 @@ keys share a Redis Cluster slot, so its scripts may touch them all):
   creation (a sorted set); `active`: the ids of unfinished jobs (a set), what a sweep reads;
 - `lease:<id>`: held by the replica running the job, renewed while it runs: a job whose
   lease is gone while it is not finished lost its runner, and is queued again;
-- `cancel:<id>`: asks the job's runner to stop.
+- `cancel:<id>`: asks the job's runner to stop;
+- `once:<sha256 of an Idempotency-Key>`: "<fingerprint of the request> <id>", for a day:
+  a create retried with the same key (after a 503, say) gets the same job.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ T = TypeVar("T")
 class StoreUnavailable(StageUnavailable):
     """The Redis of the video jobs does not answer in time: a 503. What the call was
     writing may still have been applied (a stalled Redis runs it once it wakes): a retried
-    create may make a second job."""
+    create makes a second job unless both carry the same Idempotency-Key."""
 
 
 def _reported(call: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
@@ -106,12 +108,39 @@ if removed == 0 or redis.call('EXISTS', KEYS[2]) == 1 then
 end
 return 0
 """
+# A create under an Idempotency-Key: the job the key made, if it still exists and the
+# request is the same (1), a refusal if the request differs (0), else a new job (2).
+_CREATE_ONCE = """
+local held = redis.call('GET', KEYS[1])
+if held then
+  local fingerprint, id = string.match(held, '^(%x+) (.+)$')
+  if fingerprint ~= ARGV[1] then return {0, id} end
+  if redis.call('EXISTS', ARGV[7] .. id) == 1 then return {1, id} end
+end
+redis.call('SET', KEYS[1], ARGV[1] .. ' ' .. ARGV[2], 'EX', ARGV[6])
+redis.call('SET', KEYS[2], ARGV[3])
+redis.call('SET', KEYS[3], ARGV[4])
+redis.call('ZADD', KEYS[4], ARGV[5], ARGV[2])
+redis.call('SADD', KEYS[5], ARGV[2])
+redis.call('RPUSH', KEYS[6], ARGV[2])
+return {2, ARGV[2]}
+"""
 _RELEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
 """
 # A store that stops answering is a 503 in this long, not a hung request.
 SOCKET_TIMEOUT_SECONDS = 5.0
+# How long an Idempotency-Key names its job (Stripe's and OpenAI's day).
+IDEMPOTENCY_SECONDS = 24 * 3600
+
+
+class KeyReused(Exception):
+    """An Idempotency-Key already made a job from another request."""
+
+    def __init__(self, video_id: str) -> None:
+        super().__init__(video_id)
+        self.video_id = video_id
 
 
 def _text(raw: Any) -> str:
@@ -137,6 +166,7 @@ class VideoStore:
         self._release = self.redis.register_script(_RELEASE)
         self._finish = self.redis.register_script(_FINISH)
         self._cancel = self.redis.register_script(_CANCEL)
+        self._create_once = self.redis.register_script(_CREATE_ONCE)
 
     def _key(self, kind: str, video_id: str = "") -> str:
         return f"{self.prefix}{kind}:{video_id}" if video_id else f"{self.prefix}{kind}"
@@ -149,8 +179,31 @@ class VideoStore:
         await self.redis.ping()
 
     @_reported
-    async def create(self, job: dict[str, Any], params: dict[str, Any]) -> None:
+    async def create(
+        self, job: dict[str, Any], params: dict[str, Any], once: tuple[str, str] | None = None
+    ) -> str:
+        """Queues the job; its id. With `once`, (the digest of an Idempotency-Key, the
+        request's fingerprint): the id of the job that key made instead, if it still
+        exists; KeyReused if that key made one from another request."""
         video_id = job["id"]
+        if once is not None:
+            digest, fingerprint = once
+            kinds = ("job", "params", "jobs", "active", "queue")
+            keys = [self._key("once", digest), *(self._key(k, video_id) for k in kinds[:2])]
+            keys += [self._key(k) for k in kinds[2:]]
+            args = [
+                fingerprint,
+                video_id,
+                json.dumps(job),
+                json.dumps(params),
+                job["created_at"],
+                IDEMPOTENCY_SECONDS,
+                f"{self.prefix}job:",
+            ]
+            outcome, made = await self._create_once(keys=keys, args=args)
+            if int(outcome) == 0:
+                raise KeyReused(_text(made))
+            return _text(made)
         async with self.redis.pipeline(transaction=True) as tx:
             tx.set(self._key("job", video_id), json.dumps(job))
             tx.set(self._key("params", video_id), json.dumps(params))
@@ -158,6 +211,7 @@ class VideoStore:
             tx.sadd(self._key("active"), video_id)
             tx.rpush(self._key("queue"), video_id)
             await tx.execute()
+        return str(video_id)
 
     @_reported
     async def get(self, video_id: str) -> dict[str, Any] | None:
