@@ -50,7 +50,9 @@ def pipeline_yaml(pipeline: ResolvedPipeline) -> str:
     data = pipeline.model_dump(mode="json")
     if not pipeline.tracing.as_config():
         del data["tracing"]
-    if not pipeline.videos.as_config():
+    if videos := pipeline.videos.as_config():
+        data["videos"] = videos["videos"]  # in its place, an unset store left out
+    else:
         del data["videos"]
     return yaml.safe_dump(data, sort_keys=False)
 

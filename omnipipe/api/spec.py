@@ -292,16 +292,32 @@ class Tracing(SpecModel):
         return {} if self == Tracing() else {"tracing": self.model_dump(mode="json")}
 
 
+class StoreSecretRef(SpecModel):
+    """A key of a Secret in the pipeline's namespace that holds a Redis URL."""
+
+    name: DnsLabel
+    """Secret name."""
+    key: Annotated[str, Field(min_length=1, max_length=253)] = "url"
+    """Key inside the Secret."""
+
+
 class Videos(SpecModel):
     """A video pipeline's jobs (/v1/videos), which its routers keep in Redis."""
 
     ttl_seconds: Annotated[int, Field(ge=60, le=30 * 86400)] = 86400
     """How long a finished video job and its MP4 are kept (a day by default, at most 30)."""
+    store_secret_ref: StoreSecretRef | None = None
+    """The Redis the routers keep the jobs in, as a URL (redis://[:password@]host:6379/0,
+    rediss:// with TLS) in a Secret: a password stays out of the pod spec. Unset: the
+    operator's (the chart's operator.videoStore)."""
 
     def as_config(self) -> dict[str, Any]:
-        """As the pipeline file and the router's hash carry it: empty at the default, so
-        that pipelines' files and router pods stay what they were before it existed."""
-        return {} if self == Videos() else {"videos": self.model_dump(mode="json")}
+        """As the pipeline file and the router's hash carry it: empty at the default, and
+        an unset store left out, so that pipelines' files and router pods stay what they
+        were before either existed."""
+        if self == Videos():
+            return {}
+        return {"videos": self.model_dump(mode="json", exclude_none=True)}
 
 
 class Images(SpecModel):

@@ -96,7 +96,7 @@ def _video_runner(
         raise ValueError(
             f"pipeline {pipeline.name} makes videos, whose jobs the router keeps in Redis: "
             "set OMNIPIPE_ROUTER_VIDEO_STORE (redis://host:6379/0; on Kubernetes, the "
-            "chart's operator.videoStore)"
+            "pipeline's spec.videos.storeSecretRef or the chart's operator.videoStore)"
         )
     return VideoRunner(
         VideoStore(settings.video_store, pipeline.namespace, pipeline.name),

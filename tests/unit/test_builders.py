@@ -475,3 +475,27 @@ def test_operator_settings_read_the_chart_environment(monkeypatch: pytest.Monkey
     settings = OperatorSettings()
     assert settings.stage_network_policy is False
     assert settings.metrics_scrape_from == scrapers
+
+
+def test_a_video_pipelines_store_secret_wins_over_the_operators_store() -> None:
+    """spec.videos.storeSecretRef reaches the router as a secretKeyRef (a password stays
+    out of the pod spec), in place of the operator's plain URL; the stages do not change."""
+    spec: dict[str, Any] = {"model": "tiny://wan", "pipeline": "wan"}
+    keyed = {**spec, "videos": {"storeSecretRef": {"name": "redis"}}}
+    plain, deps = children(spec), children(keyed)
+
+    def router_env(children: Any) -> list[dict[str, Any]]:
+        [c] = children[("Deployment", "p-router")]["spec"]["template"]["spec"]["containers"]
+        return [e for e in c["env"] if e["name"] == "OMNIPIPE_ROUTER_VIDEO_STORE"]
+
+    assert router_env(plain) == [
+        {"name": "OMNIPIPE_ROUTER_VIDEO_STORE", "value": SETTINGS.video_store}
+    ]
+    assert router_env(deps) == [
+        {
+            "name": "OMNIPIPE_ROUTER_VIDEO_STORE",
+            "valueFrom": {"secretKeyRef": {"name": "redis", "key": "url"}},
+        }
+    ]
+    for stage in ("p-encode", "p-denoise", "p-decode"):
+        assert deps[("Deployment", stage)]["spec"] == plain[("Deployment", stage)]["spec"]

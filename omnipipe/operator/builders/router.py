@@ -51,8 +51,16 @@ def _env(ctx: BuildContext) -> list[Manifest]:
             env.append(
                 {"name": name, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}
             )
-    if makes_video(ctx.pipeline.pipeline) and ctx.video_store:
-        env.append({"name": c.VIDEO_STORE_ENV, "value": ctx.video_store})
+    if makes_video(ctx.pipeline.pipeline):
+        if (store := ctx.pipeline.videos.store_secret_ref) is not None:
+            env.append(
+                {
+                    "name": c.VIDEO_STORE_ENV,
+                    "valueFrom": {"secretKeyRef": {"name": store.name, "key": store.key}},
+                }
+            )
+        elif ctx.video_store:
+            env.append({"name": c.VIDEO_STORE_ENV, "value": ctx.video_store})
     return env
 
 
