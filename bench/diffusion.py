@@ -139,10 +139,13 @@ def measure(
 
 
 def main() -> None:
-    if sys.argv[1:3] == ["--device", "cuda"]:
+    device = argparse.ArgumentParser(add_help=False)
+    device.add_argument("--device", default="cpu")
+    chosen, rest = device.parse_known_args()
+    if chosen.device == "cuda":
         import diffusion_real_size
 
-        sys.argv[1:] = ["--device", "cuda", *sys.argv[3:]]
+        sys.argv[1:] = ["--device", "cuda", *rest]
         diffusion_real_size.main()
         return
     from throughput import percentile

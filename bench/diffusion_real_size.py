@@ -10,8 +10,8 @@ tokens than under Qwen's BPE (both sides see the same text; the DiT's 4096 image
 at 1024x1024 dominate either way).
 
 The stages run in this one process, driven as a worker drives them: each request's
-encode, then the requests' denoising together (one forward a step for all their rows,
-CFG's negative rows beside the positive ones), then each decode. What `omnipipe serve`
+encode, then the requests' denoising together (their rows share each step: one forward
+per text length on a GPU), then each decode. What `omnipipe serve`
 adds on top (the router, the hand-offs of ~1 MB of embeddings and latents) is not timed
 here. The monolith runs at concurrency 4 as one call with four prompts (diffusers' own
 batching, the fastest it goes); one-at-a-time is four times its concurrency-1 figure.

@@ -5,7 +5,9 @@ Unlike the pipeline's loop, each step is one transformer forward for the whole b
 every request's conditional rows and, under CFG, its unconditional rows beside them (text
 padded to the longest and the pad masked), each row at its own request's timestep. So
 requests join a running batch at any step boundary and leave it at the next, and CFG
-costs one forward of twice the rows, never two forwards. With CFG-parallel
+costs one forward of twice the rows, never two forwards. That is the CPU's way; on a GPU
+a step runs one unmasked forward per text length instead (SteppedDenoiseStage.load says
+why). With CFG-parallel
 (acceleration.cfgParallelSize 2) the unconditional rows run on a second device at the same
 time instead (cfg_parallel.py).
 """
@@ -80,8 +82,9 @@ class SteppedDenoiseStage(SteppedStage):
         # masked forward costs more than one forward per length: torch's flash attention
         # takes no mask, and the kernel that does is slower. Qwen-Image at 1024x1024 on
         # an H200, one step of CFG's two rows: 380 ms masked, 370 ms as two forwards
-        # (353 ms unmasked together); bench/diffusion_real_size.py's step probe. On the
-        # CPU one padded forward is the cheaper. A step cache compares each forward with
+        # (354 ms unmasked together; on an H100 391, 394 and 365):
+        # bench/diffusion_real_size.py's step probe. On the CPU one padded forward is
+        # the cheaper. A step cache compares each forward with
         # the one before, so a cached stage keeps to one forward a step.
         self.forward_per_text_length = self.device.type == "cuda" and cache is None
         self.branch = (

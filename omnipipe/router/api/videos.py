@@ -53,9 +53,13 @@ class VideoCreateRequest(BaseModel):
     seed: int | None = Field(default=None, ge=0, lt=2**63)
 
 
-def idempotency(request: Request, body: VideoCreateRequest) -> tuple[str, str] | None:
-    """(digest of the request's Idempotency-Key, fingerprint of its body), or None when
-    it sent none."""
+def idempotency(
+    request: Request, model: str, params: dict[str, Any], body: VideoCreateRequest
+) -> tuple[str, str] | None:
+    """(digest of the request's Idempotency-Key, fingerprint of what it asks for), or
+    None when it sent none. The fingerprint is of the parameters as the stages get them,
+    so one request sent as JSON and again as a form ("4" or 4.0 seconds) is the same; the
+    seed counts only when the client chose it."""
     key = request.headers.get("idempotency-key")
     if key is None:
         return None
@@ -64,8 +68,10 @@ def idempotency(request: Request, body: VideoCreateRequest) -> tuple[str, str] |
             f"Idempotency-Key must be 1 to {MAX_IDEMPOTENCY_KEY} printable characters",
             param="Idempotency-Key",
         )
-    body_json = json.dumps(body.model_dump(mode="json"), sort_keys=True)
-    return sha256(key.encode()).hexdigest(), sha256(body_json.encode()).hexdigest()
+    # params carries the seed drawn for a client that chose none: the client's own counts.
+    asked = {**params, "model": model, "seed": body.seed}
+    asked_json = json.dumps(asked, sort_keys=True, default=str)
+    return sha256(key.encode()).hexdigest(), sha256(asked_json.encode()).hexdigest()
 
 
 class VideoNotFound(ModelNotFound):
@@ -155,13 +161,13 @@ def videos_router(
             "remixed_from_video_id": None,
         }
         try:
-            made = await store.create(job, params, idempotency(request, body))
+            made = await store.create(job, params, idempotency(request, model, params, body))
         except KeyReused as exc:
             raise Conflict(
                 f"this Idempotency-Key made video {exc.video_id!r} from another request",
                 param="Idempotency-Key",
             ) from None
-        return public(job) if made == job["id"] else await found(made)
+        return public(job if made == job["id"] else await found(made))
 
     @router.get("/v1/videos/{video_id}", response_model=None)
     async def retrieve(video_id: str) -> dict[str, Any]:
