@@ -292,11 +292,9 @@ class Tracing(SpecModel):
         return {} if self == Tracing() else {"tracing": self.model_dump(mode="json")}
 
 
-class StoreSecretRef(SpecModel):
+class StoreSecretRef(SecretKeyRef):
     """A key of a Secret in the pipeline's namespace that holds a Redis URL."""
 
-    name: DnsLabel
-    """Secret name."""
     key: Annotated[str, Field(min_length=1, max_length=253)] = "url"
     """Key inside the Secret."""
 

@@ -84,8 +84,8 @@ class SteppedDenoiseStage(SteppedStage):
         # an H200, one step of CFG's two rows: 380 ms masked, 370 ms as two forwards
         # (354 ms unmasked together; on an H100 391, 394 and 365):
         # bench/diffusion_real_size.py's step probe. On the CPU one padded forward is
-        # the cheaper. A step cache compares each forward with
-        # the one before, so a cached stage keeps to one forward a step.
+        # the cheaper. A step cache compares each forward with the one before, so a
+        # cached stage keeps to one forward a step.
         self.forward_per_text_length = self.device.type == "cuda" and cache is None
         self.branch = (
             BranchDevice(self._load_transformer, self.device)

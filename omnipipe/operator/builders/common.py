@@ -51,17 +51,14 @@ def config_volume(ctx: BuildContext) -> Manifest:
     return {"name": "config", "configMap": {"name": config_object_name(ctx.name, ctx.revision)}}
 
 
+def secret_env(name: str, secret: str, key: str) -> Manifest:
+    """An environment variable read from a key of a Secret."""
+    return {"name": name, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}}
+
+
 def credential_env(ctx: BuildContext) -> Manifest:
     """The pipeline credential, from the Secret the operator creates once per pipeline."""
-    return {
-        "name": c.CREDENTIAL_ENV,
-        "valueFrom": {
-            "secretKeyRef": {
-                "name": credential_secret_name(ctx.name),
-                "key": c.CREDENTIAL_SECRET_KEY,
-            }
-        },
-    }
+    return secret_env(c.CREDENTIAL_ENV, credential_secret_name(ctx.name), c.CREDENTIAL_SECRET_KEY)
 
 
 def config_mount() -> Manifest:

@@ -16,6 +16,7 @@ from omnipipe.operator.builders.common import (
     object_meta,
     pipeline_file_args,
     pod_security_context,
+    secret_env,
 )
 from omnipipe.operator.builders.context import BuildContext
 
@@ -48,17 +49,10 @@ def _env(ctx: BuildContext) -> list[Manifest]:
         (ADMIN_API_KEY_ENV, router.admin_key_secret_ref),
     ):
         if ref is not None:
-            env.append(
-                {"name": name, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}
-            )
+            env.append(secret_env(name, ref.name, ref.key))
     if makes_video(ctx.pipeline.pipeline):
         if (store := ctx.pipeline.videos.store_secret_ref) is not None:
-            env.append(
-                {
-                    "name": c.VIDEO_STORE_ENV,
-                    "valueFrom": {"secretKeyRef": {"name": store.name, "key": store.key}},
-                }
-            )
+            env.append(secret_env(c.VIDEO_STORE_ENV, store.name, store.key))
         elif ctx.video_store:
             env.append({"name": c.VIDEO_STORE_ENV, "value": ctx.video_store})
     return env

@@ -22,6 +22,7 @@ from omnipipe.operator.builders.common import (
     content_hash,
     object_meta,
     pod_security_context,
+    secret_env,
 )
 from omnipipe.operator.builders.context import BuildContext
 
@@ -85,9 +86,7 @@ def _token_env(ctx: BuildContext) -> list[Manifest]:
     ref = ctx.weights.hub_token_secret_ref
     if ref is None:
         return []
-    return [
-        {"name": HF_TOKEN_ENV, "valueFrom": {"secretKeyRef": {"name": ref.name, "key": ref.key}}}
-    ]
+    return [secret_env(HF_TOKEN_ENV, ref.name, ref.key)]
 
 
 def build_weights_claim(ctx: BuildContext, model: str) -> Manifest:

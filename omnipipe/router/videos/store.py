@@ -108,16 +108,19 @@ if removed == 0 or redis.call('EXISTS', KEYS[2]) == 1 then
 end
 return 0
 """
-# A create under an Idempotency-Key: the job the key made, if it still exists and the
-# request is the same (1), a refusal if the request differs (0), else a new job (2).
-_CREATE_ONCE = """
-local held = redis.call('GET', KEYS[1])
-if held then
-  local fingerprint, id = string.match(held, '^(%x+) (.+)$')
-  if fingerprint ~= ARGV[1] then return {0, id} end
-  if redis.call('EXISTS', ARGV[7] .. id) == 1 then return {1, id} end
+# Queues a new job (2). Under an Idempotency-Key (a fingerprint in ARGV[1]; KEYS[1] the
+# key's record): the job the key made instead, if it still exists and the request is the
+# same (1), or a refusal if the request differs (0).
+_CREATE = """
+if ARGV[1] ~= '' then
+  local held = redis.call('GET', KEYS[1])
+  if held then
+    local fingerprint, id = string.match(held, '^(%x+) (.+)$')
+    if fingerprint ~= ARGV[1] then return {0, id} end
+    if redis.call('EXISTS', ARGV[7] .. id) == 1 then return {1, id} end
+  end
+  redis.call('SET', KEYS[1], ARGV[1] .. ' ' .. ARGV[2], 'EX', ARGV[6])
 end
-redis.call('SET', KEYS[1], ARGV[1] .. ' ' .. ARGV[2], 'EX', ARGV[6])
 redis.call('SET', KEYS[2], ARGV[3])
 redis.call('SET', KEYS[3], ARGV[4])
 redis.call('ZADD', KEYS[4], ARGV[5], ARGV[2])
@@ -166,7 +169,7 @@ class VideoStore:
         self._release = self.redis.register_script(_RELEASE)
         self._finish = self.redis.register_script(_FINISH)
         self._cancel = self.redis.register_script(_CANCEL)
-        self._create_once = self.redis.register_script(_CREATE_ONCE)
+        self._create = self.redis.register_script(_CREATE)
 
     def _key(self, kind: str, video_id: str = "") -> str:
         return f"{self.prefix}{kind}:{video_id}" if video_id else f"{self.prefix}{kind}"
@@ -186,32 +189,26 @@ class VideoStore:
         request's fingerprint): the id of the job that key made instead, if it still
         exists; KeyReused if that key made one from another request."""
         video_id = job["id"]
-        if once is not None:
-            digest, fingerprint = once
-            kinds = ("job", "params", "jobs", "active", "queue")
-            keys = [self._key("once", digest), *(self._key(k, video_id) for k in kinds[:2])]
-            keys += [self._key(k) for k in kinds[2:]]
-            args = [
-                fingerprint,
-                video_id,
-                json.dumps(job),
-                json.dumps(params),
-                job["created_at"],
-                IDEMPOTENCY_SECONDS,
-                f"{self.prefix}job:",
-            ]
-            outcome, made = await self._create_once(keys=keys, args=args)
-            if int(outcome) == 0:
-                raise KeyReused(_text(made))
-            return _text(made)
-        async with self.redis.pipeline(transaction=True) as tx:
-            tx.set(self._key("job", video_id), json.dumps(job))
-            tx.set(self._key("params", video_id), json.dumps(params))
-            tx.zadd(self._key("jobs"), {video_id: job["created_at"]})
-            tx.sadd(self._key("active"), video_id)
-            tx.rpush(self._key("queue"), video_id)
-            await tx.execute()
-        return str(video_id)
+        digest, fingerprint = once or ("", "")
+        keys = [
+            self._key("once", digest) if digest else self._key("once"),
+            self._key("job", video_id),
+            self._key("params", video_id),
+            *(self._key(k) for k in ("jobs", "active", "queue")),
+        ]
+        args = [
+            fingerprint,
+            video_id,
+            json.dumps(job),
+            json.dumps(params),
+            job["created_at"],
+            IDEMPOTENCY_SECONDS,
+            f"{self.prefix}job:",
+        ]
+        outcome, made = await self._create(keys=keys, args=args)
+        if int(outcome) == 0:
+            raise KeyReused(_text(made))
+        return _text(made)
 
     @_reported
     async def get(self, video_id: str) -> dict[str, Any] | None:
