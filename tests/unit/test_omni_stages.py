@@ -149,14 +149,21 @@ def test_thinker_hands_the_talker_what_transformers_does(path: str, thinker: Thi
     )
 
 
+# min_tokens holds back the stop codes, so every comparison covers 40 talker steps
+# whatever the random weights favour.
+TALKER_GREEDY_40 = {"temperature": 0, "max_tokens": 40, "min_tokens": 40}
+
+
 def talker_codes(talker: TalkerStage, chunks: list[Chunk], together: bool) -> list[int]:
-    session = talker.open(StageJob({"sampling": {"temperature": 0, "max_tokens": 40}}, {}))
+    session = talker.open(StageJob({"sampling": TALKER_GREEDY_40}, {}))
     codes: list[int] = []
     feeds = [chunks] if together else [[c] for c in chunks]
     for feed in feeds:
         for step in drain(session, feed):
             if "codes" in step.tensors:
                 codes += step.tensors["codes"].tolist()
+            if step.done:
+                return codes
     return codes
 
 

@@ -41,6 +41,7 @@ FAMILY = Family(
             (Role.THINKER, Engine.TRANSFORMERS),
             (Role.THINKER, Engine.VLLM),
             (Role.TALKER, Engine.TRANSFORMERS),
+            (Role.TALKER, Engine.VLLM),
             (Role.CODE2WAV, Engine.TRANSFORMERS),
         }
     ),

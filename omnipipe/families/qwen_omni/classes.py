@@ -10,6 +10,12 @@ from omnipipe.worker.stages.base import Stage
 
 
 def stage_class(spec: ResolvedStage, model_path: str) -> type[Stage]:
+    if spec.engine is Engine.VLLM and spec.role is Role.TALKER:
+        if omni_model_type(model_path) == QWEN3_OMNI:
+            raise ValueError("Qwen3-Omni's talker runs on transformers only, not yet on vLLM")
+        from omnipipe.families.qwen_omni.vllm_talker import VllmTalkerStage
+
+        return VllmTalkerStage
     if spec.engine is Engine.VLLM:
         from omnipipe.families.qwen_omni.vllm_thinker import vllm_thinker_class
 

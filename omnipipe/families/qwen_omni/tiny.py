@@ -121,7 +121,10 @@ def _config(ids: dict[str, int]) -> Any:
             **vision_ids,
             "vocab_size": CODEC_VOCAB,
             "embedding_size": THINKER_HIDDEN,
-            "head_dim": 8,
+            # vLLM's CPU attention needs head_dim >= 32 (the vLLM talker); the released
+            # talker's head_dim is not hidden_size / heads either (896 / 12 -> 64).
+            "head_dim": 32,
+            "rope_parameters": {**rope, "mrope_section": [8, 4, 4]},
             "tts_text_start_token_id": ids["<|tts_text_bos|>"],
             "tts_text_end_token_id": ids["<|tts_text_eod|>"],
             "tts_text_pad_token_id": ids["<|tts_pad|>"],
@@ -176,6 +179,11 @@ def build_qwen25_omni(target: Path) -> None:
     for weight in model.token2wav.code2wav_bigvgan_model.parameters():
         if weight.dim() > 1:
             torch.nn.init.normal_(weight, std=0.1)
+    # Likewise the talker's attention would be near uniform, blind to its rope positions;
+    # sharper queries and keys make a wrong position change its codes.
+    for layer in model.talker.model.layers:
+        for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj):
+            torch.nn.init.normal_(proj.weight, std=0.5)
     model.save_pretrained(str(target))
     generator = torch.Generator().manual_seed(1)
     speakers = {

@@ -34,8 +34,11 @@ class EngineConfigError(ValueError):
     """engineArgs that vLLM does not take, or that this stage cannot run with."""
 
 
-def engine_arguments(engine_args: dict[str, Any], device: torch.device) -> dict[str, Any]:
-    """The stage's engineArgs checked against vLLM's EngineArgs, with our defaults."""
+def engine_arguments(
+    engine_args: dict[str, Any], device: torch.device, fixed: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """The stage's engineArgs checked against vLLM's EngineArgs, with our defaults; `fixed`
+    are what the stage itself needs (a model override), not the user's to set."""
     from vllm import EngineArgs
 
     known = {f.name for f in dataclasses.fields(EngineArgs)}
@@ -51,8 +54,11 @@ def engine_arguments(engine_args: dict[str, Any], device: torch.device) -> dict[
             + ", ".join(f"{k}={REQUIRED_ARGS[k]!r}" for k in clashes)
             + ": the talker's hidden states are read in this process, for every prompt token"
         )
+    taken = sorted(set(fixed or {}) & set(engine_args))
+    if taken:
+        raise EngineConfigError(f"engineArgs {', '.join(taken)} are set by this stage itself")
     defaults = CPU_DEFAULT_ARGS if device.type == "cpu" else {}
-    return {**defaults, **engine_args, **REQUIRED_ARGS}
+    return {**defaults, **engine_args, **REQUIRED_ARGS, **(fixed or {})}
 
 
 def check_version() -> None:
@@ -67,10 +73,15 @@ def check_version() -> None:
 
 
 class VllmEngine:
-    """An LLMEngine plus the tap on its forward pass."""
+    """An LLMEngine plus, when `layers` are named, the tap on its forward pass."""
 
     def __init__(
-        self, model_path: str, engine_args: dict[str, Any], device: torch.device, layers: list[int]
+        self,
+        model_path: str,
+        engine_args: dict[str, Any],
+        device: torch.device,
+        layers: list[int],
+        fixed: dict[str, Any] | None = None,
     ) -> None:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         if device.type == "cpu":
@@ -78,11 +89,12 @@ class VllmEngine:
         check_version()
         from vllm import EngineArgs, LLMEngine
 
-        args = EngineArgs(model=model_path, **engine_arguments(engine_args, device))
+        args = EngineArgs(model=model_path, **engine_arguments(engine_args, device, fixed))
         self.llm = LLMEngine.from_engine_args(args)
         self.max_model_len = int(self.llm.model_config.max_model_len)
         self.tap = HiddenStateTap(layers)
-        self.llm.collective_rpc(install, args=(self.tap,))  # type: ignore[arg-type]
+        if layers:
+            self.llm.collective_rpc(install, args=(self.tap,))  # type: ignore[arg-type]
 
     def reset_cache(self, which: str) -> None:
         """vLLM's own resets: "prefix" frees the cached blocks no running request holds

@@ -19,7 +19,8 @@ from omnipipe.worker.models.fetch import COMPLETE, fetch, tiny_builders
 log = logging.getLogger(__name__)
 # Bump when a builder changes, so stale caches are rebuilt.
 # 9: built by `omnipipe fetch`, marked with its .omnipipe-complete.
-TINY_FORMAT = "9-fetch"
+# 10: the Qwen2.5-Omni talker's head_dim is 32, as vLLM's CPU attention needs.
+TINY_FORMAT = "10-fetch"
 
 
 def default_cache_dir() -> Path:

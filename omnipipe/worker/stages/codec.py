@@ -40,10 +40,10 @@ class CodecTalkerStage(StreamingStage):
     codes_per_second: float
 
 
-class CodecTalkerSession(Session):
-    """Takes the thinker's chunks (its prompt package, then one reply row per token),
-    prefills once the prompt and the first row are in, then steps once per reply row, and
-    sends codes downstream chunk_codes at a time."""
+class TalkerSessionBase(Session):
+    """Takes the thinker's chunks (its prompt package, then one reply row per token) and
+    sends the codes made downstream chunk_codes at a time; how codes are made is the
+    subclass's (one request's forwards here, or a shared engine)."""
 
     def __init__(self, stage: CodecTalkerStage, params: dict[str, Any]) -> None:
         self.sampling = Sampling.from_params(stage.sampling, params.get("sampling"))
@@ -66,6 +66,31 @@ class CodecTalkerSession(Session):
     def made(self) -> list[Any]:
         """The codes made so far, in order; what is sent downstream."""
 
+    def _take(self, chunks: Sequence[Chunk]) -> None:
+        for chunk in chunks:
+            if "prompt_embeds" in chunk.tensors:
+                self.prompt = chunk.tensors
+            if "reply" in chunk.tensors:
+                self.replies.extend(torch.split(chunk.tensors["reply"], 1))
+            self.upstream_done = self.upstream_done or chunk.final
+
+    def _emit(self, done: bool) -> StepResult:
+        made = self.made
+        if len(made) - self.sent < self.chunk_codes and not done:
+            return StepResult()
+        chunk = made[self.sent :]
+        self.sent = len(made)
+        return StepResult(
+            tensors={"codes": torch.tensor(chunk, dtype=torch.long)} if chunk else {},
+            done=done,
+            audio_seconds=len(chunk) / self.codes_per_second,
+        )
+
+
+class CodecTalkerSession(TalkerSessionBase):
+    """Prefills once the prompt and the first row are in, then steps once per reply row,
+    one request's forwards at a time."""
+
     @abstractmethod
     def _prefill(self) -> torch.Tensor:
         """Run the prompt; the logits for the first code."""
@@ -82,14 +107,6 @@ class CodecTalkerSession(Session):
     def _choose(self, logits: torch.Tensor) -> bool:
         """Sample the next code and record it; True when the answer is complete."""
 
-    def _take(self, chunks: Sequence[Chunk]) -> None:
-        for chunk in chunks:
-            if "prompt_embeds" in chunk.tensors:
-                self.prompt = chunk.tensors
-            if "reply" in chunk.tensors:
-                self.replies.extend(torch.split(chunk.tensors["reply"], 1))
-            self.upstream_done = self.upstream_done or chunk.final
-
     def step(self, chunks: Sequence[Chunk]) -> StepResult | None:
         self._take(chunks)
         with torch.inference_mode():
@@ -105,18 +122,6 @@ class CodecTalkerSession(Session):
                     return None
                 logits = self._forward(row)
         return self._emit(self._choose(logits))
-
-    def _emit(self, done: bool) -> StepResult:
-        made = self.made
-        if len(made) - self.sent < self.chunk_codes and not done:
-            return StepResult()
-        chunk = made[self.sent :]
-        self.sent = len(made)
-        return StepResult(
-            tensors={"codes": torch.tensor(chunk, dtype=torch.long)} if chunk else {},
-            done=done,
-            audio_seconds=len(chunk) / self.codes_per_second,
-        )
 
     def close(self) -> None:
         self.cache = None

