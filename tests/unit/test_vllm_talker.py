@@ -303,3 +303,40 @@ def test_each_codes_log_probability_equals_the_reference(
         assert codes_of(stage, chunks, GREEDY_40) == codes_of(reference, chunks, GREEDY_40)
         assert len(got) == len(want) == 40
         torch.testing.assert_close(torch.tensor(got), torch.tensor(want), rtol=0, atol=1e-4)
+
+
+def test_a_long_reply_streams_in_and_its_answer_resumes_as_rows_come(
+    stages: tuple[TalkerStage, VllmTalkerStage], thinker: ThinkerStage
+) -> None:
+    """70 thinker rows, one chunk at a time: the answer starts at 25 rows, resumes at 50
+    and at the thinker's end (each resumption's prompt holds the codes so far), and its
+    codes equal the reference's, which steps once a row."""
+    reference, stage = stages
+    long = {"temperature": 0, "max_tokens": 70, "min_tokens": 70}
+    session = thinker.open(StageJob({"messages": HELLO, "audio": True, "sampling": long}, {}))
+    chunks = []
+    step = session.step([])
+    while step is not None and not (chunks and chunks[-1].final):
+        if step.tensors or step.done:
+            chunks.append(Chunk("thinker", step.tensors, step.done))
+        step = session.step([])
+    sampling = {"temperature": 0, "max_tokens": 100, "min_tokens": 100}
+    want = codes_of(reference, chunks, sampling)
+    talker = stage.open(StageJob({"sampling": sampling}, {}))
+    assert isinstance(talker, VllmTalkerSession)
+    got: list[int] = []
+    sent_before_the_end = 0
+    try:
+        for chunk in chunks:
+            for made, done in steps(talker, [chunk]):
+                got += made
+                if not chunk.final:
+                    sent_before_the_end = len(got)
+                if done:
+                    break
+    finally:
+        talker.close()
+    assert got == want
+    assert len(got) == 100
+    assert talker.requests == 3
+    assert sent_before_the_end >= 50  # two chunks of audio while the thinker still ran

@@ -1,19 +1,20 @@
 """Qwen2.5-Omni's talker on vLLM: every open request of the stage in one continuous batch
 with paged KV, where the transformers talker steps one request at a time.
 
-Each request is added to the engine once the thinker has finished its reply, with all of
-its rows (prompt, reply, then text-eos and text-pad for ever) in the row feed
-(engines/vllm_feed.py) and the 3-D rope positions transformers' talker would use. One
-engine step then advances every running request by one code. The codes, the stop codes,
-the suppressed codec-bos and the penalty set are those of qwen25.TalkerSession, which
-stays the reference (tests/unit/test_vllm_talker.py holds the two equal).
-
-Starting at the thinker's end, not its first token, costs time to first audio on long
-replies; vLLM 0.32 cannot make a running request wait for its next row.
+A request's rows (prompt, reply, and once the thinker is done text-eos and text-pad for
+ever) are in the row feed (engines/vllm_feed.py) with the 3-D rope positions
+transformers' talker would use. One engine step advances every running request by one
+code. vLLM 0.32 cannot make a running request wait for its next row, so an answer runs
+as engine requests that each make as many codes as there are rows: the first once
+chunk_codes rows are in (or the thinker is done), the next, with the codes so far as its
+prompt and prefix caching for the KV, once chunk_codes more are in. The codes, the stop
+codes, the suppressed codec-bos and the penalty set are those of qwen25.TalkerSession,
+which stays the reference (tests/unit/test_vllm_talker.py holds the two equal).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import tempfile
 import uuid
@@ -115,6 +116,8 @@ class VllmTalkerStage(CodecTalkerStage):
                 "hf_overrides": TalkerConfigOverride(),
                 "skip_tokenizer_init": True,
                 "generation_config": generation,
+                # A resumed answer recomputes only past its last full cached block.
+                "enable_prefix_caching": True,
             }
             self.engine = VllmEngine(self.model_path, engine_args, self.device, [], fixed)
         self.feed = RowFeed()
@@ -125,9 +128,9 @@ class VllmTalkerStage(CodecTalkerStage):
         return VllmTalkerSession(self, job.params)
 
     def step_sessions(self, work: Sequence[tuple[Session, Sequence[Chunk]]]) -> list[StepOutcome]:
-        """Starts the sessions whose thinker has finished, then runs one engine step,
-        which advances every running request (those not in `work` keep their codes until
-        they step)."""
+        """Takes each session's chunks (adding an engine request where enough rows are
+        in), then runs one engine step, which advances every running request (those not
+        in `work` keep their codes until they step)."""
         started: list[StepOutcome | Exception] = []
         for session, chunks in work:
             assert isinstance(session, VllmTalkerSession)
@@ -150,18 +153,33 @@ class VllmTalkerStage(CodecTalkerStage):
         outcomes: list[StepOutcome] = []
         for (session, _), error in zip(work, started, strict=True):
             assert isinstance(session, VllmTalkerSession)
-            outcomes.append(error if isinstance(error, Exception) else session.result())
+            try:
+                outcomes.append(error if isinstance(error, Exception) else session.result())
+            except Exception as exc:
+                outcomes.append(exc)
         return outcomes
 
 
 class VllmTalkerSession(TalkerSessionBase):
+    """One answer, run as one or more engine requests: each may make only as many codes
+    as the thinker has sent rows for, and the next resumes (the codes so far as its
+    prompt, recomputed from the last cached block) once chunk_codes more rows are in."""
+
     def __init__(self, stage: VllmTalkerStage, params: dict[str, Any]) -> None:
         super().__init__(stage, params)
         self.stage = stage
-        self.request_id = f"talker-{uuid.uuid4().hex}"
+        self.session_id = uuid.uuid4().hex
+        self.rows: list[torch.Tensor] = []  # every row so far: prompt, text-bos, replies
+        self.codec_prompt: list[int] = []
+        self.positions: torch.Tensor | None = None
+        self.delta = 0
+        self.request_id: str | None = None  # the engine request now running
         self.engine_id: str | None = None
+        self.requests = 0
         self.codes: list[int] = []
         self.finished = False
+        self.rows_ran_out = False  # the running request stops where the rows do
+        self.error: Exception | None = None
 
     @property
     def made(self) -> list[int]:
@@ -169,69 +187,126 @@ class VllmTalkerSession(TalkerSessionBase):
 
     @property
     def running(self) -> bool:
-        return self.engine_id is not None and not self.finished
+        return self.engine_id is not None
+
+    @property
+    def replies_in(self) -> int:
+        return len(self.rows) - 2  # after the prompt's rows and text-bos, one per reply
 
     def start(self, chunks: Sequence[Chunk]) -> None:
-        """Takes the chunks; once the thinker is done, adds the request to the engine."""
+        """Takes the chunks, and adds an engine request when none runs and enough rows
+        are in: chunk_codes more than the codes made, or the thinker is done."""
         self._take(chunks)
-        if self.engine_id is not None or not self.upstream_done:
+        if self.prompt is not None and self.replies and not self.codec_prompt:
+            self._prepare()
+        self.rows.extend(self.replies)
+        self.replies.clear()
+        if not self.codec_prompt:
+            if self.upstream_done:
+                raise StageInputError("the thinker ended without a reply for the talker")
             return
-        if self.prompt is None or not self.replies:
-            raise StageInputError("the thinker ended without a reply for the talker")
+        self._resume()
+
+    def _resume(self) -> None:
+        if self.running or self.finished:
+            return
+        ahead = self.replies_in - len(self.codes)
+        if self.upstream_done or ahead >= self.stage.chunk_codes:
+            self._submit(None if self.upstream_done else ahead)
+
+    def _prepare(self) -> None:
+        """The codec prompt and its rope positions, from the thinker's package."""
         stage, p = self.stage, self.prompt
+        assert p is not None
         c = stage.config
         length = int(p["input_ids"].shape[0])
         text_ids = torch.cat([p["input_ids"], p["text_bos_id"], p["first_token_id"]])
-        positions, delta = stage.rope_index(text_ids, layout_kwargs(p))
-        rows = torch.cat([p["prompt_embeds"], p["text_bos_embed"][None], *self.replies])
-        self.replies.clear()
-        prompt_ids = [c.tts_codec_mask_token_id] * length + [
+        self.positions, self.delta = stage.rope_index(text_ids, layout_kwargs(p))
+        self.rows = [p["prompt_embeds"], p["text_bos_embed"][None]]
+        self.codec_prompt = [c.tts_codec_mask_token_id] * length + [
             c.tts_codec_pad_token_id,
             c.tts_codec_start_token_id,
         ]
+
+    def _submit(self, rows_ahead: int | None) -> None:
+        from vllm.inputs import TokensPrompt
+
+        stage, p = self.stage, self.prompt
+        assert p is not None
+        assert self.positions is not None
+        prompt_ids = self.codec_prompt + self.codes
         room = stage.engine.max_model_len - len(prompt_ids)
         if room < 1:
             raise StageInputError(
                 f"the talker's prompt is {len(prompt_ids)} positions; its engine takes "
                 f"{stage.engine.max_model_len}"
             )
-        params = sampling_params(
-            self.sampling, stage.stop_codes, min(self.sampling.max_tokens, room), stage.allowed
+        left = self.sampling.max_tokens - len(self.codes)
+        limit = min(left, room, rows_ahead or left)
+        self.rows_ran_out = rows_ahead is not None and rows_ahead < min(left, room)
+        sampling = dataclasses.replace(
+            self.sampling, min_tokens=max(0, self.sampling.min_tokens - len(self.codes))
         )
-        from vllm.inputs import TokensPrompt
-
+        params = sampling_params(sampling, stage.stop_codes, limit, stage.allowed)
+        self.requests += 1
+        request_id = f"talker-{self.session_id}-{self.requests}"
         try:
             engine_id = stage.engine.llm.add_request(
-                self.request_id,
-                TokensPrompt(prompt_token_ids=prompt_ids),
+                request_id,
+                # The salt keeps one answer's cached blocks to itself: its rows are its own.
+                TokensPrompt(prompt_token_ids=prompt_ids, cache_salt=self.session_id),
                 params,
             )
         except ValueError as exc:
             raise StageInputError(f"the talker's engine refused the request: {exc}") from None
+        done = self.upstream_done
         stage.feed.put(
             engine_id,
             FedRequest(
-                rows=rows.float(),
-                after=p["text_eos_embed"].float(),
-                tail=p["text_pad_embed"].float(),
-                codec_from=length,
-                positions=positions,
-                delta=delta,
+                rows=torch.cat(self.rows).float(),
+                after=p["text_eos_embed"].float() if done else None,
+                tail=p["text_pad_embed"].float() if done else None,
+                codec_from=len(self.codec_prompt) - 2,
+                positions=self.positions,
+                delta=self.delta,
             ),
         )
-        self.engine_id = engine_id
-        stage.sessions[self.request_id] = self
+        self.request_id, self.engine_id = request_id, engine_id
+        stage.sessions[request_id] = self
 
     def receive(self, output: Any) -> None:
         codes = list(output.outputs[0].token_ids)
         self.codes += [c for c in codes if c not in self.stage.stop_codes]
-        self.finished = bool(output.finished)
+        if not output.finished:
+            return
+        self._leave()
+        stopped = output.outputs[0].finish_reason != "length"
+        # Past max_tokens or the context's room, the answer ends; short of rows, it goes
+        # on when they come (at once if they already have).
+        self.finished = stopped or not self.rows_ran_out
+        try:
+            self._resume()
+        except Exception as exc:
+            self.error = exc
+
+    def _leave(self) -> None:
+        """Forget the engine request just finished (or aborted)."""
+        stage = self.stage
+        if self.request_id is not None:
+            stage.sessions.pop(self.request_id, None)
+        if self.engine_id is not None:
+            stage.feed.forget(self.engine_id)
+        self.request_id = self.engine_id = None
 
     def result(self) -> StepResult | None:
-        """What the last engine step made for this request; None while the thinker runs."""
-        if self.engine_id is None:
-            return None
-        return self._emit(self.finished)
+        """The codes to send after the last engine step; None while the session waits
+        for the thinker's rows."""
+        if self.error is not None:
+            raise self.error
+        if self.finished:
+            return self._emit(True)
+        emitted = self._emit(False)
+        return emitted if emitted.tensors or self.running else None
 
     def step(self, chunks: Sequence[Chunk]) -> StepResult | None:
         outcome = self.stage.step_sessions([(self, chunks)])[0]
@@ -240,10 +315,7 @@ class VllmTalkerSession(TalkerSessionBase):
         return outcome
 
     def close(self) -> None:
-        stage = self.stage
-        stage.sessions.pop(self.request_id, None)
-        if self.engine_id is not None:
-            stage.feed.forget(self.engine_id)
-            if not self.finished:
-                stage.engine.llm.abort_request([self.request_id])
-        self.engine_id = None
+        request_id, running = self.request_id, self.running
+        self._leave()
+        if running and request_id is not None:
+            self.stage.engine.llm.abort_request([request_id])

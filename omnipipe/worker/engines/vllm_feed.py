@@ -24,13 +24,14 @@ class FedRequest:
     """One request's inputs by position.
 
     rows[p] is position p's row; past them, `after` once, then `tail` forever (the text
-    eos row, then text pad). Positions from `codec_from` on add the embedding of their
-    token id. The prompt's positions are `positions` (3 x prompt length); decode
+    eos row, then text pad), or, while the thinker still runs (None), nothing: the
+    request must not get that far. Positions from `codec_from` on add the embedding of
+    their token id. The prompt's positions are `positions` (3 x prompt length); decode
     position p is p + delta on all three axes."""
 
     rows: torch.Tensor
-    after: torch.Tensor
-    tail: torch.Tensor
+    after: torch.Tensor | None
+    tail: torch.Tensor | None
     codec_from: int
     positions: torch.Tensor
     delta: int
@@ -93,6 +94,10 @@ class RowFeed:
 
 def _rows_at(request: FedRequest, wanted: torch.Tensor) -> torch.Tensor:
     known = request.rows.shape[0]
+    if request.after is None or request.tail is None:
+        if int(wanted.max()) >= known:
+            raise RuntimeError(f"row feed: position {int(wanted.max())} has no row yet")
+        return request.rows[wanted]
     table = torch.cat([request.rows, request.after[None], request.tail[None]])
     return table[wanted.clamp(max=known + 1)]
 
