@@ -4,7 +4,8 @@ tiny checkpoints and the same workloads:
 
 - image: tiny://qwen-image, 64x64, 4 steps, no negative prompt (no CFG);
 - speech: tiny://qwen2.5-omni, text in, text and audio out, 16 greedy thinker tokens and
-  32 talker codes.
+  32 talker codes;
+- speech-vllm-talker: the same with the talker on vLLM (the baseline runs `speech`).
 
 Each level runs `concurrency` closed-loop clients, alone on the machine and again beside
 a CPU-busy neighbour process (one core spinning). It reports p50 and p99 latency and
@@ -54,6 +55,9 @@ spec:
   model: tiny://qwen2.5-omni
   pipeline: qwen2.5-omni
 """
+SPEECH_VLLM_TALKER = SPEECH + """  stages:
+    - {name: talker, engine: vllm}
+"""
 
 
 def greedy(tokens: int) -> dict[str, Any]:
@@ -71,6 +75,8 @@ class Workload:
     unit: str
     requests_per_client: int
     min_requests: int
+    # The workload the baseline commit runs in its place (it may lack this one's engine).
+    anchor: str = ""
 
     def requests(self, concurrency: int, quick: bool) -> int:
         n = max(self.min_requests, self.requests_per_client * concurrency)
@@ -80,6 +86,9 @@ class Workload:
 WORKLOADS = {
     "image": Workload("image", IMAGE, "tiny-image", "img/s", 10, 40),
     "speech": Workload("speech", SPEECH, "tiny-omni", "req/s", 4, 12),
+    "speech-vllm-talker": Workload(
+        "speech-vllm-talker", SPEECH_VLLM_TALKER, "tiny-omni", "req/s", 4, 12, anchor="speech"
+    ),
 }
 
 
@@ -110,6 +119,7 @@ def speech_request(client: openai.OpenAI, i: int) -> None:
 CALLS: dict[str, Callable[[openai.OpenAI, int], None]] = {
     "image": image_request,
     "speech": speech_request,
+    "speech-vllm-talker": speech_request,
 }
 
 
@@ -333,12 +343,14 @@ def main() -> None:
             ours[name] = measure(REPO, work, WORKLOADS[name], levels, repeats, args.quick, args.cap)
         if not args.no_baseline:
             base = {}
+            anchors = {name: WORKLOADS[name].anchor or name for name in names}
             with worktree(args.baseline) as code:
-                for name in names:
-                    print(f"baseline {args.baseline}, {name}:", flush=True)
-                    base[name] = measure(
-                        code, work, WORKLOADS[name], levels, repeats, args.quick, args.cap
+                for anchor in dict.fromkeys(anchors.values()):
+                    print(f"baseline {args.baseline}, {anchor}:", flush=True)
+                    base[anchor] = measure(
+                        code, work, WORKLOADS[anchor], levels, repeats, args.quick, args.cap
                     )
+            base = {name: base[anchor] for name, anchor in anchors.items()}
     load.append(os.getloadavg()[0])
     summary = report(ours, base)
     record(

@@ -164,3 +164,14 @@ def test_diffusion_real_size_path_runs_on_the_cpu_at_a_tiny_size(tmp_path: Path)
     forced = rows["split_cache_forced_all_c1"]["request_steps"]  # type: ignore[index]
     assert forced["reused"] > 0  # type: ignore[index]
     assert rows["monolith_c4"]["s_per_image"] > 0  # type: ignore[index]
+
+
+def test_talker_engines_quick(tmp_path: Path) -> None:
+    out, results = run_quick("talker_engines", tmp_path)
+    assert "vLLM/transformers" in out
+    for engine in ("vllm", "transformers"):
+        levels = results[engine]
+        assert set(levels) == {"1", "4"}  # type: ignore[arg-type]
+        for r in levels.values():  # type: ignore[attr-defined]
+            assert r["codes_per_s"] > 0
+            assert r["round_s"] > 0

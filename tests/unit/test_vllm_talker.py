@@ -340,3 +340,12 @@ def test_a_long_reply_streams_in_and_its_answer_resumes_as_rows_come(
     assert len(got) == 100
     assert talker.requests == 3
     assert sent_before_the_end >= 50  # two chunks of audio while the thinker still ran
+
+
+def test_qwen3_omnis_talker_on_vllm_is_refused_by_name() -> None:
+    path = resolve_model_path("tiny://qwen3-omni")
+    vllm_spec = spec("talker", Role.TALKER, "tiny://qwen3-omni").model_copy(
+        update={"engine": Engine.VLLM}
+    )
+    with pytest.raises(NotImplementedError, match="Qwen3-Omni's talker runs on transformers"):
+        stage_class(vllm_spec, path)

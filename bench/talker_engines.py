@@ -1,0 +1,162 @@
+"""Qwen2.5-Omni's talker on vLLM against the same talker on transformers, in one process,
+on the same tiny checkpoint and the same thinker output: talker codes per second and the
+wall time of a round of answers, at 1, 4 and 16 answers at once.
+
+Both stages are stepped as the worker steps them (every open session handed to
+step_sessions at once): the transformers talker runs one forward per answer per step,
+vLLM one batched step for all of them. The thinker's chunks (transformers, greedy) are
+made once and given to every answer whole, so only the talker is timed. Greedy, with
+min_tokens = max_tokens, so both engines make the same codes (test_vllm_talker.py holds
+them equal). Both run on one torch thread, as a talker worker does on this 2-core machine.
+
+    .venv/bin/python bench/talker_engines.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+import torch
+from _common import median, record, table
+
+from omnipipe.api.spec import Engine, Role
+from omnipipe.families.qwen_omni.qwen25 import TalkerStage
+from omnipipe.families.qwen_omni.thinker import ThinkerStage
+from omnipipe.families.qwen_omni.vllm_talker import VllmTalkerStage
+from omnipipe.worker.models.tiny import resolve_model_path
+from omnipipe.worker.stages.base import Chunk, StageJob, StreamingStage
+from tests.unit.test_omni_stages import spec
+
+LEVELS = (1, 4, 16)
+THINKER_TOKENS = 16
+
+
+def thinker_chunks(path: str, count: int) -> list[list[Chunk]]:
+    thinker = ThinkerStage(spec("thinker", Role.THINKER), path, "cpu")
+    thinker.load()
+    out = []
+    for i in range(count):
+        sampling = {"temperature": 0, "max_tokens": THINKER_TOKENS, "min_tokens": THINKER_TOKENS}
+        messages = [{"role": "user", "content": f"Tell me about the weather in Paris, day {i}."}]
+        session = thinker.open(
+            StageJob({"messages": messages, "audio": True, "sampling": sampling}, {})
+        )
+        chunks: list[Chunk] = []
+        while not (chunks and chunks[-1].final):
+            step = session.step([])
+            assert step is not None
+            if step.tensors or step.done:
+                chunks.append(Chunk("thinker", step.tensors, step.done))
+        out.append(chunks)
+    return out
+
+
+def round_of(stage: StreamingStage, replies: list[list[Chunk]], codes: int) -> float:
+    """Seconds for len(replies) answers of `codes` codes each, all open at once."""
+    sampling = {"temperature": 0, "max_tokens": codes, "min_tokens": codes}
+    sessions = [stage.open(StageJob({"sampling": sampling}, {})) for _ in replies]
+    pending = {i: list(chunks) for i, chunks in enumerate(replies)}
+    made = [0] * len(sessions)
+    open_ = list(range(len(sessions)))
+    started = time.perf_counter()
+    try:
+        while open_:
+            work = [(sessions[i], pending.pop(i, [])) for i in open_]
+            outcomes = stage.step_sessions(work)
+            for i, outcome in zip(list(open_), outcomes, strict=True):
+                if isinstance(outcome, Exception):
+                    raise outcome
+                if outcome is None:
+                    continue
+                if "codes" in outcome.tensors:
+                    made[i] += len(outcome.tensors["codes"])
+                if outcome.done:
+                    open_.remove(i)
+    finally:
+        for session in sessions:
+            session.close()
+    elapsed = time.perf_counter() - started
+    assert made == [codes] * len(sessions), made
+    return elapsed
+
+
+def measure(
+    stage: StreamingStage,
+    replies: list[list[Chunk]],
+    levels: tuple[int, ...],
+    codes: int,
+    repeats: int,
+) -> dict[str, dict[str, float]]:
+    round_of(stage, replies[:2], codes)  # one-time costs (lazy imports, allocator)
+    out = {}
+    for level in levels:
+        times = [round_of(stage, replies[:level], codes) for _ in range(repeats)]
+        wall = median(times)
+        out[str(level)] = {"round_s": wall, "codes_per_s": level * codes / wall}
+        print(
+            f"    {level} at once: {wall * 1e3:.0f} ms a round, {level * codes / wall:.0f} codes/s",
+            flush=True,
+        )
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="levels 1 and 4, one repeat")
+    parser.add_argument("--codes", type=int, default=64, help="talker codes per answer")
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    levels = (1, 4) if args.quick else LEVELS
+    repeats = 1 if args.quick else args.repeats
+    path = resolve_model_path("tiny://qwen2.5-omni")
+    torch.set_num_threads(1)
+    replies = thinker_chunks(path, max(levels))
+    results: dict[str, Any] = {}
+    print("transformers:", flush=True)
+    reference = TalkerStage(spec("talker", Role.TALKER), path, "cpu")
+    reference.load()
+    results["transformers"] = measure(reference, replies, levels, args.codes, repeats)
+    print("vllm:", flush=True)
+    vllm_spec = spec("talker", Role.TALKER, engine_args={"max_model_len": 2048})
+    stage = VllmTalkerStage(vllm_spec.model_copy(update={"engine": Engine.VLLM}), path, "cpu")
+    stage.load()
+    results["vllm"] = measure(stage, replies, levels, args.codes, repeats)
+    results["torch_threads"] = torch.get_num_threads()
+    rows = []
+    summary = []
+    for level in levels:
+        t, v = results["transformers"][str(level)], results["vllm"][str(level)]
+        ratio = v["codes_per_s"] / t["codes_per_s"]
+        rows.append(
+            [
+                str(level),
+                f"{t['codes_per_s']:.0f}",
+                f"{v['codes_per_s']:.0f}",
+                f"{ratio:.2f}x",
+                f"{t['round_s'] * 1e3:.0f}",
+                f"{v['round_s'] * 1e3:.0f}",
+            ]
+        )
+        summary.append(f"c{level}_vllm_over_transformers={ratio:.2f}")
+    print(
+        table(
+            [
+                "at once",
+                "transformers codes/s",
+                "vLLM codes/s",
+                "vLLM/transformers",
+                "tf round ms",
+                "vLLM round ms",
+            ],
+            rows,
+        )
+    )
+    print(f"torch threads: {results['torch_threads']}")
+    record("talker_engines", {**results, "codes": args.codes, "repeats": repeats}, args.quick)
+    print("talker_engines: " + " ".join(summary))
+
+
+if __name__ == "__main__":
+    main()
