@@ -77,6 +77,9 @@ VARIANTS = {
     "qwen2.5-omni-vllm-talker": Variant(
         "tiny://qwen2.5-omni", "qwen2.5-omni", 480, 0, 0, talker_engine="vllm"
     ),
+    "qwen3-omni-vllm-talker": Variant(
+        "tiny://qwen3-omni", "qwen3-omni", 1920, 555, 1, talker_engine="vllm"
+    ),
 }
 AUDIO = {"voice": "Chelsie", "format": "wav"}
 HELLO = [{"role": "user", "content": "hello"}]

@@ -23,7 +23,11 @@ import torch
 from omnipipe.api.spec import Engine, Role
 from omnipipe.families.qwen_omni.qwen25 import TalkerStage
 from omnipipe.families.qwen_omni.thinker import ThinkerStage
-from omnipipe.families.qwen_omni.vllm_talker import VllmTalkerSession, VllmTalkerStage
+from omnipipe.families.qwen_omni.vllm_talker import (
+    VllmTalkerBase,
+    VllmTalkerSession,
+    VllmTalkerStage,
+)
 from omnipipe.worker.engines.vllm_feed import FedRequest, RowFeed, StepFeed
 from omnipipe.worker.models.tiny import resolve_model_path
 from omnipipe.worker.stages import stage_class
@@ -342,10 +346,120 @@ def test_a_long_reply_streams_in_and_its_answer_resumes_as_rows_come(
     assert sent_before_the_end >= 50  # two chunks of audio while the thinker still ran
 
 
-def test_qwen3_omnis_talker_on_vllm_is_refused_by_name() -> None:
-    path = resolve_model_path("tiny://qwen3-omni")
-    vllm_spec = spec("talker", Role.TALKER, "tiny://qwen3-omni").model_copy(
-        update={"engine": Engine.VLLM}
-    )
-    with pytest.raises(NotImplementedError, match="Qwen3-Omni's talker runs on transformers"):
-        stage_class(vllm_spec, path)
+# ---- Qwen3-Omni: frames (a first code and the code predictor's), an MoE talker ----------
+
+QWEN3 = "tiny://qwen3-omni"
+FRAMES_40 = {"temperature": 0, "max_tokens": 40, "min_tokens": 40}
+
+
+@pytest.fixture(scope="module")
+def qwen3() -> Iterator[tuple[Any, VllmTalkerBase, list[list[Chunk]]]]:
+    """The transformers talker, the vLLM talker and the thinker's chunks for several
+    prompts (one with an image and audio, one of 2 x 2 patches, one 70 tokens long)."""
+    path = resolve_model_path(QWEN3)
+    thinker_spec = spec("thinker", Role.THINKER, QWEN3)
+    thinker = stage_class(thinker_spec, path)(thinker_spec, path, "cpu")
+    thinker.load()
+    reference_spec = spec("talker", Role.TALKER, QWEN3)
+    reference = stage_class(reference_spec, path)(reference_spec, path, "cpu")
+    reference.load()
+    vllm_spec = spec("talker", Role.TALKER, QWEN3, engine_args={"max_model_len": 2048})
+    vllm_spec = vllm_spec.model_copy(update={"engine": Engine.VLLM})
+    stage = stage_class(vllm_spec, path)(vllm_spec, path, "cpu")
+    assert isinstance(stage, VllmTalkerBase)
+    stage.load()
+    prompts: list[tuple[list[dict[str, Any]], int]] = [
+        (HELLO, 8),
+        (media_message(), 9),
+        (image_message(), 10),
+        (HELLO, 70),
+        *(([{"role": "user", "content": f"number {i} " + "more " * i}], 6 + i) for i in range(4)),
+    ]
+    replies = []
+    for messages, tokens in prompts:
+        sampling = {"temperature": 0, "max_tokens": tokens, "min_tokens": tokens}
+        session = thinker.open(
+            StageJob(
+                {"messages": messages, "audio": True, "voice": "chelsie", "sampling": sampling}, {}
+            )
+        )
+        chunks: list[Chunk] = []
+        while not (chunks and chunks[-1].final):
+            step = session.step([])
+            assert step is not None
+            if step.tensors or step.done:
+                chunks.append(Chunk("thinker", step.tensors, step.done))
+        replies.append(chunks)
+    yield reference, stage, replies
+    assert not stage.sessions, "a session was left open in the engine"
+
+
+def test_qwen3_frames_equal_the_transformers_talker(
+    qwen3: tuple[Any, VllmTalkerBase, list[list[Chunk]]],
+) -> None:
+    """Streamed in chunk by chunk: the 70-token reply's answer runs as several engine
+    requests, each resumed one's last code getting its frame before it is fed back."""
+    reference, stage, replies = qwen3
+    for chunks in replies[:4]:
+        want = codes_of(reference, chunks, FRAMES_40)
+        assert len(want) == 39  # the 40th code ends the answer and makes no frame
+        assert codes_of(stage, chunks, FRAMES_40) == want
+    session = stage.open(StageJob({"sampling": FRAMES_40}, {}))
+    assert isinstance(session, VllmTalkerSession)
+    try:
+        for chunk in replies[3]:
+            for _, done in steps(session, [chunk]):
+                if done:
+                    break
+    finally:
+        session.close()
+    assert session.requests == 2  # 25 frames' worth of rows, then the other 15
+
+
+def test_qwen3_talker_stops_where_the_reference_stops(
+    qwen3: tuple[Any, VllmTalkerBase, list[list[Chunk]]],
+) -> None:
+    reference, stage, replies = qwen3
+    lengths = set()
+    for chunks in replies:
+        for sampling in ({"temperature": 0, "max_tokens": 30}, {"temperature": 0, "max_tokens": 3}):
+            want = codes_of(reference, chunks, sampling)
+            assert codes_of(stage, chunks, sampling) == want
+            lengths.add(len(want))
+    # The tiny Qwen3 talker never picks eos here: the max_tokens-th code ends each answer
+    # and makes no frame. (Stopping on a stop code is the Qwen2.5 test's.)
+    assert lengths == {2, 29}
+
+
+def test_qwen3_eight_answers_run_in_one_forward_and_each_equals_alone(
+    qwen3: tuple[Any, VllmTalkerBase, list[list[Chunk]]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _, stage, replies = qwen3
+    alone = [codes_of(stage, chunks, FRAMES_40) for chunks in replies]
+    batch_sizes: list[int] = []
+    step_feed = RowFeed.step
+
+    def counted(feed: RowFeed, request_ids: list[str], *args: Any) -> StepFeed:
+        batch_sizes.append(len(request_ids))
+        return step_feed(feed, request_ids, *args)
+
+    monkeypatch.setattr(RowFeed, "step", counted)
+    sessions = [stage.open(StageJob({"sampling": FRAMES_40}, {})) for _ in replies]
+    got: list[list[Any]] = [[] for _ in sessions]
+    done = [False] * len(sessions)
+    pending = [list(chunks) for chunks in replies]
+    try:
+        while not all(done):
+            open_ = [i for i in range(len(sessions)) if not done[i]]
+            work = [(sessions[i], [pending[i].pop(0)] if pending[i] else []) for i in open_]
+            for i, outcome in zip(open_, stage.step_sessions(work), strict=True):
+                assert not isinstance(outcome, Exception), outcome
+                if outcome is not None:
+                    if "codes" in outcome.tensors:
+                        got[i] += outcome.tensors["codes"].tolist()
+                    done[i] = outcome.done
+    finally:
+        for session in sessions:
+            session.close()
+    assert got == alone
+    assert max(batch_sizes) == len(replies) == 8

@@ -12,9 +12,9 @@ from omnipipe.worker.stages.base import Stage
 def stage_class(spec: ResolvedStage, model_path: str) -> type[Stage]:
     if spec.engine is Engine.VLLM and spec.role is Role.TALKER:
         if omni_model_type(model_path) == QWEN3_OMNI:
-            raise NotImplementedError(
-                f"stage {spec.name}: Qwen3-Omni's talker runs on transformers only, not on vLLM"
-            )
+            from omnipipe.families.qwen_omni.vllm_qwen3_talker import VllmQwen3TalkerStage
+
+            return VllmQwen3TalkerStage
         from omnipipe.families.qwen_omni.vllm_talker import VllmTalkerStage
 
         return VllmTalkerStage

@@ -127,14 +127,21 @@ def _config(ids: dict[str, int]) -> Any:
         talker_config={
             "text_config": {
                 **moe,
+                # For the vLLM talker: its CPU attention needs head_dim >= 32, and its
+                # CPU MoE kernel widths divisible by 32.
+                "head_dim": 32,
+                "hidden_size": 32,
+                "intermediate_size": 64,
+                "moe_intermediate_size": 32,
+                "rope_parameters": {**rope, "mrope_section": [8, 4, 4]},
                 "vocab_size": CODEBOOK + 1024,
                 # Read by the talker's shared expert; the released config carries it too.
-                "shared_expert_intermediate_size": 16,
+                "shared_expert_intermediate_size": 32,
             },
             "code_predictor_config": {
                 "vocab_size": CODEBOOK,
-                "hidden_size": 16,
-                "intermediate_size": 32,
+                "hidden_size": 32,
+                "intermediate_size": 64,
                 "num_hidden_layers": 1,
                 "num_attention_heads": 2,
                 "num_key_value_heads": 1,
@@ -198,6 +205,11 @@ def build_qwen3_omni(target: Path) -> None:
         for weight in block.parameters():
             if weight.dim() > 1:
                 torch.nn.init.normal_(weight, std=0.1)
+    # Likewise the talker's attention would be near uniform, blind to its rope positions;
+    # sharper queries and keys make a wrong position change its codes.
+    for layer in model.talker.model.layers:
+        for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj):
+            torch.nn.init.normal_(proj.weight, std=0.5)
     # Likewise the talker: at the default init its greedy codes repeat one frame whatever
     # the text (the projections of the thinker's states come out at ~1e-4), so tests could
     # not tell a right hand-off from a wrong one.

@@ -18,6 +18,7 @@ import dataclasses
 import json
 import tempfile
 import uuid
+from abc import abstractmethod
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -40,21 +41,20 @@ from omnipipe.worker.stages.codec import SAMPLE_RATE, CodecTalkerStage, TalkerSe
 from omnipipe.worker.stages.replies import sampling_params
 from omnipipe.worker.stages.sampling import Sampling
 
-MODEL_CLASS = "omnipipe.families.qwen_omni.vllm_talker_model:Qwen25OmniTalkerForVllm"
 
-
+@dataclasses.dataclass(frozen=True)
 class TalkerConfigOverride:
-    """vLLM's `hf_overrides`: the checkpoint's talker config as the model config. vLLM
-    first calls it on a bare config to see whether the model type changes; that one goes
-    through unchanged."""
+    """vLLM's `hf_overrides`: the checkpoint's talker config as the model config, under
+    our model's architecture name. vLLM first calls it on a bare config to see whether
+    the model type changes; that one goes through unchanged."""
+
+    architecture: str
 
     def __call__(self, config: Any) -> Any:
-        from omnipipe.families.qwen_omni.vllm_talker_model import ARCHITECTURE
-
         talker = getattr(config, "talker_config", None)
         if talker is None:
             return config
-        talker.architectures = [ARCHITECTURE]
+        talker.architectures = [self.architecture]
         return talker
 
 
@@ -85,26 +85,31 @@ class RopeIndex:
         return positions[:, 0], int(deltas.reshape(-1)[0])
 
 
-class VllmTalkerStage(CodecTalkerStage):
+class VllmTalkerBase(CodecTalkerStage):
+    """What the Qwen Omni talkers on vLLM share: the engine, its row feed, and stepping
+    every open answer with one engine step. A family sets, in configure(), the codes
+    that stop an answer, the codes it may pick, its sampling and chunk sizes."""
+
     sessions: dict[str, VllmTalkerSession]
+    feed: RowFeed
+    stop_codes: frozenset[int]
+    allowed: list[int]
+    architecture: str
+    model_class: str
+
+    @abstractmethod
+    def configure(self, config: Any) -> None:
+        """Everything load() needs from the checkpoint's config, before the engine."""
+
+    def make_feed(self) -> RowFeed:
+        return RowFeed()
 
     def load(self) -> None:
         from transformers import AutoConfig
         from vllm import ModelRegistry
 
-        from omnipipe.families.qwen_omni.vllm_talker_model import ARCHITECTURE
-
-        config = AutoConfig.from_pretrained(self.model_path)
-        self.config = config.talker_config
-        self.sampling = Sampling.from_params(TALKER_SAMPLING, self.spec.sampling)
-        self.codes_per_second = SAMPLE_RATE / samples_per_code(config)
-        self.chunk_codes = int(self.spec.engine_args.get("chunk_codes", CHUNK_CODES))
-        c = self.config
-        self.stop_codes = frozenset({c.tts_codec_pad_token_id, c.tts_codec_end_token_id})
-        # Every code but codec-bos, as transformers' talker suppresses it.
-        self.allowed = [i for i in range(c.vocab_size) if i != c.tts_codec_start_token_id]
-        self.rope_index = RopeIndex(c)
-        ModelRegistry.register_model(ARCHITECTURE, MODEL_CLASS)
+        self.configure(AutoConfig.from_pretrained(self.model_path))
+        ModelRegistry.register_model(self.architecture, self.model_class)
         engine_args = {k: v for k, v in self.spec.engine_args.items() if k != "chunk_codes"}
         with tempfile.TemporaryDirectory() as generation:
             # The checkpoint's generation config is the thinker's (its eos would stop the
@@ -113,19 +118,16 @@ class VllmTalkerStage(CodecTalkerStage):
                 json.dumps({"eos_token_id": sorted(self.stop_codes)})
             )
             fixed = {
-                "hf_overrides": TalkerConfigOverride(),
+                "hf_overrides": TalkerConfigOverride(self.architecture),
                 "skip_tokenizer_init": True,
                 "generation_config": generation,
                 # A resumed answer recomputes only past its last full cached block.
                 "enable_prefix_caching": True,
             }
             self.engine = VllmEngine(self.model_path, engine_args, self.device, [], fixed)
-        self.feed = RowFeed()
+        self.feed = self.make_feed()
         self.engine.llm.collective_rpc(install, args=(self.feed,))  # type: ignore[arg-type]
         self.sessions = {}
-
-    def open(self, job: StageJob) -> Session:
-        return VllmTalkerSession(self, job.params)
 
     def step_sessions(self, work: Sequence[tuple[Session, Sequence[Chunk]]]) -> list[StepOutcome]:
         """Takes each session's chunks (adding an engine request where enough rows are
@@ -163,14 +165,18 @@ class VllmTalkerStage(CodecTalkerStage):
 class VllmTalkerSession(TalkerSessionBase):
     """One answer, run as one or more engine requests: each may make only as many codes
     as the thinker has sent rows for, and the next resumes (the codes so far as its
-    prompt, recomputed from the last cached block) once chunk_codes more rows are in."""
+    prompt, recomputed from the last cached block) once chunk_codes more rows are in.
 
-    def __init__(self, stage: VllmTalkerStage, params: dict[str, Any]) -> None:
+    The family's part: the codec prompt, its rows and rope positions (_prepare), how a
+    reply row becomes a talker row (_row), and the rows after the reply (_tail)."""
+
+    def __init__(self, stage: VllmTalkerBase, params: dict[str, Any]) -> None:
         super().__init__(stage, params)
         self.stage = stage
         self.session_id = uuid.uuid4().hex
-        self.rows: list[torch.Tensor] = []  # every row so far: prompt, text-bos, replies
+        self.rows: list[torch.Tensor] = []  # every row so far, by position
         self.codec_prompt: list[int] = []
+        self.codec_from = 0  # the first prompt position its codec embedding is added to
         self.positions: torch.Tensor | None = None
         self.delta = 0
         self.request_id: str | None = None  # the engine request now running
@@ -190,8 +196,25 @@ class VllmTalkerSession(TalkerSessionBase):
         return self.engine_id is not None
 
     @property
-    def replies_in(self) -> int:
-        return len(self.rows) - 2  # after the prompt's rows and text-bos, one per reply
+    def codes_possible(self) -> int:
+        """Codes the rows in allow: one from the prompt, one more per row past it."""
+        return sum(len(r) for r in self.rows) - len(self.codec_prompt) + 1
+
+    @abstractmethod
+    def _prepare(self) -> None:
+        """Sets codec_prompt, codec_from, rows, positions and delta from the thinker's
+        package, taking the reply rows the prompt needs."""
+
+    @abstractmethod
+    def _row(self, reply: torch.Tensor) -> torch.Tensor:
+        """A reply row as the talker's input row."""
+
+    @abstractmethod
+    def _tail(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The rows after the reply (one-dimensional): one once, the other for ever."""
+
+    def _track(self, engine_id: str) -> None:
+        """A family with per-request engine state registers it with the feed."""
 
     def start(self, chunks: Sequence[Chunk]) -> None:
         """Takes the chunks, and adds an engine request when none runs and enough rows
@@ -199,8 +222,9 @@ class VllmTalkerSession(TalkerSessionBase):
         self._take(chunks)
         if self.prompt is not None and self.replies and not self.codec_prompt:
             self._prepare()
-        self.rows.extend(self.replies)
-        self.replies.clear()
+        if self.codec_prompt:
+            self.rows.extend(self._row(r) for r in self.replies)
+            self.replies.clear()
         if not self.codec_prompt:
             if self.upstream_done:
                 raise StageInputError("the thinker ended without a reply for the talker")
@@ -210,29 +234,14 @@ class VllmTalkerSession(TalkerSessionBase):
     def _resume(self) -> None:
         if self.running or self.finished:
             return
-        ahead = self.replies_in - len(self.codes)
+        ahead = self.codes_possible - len(self.codes)
         if self.upstream_done or ahead >= self.stage.chunk_codes:
             self._submit(None if self.upstream_done else ahead)
-
-    def _prepare(self) -> None:
-        """The codec prompt and its rope positions, from the thinker's package."""
-        stage, p = self.stage, self.prompt
-        assert p is not None
-        c = stage.config
-        length = int(p["input_ids"].shape[0])
-        text_ids = torch.cat([p["input_ids"], p["text_bos_id"], p["first_token_id"]])
-        self.positions, self.delta = stage.rope_index(text_ids, layout_kwargs(p))
-        self.rows = [p["prompt_embeds"], p["text_bos_embed"][None]]
-        self.codec_prompt = [c.tts_codec_mask_token_id] * length + [
-            c.tts_codec_pad_token_id,
-            c.tts_codec_start_token_id,
-        ]
 
     def _submit(self, rows_ahead: int | None) -> None:
         from vllm.inputs import TokensPrompt
 
-        stage, p = self.stage, self.prompt
-        assert p is not None
+        stage = self.stage
         assert self.positions is not None
         prompt_ids = self.codec_prompt + self.codes
         room = stage.engine.max_model_len - len(prompt_ids)
@@ -259,14 +268,15 @@ class VllmTalkerSession(TalkerSessionBase):
             )
         except ValueError as exc:
             raise StageInputError(f"the talker's engine refused the request: {exc}") from None
-        done = self.upstream_done
+        after, tail = self._tail() if self.upstream_done else (None, None)
+        self._track(engine_id)
         stage.feed.put(
             engine_id,
             FedRequest(
                 rows=torch.cat(self.rows).float(),
-                after=p["text_eos_embed"].float() if done else None,
-                tail=p["text_pad_embed"].float() if done else None,
-                codec_from=len(self.codec_prompt) - 2,
+                after=None if after is None else after.float(),
+                tail=None if tail is None else tail.float(),
+                codec_from=self.codec_from,
                 positions=self.positions,
                 delta=self.delta,
             ),
@@ -319,3 +329,51 @@ class VllmTalkerSession(TalkerSessionBase):
         self._leave()
         if running and request_id is not None:
             self.stage.engine.llm.abort_request([request_id])
+
+
+class VllmTalkerStage(VllmTalkerBase):
+    """Qwen2.5-Omni's talker on vLLM."""
+
+    architecture = "OmnipipeQwen25OmniTalker"
+    model_class = "omnipipe.families.qwen_omni.vllm_talker_model:Qwen25OmniTalkerForVllm"
+
+    def configure(self, config: Any) -> None:
+        self.config = config.talker_config
+        self.sampling = Sampling.from_params(TALKER_SAMPLING, self.spec.sampling)
+        self.codes_per_second = SAMPLE_RATE / samples_per_code(config)
+        self.chunk_codes = int(self.spec.engine_args.get("chunk_codes", CHUNK_CODES))
+        c = self.config
+        self.stop_codes = frozenset({c.tts_codec_pad_token_id, c.tts_codec_end_token_id})
+        # Every code but codec-bos, as transformers' talker suppresses it.
+        self.allowed = [i for i in range(c.vocab_size) if i != c.tts_codec_start_token_id]
+        self.rope_index = RopeIndex(c)
+
+    def open(self, job: StageJob) -> Session:
+        return Qwen25TalkerSession(self, job.params)
+
+
+class Qwen25TalkerSession(VllmTalkerSession):
+    stage: VllmTalkerStage
+
+    def _prepare(self) -> None:
+        """The codec prompt (mask ids, then pad and bos, whose embeddings are added) and
+        its rows: the thinker's prompt rows, text-bos and the first reply row."""
+        stage, p = self.stage, self.prompt
+        assert p is not None
+        c = stage.config
+        length = int(p["input_ids"].shape[0])
+        text_ids = torch.cat([p["input_ids"], p["text_bos_id"], p["first_token_id"]])
+        self.positions, self.delta = stage.rope_index(text_ids, layout_kwargs(p))
+        self.rows = [p["prompt_embeds"], p["text_bos_embed"][None]]
+        self.codec_prompt = [c.tts_codec_mask_token_id] * length + [
+            c.tts_codec_pad_token_id,
+            c.tts_codec_start_token_id,
+        ]
+        self.codec_from = length
+
+    def _row(self, reply: torch.Tensor) -> torch.Tensor:
+        return reply
+
+    def _tail(self) -> tuple[torch.Tensor, torch.Tensor]:
+        assert self.prompt is not None
+        return self.prompt["text_eos_embed"], self.prompt["text_pad_embed"]

@@ -35,8 +35,6 @@ from vllm.model_executor.models.utils import PPMissingLayer, maybe_prefix
 
 from omnipipe.worker.engines.vllm_feed import StepFeed
 
-ARCHITECTURE = "OmnipipeQwen25OmniTalker"
-
 
 class TalkerAttention(Qwen2Attention):
     """Qwen2Attention's forward with the config's head_dim."""

@@ -12,6 +12,7 @@ gets the same inputs. tests/unit/test_vllm_talker.py fails the day those attribu
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -38,13 +39,25 @@ class FedRequest:
 
 
 @dataclass(frozen=True)
+class Span:
+    """Rows begin:end of the flattened batch are request_id's positions from start on."""
+
+    request_id: str
+    begin: int
+    end: int
+    start: int
+
+
+@dataclass(frozen=True)
 class StepFeed:
     """What the model reads in one forward: a row, an add-the-codec flag and a 3-D
-    position for every row of the flattened batch."""
+    position for every row of the flattened batch, and which request each span is."""
 
     rows: torch.Tensor
     add_codec: torch.Tensor
     positions: torch.Tensor
+    spans: tuple[Span, ...] = ()
+    feed: RowFeed | None = None
 
 
 class RowFeed:
@@ -62,6 +75,9 @@ class RowFeed:
     def forget(self, request_id: str) -> None:
         with self._lock:
             self._requests.pop(request_id, None)
+
+    def attach(self, model: Any) -> None:
+        """Given the engine's model once, when the hook is installed."""
 
     def step(
         self, request_ids: list[str], starts: list[int], bounds: list[int], total: int
@@ -89,7 +105,14 @@ class RowFeed:
                 request.positions[:, wanted.clamp(max=prompt - 1)],
                 wanted + request.delta,
             )
-        return StepFeed(rows, add_codec, positions)
+        spans = tuple(
+            Span(r, bounds[i], bounds[i + 1], starts[i]) for i, r in enumerate(request_ids)
+        )
+        return StepFeed(rows, add_codec, positions, spans, self)
+
+    def after_forward(self, step: StepFeed, hidden: torch.Tensor) -> None:
+        """Called with the forward's output; a model that needs its own last states (a
+        code predictor's input) keeps them here."""
 
 
 def _rows_at(request: FedRequest, wanted: torch.Tensor) -> torch.Tensor:
@@ -108,6 +131,7 @@ def install(worker: Any, feed: RowFeed) -> None:
     runs, with no request scheduled, leave it None."""
     runner = worker.model_runner
     model = runner.get_model()
+    feed.attach(model)
     original = runner._model_forward
 
     def fed_forward(*args: Any, **kwargs: Any) -> Any:
@@ -123,11 +147,16 @@ def install(worker: Any, feed: RowFeed) -> None:
             input_ids.shape[0],
         )
         device = input_ids.device
-        model.feed = StepFeed(
-            step.rows.to(device), step.add_codec.to(device), step.positions.to(device)
+        model.feed = dataclasses.replace(
+            step,
+            rows=step.rows.to(device),
+            add_codec=step.add_codec.to(device),
+            positions=step.positions.to(device),
         )
         try:
-            return original(*args, **kwargs)
+            output = original(*args, **kwargs)
+            feed.after_forward(model.feed, output)
+            return output
         finally:
             model.feed = None
 

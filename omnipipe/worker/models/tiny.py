@@ -19,7 +19,7 @@ from omnipipe.worker.models.fetch import COMPLETE, fetch, tiny_builders
 log = logging.getLogger(__name__)
 # Bump when a builder changes, so stale caches are rebuilt.
 # 9: built by `omnipipe fetch`, marked with its .omnipipe-complete.
-# 10: the Qwen2.5-Omni talker's head_dim is 32, as vLLM's CPU attention needs.
+# 10: the Qwen Omni talkers' head_dim is 32, as vLLM's CPU attention needs.
 TINY_FORMAT = "10-fetch"
 
 

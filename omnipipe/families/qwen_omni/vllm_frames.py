@@ -1,0 +1,140 @@
+"""Qwen3-Omni's codec frames on the vLLM talker: the row feed plus, per request, what the
+code predictor needs and made.
+
+A frame is the talker's first code plus num_code_groups - 1 codes from the code
+predictor, which runs on [the talker's last state, the first code's embedding]. The
+frame's summed embedding (plus the text row) is the talker's next input, so the
+predictor runs inside the forward that feeds the first code back, for every such row of
+the batch at once, with the state the previous forward left here. Frames are kept by
+position: a recompute, or a resumed request whose prompt holds earlier codes, reuses
+them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from omnipipe.worker.engines.vllm_feed import RowFeed, StepFeed
+from omnipipe.worker.stages.sampling import Sampling, next_token
+
+
+@dataclass
+class FrameState:
+    frames_from: int  # the first position a first code is fed at
+    sampling: Sampling  # the code predictor's
+    generator: torch.Generator | None
+    codes: dict[int, list[int]] = field(default_factory=dict)  # position -> residual codes
+    embeds: dict[int, torch.Tensor] = field(default_factory=dict)  # position -> frame sum
+    last: tuple[int, torch.Tensor] | None = None  # the talker's last position and state
+
+
+class FrameFeed(RowFeed):
+    def __init__(self, groups: int) -> None:
+        super().__init__()
+        self.groups = groups
+        self.states: dict[str, FrameState] = {}
+        self.model: Any = None
+
+    def attach(self, model: Any) -> None:
+        self.model = model
+
+    def track(self, request_id: str, state: FrameState) -> None:
+        with self._lock:
+            self.states[request_id] = state
+
+    def forget(self, request_id: str) -> None:
+        super().forget(request_id)
+        with self._lock:
+            self.states.pop(request_id, None)
+
+    def after_forward(self, step: StepFeed, hidden: torch.Tensor) -> None:
+        for span in step.spans:
+            state = self.states.get(span.request_id)
+            if state is not None and span.end > span.begin:
+                last = span.start + span.end - span.begin - 1
+                state.last = (last, hidden[span.end - 1].detach().clone())
+
+    def frame_embeddings(
+        self, step: StepFeed, input_ids: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(mask, sums): which rows feed a first code back, and their frames' summed
+        embeddings, running the code predictor for the frames not made yet."""
+        n = input_ids.shape[0]
+        mask = torch.zeros(n, dtype=torch.bool)
+        sums: list[tuple[int, torch.Tensor]] = []
+        fresh: list[tuple[int, int, FrameState]] = []  # row, position, state
+        for span in step.spans:
+            state = self.states.get(span.request_id)
+            if state is None:
+                continue
+            for row in range(span.begin, span.end):
+                position = span.start + row - span.begin
+                if position < state.frames_from:
+                    continue
+                mask[row] = True
+                if position in state.embeds:
+                    sums.append((row, state.embeds[position]))
+                else:
+                    fresh.append((row, position, state))
+        out = torch.zeros(n, self.model.codec_embedding.embedding_dim, device=input_ids.device)
+        if fresh:
+            made = self._predict(
+                [s for _, _, s in fresh],
+                [p for _, p, _ in fresh],
+                input_ids[torch.tensor([r for r, _, _ in fresh])],
+            )
+            sums += [(row, total) for (row, _, _), total in zip(fresh, made, strict=True)]
+        for row, total in sums:
+            out[row] = total
+        return mask.to(input_ids.device), out
+
+    def complete(self, state: FrameState, position: int, code: int) -> None:
+        """Make the frame of a first code that was sampled but never fed back (the last
+        one of a request that stopped short of rows), before it is fed as a prompt."""
+        device = self.model.codec_embedding.weight.device
+        with torch.inference_mode():
+            self._predict([state], [position], torch.tensor([code], device=device))
+
+    def _predict(
+        self, states: list[FrameState], positions: list[int], codes: torch.Tensor
+    ) -> list[torch.Tensor]:
+        from transformers import DynamicCache
+
+        model = self.model
+        for state, position in zip(states, positions, strict=True):
+            if state.last is None or state.last[0] != position - 1:
+                raise RuntimeError(
+                    f"frames: no talker state for position {position - 1} "
+                    f"(have {None if state.last is None else state.last[0]})"
+                )
+        past = torch.stack([s.last[1] for s in states if s.last is not None])[:, None]
+        first = model.codec_embedding(codes)
+        totals = [row.clone() for row in first]
+        predictor = model.code_predictor
+        cache = DynamicCache()
+        picks: list[list[int]] = [[] for _ in states]
+        for group in range(self.groups - 1):
+            if group == 0:
+                inputs: dict[str, Any] = {"inputs_embeds": torch.cat([past, first[:, None]], 1)}
+            else:  # the predictor embeds the previous residual code itself
+                inputs = {"input_ids": torch.tensor([[p[-1]] for p in picks], device=codes.device)}
+            out = predictor(**inputs, past_key_values=cache, use_cache=True, generation_steps=group)
+            logits = out.logits[:, -1]
+            empty = torch.empty(0, dtype=torch.long)
+            for i, state in enumerate(states):
+                picks[i].append(
+                    next_token(logits[i], state.sampling, empty, generator=state.generator)
+                )
+            embedding = predictor.get_input_embeddings()[group]
+            added = embedding(torch.tensor([p[-1] for p in picks], device=codes.device))
+            totals = [total + row for total, row in zip(totals, added, strict=True)]
+        with self._lock:
+            for state, position, codes_, total in zip(
+                states, positions, picks, totals, strict=True
+            ):
+                state.codes[position] = codes_
+                state.embeds[position] = total
+        return totals
