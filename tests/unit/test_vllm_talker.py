@@ -463,3 +463,40 @@ def test_qwen3_eight_answers_run_in_one_forward_and_each_equals_alone(
             session.close()
     assert got == alone
     assert max(batch_sizes) == len(replies) == 8
+
+
+def test_a_prompt_past_the_talkers_context_is_the_requests_error(path: str) -> None:
+    """A talker engine with a short context: the codec prompt that does not fit is refused
+    by name (a 400 at the router), and one that fits stops where the context ends."""
+    vllm_spec = spec("talker", Role.TALKER, engine_args={"max_model_len": 80})
+    stage = VllmTalkerStage(vllm_spec.model_copy(update={"engine": Engine.VLLM}), path, "cpu")
+    stage.load()
+    thinker = ThinkerStage(spec("thinker", Role.THINKER), path, "cpu")
+    thinker.load()
+
+    def reply(content: str) -> list[Chunk]:
+        sampling = {"temperature": 0, "max_tokens": 4, "min_tokens": 4}
+        job = StageJob(
+            {
+                "messages": [{"role": "user", "content": content}],
+                "audio": True,
+                "sampling": sampling,
+            },
+            {},
+        )
+        session = thinker.open(job)
+        chunks: list[Chunk] = []
+        while not (chunks and chunks[-1].final):
+            step = session.step([])
+            assert step is not None
+            if step.tensors or step.done:
+                chunks.append(Chunk("thinker", step.tensors, step.done))
+        return chunks
+
+    session = stage.open(StageJob({"sampling": GREEDY_40}, {}))
+    with pytest.raises(StageInputError, match="its engine takes 80"):
+        session.step(reply("a question far longer than the talker's context " * 6))
+    session.close()
+    codes = codes_of(stage, reply("hi"), {"temperature": 0, "max_tokens": 100, "min_tokens": 100})
+    assert 0 < len(codes) < 40
+    assert stage.sessions == {}
