@@ -55,9 +55,12 @@ spec:
   model: tiny://qwen2.5-omni
   pipeline: qwen2.5-omni
 """
-SPEECH_VLLM_TALKER = SPEECH + """  stages:
+SPEECH_VLLM_TALKER = (
+    SPEECH
+    + """  stages:
     - {name: talker, engine: vllm}
 """
+)
 
 
 def greedy(tokens: int) -> dict[str, Any]:

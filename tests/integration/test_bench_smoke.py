@@ -169,9 +169,10 @@ def test_diffusion_real_size_path_runs_on_the_cpu_at_a_tiny_size(tmp_path: Path)
 def test_talker_engines_quick(tmp_path: Path) -> None:
     out, results = run_quick("talker_engines", tmp_path)
     assert "vLLM/transformers" in out
-    for engine in ("vllm", "transformers"):
-        levels = results[engine]
-        assert set(levels) == {"1", "4"}  # type: ignore[arg-type]
-        for r in levels.values():  # type: ignore[attr-defined]
-            assert r["codes_per_s"] > 0
-            assert r["round_s"] > 0
+    for family in ("qwen2.5-omni", "qwen3-omni"):
+        for engine in ("vllm", "transformers"):
+            levels = results[family][engine]  # type: ignore[index]
+            assert set(levels) == {"1", "4"}
+            for r in levels.values():
+                assert r["codes_per_s"] > 0
+                assert r["round_s"] > 0

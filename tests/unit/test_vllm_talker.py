@@ -465,14 +465,22 @@ def test_qwen3_eight_answers_run_in_one_forward_and_each_equals_alone(
     assert max(batch_sizes) == len(replies) == 8
 
 
-def test_a_prompt_past_the_talkers_context_is_the_requests_error(path: str) -> None:
-    """A talker engine with a short context: the codec prompt that does not fit is refused
-    by name (a 400 at the router), and one that fits stops where the context ends."""
+@pytest.fixture(scope="module")
+def short_context(path: str) -> VllmTalkerStage:
+    """A talker engine with an 80-position context; module-scoped, as every engine here
+    is: one that shuts down takes vLLM's process-wide parallel state with it."""
     vllm_spec = spec("talker", Role.TALKER, engine_args={"max_model_len": 80})
     stage = VllmTalkerStage(vllm_spec.model_copy(update={"engine": Engine.VLLM}), path, "cpu")
     stage.load()
-    thinker = ThinkerStage(spec("thinker", Role.THINKER), path, "cpu")
-    thinker.load()
+    return stage
+
+
+def test_a_prompt_past_the_talkers_context_is_the_requests_error(
+    short_context: VllmTalkerStage, thinker: ThinkerStage
+) -> None:
+    """The codec prompt that does not fit the context is refused by name (a 400 at the
+    router), and one that fits stops where the context ends."""
+    stage = short_context
 
     def reply(content: str) -> list[Chunk]:
         sampling = {"temperature": 0, "max_tokens": 4, "min_tokens": 4}
