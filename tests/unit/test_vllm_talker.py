@@ -258,6 +258,11 @@ def test_the_row_feed_gives_each_position_its_row_flag_and_rope_position() -> No
     ]
     with pytest.raises(RuntimeError, match="no rows for request"):
         feed.step(["a", "gone"], [0, 0], [0, 1, 2], total=2)
+    # While the thinker runs there is no eos or pad row: past the rows is an error.
+    feed.put("c", FedRequest(rows, None, None, 2, prompt, 0))
+    assert feed.step(["c"], [4], [0, 1], total=1).rows.tolist() == [[8, 9]]
+    with pytest.raises(RuntimeError, match="position 5 has no row yet"):
+        feed.step(["c"], [5], [0, 1], total=1)
 
 
 def test_each_codes_log_probability_equals_the_reference(
@@ -448,9 +453,14 @@ def test_qwen3_eight_answers_run_in_one_forward_and_each_equals_alone(
     got: list[list[Any]] = [[] for _ in sessions]
     done = [False] * len(sessions)
     pending = [list(chunks) for chunks in replies]
+    rounds = 0
     try:
         while not all(done):
-            open_ = [i for i in range(len(sessions)) if not done[i]]
+            # Half the sessions a round (as when the others wait on a send): the engine
+            # step still advances all, and an answer resumes, or finishes, outside `work`.
+            rounds += 1
+            half = [i for i in range(len(sessions)) if not done[i] and i % 2 == rounds % 2]
+            open_ = half or [i for i in range(len(sessions)) if not done[i]]
             work = [(sessions[i], [pending[i].pop(0)] if pending[i] else []) for i in open_]
             for i, outcome in zip(open_, stage.step_sessions(work), strict=True):
                 assert not isinstance(outcome, Exception), outcome
@@ -505,6 +515,53 @@ def test_a_prompt_past_the_talkers_context_is_the_requests_error(
     with pytest.raises(StageInputError, match="its engine takes 80"):
         session.step(reply("a question far longer than the talker's context " * 6))
     session.close()
-    codes = codes_of(stage, reply("hi"), {"temperature": 0, "max_tokens": 100, "min_tokens": 100})
-    assert 0 < len(codes) < 40
+    fits = stage.open(
+        StageJob({"sampling": {"temperature": 0, "max_tokens": 100, "min_tokens": 100}}, {})
+    )
+    assert isinstance(fits, VllmTalkerSession)
+    try:
+        made = list(steps(fits, reply("hi")))
+    finally:
+        fits.close()
+    codes = [code for step_codes, _ in made for code in step_codes]
+    assert made[-1][1]  # done
+    assert len(codes) == 80 - len(fits.codec_prompt)
     assert stage.sessions == {}
+
+
+def test_a_failed_engine_step_fails_every_running_answer_and_frees_the_engine(
+    short_context: VllmTalkerStage, thinker: ThinkerStage, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The forward raises once with two answers running, one of them not in the call's
+    work: both fail with the error, the engine holds no request, the next answer runs."""
+    stage = short_context
+    sampling = {"temperature": 0, "max_tokens": 4, "min_tokens": 4}
+    job = StageJob({"messages": HELLO, "audio": True, "sampling": sampling}, {})
+    session = thinker.open(job)
+    chunks: list[Chunk] = []
+    while not (chunks and chunks[-1].final):
+        step = session.step([])
+        assert step is not None
+        if step.tensors or step.done:
+            chunks.append(Chunk("thinker", step.tensors, step.done))
+    greedy = {"temperature": 0, "max_tokens": 10, "min_tokens": 10}
+    want = codes_of(stage, chunks, greedy)
+    first, second = (stage.open(StageJob({"sampling": greedy}, {})) for _ in range(2))
+    first.step(chunks)
+    second.step(chunks)
+    step_feed = RowFeed.step
+
+    def broken(*args: Any) -> StepFeed:
+        raise RuntimeError("a broken forward")
+
+    monkeypatch.setattr(RowFeed, "step", broken)
+    with pytest.raises(RuntimeError, match="a broken forward"):
+        first.step([])
+    monkeypatch.setattr(RowFeed, "step", step_feed)
+    with pytest.raises(RuntimeError, match="a broken forward"):
+        second.step([])  # it was not in the failed call's work
+    first.close()
+    second.close()
+    assert not stage.engine.llm.has_unfinished_requests()
+    assert stage.sessions == {}
+    assert codes_of(stage, chunks, greedy) == want

@@ -28,7 +28,9 @@ class FrameState:
     generator: torch.Generator | None
     codes: dict[int, list[int]] = field(default_factory=dict)  # position -> residual codes
     embeds: dict[int, torch.Tensor] = field(default_factory=dict)  # position -> frame sum
-    last: tuple[int, torch.Tensor] | None = None  # the talker's last position and state
+    # The talker's state at the last position of each forward, until the frame after it
+    # is made: a recompute after preemption (even one split into chunks) finds it here.
+    states: dict[int, torch.Tensor] = field(default_factory=dict)
 
 
 class FrameFeed(RowFeed):
@@ -55,7 +57,8 @@ class FrameFeed(RowFeed):
             state = self.states.get(span.request_id)
             if state is not None and span.end > span.begin:
                 last = span.start + span.end - span.begin - 1
-                state.last = (last, hidden[span.end - 1].detach().clone())
+                if last + 1 >= state.frames_from and last + 1 not in state.embeds:
+                    state.states[last] = hidden[span.end - 1].detach().clone()
 
     def frame_embeddings(
         self, step: StepFeed, input_ids: torch.Tensor
@@ -104,13 +107,11 @@ class FrameFeed(RowFeed):
         from transformers import DynamicCache
 
         model = self.model
-        for state, position in zip(states, positions, strict=True):
-            if state.last is None or state.last[0] != position - 1:
-                raise RuntimeError(
-                    f"frames: no talker state for position {position - 1} "
-                    f"(have {None if state.last is None else state.last[0]})"
-                )
-        past = torch.stack([s.last[1] for s in states if s.last is not None])[:, None]
+        pairs = list(zip(states, positions, strict=True))
+        missing = [p - 1 for state, p in pairs if p - 1 not in state.states]
+        if missing:
+            raise RuntimeError(f"frames: no talker state for position(s) {missing}")
+        past = torch.stack([state.states[p - 1] for state, p in pairs])[:, None]
         first = model.codec_embedding(codes)
         totals = [row.clone() for row in first]
         predictor = model.code_predictor
@@ -137,4 +138,5 @@ class FrameFeed(RowFeed):
             ):
                 state.codes[position] = codes_
                 state.embeds[position] = total
+                del state.states[position - 1]
         return totals

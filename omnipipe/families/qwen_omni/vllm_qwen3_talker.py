@@ -28,7 +28,11 @@ from omnipipe.families.qwen_omni.qwen3 import (
 )
 from omnipipe.families.qwen_omni.thinker import layout_kwargs
 from omnipipe.families.qwen_omni.vllm_frames import FrameFeed, FrameState
-from omnipipe.families.qwen_omni.vllm_talker import VllmTalkerBase, VllmTalkerSession
+from omnipipe.families.qwen_omni.vllm_talker import (
+    VllmTalkerBase,
+    VllmTalkerSession,
+    chunk_codes,
+)
 from omnipipe.worker.engines.vllm_feed import RowFeed
 from omnipipe.worker.stages.base import Session, StageJob
 from omnipipe.worker.stages.codec import SAMPLE_RATE
@@ -45,7 +49,7 @@ class VllmQwen3TalkerStage(VllmTalkerBase):
         talker_config = config.talker_config
         self.groups = int(talker_config.num_code_groups)
         self.sampling = Sampling.from_params(TALKER_SAMPLING, self.spec.sampling)
-        self.chunk_codes = int(self.spec.engine_args.get("chunk_codes", CHUNK_FRAMES))
+        self.chunk_codes = chunk_codes(self.spec.engine_args, CHUNK_FRAMES)
         self.codes_per_second = SAMPLE_RATE / samples_per_frame(config)
         eos = int(talker_config.codec_eos_token_id)
         vocab = int(talker_config.text_config.vocab_size)
@@ -123,15 +127,16 @@ class Qwen3TalkerSession(VllmTalkerSession):
             tts = project_text(self.stage.talker, self.prompt["tts_embeds"]).cpu()
         return tts[1], tts[2]
 
-    def _track(self, engine_id: str) -> None:
-        feed = self.stage.feed
+    def _before_submit(self) -> None:
         if self.codes:
             # The last code the previous request made was never fed back: its frame is
             # made now, from the state that request's last forward left.
             position = self.frames.frames_from + len(self.codes) - 1
             if position not in self.frames.codes:
-                feed.complete(self.frames, position, self.codes[-1])
-        feed.track(engine_id, self.frames)
+                self.stage.feed.complete(self.frames, position, self.codes[-1])
+
+    def _track(self, engine_id: str) -> None:
+        self.stage.feed.track(engine_id, self.frames)
 
 
 def _rope_layout(p: dict[str, torch.Tensor]) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import tempfile
 import uuid
 from abc import abstractmethod
@@ -40,6 +41,8 @@ from omnipipe.worker.stages.base import (
 from omnipipe.worker.stages.codec import SAMPLE_RATE, CodecTalkerStage, TalkerSessionBase
 from omnipipe.worker.stages.replies import sampling_params
 from omnipipe.worker.stages.sampling import Sampling
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,6 +86,14 @@ class RopeIndex:
             layout["video_second_per_grid"],
         )
         return positions[:, 0], int(deltas.reshape(-1)[0])
+
+
+def chunk_codes(engine_args: dict[str, Any], default: int) -> int:
+    """engineArgs.chunk_codes: codes (frames) per chunk to code2wav, at least one."""
+    value = int(engine_args.get("chunk_codes", default))
+    if value < 1:
+        raise ValueError(f"engineArgs.chunk_codes must be at least 1, not {value}")
+    return value
 
 
 class VllmTalkerBase(CodecTalkerStage):
@@ -145,12 +156,14 @@ class VllmTalkerBase(CodecTalkerStage):
         running = any(isinstance(s, VllmTalkerSession) and s.running for s, _ in work)
         if running and llm.has_unfinished_requests():
             try:
-                for output in llm.step():
-                    owner = self.sessions.get(output.request_id)
-                    if owner is not None:
-                        owner.receive(output)
+                outputs = llm.step()
             except Exception as exc:
-                return [exc] * len(work)
+                self._fail_running(exc)
+                outputs = []
+            for output in outputs:
+                owner = self.sessions.get(output.request_id)
+                if owner is not None:
+                    owner.receive(output)  # keeps its own error
             self.progress()
         outcomes: list[StepOutcome] = []
         for (session, _), error in zip(work, started, strict=True):
@@ -160,6 +173,14 @@ class VllmTalkerBase(CodecTalkerStage):
             except Exception as exc:
                 outcomes.append(exc)
         return outcomes
+
+    def _fail_running(self, error: Exception) -> None:
+        """A failed engine step has advanced its requests' counters without their KV or
+        outputs: none of them can go on. Each is aborted, and its answer (in this call's
+        work or not) fails with the error."""
+        log.error("the talker's engine step failed; failing its running answers: %s", error)
+        for session in list(self.sessions.values()):
+            session.fail(error)
 
 
 class VllmTalkerSession(TalkerSessionBase):
@@ -213,8 +234,12 @@ class VllmTalkerSession(TalkerSessionBase):
     def _tail(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The rows after the reply (one-dimensional): one once, the other for ever."""
 
+    def _before_submit(self) -> None:
+        """What a family must do before an engine request is added (may raise)."""
+
     def _track(self, engine_id: str) -> None:
-        """A family with per-request engine state registers it with the feed."""
+        """A family with per-request engine state registers it with the feed (must not
+        raise: the engine holds the request by then)."""
 
     def start(self, chunks: Sequence[Chunk]) -> None:
         """Takes the chunks, and adds an engine request when none runs and enough rows
@@ -232,10 +257,11 @@ class VllmTalkerSession(TalkerSessionBase):
         self._resume()
 
     def _resume(self) -> None:
-        if self.running or self.finished:
+        if self.running or self.finished or self.error is not None:
             return
         ahead = self.codes_possible - len(self.codes)
-        if self.upstream_done or ahead >= self.stage.chunk_codes:
+        left = self.sampling.max_tokens - len(self.codes)
+        if self.upstream_done or (ahead > 0 and ahead >= min(self.stage.chunk_codes, left)):
             self._submit(None if self.upstream_done else ahead)
 
     def _submit(self, rows_ahead: int | None) -> None:
@@ -251,12 +277,27 @@ class VllmTalkerSession(TalkerSessionBase):
                 f"{stage.engine.max_model_len}"
             )
         left = self.sampling.max_tokens - len(self.codes)
-        limit = min(left, room, rows_ahead or left)
+        limit = min(left, room) if rows_ahead is None else min(left, room, rows_ahead)
         self.rows_ran_out = rows_ahead is not None and rows_ahead < min(left, room)
+        seed = self.sampling.seed
         sampling = dataclasses.replace(
-            self.sampling, min_tokens=max(0, self.sampling.min_tokens - len(self.codes))
+            self.sampling,
+            min_tokens=max(0, self.sampling.min_tokens - len(self.codes)),
+            # vLLM seeds each request afresh: a resumed one must not replay the noise.
+            seed=None if seed is None else seed + len(self.codes),
         )
         params = sampling_params(sampling, stage.stop_codes, limit, stage.allowed)
+        # Everything that can fail comes before the engine takes the request.
+        after, tail = self._tail() if self.upstream_done else (None, None)
+        fed = FedRequest(
+            rows=torch.cat(self.rows).float(),
+            after=None if after is None else after.float(),
+            tail=None if tail is None else tail.float(),
+            codec_from=self.codec_from,
+            positions=self.positions,
+            delta=self.delta,
+        )
+        self._before_submit()
         self.requests += 1
         request_id = f"talker-{self.session_id}-{self.requests}"
         try:
@@ -268,19 +309,8 @@ class VllmTalkerSession(TalkerSessionBase):
             )
         except ValueError as exc:
             raise StageInputError(f"the talker's engine refused the request: {exc}") from None
-        after, tail = self._tail() if self.upstream_done else (None, None)
+        stage.feed.put(engine_id, fed)
         self._track(engine_id)
-        stage.feed.put(
-            engine_id,
-            FedRequest(
-                rows=torch.cat(self.rows).float(),
-                after=None if after is None else after.float(),
-                tail=None if tail is None else tail.float(),
-                codec_from=self.codec_from,
-                positions=self.positions,
-                delta=self.delta,
-            ),
-        )
         self.request_id, self.engine_id = request_id, engine_id
         stage.sessions[request_id] = self
 
@@ -290,14 +320,25 @@ class VllmTalkerSession(TalkerSessionBase):
         if not output.finished:
             return
         self._leave()
-        stopped = output.outputs[0].finish_reason != "length"
+        reason = output.outputs[0].finish_reason
+        if reason not in ("stop", "length"):
+            self.error = RuntimeError(f"the talker's engine ended the answer: {reason}")
+            return
         # Past max_tokens or the context's room, the answer ends; short of rows, it goes
         # on when they come (at once if they already have).
-        self.finished = stopped or not self.rows_ran_out
+        self.finished = reason == "stop" or not self.rows_ran_out
         try:
             self._resume()
         except Exception as exc:
             self.error = exc
+
+    def fail(self, error: Exception) -> None:
+        """End the answer with `error`, aborting its engine request if one runs."""
+        request_id, running = self.request_id, self.running
+        self._leave()
+        if running and request_id is not None:
+            self.stage.engine.llm.abort_request([request_id])
+        self.error = error
 
     def _leave(self) -> None:
         """Forget the engine request just finished (or aborted)."""
@@ -341,7 +382,7 @@ class VllmTalkerStage(VllmTalkerBase):
         self.config = config.talker_config
         self.sampling = Sampling.from_params(TALKER_SAMPLING, self.spec.sampling)
         self.codes_per_second = SAMPLE_RATE / samples_per_code(config)
-        self.chunk_codes = int(self.spec.engine_args.get("chunk_codes", CHUNK_CODES))
+        self.chunk_codes = chunk_codes(self.spec.engine_args, CHUNK_CODES)
         c = self.config
         self.stop_codes = frozenset({c.tts_codec_pad_token_id, c.tts_codec_end_token_id})
         # Every code but codec-bos, as transformers' talker suppresses it.

@@ -65,12 +65,17 @@ class RowFeed:
     lock guards a reader elsewhere."""
 
     def __init__(self) -> None:
-        self._requests: dict[str, FedRequest] = {}
+        # Each request's rows as one table (its rows, then `after` and `tail` once the
+        # thinker is done), built once: a step only indexes it.
+        self._requests: dict[str, tuple[FedRequest, torch.Tensor]] = {}
         self._lock = threading.Lock()
 
     def put(self, request_id: str, request: FedRequest) -> None:
+        table = request.rows
+        if request.after is not None and request.tail is not None:
+            table = torch.cat([request.rows, request.after[None], request.tail[None]])
         with self._lock:
-            self._requests[request_id] = request
+            self._requests[request_id] = (request, table)
 
     def forget(self, request_id: str) -> None:
         with self._lock:
@@ -85,19 +90,19 @@ class RowFeed:
         """The inputs of a forward whose rows bounds[i]:bounds[i+1] are request_ids[i]'s
         positions from starts[i] on; rows past bounds[-1] (padding) get zeros."""
         with self._lock:
-            fed = [self._requests.get(r) for r in request_ids]
-        missing = [r for r, f in zip(request_ids, fed, strict=True) if f is None]
+            found = [self._requests.get(r) for r in request_ids]
+        missing = [r for r, f in zip(request_ids, found, strict=True) if f is None]
         if missing:
             raise RuntimeError(f"row feed: no rows for request(s) {', '.join(missing)}")
-        width = next(f.rows.shape[1] for f in fed if f is not None)
-        rows = torch.zeros(total, width, dtype=fed[0].rows.dtype if fed[0] else torch.float32)
+        fed = [f for f in found if f is not None]
+        width = fed[0][1].shape[1]
+        rows = torch.zeros(total, width, dtype=fed[0][1].dtype)
         add_codec = torch.zeros(total, dtype=torch.bool)
         positions = torch.zeros(3, total, dtype=torch.long)
-        for i, request in enumerate(fed):
-            assert request is not None
+        for i, (request, table) in enumerate(fed):
             begin, end = bounds[i], bounds[i + 1]
             wanted = torch.arange(starts[i], starts[i] + end - begin)
-            rows[begin:end] = _rows_at(request, wanted)
+            rows[begin:end] = _rows_at(request, table, wanted)
             add_codec[begin:end] = wanted >= request.codec_from
             prompt = request.positions.shape[1]
             positions[:, begin:end] = torch.where(
@@ -115,13 +120,12 @@ class RowFeed:
         code predictor's input) keeps them here."""
 
 
-def _rows_at(request: FedRequest, wanted: torch.Tensor) -> torch.Tensor:
+def _rows_at(request: FedRequest, table: torch.Tensor, wanted: torch.Tensor) -> torch.Tensor:
     known = request.rows.shape[0]
     if request.after is None or request.tail is None:
         if int(wanted.max()) >= known:
             raise RuntimeError(f"row feed: position {int(wanted.max())} has no row yet")
-        return request.rows[wanted]
-    table = torch.cat([request.rows, request.after[None], request.tail[None]])
+        return table[wanted]
     return table[wanted.clamp(max=known + 1)]
 
 
@@ -138,8 +142,11 @@ def install(worker: Any, feed: RowFeed) -> None:
         batch = runner.input_batch
         count = batch.num_reqs
         input_ids = kwargs.get("input_ids")
-        if count == 0 or not isinstance(input_ids, torch.Tensor):
+        if count == 0:
             return original(*args, **kwargs)
+        if not isinstance(input_ids, torch.Tensor):
+            # The model would run on zero rows: refuse rather than decode garbage.
+            raise RuntimeError("row feed: the runner passed no input_ids by name")
         step = feed.step(
             list(batch.req_ids[:count]),
             [int(x) for x in batch.num_computed_tokens_cpu[:count]],
