@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import enum
 import functools
+import logging
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from omnipipe.transfer.auth import credential_key
+from omnipipe.transfer.auth import TransferRefused, credential_key
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -99,9 +103,31 @@ def stamp_received(message: Message, started: float) -> float:
 
 @dataclass
 class TransferStats:
-    """Called after each message moved: (bytes, seconds). Feeds worker metrics."""
+    """Feeds worker metrics. on_transfer: after each message moved, (bytes, seconds);
+    on_frame: after each transport message (one message, or a batch of several)."""
 
     on_transfer: Callable[[int, float], None] = lambda _n, _s: None
+    on_frame: Callable[[], None] = lambda: None
+
+
+class Outcome(enum.Enum):
+    """What a receiver did with one message of a batch."""
+
+    ACK = 0  # in its mailbox (or dropped unread: its request already ended there)
+    REFUSED = 1  # refused, with a reason: that request fails, as when send() is refused
+    # Not taken, nothing reserved: its request's queue was full just then, or it could
+    # not travel in a batch. Send it alone with send(), which waits for room.
+    BUSY = 2
+
+
+@dataclass(frozen=True)
+class Verdict:
+    outcome: Outcome
+    reason: str = ""
+
+
+ACCEPTED = Verdict(Outcome.ACK)
+SEND_ALONE = Verdict(Outcome.BUSY, "not sent in a batch")
 
 
 # Unclaimed inputs: data may arrive before its submission, but the router submits to
@@ -365,13 +391,70 @@ class Receiver(ABC):
 class Sender(ABC):
     """Sends messages to receivers by address; returns once the receiver accepted them."""
 
+    # Messages one batch carries at most (a backend may take fewer).
+    max_batch = 256
+
     def __init__(self, stats: TransferStats | None = None, credential: str | None = None) -> None:
         self.stats = stats or TransferStats()
         # Receivers must prove it before any tensor goes out (transfer/auth.py).
         self._key = credential_key(credential)
+        # Addresses that answered a batch (they take them), and those that closed the
+        # connection on their first one instead (an older version: they never will).
+        self._takes_batches: set[str] = set()
+        self._no_batches: set[str] = set()
 
     @abstractmethod
     async def send(self, address: str, message: Message) -> None: ...
+
+    def takes_batches(self, address: str) -> bool:
+        """False once the receiver at `address` has shown it takes no batches."""
+        return address not in self._no_batches
+
+    async def send_batch(self, address: str, messages: Sequence[Message]) -> list[Verdict]:
+        """Messages to one receiver in as few transport messages as it takes, each with
+        its own verdict: ACK; REFUSED with the reason (that request alone fails); or
+        BUSY: not taken, send it alone with send(), which waits for room. Messages that
+        cannot travel in a batch (KV blocks, or large tensors over UCX) are BUSY too.
+        Raises what send() raises when the receiver cannot be reached."""
+        verdicts = [SEND_ALONE] * len(messages)
+        batchable = [i for i, m in enumerate(messages) if self._batchable(m)]
+        if len(batchable) < 2 or not self.takes_batches(address):
+            return verdicts
+        groups = [
+            batchable[i : i + self.max_batch] for i in range(0, len(batchable), self.max_batch)
+        ]
+        try:
+            answers = await asyncio.gather(
+                *(self._send_batch(address, [messages[i] for i in group]) for group in groups)
+            )
+        except TransferRefused:
+            raise
+        except ConnectionError as exc:
+            if address in self._takes_batches:
+                raise  # it took batches before: this is a real failure
+            # An older receiver closes the connection on a header it cannot read, before
+            # it queues anything: each message goes again, alone.
+            log.warning(
+                "%s takes no batches (%s): sending to it one message at a time", address, exc
+            )
+            self._no_batches.add(address)
+            return [Verdict(Outcome.BUSY, f"{address} takes no batches")] * len(messages)
+        self._takes_batches.add(address)
+        for group, answer in zip(groups, answers, strict=True):
+            for i, verdict in zip(group, answer, strict=True):
+                verdicts[i] = verdict
+        return verdicts
+
+    def _batchable(self, message: Message) -> bool:
+        """Whether this backend carries the message in a batch (KV blocks never are: they
+        land straight in the receiver's block table, one allocation per message)."""
+        return False
+
+    async def _send_batch(self, address: str, messages: list[Message]) -> list[Verdict]:
+        """One transport message carrying `messages` (batchable, at most max_batch), and
+        the receiver's verdict on each. Raises ConnectionError when the receiver closes
+        the connection instead of answering."""
+        raise NotImplementedError
 
     @abstractmethod
     async def close(self) -> None: ...

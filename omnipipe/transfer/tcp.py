@@ -1,7 +1,8 @@
 """TCP backend: non-blocking sockets on the event loop. A connection opens with the
 credential handshake (transfer/auth.py); then each frame = u32 header length, msgpack
 header, buffers. The receiver answers one ack byte once the message sits in the mailbox,
-or REFUSED, u32 length and a reason (the mailbox is full): the sender raises it."""
+or REFUSED, u32 length and a reason (the mailbox is full): the sender raises it. A batch
+frame carries several messages, with one verdict each (transfer/batch.py)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from omnipipe.transfer import batch
 from omnipipe.transfer.auth import (
     HANDSHAKE_TIMEOUT_SECONDS,
     REFUSED,
@@ -23,19 +25,23 @@ from omnipipe.transfer.auth import (
     prove_peer,
 )
 from omnipipe.transfer.base import (
+    ACCEPTED,
     BlockTableFull,
+    Charge,
     MailboxFull,
     Message,
+    Outcome,
     Receiver,
     Sender,
     TransferStats,
+    Verdict,
     split_address,
     stamp_received,
 )
 from omnipipe.transfer.codec import (
     MAX_HEADER,
     CodecError,
-    decode_header,
+    decode_frame_header,
     encode_header,
     rebuild,
     tensor_bytes,
@@ -281,7 +287,11 @@ class TcpReceiver(ListeningReceiver):
         if size > MAX_HEADER:
             raise CodecError(f"header of {size} bytes exceeds {MAX_HEADER}")
         started = time.perf_counter()
-        header = decode_header(await _recv_bytes(loop, conn, size))
+        header = decode_frame_header(await _recv_bytes(loop, conn, size))
+        self.stats.on_frame()
+        if batch.is_batch(header):
+            await self._receive_batch(loop, conn, header["batch"], size, started)
+            return
         nbytes = declared_bytes(header)
         in_blocks = block_bytes(header)
         try:
@@ -316,6 +326,48 @@ class TcpReceiver(ListeningReceiver):
         await self.mailbox.put(message, charge)
         self.stats.on_transfer(message.nbytes, seconds)
         await loop.sock_sendall(conn, ACK)
+
+    async def _receive_batch(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        conn: socket.socket,
+        subs: list[dict[str, Any]],
+        size: int,
+        started: float,
+    ) -> None:
+        """Each message of a batch taken or answered on its own, none waiting for room:
+        all are received, then queued, then the verdicts go back in one reply."""
+        sizes = [declared_bytes(sub) for sub in subs]
+        if any(block_bytes(sub) for sub in subs):
+            raise CodecError("KV blocks travel alone, not in a batch")
+        verdicts: list[Verdict] = []
+        received: list[tuple[Message, Charge] | None] = []
+        charges: list[Charge] = []  # released if the batch is cut short
+        try:
+            for sub, nbytes in zip(subs, sizes, strict=True):
+                room = batch.admit(
+                    self.mailbox, str(sub.get("request_id")), nbytes + size // len(subs)
+                )
+                if not isinstance(room, Charge):
+                    await _drain(loop, conn, nbytes)
+                    verdicts.append(ACCEPTED if room is None else room)
+                    received.append(None)
+                    continue
+                charges.append(room)
+                buffers = [await _recv_exact(loop, conn, int(s["nbytes"])) for s in sub["tensors"]]
+                received.append((message_from(sub, buffers), room))
+                verdicts.append(ACCEPTED)
+        except BaseException:
+            for charge in charges:
+                self.mailbox.release(charge)
+            raise
+        for i, item in enumerate(received):
+            if item is not None:
+                message, charge = item
+                seconds = stamp_received(message, started)
+                verdicts[i] = batch.deliver(self.mailbox, message, charge)
+                self.stats.on_transfer(message.nbytes, seconds)
+        await loop.sock_sendall(conn, batch.batch_reply(verdicts))
 
 
 class TcpSender(Sender):
@@ -366,6 +418,7 @@ class TcpSender(Sender):
             for buf in [*buffers, *block_buffers(message)]:
                 if len(buf):
                     await loop.sock_sendall(sock, buf)
+            self.stats.on_frame()
             ack = await loop.sock_recv(sock, 1)
             if ack == REFUSED:
                 (size,) = _LEN.unpack(await _recv_bytes(loop, sock, _LEN.size))
@@ -381,6 +434,40 @@ class TcpSender(Sender):
             raise
         self._idle.setdefault(address, []).append(sock)
         self.stats.on_transfer(message.nbytes, time.perf_counter() - started)
+
+    def _batchable(self, message: Message) -> bool:
+        return not message.blocks
+
+    async def _send_batch(self, address: str, messages: list[Message]) -> list[Verdict]:
+        parts = [frame_header(m) for m in messages]
+        raw = encode_header({"batch": [header for header, _ in parts]})
+        started = time.perf_counter()
+        loop = asyncio.get_running_loop()
+        sock = await self._connection(address)
+        try:
+            await loop.sock_sendall(sock, _LEN.pack(len(raw)) + raw)
+            for _, buffers in parts:
+                for buf in buffers:
+                    if len(buf):
+                        await loop.sock_sendall(sock, buf)
+            self.stats.on_frame()
+            kind = await loop.sock_recv(sock, 1)
+            if kind != batch.BATCHED:
+                raise ConnectionError(f"{address} did not answer the batch ({kind!r})")
+            (size,) = _LEN.unpack(await _recv_bytes(loop, sock, _LEN.size))
+            verdicts = batch.read_verdicts(await _recv_bytes(loop, sock, size), len(messages))
+        except asyncio.IncompleteReadError as exc:
+            sock.close()
+            raise ConnectionError(f"{address} closed the connection mid-reply") from exc
+        except BaseException:
+            sock.close()
+            raise
+        self._idle.setdefault(address, []).append(sock)
+        seconds = time.perf_counter() - started
+        for message, verdict in zip(messages, verdicts, strict=True):
+            if verdict.outcome is Outcome.ACK:
+                self.stats.on_transfer(message.nbytes, seconds)
+        return verdicts
 
     async def close(self) -> None:
         for socks in self._idle.values():
