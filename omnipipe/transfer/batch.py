@@ -15,16 +15,9 @@ from typing import Any
 
 import msgpack
 
-from omnipipe.transfer.base import (
-    ACCEPTED,
-    Charge,
-    Mailbox,
-    MailboxFull,
-    Message,
-    Outcome,
-    Verdict,
-)
+from omnipipe.transfer.base import ACCEPTED, Message, Outcome, Verdict
 from omnipipe.transfer.codec import CodecError
+from omnipipe.transfer.mailbox import Charge, Mailbox, MailboxFull
 
 BATCHED = b"\x17"
 _LEN = struct.Struct("!I")

@@ -21,22 +21,15 @@ from omnipipe.transfer.auth import HANDSHAKE_TIMEOUT_SECONDS, REFUSED
 from omnipipe.transfer.base import (
     ACCEPTED,
     BlockTableFull,
-    Charge,
-    MailboxFull,
     Message,
     Outcome,
     Verdict,
     stamp_received,
 )
 from omnipipe.transfer.codec import MAX_HEADER, CodecError, decode_frame_header
-from omnipipe.transfer.tcp import (
-    ACK,
-    ListeningReceiver,
-    _recv_bytes,
-    block_bytes,
-    declared_bytes,
-    message_from,
-)
+from omnipipe.transfer.frames import block_bytes, declared_bytes, message_from
+from omnipipe.transfer.mailbox import Charge, MailboxFull
+from omnipipe.transfer.tcp import ACK, ListeningReceiver, _recv_bytes
 from omnipipe.transfer.ucx import (
     _CONN,
     _LEN,
