@@ -349,7 +349,10 @@ class TcpSender(Sender):
 
     async def _send_batch(self, address: str, messages: list[Message]) -> list[Verdict]:
         parts = [frame_header(m) for m in messages]
-        raw = encode_header({"batch": [header for header, _ in parts]})
+        try:
+            raw = encode_header({"batch": [header for header, _ in parts]})
+        except CodecError as exc:  # headers that fit alone but not together: each alone
+            return [Verdict(Outcome.BUSY, str(exc))] * len(messages)
         started = time.perf_counter()
         loop = asyncio.get_running_loop()
         sock = await self._connection(address)

@@ -51,7 +51,7 @@ import torch
 from omnipipe.transfer import batch, ucx_worker
 from omnipipe.transfer.auth import HANDSHAKE_TIMEOUT_SECONDS, REFUSED, TransferRefused, prove_peer
 from omnipipe.transfer.base import Message, Outcome, Sender, Verdict, split_address
-from omnipipe.transfer.codec import MAX_HEADER, encode_header
+from omnipipe.transfer.codec import MAX_HEADER, CodecError, encode_header
 from omnipipe.transfer.frames import frame_header
 from omnipipe.transfer.tcp import ACK, _recv_bytes, _tune
 from omnipipe.transfer.ucx_worker import PeerGone, UcxWorker, array
@@ -341,7 +341,10 @@ class UcxSender(Sender):
             taken.append(i)
         if len(taken) < 2:
             return verdicts
-        raw = encode_header({"batch": headers})
+        try:
+            raw = encode_header({"batch": headers})
+        except CodecError as exc:  # headers that fit alone but not together: each alone
+            return [Verdict(Outcome.BUSY, str(exc))] * len(messages)
         ctrl = bytearray(_LEN.pack(len(raw)) + raw)
         for buf in inline:
             ctrl += buf

@@ -345,10 +345,10 @@ class UcxReceiver(ListeningReceiver):
         each large tensor and block straight into the memory it ends up in. None when it
         is answered already: refused, or dropped (the request ended)."""
         data_messages = sum(b is None for b in buffers) + (1 if _block_count(header) else 0)
+        nbytes = declared_bytes(header) + offset
+        self.stats.on_frame()  # past what a malformed message raises: counted once
         try:
-            charge = self.mailbox.reserve(
-                str(header.get("request_id")), declared_bytes(header) + offset
-            )
+            charge = self.mailbox.reserve(str(header.get("request_id")), nbytes)
         except MailboxFull as exc:
             state.decline(data_messages, _refusal(str(exc)))
             return None

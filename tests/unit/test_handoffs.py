@@ -309,8 +309,8 @@ async def test_an_older_receiver_gets_every_message_one_by_one(
 async def test_batches_and_lone_messages_are_counted_as_frames(
     backend: str, counted: Counted
 ) -> None:
-    mailbox = Mailbox()
-    receiver = make_receiver(backend, mailbox)
+    mailbox, received = Mailbox(), Counted()
+    receiver = make_receiver(backend, mailbox, stats=received.stats())
     await receiver.start()
     sender = make_sender(backend, counted.stats())
     handoffs = HandOffs(sender)
@@ -321,7 +321,9 @@ async def test_batches_and_lone_messages_are_counted_as_frames(
                 asyncio.gather(*(handoffs.send(receiver.address, token(r, chunk)) for r in rids)),
                 GUARD,
             )
-        assert counted.frames == 3  # 24 hand-offs in 3 transport messages
+        await handoffs.send(receiver.address, token("alone"))
+        assert counted.frames == 4  # 25 hand-offs in 4 transport messages
+        assert received.frames == 4
         for rid in rids:
             assert [(await _queued(mailbox, rid)).chunk for _ in range(3)] == [0, 1, 2]
     finally:
