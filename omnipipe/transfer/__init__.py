@@ -5,19 +5,21 @@ One interface (Sender / Receiver / Mailbox), two backends: ucx (ucxx) and tcp (a
 
 from omnipipe.transfer.auth import CREDENTIAL_ENV, TransferRefused
 from omnipipe.transfer.base import (
-    DEFAULT_MAX_BYTES,
-    UNCLAIMED_SHARE,
     BlockTable,
     BlockTableFull,
-    Charge,
-    Mailbox,
-    MailboxFull,
     Message,
     Receiver,
     Sender,
     TransferStats,
 )
 from omnipipe.transfer.factory import make_receiver, make_sender
+from omnipipe.transfer.mailbox import (
+    DEFAULT_MAX_BYTES,
+    UNCLAIMED_SHARE,
+    Charge,
+    Mailbox,
+    MailboxFull,
+)
 
 __all__ = [
     "CREDENTIAL_ENV",

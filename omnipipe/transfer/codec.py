@@ -60,10 +60,31 @@ def encode_header(header: dict[str, Any]) -> bytes:
     return raw
 
 
+def _is_message(header: object) -> bool:
+    return isinstance(header, dict) and isinstance(header.get("tensors"), list)
+
+
 def decode_header(raw: bytes) -> dict[str, Any]:
     header = msgpack.unpackb(raw, raw=False)
-    if not isinstance(header, dict) or not isinstance(header.get("tensors"), list):
+    if not _is_message(header):
         raise CodecError("frame header is not a tensor message")
+    assert isinstance(header, dict)
+    return header
+
+
+def decode_frame_header(raw: bytes) -> dict[str, Any]:
+    """One message's header, or a batch's: {"batch": [message header, ...]}. A batch
+    header has no `tensors`, so a receiver that predates batches (decode_header) rejects
+    it and closes the connection before it queues anything."""
+    header = msgpack.unpackb(raw, raw=False)
+    if isinstance(header, dict) and "batch" in header:
+        subs = header["batch"]
+        if not isinstance(subs, list) or not subs or not all(_is_message(s) for s in subs):
+            raise CodecError("batch header without its message headers")
+        return header
+    if not _is_message(header):
+        raise CodecError("frame header is not a tensor message")
+    assert isinstance(header, dict)
     return header
 
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from omnipipe.transfer.auth import resolve_credential, warn_if_open
-from omnipipe.transfer.base import BlockTable, Mailbox, Receiver, Sender, TransferStats
+from omnipipe.transfer.base import BlockTable, Receiver, Sender, TransferStats
+from omnipipe.transfer.mailbox import Mailbox
 
 
 def make_receiver(

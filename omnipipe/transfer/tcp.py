@@ -1,7 +1,8 @@
 """TCP backend: non-blocking sockets on the event loop. A connection opens with the
 credential handshake (transfer/auth.py); then each frame = u32 header length, msgpack
 header, buffers. The receiver answers one ack byte once the message sits in the mailbox,
-or REFUSED, u32 length and a reason (the mailbox is full): the sender raises it."""
+or REFUSED, u32 length and a reason (the mailbox is full): the sender raises it. A batch
+frame carries several messages, with one verdict each (transfer/batch.py)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ from abc import abstractmethod
 from typing import Any
 
 import numpy as np
-import torch
 
+from omnipipe.transfer import batch
 from omnipipe.transfer.auth import (
     HANDSHAKE_TIMEOUT_SECONDS,
     REFUSED,
@@ -23,24 +24,32 @@ from omnipipe.transfer.auth import (
     prove_peer,
 )
 from omnipipe.transfer.base import (
+    ACCEPTED,
     BlockTableFull,
-    MailboxFull,
     Message,
+    Outcome,
     Receiver,
     Sender,
     TransferStats,
+    Verdict,
     split_address,
     stamp_received,
 )
 from omnipipe.transfer.codec import (
     MAX_HEADER,
     CodecError,
-    decode_header,
+    decode_frame_header,
     encode_header,
-    rebuild,
     tensor_bytes,
-    tensor_spec,
 )
+from omnipipe.transfer.frames import (
+    block_buffers,
+    block_bytes,
+    declared_bytes,
+    frame_header,
+    message_from,
+)
+from omnipipe.transfer.mailbox import Charge, MailboxFull
 
 ACK = b"\x06"
 # Large socket buffers: each event-loop wakeup moves more bytes, which is what limits an
@@ -56,100 +65,6 @@ def _tune(sock: socket.socket) -> None:
 
 
 _LEN = struct.Struct("!I")
-
-
-def frame_header(
-    message: Message, device_direct: bool = False, direct_min: int = 0
-) -> tuple[dict[str, object], list[Any]]:
-    """The header and each tensor's bytes (a memoryview of host memory). With
-    `device_direct`, a CUDA tensor of at least `direct_min` bytes has the tensor itself
-    as its buffer (flat uint8, still on the device) and its spec says "direct"."""
-    specs: list[dict[str, Any]] = []
-    buffers: list[Any] = []
-    for name, tensor in message.tensors.items():
-        spec = tensor_spec(name, tensor)
-        if device_direct and tensor.is_cuda and spec["nbytes"] >= direct_min:
-            spec["direct"] = True
-            buffers.append(tensor.detach().contiguous().reshape(-1).view(torch.uint8))
-        else:
-            buffers.append(tensor_bytes(tensor))
-        specs.append(spec)
-    header = {
-        "request_id": message.request_id,
-        "source": message.source,
-        "chunk": message.chunk,
-        "final": message.final,
-        "meta": message.meta,
-        "tensors": specs,
-    }
-    if message.blocks:
-        sizes = {b.numel() * b.element_size() for b in message.blocks}
-        if len(sizes) != 1:
-            raise CodecError(f"KV blocks of different sizes: {sorted(sizes)}")
-        header["blocks"] = {"count": len(message.blocks), "nbytes": sizes.pop()}
-    return header, buffers
-
-
-def block_buffers(message: Message) -> list[memoryview]:
-    """Each KV block's bytes, from its own memory (blocks need not be adjacent)."""
-    return [tensor_bytes(b) for b in message.blocks]
-
-
-def block_bytes(header: dict[str, Any]) -> int:
-    blocks = header.get("blocks") or {}
-    try:
-        count, nbytes = int(blocks.get("count", 0)), int(blocks.get("nbytes", 0))
-    except (AttributeError, TypeError, ValueError) as exc:
-        raise CodecError(f"bad block spec {blocks!r}") from exc
-    if count < 0 or nbytes < 0:
-        raise CodecError(f"bad block spec {blocks!r}")
-    return count * nbytes
-
-
-def message_from(
-    header: dict[str, object],
-    buffers: list[Any],
-    block_ids: list[int] | None = None,
-    blocks: list[torch.Tensor] | None = None,
-    to_device: bool = False,
-) -> Message:
-    """`to_device`: a CUDA tensor that travelled as host bytes goes back to its device."""
-    specs = header["tensors"]
-    assert isinstance(specs, list)
-    tensors = {
-        s["name"]: rebuild(s, b, _home(s) if to_device else "cpu")
-        for s, b in zip(specs, buffers, strict=True)
-    }
-    meta = header.get("meta") or {}
-    return Message(
-        blocks=blocks or [],
-        block_ids=block_ids or [],
-        request_id=str(header["request_id"]),
-        source=str(header["source"]),
-        tensors=tensors,
-        chunk=int(header.get("chunk", 0)),  # type: ignore[call-overload]
-        final=bool(header.get("final", True)),
-        meta=dict(meta),  # type: ignore[call-overload]
-    )
-
-
-def _home(spec: dict[str, Any]) -> str:
-    device = str(spec.get("device", "cpu"))
-    return device if device.startswith("cuda") else "cpu"
-
-
-def declared_bytes(header: dict[str, Any]) -> int:
-    """What a frame's tensors will take, from its header, before any is read."""
-    total = 0
-    for spec in header["tensors"]:
-        try:
-            nbytes = int(spec["nbytes"])
-        except (KeyError, TypeError, ValueError) as exc:
-            raise CodecError(f"bad tensor spec {spec!r}") from exc
-        if nbytes < 0:
-            raise CodecError(f"bad tensor spec {spec!r}")
-        total += nbytes
-    return total
 
 
 def refusal(reason: str) -> bytes:
@@ -281,7 +196,11 @@ class TcpReceiver(ListeningReceiver):
         if size > MAX_HEADER:
             raise CodecError(f"header of {size} bytes exceeds {MAX_HEADER}")
         started = time.perf_counter()
-        header = decode_header(await _recv_bytes(loop, conn, size))
+        header = decode_frame_header(await _recv_bytes(loop, conn, size))
+        self.stats.on_frame()
+        if batch.is_batch(header):
+            await self._receive_batch(loop, conn, header["batch"], size, started)
+            return
         nbytes = declared_bytes(header)
         in_blocks = block_bytes(header)
         try:
@@ -316,6 +235,48 @@ class TcpReceiver(ListeningReceiver):
         await self.mailbox.put(message, charge)
         self.stats.on_transfer(message.nbytes, seconds)
         await loop.sock_sendall(conn, ACK)
+
+    async def _receive_batch(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        conn: socket.socket,
+        subs: list[dict[str, Any]],
+        size: int,
+        started: float,
+    ) -> None:
+        """Each message of a batch taken or answered on its own, none waiting for room:
+        all are received, then queued, then the verdicts go back in one reply."""
+        sizes = [declared_bytes(sub) for sub in subs]
+        if any(block_bytes(sub) for sub in subs):
+            raise CodecError("KV blocks travel alone, not in a batch")
+        verdicts: list[Verdict] = []
+        received: list[tuple[Message, Charge] | None] = []
+        charges: list[Charge] = []  # released if the batch is cut short
+        try:
+            for sub, nbytes in zip(subs, sizes, strict=True):
+                room = batch.admit(
+                    self.mailbox, str(sub.get("request_id")), nbytes + size // len(subs)
+                )
+                if not isinstance(room, Charge):
+                    await _drain(loop, conn, nbytes)
+                    verdicts.append(ACCEPTED if room is None else room)
+                    received.append(None)
+                    continue
+                charges.append(room)
+                buffers = [await _recv_exact(loop, conn, int(s["nbytes"])) for s in sub["tensors"]]
+                received.append((message_from(sub, buffers), room))
+                verdicts.append(ACCEPTED)
+        except BaseException:
+            for charge in charges:
+                self.mailbox.release(charge)
+            raise
+        for i, item in enumerate(received):
+            if item is not None:
+                message, charge = item
+                seconds = stamp_received(message, started)
+                verdicts[i] = batch.deliver(self.mailbox, message, charge)
+                self.stats.on_transfer(message.nbytes, seconds)
+        await loop.sock_sendall(conn, batch.batch_reply(verdicts))
 
 
 class TcpSender(Sender):
@@ -366,6 +327,7 @@ class TcpSender(Sender):
             for buf in [*buffers, *block_buffers(message)]:
                 if len(buf):
                     await loop.sock_sendall(sock, buf)
+            self.stats.on_frame()
             ack = await loop.sock_recv(sock, 1)
             if ack == REFUSED:
                 (size,) = _LEN.unpack(await _recv_bytes(loop, sock, _LEN.size))
@@ -381,6 +343,43 @@ class TcpSender(Sender):
             raise
         self._idle.setdefault(address, []).append(sock)
         self.stats.on_transfer(message.nbytes, time.perf_counter() - started)
+
+    def _batchable(self, message: Message) -> bool:
+        return not message.blocks
+
+    async def _send_batch(self, address: str, messages: list[Message]) -> list[Verdict]:
+        parts = [frame_header(m) for m in messages]
+        try:
+            raw = encode_header({"batch": [header for header, _ in parts]})
+        except CodecError as exc:  # headers that fit alone but not together: each alone
+            return [Verdict(Outcome.BUSY, str(exc))] * len(messages)
+        started = time.perf_counter()
+        loop = asyncio.get_running_loop()
+        sock = await self._connection(address)
+        try:
+            await loop.sock_sendall(sock, _LEN.pack(len(raw)) + raw)
+            for _, buffers in parts:
+                for buf in buffers:
+                    if len(buf):
+                        await loop.sock_sendall(sock, buf)
+            self.stats.on_frame()
+            kind = await loop.sock_recv(sock, 1)
+            if kind != batch.BATCHED:
+                raise ConnectionError(f"{address} did not answer the batch ({kind!r})")
+            (size,) = _LEN.unpack(await _recv_bytes(loop, sock, _LEN.size))
+            verdicts = batch.read_verdicts(await _recv_bytes(loop, sock, size), len(messages))
+        except asyncio.IncompleteReadError as exc:
+            sock.close()
+            raise ConnectionError(f"{address} closed the connection mid-reply") from exc
+        except BaseException:
+            sock.close()
+            raise
+        self._idle.setdefault(address, []).append(sock)
+        seconds = time.perf_counter() - started
+        for message, verdict in zip(messages, verdicts, strict=True):
+            if verdict.outcome is Outcome.ACK:
+                self.stats.on_transfer(message.nbytes, seconds)
+        return verdicts
 
     async def close(self) -> None:
         for socks in self._idle.values():

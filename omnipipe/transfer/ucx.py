@@ -20,6 +20,9 @@ message is one round trip:
         once they have landed answers REPLY: ACK. Or it answers REFUSED u32 reason, or
         DROPPED (the request already ended), after receiving each DATA message into one
         byte. A connection it cannot serve, it ends by closing the rendezvous socket.
+A batch (transfer/batch.py) is one CTRL message and nothing else: only messages whose
+tensors all travel inline join one, and its REPLY is BATCHED, u32 length, one verdict per
+message, cut to fit the reply buffer (MAX_BATCH keeps them within it).
 Above UCX's rendezvous threshold (8 KiB between two processes on one host; more over
 some networks) a DATA send is a rendezvous: only its announcement travels until the
 receiver posts the matching receive, so nothing large reaches the receiver before it
@@ -45,16 +48,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from omnipipe.transfer import ucx_worker
+from omnipipe.transfer import batch, ucx_worker
 from omnipipe.transfer.auth import HANDSHAKE_TIMEOUT_SECONDS, REFUSED, TransferRefused, prove_peer
-from omnipipe.transfer.base import Message, Sender, split_address
-from omnipipe.transfer.codec import MAX_HEADER, encode_header
-from omnipipe.transfer.tcp import (
-    ACK,
-    _recv_bytes,
-    _tune,
-    frame_header,
-)
+from omnipipe.transfer.base import Message, Outcome, Sender, Verdict, split_address
+from omnipipe.transfer.codec import MAX_HEADER, CodecError, encode_header
+from omnipipe.transfer.frames import frame_header
+from omnipipe.transfer.tcp import ACK, _recv_bytes, _tune
 from omnipipe.transfer.ucx_worker import PeerGone, UcxWorker, array
 
 log = logging.getLogger(__name__)
@@ -72,6 +71,11 @@ CTRL, DATA, REPLY = 1, 2, 3
 # receivers sharing a UCX worker each probe for their own connections' CTRL messages.
 RECEIVER_MASK = 0xFFFFFF
 REPLY_MAX = 1 + 4 + 4096
+# Messages one batch carries at most: their verdicts (5 bytes each, reasons aside) fit
+# the reply buffer with room for the reasons of the refused.
+MAX_BATCH = 64
+# What one batch's inline tensors may take, all together.
+INLINE_BATCH_MAX = CTRL_MAX - MAX_HEADER - 4
 DEVICE_ACK = b"\x07"
 _LEN = struct.Struct("!I")
 _CONN = struct.Struct("!Q")
@@ -187,6 +191,8 @@ class UcxSender(Sender):
     """Keeps idle connections (socket + UCX endpoint) per address; concurrent sends open
     more, so one slow request never blocks another's hand-off."""
 
+    max_batch = MAX_BATCH
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._idle: dict[str, list[_Peer]] = {}
@@ -288,6 +294,7 @@ class UcxSender(Sender):
             ctrl_buffer = array(np.frombuffer(ctrl, dtype=np.uint8))
             sends = [peer.endpoint.tag_send(ctrl_buffer, peer.ctrl_tag)]
             sends += [peer.endpoint.tag_send(array(b), peer.data_tag) for b in data]
+            self.stats.on_frame()
             verdict = await self._exchange(ucx, peer, sends)
             if verdict == DROPPED:
                 verdict = ACK
@@ -308,6 +315,64 @@ class UcxSender(Sender):
             raise
         self._idle.setdefault(address, []).append(peer)
         self.stats.on_transfer(message.nbytes, time.perf_counter() - started)
+
+    def _batchable(self, message: Message) -> bool:
+        return not message.blocks and all(
+            t.numel() * t.element_size() <= INLINE_MAX for t in message.tensors.values()
+        )
+
+    async def _send_batch(self, address: str, messages: list[Message]) -> list[Verdict]:
+        """One CTRL message: the batch header and every message's tensors inline (as
+        host bytes). Those that would take it past CTRL_MAX are left BUSY (sent alone)."""
+        verdicts = [Verdict(Outcome.BUSY, "over one batch's inline room")] * len(messages)
+        headers: list[dict[str, object]] = []
+        inline: list[Any] = []
+        taken: list[int] = []
+        room = INLINE_BATCH_MAX
+        for i, message in enumerate(messages):
+            header, buffers = frame_header(message)
+            nbytes = sum(len(b) for b in buffers)
+            if nbytes > room:
+                continue
+            room -= nbytes
+            header["inline"] = [True] * len(buffers)
+            headers.append(header)
+            inline += buffers
+            taken.append(i)
+        if len(taken) < 2:
+            return verdicts
+        try:
+            raw = encode_header({"batch": headers})
+        except CodecError as exc:  # headers that fit alone but not together: each alone
+            return [Verdict(Outcome.BUSY, str(exc))] * len(messages)
+        ctrl = bytearray(_LEN.pack(len(raw)) + raw)
+        for buf in inline:
+            ctrl += buf
+        loop = asyncio.get_running_loop()
+        peer = await self._connection(address)
+        started = time.perf_counter()
+        try:
+            ctrl_buffer = array(np.frombuffer(ctrl, dtype=np.uint8))
+            sends = [peer.endpoint.tag_send(ctrl_buffer, peer.ctrl_tag)]
+            self.stats.on_frame()
+            kind = await self._exchange(self._worker(), peer, sends)
+            if kind != batch.BATCHED:
+                raise ConnectionError(f"{address} did not answer the batch ({kind!r})")
+            (size,) = _LEN.unpack(peer.reply[1 : 1 + _LEN.size].tobytes())
+            if size > REPLY_MAX - 1 - _LEN.size:
+                raise ConnectionError(f"{address} sent a batch reply of {size} bytes")
+            answer = peer.reply[1 + _LEN.size : 1 + _LEN.size + size].tobytes()
+            replies = batch.read_verdicts(answer, len(taken))
+        except BaseException:
+            peer.close(loop)
+            raise
+        self._idle.setdefault(address, []).append(peer)
+        seconds = time.perf_counter() - started
+        for i, verdict in zip(taken, replies, strict=True):
+            verdicts[i] = verdict
+            if verdict.outcome is Outcome.ACK:
+                self.stats.on_transfer(messages[i].nbytes, seconds)
+        return verdicts
 
     @staticmethod
     async def _exchange(ucx: UcxWorker, peer: _Peer, sends: list[Any]) -> bytes:

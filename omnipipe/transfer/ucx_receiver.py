@@ -16,18 +16,20 @@ from typing import Any
 import numpy as np
 import torch
 
-from omnipipe.transfer import ucx_worker
+from omnipipe.transfer import batch, ucx_worker
 from omnipipe.transfer.auth import HANDSHAKE_TIMEOUT_SECONDS, REFUSED
-from omnipipe.transfer.base import BlockTableFull, Charge, MailboxFull, Message, stamp_received
-from omnipipe.transfer.codec import MAX_HEADER, CodecError, decode_header
-from omnipipe.transfer.tcp import (
-    ACK,
-    ListeningReceiver,
-    _recv_bytes,
-    block_bytes,
-    declared_bytes,
-    message_from,
+from omnipipe.transfer.base import (
+    ACCEPTED,
+    BlockTableFull,
+    Message,
+    Outcome,
+    Verdict,
+    stamp_received,
 )
+from omnipipe.transfer.codec import MAX_HEADER, CodecError, decode_frame_header
+from omnipipe.transfer.frames import block_bytes, declared_bytes, message_from
+from omnipipe.transfer.mailbox import Charge, MailboxFull
+from omnipipe.transfer.tcp import ACK, ListeningReceiver, _recv_bytes
 from omnipipe.transfer.ucx import (
     _CONN,
     _LEN,
@@ -36,9 +38,11 @@ from omnipipe.transfer.ucx import (
     DATA,
     DEVICE_ACK,
     DROPPED,
+    MAX_BATCH,
     MAX_WORKER_ADDRESS,
     RECEIVER_MASK,
     REPLY,
+    REPLY_MAX,
     _tag,
     restrict_net_devices,
 )
@@ -226,7 +230,8 @@ class UcxReceiver(ListeningReceiver):
         (size,) = _LEN.unpack(buf[: _LEN.size].tobytes())
         if size > MAX_HEADER or _LEN.size + size > len(buf):
             raise CodecError(f"header of {size} bytes in a {len(buf)}-byte message")
-        return decode_header(buf[_LEN.size : _LEN.size + size].tobytes()), _LEN.size + size
+        header = decode_frame_header(buf[_LEN.size : _LEN.size + size].tobytes())
+        return header, _LEN.size + size
 
     def _inline_buffers(
         self, header: dict[str, Any], buf: Any, offset: int
@@ -258,9 +263,15 @@ class UcxReceiver(ListeningReceiver):
         try:
             request.check_error()
             header, offset = self._header(buf)
-            buffers, _ = self._inline_buffers(header, buf, offset)
+            if batch.is_batch(header):
+                parsed = self._parse_batch(header["batch"], buf, offset)
+            else:
+                buffers, _ = self._inline_buffers(header, buf, offset)
         except Exception:
             return False
+        if batch.is_batch(header):
+            self._answer_batch(state, parsed, offset)
+            return True
         if not self.mailbox.has_room_now(str(header.get("request_id"))):
             return False
         try:
@@ -278,6 +289,55 @@ class UcxReceiver(ListeningReceiver):
             self._deliver_now(landing)
         return True
 
+    def _parse_batch(
+        self, subs: list[dict[str, Any]], buf: Any, offset: int
+    ) -> list[tuple[dict[str, Any], list[Any], int]]:
+        """A batch's messages, each with views of its inline tensors and their size;
+        CodecError for a malformed one (only all-inline messages travel in a batch)."""
+        if len(subs) > MAX_BATCH:
+            raise CodecError(f"a batch of {len(subs)} messages (at most {MAX_BATCH})")
+        parsed: list[tuple[dict[str, Any], list[Any], int]] = []
+        for sub in subs:
+            if _block_count(sub):
+                raise CodecError("KV blocks travel alone, not in a batch")
+            buffers, large = self._inline_buffers(sub, buf, offset)
+            if large:
+                raise CodecError("a batched message with tensors outside its CTRL message")
+            nbytes = declared_bytes(sub)
+            parsed.append((sub, buffers, nbytes))
+            offset += nbytes
+        return parsed
+
+    def _answer_batch(
+        self,
+        state: _Connection,
+        parsed: list[tuple[dict[str, Any], list[Any], int]],
+        header_bytes: int,
+    ) -> None:
+        """Every message of a batch taken or answered now (none waits for room), and
+        the verdicts sent back in one reply."""
+        share = header_bytes // len(parsed)
+        started = time.perf_counter()
+        device = self._ucx is not None and self._ucx.device_memory
+        self.stats.on_frame()
+        verdicts: list[Verdict] = []
+        for sub, buffers, nbytes in parsed:
+            room = batch.admit(self.mailbox, str(sub.get("request_id")), nbytes + share)
+            if not isinstance(room, Charge):
+                verdicts.append(ACCEPTED if room is None else room)
+                continue
+            try:
+                message = message_from(sub, buffers, to_device=device)
+            except Exception as exc:  # a tensor it cannot rebuild: that message alone
+                self.mailbox.release(room)
+                verdicts.append(Verdict(Outcome.REFUSED, f"could not take it: {exc}"))
+                continue
+            seconds = stamp_received(message, started)
+            verdicts.append(batch.deliver(self.mailbox, message, room))
+            self.stats.on_transfer(message.nbytes, seconds)
+        reply = batch.batch_reply(verdicts, REPLY_MAX)
+        state.reply(array(np.frombuffer(bytearray(reply), dtype=np.uint8)))
+
     def _admit(
         self, state: _Connection, header: dict[str, Any], buffers: list[Any], offset: int
     ) -> _Landing | None:
@@ -285,10 +345,10 @@ class UcxReceiver(ListeningReceiver):
         each large tensor and block straight into the memory it ends up in. None when it
         is answered already: refused, or dropped (the request ended)."""
         data_messages = sum(b is None for b in buffers) + (1 if _block_count(header) else 0)
+        nbytes = declared_bytes(header) + offset
+        self.stats.on_frame()  # past what a malformed message raises: counted once
         try:
-            charge = self.mailbox.reserve(
-                str(header.get("request_id")), declared_bytes(header) + offset
-            )
+            charge = self.mailbox.reserve(str(header.get("request_id")), nbytes)
         except MailboxFull as exc:
             state.decline(data_messages, _refusal(str(exc)))
             return None
@@ -434,6 +494,10 @@ class UcxReceiver(ListeningReceiver):
             await ucx.until(lambda: bool(request.completed), state.is_alive)
             request.check_error()
             header, offset = self._header(buf)
+            if batch.is_batch(header):
+                parsed = self._parse_batch(header["batch"], buf, offset)
+                self._answer_batch(state, parsed, offset)
+                return
             buffers, _ = self._inline_buffers(header, buf, offset)
             landing = self._admit(state, header, buffers, offset)
             if landing is None:

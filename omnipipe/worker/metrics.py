@@ -50,6 +50,7 @@ class WorkerMetrics:
     duration: Histogram
     transfer_bytes: Counter
     transfer_seconds: Histogram
+    transfer_frames: Counter
     queue_wait: Histogram
     engine_duration: Histogram
     first_audio: Histogram
@@ -96,6 +97,13 @@ class WorkerMetrics:
                 (*labels, "direction"),
                 registry=registry,
                 buckets=LATENCY_BUCKETS,
+            ),
+            transfer_frames=Counter(
+                "omnipipe_transfer_frames_total",
+                "Transport messages between stages: one per hand-off sent alone, one per "
+                "batch of hand-offs to one destination (a streaming step's chunks).",
+                (*labels, "direction"),
+                registry=registry,
             ),
             queue_wait=Histogram(
                 "omnipipe_stage_queue_wait_seconds",
@@ -147,6 +155,7 @@ class WorkerMetrics:
             # Else a pod's first hand-off creates the series, and rate() never counts it.
             m.transfer_bytes.labels(pipeline, stage, direction)
             m.transfer_seconds.labels(pipeline, stage, direction)
+            m.transfer_frames.labels(pipeline, stage, direction)
         m.first_audio.labels(pipeline, stage)
         m.real_time_factor.labels(pipeline, stage)
         return m
@@ -160,6 +169,9 @@ class WorkerMetrics:
     def transfer(self, direction: str, nbytes: int, seconds: float) -> None:
         self.transfer_bytes.labels(*self._labels, direction).inc(nbytes)
         self.transfer_seconds.labels(*self._labels, direction).observe(seconds)
+
+    def count_frame(self, direction: str) -> None:
+        self.transfer_frames.labels(*self._labels, direction).inc()
 
     def count_steps(self, kind: str, n: int) -> None:
         self.denoise_steps.labels(*self._labels, kind).inc(n)

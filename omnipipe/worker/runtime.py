@@ -20,6 +20,7 @@ from opentelemetry import trace
 
 from omnipipe.api.wire import StageEvent, SubmitRequest
 from omnipipe.transfer import Mailbox, Message, Sender, TransferRefused
+from omnipipe.transfer.handoffs import HandOffs
 from omnipipe.worker import tracing
 from omnipipe.worker.metrics import WorkerMetrics
 from omnipipe.worker.session_steps import SessionStepper
@@ -112,6 +113,9 @@ class StageRuntime:
         self.stage = stage
         self.mailbox = mailbox
         self.sender = sender
+        # Every request's chunks for one destination in one transport message per turn
+        # of the loop: a step of 16 sessions sends one batch per talker replica (#25).
+        self.handoffs = HandOffs(sender)
         self.metrics = metrics
         self.max_batch = max_batch
         self.batch_wait_seconds = batch_wait_seconds
@@ -227,6 +231,7 @@ class StageRuntime:
                 job.task.cancel()
         if self._loop_task:
             self._loop_task.cancel()
+        await self.handoffs.close()
         self._engine.shutdown(wait=False, cancel_futures=True)
         self._preparer.shutdown(wait=False, cancel_futures=True)
 
@@ -379,18 +384,24 @@ class StageRuntime:
                     continue
                 self._account(job, clock, step, time.monotonic() - started)
                 if step.tensors or step.done:
-                    for dest in request.outputs:
-                        await self.sender.send(
-                            dest.address,
-                            Message(
-                                request.request_id,
-                                self.stage_name,
-                                step.tensors,
-                                chunk=chunk_index,
-                                final=step.done,
-                                blocks=step.blocks,
-                            ),
-                        )
+                    # No await before this: every session of the step queues its chunks
+                    # in the same turn, and they leave in one batch per destination.
+                    await self.handoffs.send_all(
+                        [
+                            (
+                                dest.address,
+                                Message(
+                                    request.request_id,
+                                    self.stage_name,
+                                    step.tensors,
+                                    chunk=chunk_index,
+                                    final=step.done,
+                                    blocks=step.blocks,
+                                ),
+                            )
+                            for dest in request.outputs
+                        ]
+                    )
                     chunk_index += 1
                 if request.emit:
                     for output in step.outputs:
@@ -447,11 +458,12 @@ class StageRuntime:
                 self._queue.append(job)
                 self._wakeup.set()
                 result = await job.result
-                for dest in request.outputs:
-                    await self.sender.send(
-                        dest.address,
-                        Message(request.request_id, self.stage_name, result.tensors),
-                    )
+                await self.handoffs.send_all(
+                    [
+                        (dest.address, Message(request.request_id, self.stage_name, result.tensors))
+                        for dest in request.outputs
+                    ]
+                )
                 job.timeline.mark(tracing.HANDED_OFF)
             if request.emit:
                 for i, output in enumerate(result.outputs):

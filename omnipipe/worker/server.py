@@ -184,13 +184,19 @@ def build_app(pipeline: ResolvedPipeline, settings: WorkerSettings) -> FastAPI:
             settings.host,
             settings.transfer_port,
             settings.advertise_host,
-            TransferStats(lambda n, s: state.metrics.transfer("in", n, s)),
+            TransferStats(
+                lambda n, s: state.metrics.transfer("in", n, s),
+                lambda: state.metrics.count_frame("in"),
+            ),
             settings.credential,
         )
         await state.receiver.start()
         sender = make_sender(
             backend,
-            TransferStats(lambda n, s: state.metrics.transfer("out", n, s)),
+            TransferStats(
+                lambda n, s: state.metrics.transfer("out", n, s),
+                lambda: state.metrics.count_frame("out"),
+            ),
             settings.credential,
         )
         state.runtime = StageRuntime(

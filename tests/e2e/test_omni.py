@@ -230,6 +230,61 @@ def test_speech_streams_pcm(served: Served, variant: Variant) -> None:
     assert len(arrivals) >= 2  # sent chunk by chunk, not as one body
 
 
+def handed_on(served: Served, stage: str) -> tuple[float, float]:
+    """(hand-offs, transport messages) the stage has sent downstream so far."""
+    counts = {
+        "omnipipe_transfer_duration_seconds_count": 0.0,
+        "omnipipe_transfer_frames_total": 0.0,
+    }
+    for line in served.metrics(f"{stage}-0").splitlines():
+        name, _, rest = line.partition("{")
+        if name in counts and 'direction="out"' in rest:
+            counts[name] += float(line.rsplit(" ", 1)[1])
+    return counts["omnipipe_transfer_duration_seconds_count"], counts[
+        "omnipipe_transfer_frames_total"
+    ]
+
+
+def test_concurrent_spoken_chats_hand_on_one_message_per_step_not_per_token(
+    served: Served, variant: Variant
+) -> None:
+    """Issue #25: 16 spoken chats at once. The thinker streams each chat's tokens to the
+    talker as it makes them; the chunks of every chat one step made leave in one
+    transport message, so it sends fewer messages than chunks x requests, and every
+    chat still comes back whole."""
+    requests = 16
+    before = handed_on(served, "thinker")
+    replies: list[Any] = []
+    errors: list[BaseException] = []
+
+    def chat() -> None:
+        c = openai.OpenAI(base_url=served.base_url, api_key="unused", max_retries=0)
+        try:
+            replies.append(
+                c.chat.completions.create(
+                    model=MODEL, modalities=["text", "audio"], audio=AUDIO, messages=HELLO
+                )
+            )
+        except BaseException as exc:  # reported below, with the others
+            errors.append(exc)
+        finally:
+            c.close()
+
+    threads = [threading.Thread(target=chat) for _ in range(requests)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(240)
+    assert errors == []
+    wavs = [read_wav(base64.b64decode(r.choices[0].message.audio.data)) for r in replies]
+    assert wavs == [(1, 24000, variant.samples(TALKER_CODES))] * requests
+    after = handed_on(served, "thinker")
+    hand_offs, frames = after[0] - before[0], after[1] - before[1]
+    print(f"{variant.model} thinker: {hand_offs:.0f} hand-offs in {frames:.0f} messages")
+    assert hand_offs > requests  # each chat's tokens went on as it made them, in chunks
+    assert frames < hand_offs, f"{frames} messages for {hand_offs} hand-offs of {requests} chats"
+
+
 def test_speech_rejects_unknown_voice_and_format(client: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError, match="voices: Chelsie, Ethan"):
         client.audio.speech.create(model=MODEL, input="hi", voice="alloy")

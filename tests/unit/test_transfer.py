@@ -272,7 +272,8 @@ async def test_frames_without_the_handshake_are_dropped_unread(backend: str) -> 
     sent reaches the mailbox."""
     from omnipipe.transfer.auth import MAGIC, NONCE_BYTES, PROOF_BYTES, REFUSED
     from omnipipe.transfer.codec import encode_header
-    from omnipipe.transfer.tcp import _LEN, frame_header
+    from omnipipe.transfer.frames import frame_header
+    from omnipipe.transfer.tcp import _LEN
 
     mailbox = Mailbox()
     receiver = make_receiver(backend, mailbox, credential=CREDENTIAL)

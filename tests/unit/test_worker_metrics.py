@@ -31,6 +31,8 @@ def test_a_new_worker_exports_every_series_at_zero() -> None:
         'omnipipe_transfer_bytes_total{direction="out",pipeline="p",stage="s"} 0.0',
         'omnipipe_transfer_duration_seconds_count{direction="in",pipeline="p",stage="s"} 0.0',
         'omnipipe_transfer_duration_seconds_count{direction="out",pipeline="p",stage="s"} 0.0',
+        'omnipipe_transfer_frames_total{direction="in",pipeline="p",stage="s"} 0.0',
+        'omnipipe_transfer_frames_total{direction="out",pipeline="p",stage="s"} 0.0',
         'omnipipe_stage_engine_duration_seconds_count{pipeline="p",stage="s"} 0.0',
         'omnipipe_stage_queue_wait_seconds_count{pipeline="p",stage="s"} 0.0',
     ):
