@@ -23,11 +23,8 @@ import torch
 from omnipipe.api.spec import Engine, Role
 from omnipipe.families.qwen_omni.qwen25 import TalkerStage
 from omnipipe.families.qwen_omni.thinker import ThinkerStage
-from omnipipe.families.qwen_omni.vllm_talker import (
-    VllmTalkerBase,
-    VllmTalkerSession,
-    VllmTalkerStage,
-)
+from omnipipe.families.qwen_omni.vllm_qwen25_talker import VllmTalkerStage
+from omnipipe.families.qwen_omni.vllm_talker import VllmTalkerBase, VllmTalkerSession
 from omnipipe.worker.engines.vllm_feed import FedRequest, RowFeed, StepFeed
 from omnipipe.worker.models.tiny import resolve_model_path
 from omnipipe.worker.stages import stage_class
@@ -53,7 +50,9 @@ def thinker(path: str) -> ThinkerStage:
 
 
 @pytest.fixture(scope="module")
-def stages(path: str) -> Iterator[tuple[TalkerStage, VllmTalkerStage]]:
+def stages(
+    path: str, engines_shut_down_together: list[VllmTalkerBase]
+) -> Iterator[tuple[TalkerStage, VllmTalkerStage]]:
     reference = TalkerStage(spec("talker", Role.TALKER), path, "cpu")
     reference.load()
     vllm_spec = spec("talker", Role.TALKER, engine_args={"max_model_len": 2048})
@@ -62,8 +61,20 @@ def stages(path: str) -> Iterator[tuple[TalkerStage, VllmTalkerStage]]:
     assert cls is VllmTalkerStage
     stage = cls(vllm_spec, path, "cpu")
     stage.load()
+    engines_shut_down_together.append(stage)
     yield reference, stage
     assert not stage.sessions, "a session was left open in the engine"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def engines_shut_down_together() -> Iterator[list[VllmTalkerBase]]:
+    """Every vLLM talker this module starts, shut down at its end, before another
+    module's engine starts: vLLM's shutdown tears down its process-wide parallel state,
+    and an engine collected later would take the next module's with it."""
+    started: list[VllmTalkerBase] = []
+    yield started
+    for stage in started:
+        stage.engine.shutdown()
 
 
 @pytest.fixture(scope="module")
@@ -358,7 +369,9 @@ FRAMES_40 = {"temperature": 0, "max_tokens": 40, "min_tokens": 40}
 
 
 @pytest.fixture(scope="module")
-def qwen3() -> Iterator[tuple[Any, VllmTalkerBase, list[list[Chunk]]]]:
+def qwen3(
+    engines_shut_down_together: list[VllmTalkerBase],
+) -> Iterator[tuple[Any, VllmTalkerBase, list[list[Chunk]]]]:
     """The transformers talker, the vLLM talker and the thinker's chunks for several
     prompts (one with an image and audio, one of 2 x 2 patches, one 70 tokens long)."""
     path = resolve_model_path(QWEN3)
@@ -373,6 +386,7 @@ def qwen3() -> Iterator[tuple[Any, VllmTalkerBase, list[list[Chunk]]]]:
     stage = stage_class(vllm_spec, path)(vllm_spec, path, "cpu")
     assert isinstance(stage, VllmTalkerBase)
     stage.load()
+    engines_shut_down_together.append(stage)
     prompts: list[tuple[list[dict[str, Any]], int]] = [
         (HELLO, 8),
         (media_message(), 9),
@@ -476,12 +490,12 @@ def test_qwen3_eight_answers_run_in_one_forward_and_each_equals_alone(
 
 
 @pytest.fixture(scope="module")
-def short_context(path: str) -> VllmTalkerStage:
-    """A talker engine with an 80-position context; module-scoped, as every engine here
-    is: one that shuts down takes vLLM's process-wide parallel state with it."""
+def short_context(path: str, engines_shut_down_together: list[VllmTalkerBase]) -> VllmTalkerStage:
+    """A talker engine with an 80-position context (module-scoped, as every engine here)."""
     vllm_spec = spec("talker", Role.TALKER, engine_args={"max_model_len": 80})
     stage = VllmTalkerStage(vllm_spec.model_copy(update={"engine": Engine.VLLM}), path, "cpu")
     stage.load()
+    engines_shut_down_together.append(stage)
     return stage
 
 

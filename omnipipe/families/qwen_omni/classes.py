@@ -15,7 +15,7 @@ def stage_class(spec: ResolvedStage, model_path: str) -> type[Stage]:
             from omnipipe.families.qwen_omni.vllm_qwen3_talker import VllmQwen3TalkerStage
 
             return VllmQwen3TalkerStage
-        from omnipipe.families.qwen_omni.vllm_talker import VllmTalkerStage
+        from omnipipe.families.qwen_omni.vllm_qwen25_talker import VllmTalkerStage
 
         return VllmTalkerStage
     if spec.engine is Engine.VLLM:

@@ -1,7 +1,7 @@
 """Qwen3-Omni's talker on vLLM: the MoE talker in vLLM's continuous batch, its code
 predictor run inside the forward for every answer that feeds a first code back
 (vllm_frames.py). The prompt, its rows and rope positions are built by the same code as
-the transformers talker's (qwen3.talker_prompt), which stays the reference
+the transformers talker's (qwen3_prompt.talker_prompt), which stays the reference
 (tests/unit/test_vllm_talker.py holds the frames equal).
 
 The stage keeps transformers' text and hidden projections (the feed's rows are talker
@@ -22,10 +22,9 @@ from omnipipe.families.qwen_omni.qwen3 import (
     PREDICTOR_SAMPLING,
     SPECIAL_CODES,
     TALKER_SAMPLING,
-    project_text,
     samples_per_frame,
-    talker_prompt,
 )
+from omnipipe.families.qwen_omni.qwen3_prompt import project_text, talker_prompt
 from omnipipe.families.qwen_omni.thinker import layout_kwargs
 from omnipipe.families.qwen_omni.vllm_frames import FrameFeed, FrameState
 from omnipipe.families.qwen_omni.vllm_talker import (

@@ -1,15 +1,16 @@
-"""Qwen2.5-Omni's talker on vLLM: every open request of the stage in one continuous batch
-with paged KV, where the transformers talker steps one request at a time.
+"""What the Qwen Omni talkers on vLLM share (vllm_qwen25_talker.py, vllm_qwen3_talker.py):
+every open answer of the stage in one continuous batch with paged KV, where the
+transformers talkers step one answer at a time.
 
-A request's rows (prompt, reply, and once the thinker is done text-eos and text-pad for
-ever) are in the row feed (engines/vllm_feed.py) with the 3-D rope positions
-transformers' talker would use. One engine step advances every running request by one
-code. vLLM 0.32 cannot make a running request wait for its next row, so an answer runs
-as engine requests that each make as many codes as there are rows: the first once
-chunk_codes rows are in (or the thinker is done), the next, with the codes so far as its
-prompt and prefix caching for the KV, once chunk_codes more are in. The codes, the stop
-codes, the suppressed codec-bos and the penalty set are those of qwen25.TalkerSession,
-which stays the reference (tests/unit/test_vllm_talker.py holds the two equal).
+A request's rows (prompt, reply, and once the thinker is done the two rows after it) are
+in the row feed (engines/vllm_feed.py) with the 3-D rope positions transformers' talker
+would use. One engine step advances every running request by one code. vLLM 0.32 cannot
+make a running request wait for its next row, so an answer runs as engine requests that
+each make as many codes as there are rows: the first once chunk_codes rows are in (or
+the thinker is done), the next, with the codes so far as its prompt and prefix caching
+for the KV, once chunk_codes more are in. The codes, the stop codes, the suppressed
+codes and the penalty set are those of the transformers talkers, which stay the
+reference (tests/unit/test_vllm_talker.py holds them equal).
 """
 
 from __future__ import annotations
@@ -26,21 +27,17 @@ from typing import Any
 
 import torch
 
-from omnipipe.families.qwen_omni.qwen25 import CHUNK_CODES, TALKER_SAMPLING, samples_per_code
-from omnipipe.families.qwen_omni.thinker import layout_kwargs
 from omnipipe.worker.engines.vllm import VllmEngine
 from omnipipe.worker.engines.vllm_feed import FedRequest, RowFeed, install
 from omnipipe.worker.stages.base import (
     Chunk,
     Session,
     StageInputError,
-    StageJob,
     StepOutcome,
     StepResult,
 )
-from omnipipe.worker.stages.codec import SAMPLE_RATE, CodecTalkerStage, TalkerSessionBase
+from omnipipe.worker.stages.codec import CodecTalkerStage, TalkerSessionBase
 from omnipipe.worker.stages.replies import sampling_params
-from omnipipe.worker.stages.sampling import Sampling
 
 log = logging.getLogger(__name__)
 
@@ -59,33 +56,6 @@ class TalkerConfigOverride:
             return config
         talker.architectures = [self.architecture]
         return talker
-
-
-class RopeIndex:
-    """transformers' talker rope index (it reads only the config), without the model."""
-
-    def __init__(self, config: Any) -> None:
-        from transformers.models.qwen2_5_omni import modeling_qwen2_5_omni as m
-
-        owner = m.Qwen2_5OmniPreTrainedModelForConditionalGeneration
-        self.config = config
-        self.spatial_merge_size = config.spatial_merge_size
-        self._index = owner.get_rope_index
-        self.get_llm_pos_ids_for_vision = owner.get_llm_pos_ids_for_vision.__get__(self)
-        self.get_chunked_index = owner.get_chunked_index.__get__(self)
-
-    def __call__(self, text_ids: torch.Tensor, layout: dict[str, Any]) -> tuple[torch.Tensor, int]:
-        positions, deltas = self._index(
-            self,  # type: ignore[arg-type]  # reads only config and spatial_merge_size
-            text_ids[None],  # type: ignore[arg-type]
-            layout["image_grid_thw"],
-            layout["video_grid_thw"],
-            torch.ones_like(text_ids[None]),
-            layout["use_audio_in_video"],
-            layout["audio_feature_lengths"],
-            layout["video_second_per_grid"],
-        )
-        return positions[:, 0], int(deltas.reshape(-1)[0])
 
 
 def chunk_codes(engine_args: dict[str, Any], default: int) -> int:
@@ -370,51 +340,3 @@ class VllmTalkerSession(TalkerSessionBase):
         self._leave()
         if running and request_id is not None:
             self.stage.engine.llm.abort_request([request_id])
-
-
-class VllmTalkerStage(VllmTalkerBase):
-    """Qwen2.5-Omni's talker on vLLM."""
-
-    architecture = "OmnipipeQwen25OmniTalker"
-    model_class = "omnipipe.families.qwen_omni.vllm_talker_model:Qwen25OmniTalkerForVllm"
-
-    def configure(self, config: Any) -> None:
-        self.config = config.talker_config
-        self.sampling = Sampling.from_params(TALKER_SAMPLING, self.spec.sampling)
-        self.codes_per_second = SAMPLE_RATE / samples_per_code(config)
-        self.chunk_codes = chunk_codes(self.spec.engine_args, CHUNK_CODES)
-        c = self.config
-        self.stop_codes = frozenset({c.tts_codec_pad_token_id, c.tts_codec_end_token_id})
-        # Every code but codec-bos, as transformers' talker suppresses it.
-        self.allowed = [i for i in range(c.vocab_size) if i != c.tts_codec_start_token_id]
-        self.rope_index = RopeIndex(c)
-
-    def open(self, job: StageJob) -> Session:
-        return Qwen25TalkerSession(self, job.params)
-
-
-class Qwen25TalkerSession(VllmTalkerSession):
-    stage: VllmTalkerStage
-
-    def _prepare(self) -> None:
-        """The codec prompt (mask ids, then pad and bos, whose embeddings are added) and
-        its rows: the thinker's prompt rows, text-bos and the first reply row."""
-        stage, p = self.stage, self.prompt
-        assert p is not None
-        c = stage.config
-        length = int(p["input_ids"].shape[0])
-        text_ids = torch.cat([p["input_ids"], p["text_bos_id"], p["first_token_id"]])
-        self.positions, self.delta = stage.rope_index(text_ids, layout_kwargs(p))
-        self.rows = [p["prompt_embeds"], p["text_bos_embed"][None]]
-        self.codec_prompt = [c.tts_codec_mask_token_id] * length + [
-            c.tts_codec_pad_token_id,
-            c.tts_codec_start_token_id,
-        ]
-        self.codec_from = length
-
-    def _row(self, reply: torch.Tensor) -> torch.Tensor:
-        return reply
-
-    def _tail(self) -> tuple[torch.Tensor, torch.Tensor]:
-        assert self.prompt is not None
-        return self.prompt["text_eos_embed"], self.prompt["text_pad_embed"]

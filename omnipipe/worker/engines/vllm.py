@@ -96,6 +96,12 @@ class VllmEngine:
         if layers:
             self.llm.collective_rpc(install, args=(self.tap,))  # type: ignore[arg-type]
 
+    def shutdown(self) -> None:
+        """Stop the engine now. vLLM's shutdown also tears down its process-wide parallel
+        state, which every engine in the process runs on: a process with several (tests,
+        benchmarks) shuts them all down together, after their last step."""
+        self.llm.engine_core.shutdown()
+
     def reset_cache(self, which: str) -> None:
         """vLLM's own resets: "prefix" frees the cached blocks no running request holds
         (vLLM refuses while requests run, so the stage is paused first); "mm" drops the
