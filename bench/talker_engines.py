@@ -26,7 +26,7 @@ from omnipipe.api.spec import Engine, Role
 from omnipipe.worker.models.tiny import resolve_model_path
 from omnipipe.worker.stages import stage_class
 from omnipipe.worker.stages.base import Chunk, StageJob, StreamingStage
-from tests.unit.test_omni_stages import spec
+from tests.unit.test_omni_stages import spec, thinker_chunks
 
 LEVELS = (1, 4, 16)
 THINKER_TOKENS = 16
@@ -42,22 +42,19 @@ def load(model: str, path: str, role: Role, engine: Engine = Engine.TRANSFORMERS
     return stage
 
 
-def thinker_chunks(model: str, path: str, count: int) -> list[list[Chunk]]:
+def replies_of(model: str, path: str, count: int) -> list[list[Chunk]]:
+    """The thinker's chunks for `count` different chats."""
     thinker = load(model, path, Role.THINKER)
-    out = []
-    for i in range(count):
-        sampling = {"temperature": 0, "max_tokens": THINKER_TOKENS, "min_tokens": THINKER_TOKENS}
-        messages = [{"role": "user", "content": f"Tell me about the weather in Paris, day {i}."}]
-        params = {"messages": messages, "audio": True, "voice": "chelsie", "sampling": sampling}
-        session = thinker.open(StageJob(params, {}))
-        chunks: list[Chunk] = []
-        while not (chunks and chunks[-1].final):
-            step = session.step([])
-            assert step is not None
-            if step.tensors or step.done:
-                chunks.append(Chunk("thinker", step.tensors, step.done))
-        out.append(chunks)
-    return out
+    sampling = {"temperature": 0, "max_tokens": THINKER_TOKENS, "min_tokens": THINKER_TOKENS}
+    return [
+        thinker_chunks(
+            thinker,
+            sampling,
+            [{"role": "user", "content": f"Tell me about the weather in Paris, day {i}."}],
+            voice="chelsie",
+        )
+        for i in range(count)
+    ]
 
 
 def round_of(stage: StreamingStage, replies: list[list[Chunk]], codes: int) -> tuple[float, int]:
@@ -126,7 +123,7 @@ def main() -> None:
     for family in args.families.split(","):
         model = f"tiny://{family}"
         path = resolve_model_path(model)
-        replies = thinker_chunks(model, path, max(levels))
+        replies = replies_of(model, path, max(levels))
         print(f"{family}, transformers:", flush=True)
         tf = measure(load(model, path, Role.TALKER), replies, levels, args.codes, repeats)
         print(f"{family}, vllm:", flush=True)

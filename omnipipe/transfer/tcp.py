@@ -11,6 +11,7 @@ import socket
 import struct
 import time
 from abc import abstractmethod
+from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -94,6 +95,19 @@ async def _recv_exact(loop: asyncio.AbstractEventLoop, sock: socket.socket, n: i
 
 async def _recv_bytes(loop: asyncio.AbstractEventLoop, sock: socket.socket, n: int) -> bytes:
     return bytes((await _recv_exact(loop, sock, n)).tobytes())
+
+
+async def _write_frame(
+    loop: asyncio.AbstractEventLoop,
+    sock: socket.socket,
+    raw: bytes,
+    buffers: Iterable[Any],
+) -> None:
+    """One frame: the length-prefixed header, then its buffers (empty ones skipped)."""
+    await loop.sock_sendall(sock, _LEN.pack(len(raw)) + raw)
+    for buf in buffers:
+        if len(buf):
+            await loop.sock_sendall(sock, buf)
 
 
 async def _drain(loop: asyncio.AbstractEventLoop, sock: socket.socket, n: int) -> None:
@@ -323,10 +337,7 @@ class TcpSender(Sender):
         loop = asyncio.get_running_loop()
         sock = await self._connection(address)
         try:
-            await loop.sock_sendall(sock, _LEN.pack(len(raw)) + raw)
-            for buf in [*buffers, *block_buffers(message)]:
-                if len(buf):
-                    await loop.sock_sendall(sock, buf)
+            await _write_frame(loop, sock, raw, [*buffers, *block_buffers(message)])
             self.stats.on_frame()
             ack = await loop.sock_recv(sock, 1)
             if ack == REFUSED:
@@ -357,11 +368,7 @@ class TcpSender(Sender):
         loop = asyncio.get_running_loop()
         sock = await self._connection(address)
         try:
-            await loop.sock_sendall(sock, _LEN.pack(len(raw)) + raw)
-            for _, buffers in parts:
-                for buf in buffers:
-                    if len(buf):
-                        await loop.sock_sendall(sock, buf)
+            await _write_frame(loop, sock, raw, [buf for _, buffers in parts for buf in buffers])
             self.stats.on_frame()
             kind = await loop.sock_recv(sock, 1)
             if kind != batch.BATCHED:

@@ -87,8 +87,15 @@ def drain(session: Session, chunks: Sequence[Chunk] = ()) -> Iterator[StepResult
         step = session.step([])
 
 
-def thinker_chunks(thinker: ThinkerStage, sampling: dict[str, Any]) -> list[Chunk]:
-    session = thinker.open(StageJob({"messages": HELLO, "audio": True, "sampling": sampling}, {}))
+def thinker_chunks(
+    thinker: ThinkerStage,
+    sampling: dict[str, Any],
+    messages: list[dict[str, Any]] = HELLO,
+    **params: Any,
+) -> list[Chunk]:
+    """The thinker's chunks for the talker of one request that wants audio."""
+    job = StageJob({"messages": messages, "audio": True, "sampling": sampling, **params}, {})
+    session = thinker.open(job)
     return [
         Chunk("thinker", step.tensors, step.done)
         for step in drain(session)

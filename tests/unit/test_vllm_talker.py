@@ -29,7 +29,7 @@ from omnipipe.worker.engines.vllm_feed import FedRequest, RowFeed, StepFeed
 from omnipipe.worker.models.tiny import resolve_model_path
 from omnipipe.worker.stages import stage_class
 from omnipipe.worker.stages.base import Chunk, Session, StageInputError, StageJob
-from tests.unit.test_omni_stages import HELLO, spec
+from tests.unit.test_omni_stages import HELLO, drain, spec, thinker_chunks
 from tests.unit.test_qwen3_omni_stages import media_message
 
 pytestmark = pytest.mark.timeout(600)
@@ -86,28 +86,10 @@ def replies(thinker: ThinkerStage) -> list[list[Chunk]]:
         image_message(),
         *([{"role": "user", "content": f"request number {i} " + "more " * i}] for i in range(5)),
     ]
-    out = []
-    for messages in prompts:
-        session = thinker.open(
-            StageJob(
-                {
-                    "messages": messages,
-                    "audio": True,
-                    "sampling": {"temperature": 0, "max_tokens": 8 + len(out)},
-                },
-                {},
-            )
-        )
-        chunks = []
-        step = session.step([])
-        while step is not None:
-            if step.tensors or step.done:
-                chunks.append(Chunk("thinker", step.tensors, step.done))
-            if step.done:
-                break
-            step = session.step([])
-        out.append(chunks)
-    return out
+    return [
+        thinker_chunks(thinker, {"temperature": 0, "max_tokens": 8 + i}, messages)
+        for i, messages in enumerate(prompts)
+    ]
 
 
 def image_message() -> list[dict[str, Any]]:
@@ -143,12 +125,9 @@ def codes_of(stage: Any, chunks: list[Chunk], sampling: dict[str, Any]) -> list[
 
 
 def steps(session: Session, chunks: list[Chunk]) -> Iterator[tuple[list[int], bool]]:
-    step = session.step(chunks)
-    while step is not None:
+    """Each step's codes and whether it was the last, until the session wants input."""
+    for step in drain(session, chunks):
         yield (step.tensors["codes"].tolist() if "codes" in step.tensors else []), step.done
-        if step.done:
-            return
-        step = session.step([])
 
 
 def test_greedy_codes_equal_the_transformers_talker(
@@ -175,13 +154,18 @@ def test_the_talker_stops_where_the_reference_stops(
     assert lengths - {3, 30}, lengths  # some stopped on a stop code, before max_tokens
 
 
-def test_eight_concurrent_requests_run_in_one_forward_and_each_equals_alone(
-    stages: tuple[TalkerStage, VllmTalkerStage],
+def all_at_once(
+    stage: VllmTalkerBase,
     replies: list[list[Chunk]],
+    sampling: dict[str, Any],
     monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    _, stage = stages
-    alone = [codes_of(stage, chunks, GREEDY_40) for chunks in replies]
+    halves: bool = False,
+) -> tuple[list[list[Any]], list[int]]:
+    """One answer per reply, all open at once and stepped as the worker steps them (every
+    waiting session in one engine call, each given the thinker chunk that arrived since),
+    or, with `halves`, half the sessions a round (as when the others wait on a send: the
+    engine step still advances all, and an answer resumes, or finishes, outside the
+    call's work). Each answer's codes, and the number of requests in each forward."""
     batch_sizes: list[int] = []
     step_feed = RowFeed.step
 
@@ -190,20 +174,18 @@ def test_eight_concurrent_requests_run_in_one_forward_and_each_equals_alone(
         return step_feed(feed, request_ids, *args)
 
     monkeypatch.setattr(RowFeed, "step", counted)
-    sessions = [stage.open(StageJob({"sampling": GREEDY_40}, {})) for _ in replies]
-    got: list[list[int]] = [[] for _ in sessions]
+    sessions = [stage.open(StageJob({"sampling": sampling}, {})) for _ in replies]
+    got: list[list[Any]] = [[] for _ in sessions]
     done = [False] * len(sessions)
     pending = [list(chunks) for chunks in replies]
+    rounds = 0
     try:
         while not all(done):
-            # As the worker does: every session waiting to step, in one engine call, each
-            # given the chunks that arrived since (one thinker chunk a round).
-            work = [
-                (session, [pending[i].pop(0)] if pending[i] else [])
-                for i, session in enumerate(sessions)
-                if not done[i]
-            ]
+            rounds += 1
             open_ = [i for i in range(len(sessions)) if not done[i]]
+            if halves:
+                open_ = [i for i in open_ if i % 2 == rounds % 2] or open_
+            work = [(sessions[i], [pending[i].pop(0)] if pending[i] else []) for i in open_]
             for i, outcome in zip(open_, stage.step_sessions(work), strict=True):
                 assert not isinstance(outcome, Exception), outcome
                 if outcome is not None:
@@ -213,6 +195,17 @@ def test_eight_concurrent_requests_run_in_one_forward_and_each_equals_alone(
     finally:
         for session in sessions:
             session.close()
+    return got, batch_sizes
+
+
+def test_eight_concurrent_requests_run_in_one_forward_and_each_equals_alone(
+    stages: tuple[TalkerStage, VllmTalkerStage],
+    replies: list[list[Chunk]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    _, stage = stages
+    alone = [codes_of(stage, chunks, GREEDY_40) for chunks in replies]
+    got, batch_sizes = all_at_once(stage, replies, GREEDY_40, monkeypatch)
     assert got == alone
     assert max(batch_sizes) == len(replies) == 8
 
@@ -332,14 +325,7 @@ def test_a_long_reply_streams_in_and_its_answer_resumes_as_rows_come(
     and at the thinker's end (each resumption's prompt holds the codes so far), and its
     codes equal the reference's, which steps once a row."""
     reference, stage = stages
-    long = {"temperature": 0, "max_tokens": 70, "min_tokens": 70}
-    session = thinker.open(StageJob({"messages": HELLO, "audio": True, "sampling": long}, {}))
-    chunks = []
-    step = session.step([])
-    while step is not None and not (chunks and chunks[-1].final):
-        if step.tensors or step.done:
-            chunks.append(Chunk("thinker", step.tensors, step.done))
-        step = session.step([])
+    chunks = thinker_chunks(thinker, {"temperature": 0, "max_tokens": 70, "min_tokens": 70})
     sampling = {"temperature": 0, "max_tokens": 100, "min_tokens": 100}
     want = codes_of(reference, chunks, sampling)
     talker = stage.open(StageJob({"sampling": sampling}, {}))
@@ -394,21 +380,15 @@ def qwen3(
         (HELLO, 70),
         *(([{"role": "user", "content": f"number {i} " + "more " * i}], 6 + i) for i in range(4)),
     ]
-    replies = []
-    for messages, tokens in prompts:
-        sampling = {"temperature": 0, "max_tokens": tokens, "min_tokens": tokens}
-        session = thinker.open(
-            StageJob(
-                {"messages": messages, "audio": True, "voice": "chelsie", "sampling": sampling}, {}
-            )
+    replies = [
+        thinker_chunks(
+            thinker,
+            {"temperature": 0, "max_tokens": tokens, "min_tokens": tokens},
+            messages,
+            voice="chelsie",
         )
-        chunks: list[Chunk] = []
-        while not (chunks and chunks[-1].final):
-            step = session.step([])
-            assert step is not None
-            if step.tensors or step.done:
-                chunks.append(Chunk("thinker", step.tensors, step.done))
-        replies.append(chunks)
+        for messages, tokens in prompts
+    ]
     yield reference, stage, replies
     assert not stage.sessions, "a session was left open in the engine"
 
@@ -455,36 +435,7 @@ def test_qwen3_eight_answers_run_in_one_forward_and_each_equals_alone(
 ) -> None:
     _, stage, replies = qwen3
     alone = [codes_of(stage, chunks, FRAMES_40) for chunks in replies]
-    batch_sizes: list[int] = []
-    step_feed = RowFeed.step
-
-    def counted(feed: RowFeed, request_ids: list[str], *args: Any) -> StepFeed:
-        batch_sizes.append(len(request_ids))
-        return step_feed(feed, request_ids, *args)
-
-    monkeypatch.setattr(RowFeed, "step", counted)
-    sessions = [stage.open(StageJob({"sampling": FRAMES_40}, {})) for _ in replies]
-    got: list[list[Any]] = [[] for _ in sessions]
-    done = [False] * len(sessions)
-    pending = [list(chunks) for chunks in replies]
-    rounds = 0
-    try:
-        while not all(done):
-            # Half the sessions a round (as when the others wait on a send): the engine
-            # step still advances all, and an answer resumes, or finishes, outside `work`.
-            rounds += 1
-            half = [i for i in range(len(sessions)) if not done[i] and i % 2 == rounds % 2]
-            open_ = half or [i for i in range(len(sessions)) if not done[i]]
-            work = [(sessions[i], [pending[i].pop(0)] if pending[i] else []) for i in open_]
-            for i, outcome in zip(open_, stage.step_sessions(work), strict=True):
-                assert not isinstance(outcome, Exception), outcome
-                if outcome is not None:
-                    if "codes" in outcome.tensors:
-                        got[i] += outcome.tensors["codes"].tolist()
-                    done[i] = outcome.done
-    finally:
-        for session in sessions:
-            session.close()
+    got, batch_sizes = all_at_once(stage, replies, FRAMES_40, monkeypatch, halves=True)
     assert got == alone
     assert max(batch_sizes) == len(replies) == 8
 
@@ -508,22 +459,7 @@ def test_a_prompt_past_the_talkers_context_is_the_requests_error(
 
     def reply(content: str) -> list[Chunk]:
         sampling = {"temperature": 0, "max_tokens": 4, "min_tokens": 4}
-        job = StageJob(
-            {
-                "messages": [{"role": "user", "content": content}],
-                "audio": True,
-                "sampling": sampling,
-            },
-            {},
-        )
-        session = thinker.open(job)
-        chunks: list[Chunk] = []
-        while not (chunks and chunks[-1].final):
-            step = session.step([])
-            assert step is not None
-            if step.tensors or step.done:
-                chunks.append(Chunk("thinker", step.tensors, step.done))
-        return chunks
+        return thinker_chunks(thinker, sampling, [{"role": "user", "content": content}])
 
     session = stage.open(StageJob({"sampling": GREEDY_40}, {}))
     with pytest.raises(StageInputError, match="its engine takes 80"):
@@ -549,15 +485,7 @@ def test_a_failed_engine_step_fails_every_running_answer_and_frees_the_engine(
     """The forward raises once with two answers running, one of them not in the call's
     work: both fail with the error, the engine holds no request, the next answer runs."""
     stage = short_context
-    sampling = {"temperature": 0, "max_tokens": 4, "min_tokens": 4}
-    job = StageJob({"messages": HELLO, "audio": True, "sampling": sampling}, {})
-    session = thinker.open(job)
-    chunks: list[Chunk] = []
-    while not (chunks and chunks[-1].final):
-        step = session.step([])
-        assert step is not None
-        if step.tensors or step.done:
-            chunks.append(Chunk("thinker", step.tensors, step.done))
+    chunks = thinker_chunks(thinker, {"temperature": 0, "max_tokens": 4, "min_tokens": 4})
     greedy = {"temperature": 0, "max_tokens": 10, "min_tokens": 10}
     want = codes_of(stage, chunks, greedy)
     first, second = (stage.open(StageJob({"sampling": greedy}, {})) for _ in range(2))

@@ -42,6 +42,7 @@ class FrameFeed(RowFeed):
 
     def attach(self, model: Any) -> None:
         self.model = model
+        model.frames = self  # the model's forward asks it for the frames
 
     def track(self, request_id: str, state: FrameState) -> None:
         with self._lock:

@@ -18,7 +18,6 @@ import torch
 from torch import nn
 from vllm.config import VllmConfig
 from vllm.model_executor.layers.layernorm import RMSNorm
-from vllm.model_executor.models.interfaces import SupportsMRoPE
 from vllm.model_executor.models.qwen2_moe import Qwen2MoeSparseMoeBlock
 from vllm.model_executor.models.qwen3_moe import (
     Qwen3MoeAttention,
@@ -27,6 +26,8 @@ from vllm.model_executor.models.qwen3_moe import (
 )
 from vllm.model_executor.models.utils import PPMissingLayer, maybe_prefix
 
+from omnipipe.families.qwen_omni.vllm_frames import FrameFeed
+from omnipipe.families.qwen_omni.vllm_talker_model import FedTalker
 from omnipipe.worker.engines.vllm_feed import StepFeed
 
 
@@ -54,7 +55,7 @@ class Qwen3TalkerDecoderLayer(Qwen3MoeDecoderLayer):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
 
-class Qwen3OmniTalkerForVllm(nn.Module, SupportsMRoPE):
+class Qwen3OmniTalkerForVllm(FedTalker):
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
         super().__init__()
         from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
@@ -77,16 +78,7 @@ class Qwen3OmniTalkerForVllm(nn.Module, SupportsMRoPE):
             config.code_predictor_config, dtype=vllm_config.model_config.dtype
         )
         self.feed: StepFeed | None = None
-
-    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
-        embeds: torch.Tensor = self.codec_embedding(input_ids)
-        return embeds
-
-    def get_mrope_input_positions(
-        self, input_tokens: list[int], mm_features: list[Any]
-    ) -> tuple[torch.Tensor, int]:
-        # Placeholders: the feed carries the real positions and replaces these.
-        return torch.arange(len(input_tokens)).expand(3, -1).clone(), 0
+        self.frames: FrameFeed | None = None  # set by the feed when its hook is installed
 
     def forward(
         self,
@@ -99,20 +91,16 @@ class Qwen3OmniTalkerForVllm(nn.Module, SupportsMRoPE):
         assert input_ids is not None, "the talker takes codec ids, not embeddings"
         feed = self.feed
         codec = self.codec_embedding(input_ids)
-        if feed is None or feed.feed is None:  # vLLM's profile and warm-up runs
+        if feed is None or self.frames is None:  # vLLM's profile and warm-up runs
             summed = codec
         else:
-            frames, totals = feed.feed.frame_embeddings(feed, input_ids)  # type: ignore[attr-defined]
+            frames, totals = self.frames.frame_embeddings(feed, input_ids)
             rows = feed.rows.to(codec.dtype)
             own = torch.where(frames[:, None], totals.to(codec.dtype), codec)
             summed = torch.where(feed.add_codec[:, None], own + rows, rows)
             positions = feed.positions
         hidden: torch.Tensor = self.model(None, positions, None, inputs_embeds=summed)
         return hidden
-
-    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        logits: torch.Tensor = self.codec_head(hidden_states)
-        return logits
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """The checkpoint's talker.* tensors (the thinker's and code2wav's are skipped)."""

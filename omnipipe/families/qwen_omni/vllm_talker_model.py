@@ -103,7 +103,30 @@ class TalkerDecoderLayer(Qwen2DecoderLayer):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
 
-class Qwen25OmniTalkerForVllm(nn.Module, SupportsMRoPE):
+class FedTalker(nn.Module, SupportsMRoPE):
+    """What both Qwen Omni talker models share: token ids are codec ids, the positions
+    come from the row feed, the logits from the codec head."""
+
+    codec_embedding: nn.Embedding
+    codec_head: nn.Linear
+
+    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        embeds: torch.Tensor = self.codec_embedding(input_ids)
+        return embeds
+
+    def get_mrope_input_positions(
+        self, input_tokens: list[int], mm_features: list[Any]
+    ) -> tuple[torch.Tensor, int]:
+        # Placeholders: the feed carries the real positions (the thinker's media layout
+        # is not visible here), and replaces these in every forward.
+        return torch.arange(len(input_tokens)).expand(3, -1).clone(), 0
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        logits: torch.Tensor = self.codec_head(hidden_states)
+        return logits
+
+
+class Qwen25OmniTalkerForVllm(FedTalker):
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
         super().__init__()
         config = vllm_config.model_config.hf_config
@@ -119,17 +142,6 @@ class Qwen25OmniTalkerForVllm(nn.Module, SupportsMRoPE):
         self.model.embed_tokens = PPMissingLayer()  # type: ignore[no-untyped-call,assignment]
         self.codec_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.feed: StepFeed | None = None
-
-    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
-        embeds: torch.Tensor = self.codec_embedding(input_ids)
-        return embeds
-
-    def get_mrope_input_positions(
-        self, input_tokens: list[int], mm_features: list[Any]
-    ) -> tuple[torch.Tensor, int]:
-        # Placeholders: the feed carries the real positions (the thinker's media layout
-        # is not visible here), and replaces these in every forward.
-        return torch.arange(len(input_tokens)).expand(3, -1).clone(), 0
 
     def forward(
         self,
@@ -151,10 +163,6 @@ class Qwen25OmniTalkerForVllm(nn.Module, SupportsMRoPE):
             None, positions, None, inputs_embeds=self.thinker_to_talker_proj(summed)
         )
         return hidden
-
-    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        logits: torch.Tensor = self.codec_head(hidden_states)
-        return logits
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """The checkpoint's talker.* tensors (the thinker's and token2wav's are skipped)."""

@@ -57,7 +57,6 @@ class StepFeed:
     add_codec: torch.Tensor
     positions: torch.Tensor
     spans: tuple[Span, ...] = ()
-    feed: RowFeed | None = None
 
 
 class RowFeed:
@@ -113,7 +112,7 @@ class RowFeed:
         spans = tuple(
             Span(r, bounds[i], bounds[i + 1], starts[i]) for i, r in enumerate(request_ids)
         )
-        return StepFeed(rows, add_codec, positions, spans, self)
+        return StepFeed(rows, add_codec, positions, spans)
 
     def after_forward(self, step: StepFeed, hidden: torch.Tensor) -> None:
         """Called with the forward's output; a model that needs its own last states (a
