@@ -304,10 +304,7 @@ class VllmTalkerSession(TalkerSessionBase):
 
     def fail(self, error: Exception) -> None:
         """End the answer with `error`, aborting its engine request if one runs."""
-        request_id, running = self.request_id, self.running
-        self._leave()
-        if running and request_id is not None:
-            self.stage.engine.llm.abort_request([request_id])
+        self.close()
         self.error = error
 
     def _leave(self) -> None:

@@ -57,8 +57,6 @@ class TalkerSessionBase(Session):
         self.prompt: Tensors | None = None
         self.replies: deque[torch.Tensor] = deque()  # the thinker's rows, as sent
         self.upstream_done = False
-        self.cache: Any = None
-        self.rope_deltas: torch.Tensor | None = None
         self.sent = 0
 
     @property
@@ -90,6 +88,11 @@ class TalkerSessionBase(Session):
 class CodecTalkerSession(TalkerSessionBase):
     """Prefills once the prompt and the first row are in, then steps once per reply row,
     one request's forwards at a time."""
+
+    def __init__(self, stage: CodecTalkerStage, params: dict[str, Any]) -> None:
+        super().__init__(stage, params)
+        self.cache: Any = None  # its own KV cache, and its rope deltas
+        self.rope_deltas: torch.Tensor | None = None
 
     @abstractmethod
     def _prefill(self) -> torch.Tensor:
