@@ -18,6 +18,7 @@ from omnipipe.api import ManifestError
 from omnipipe.api import constants as c
 from omnipipe.operator.autoscaler.source import PrometheusSource
 from omnipipe.operator.k8s import Kube, NamespaceTerminating
+from omnipipe.operator.logs import configure_operator_logging
 from omnipipe.operator.metrics import OperatorMetrics
 from omnipipe.operator.reconcile import reconcile, refresh_status
 from omnipipe.operator.scaling import autoscale
@@ -190,10 +191,7 @@ def build_registry(
 
 def run_operator(settings: OperatorSettings) -> None:
     """Run until interrupted: `omnipipe operator`."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    # A line per API request would drown the decisions worth reading.
-    for noisy in ("httpx", "httpx2"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    configure_operator_logging()
 
     metrics = OperatorMetrics.create()
     start_http_server(settings.metrics_port, registry=metrics.registry)

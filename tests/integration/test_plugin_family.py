@@ -59,9 +59,8 @@ def plugin_crd_yaml() -> str:
     return yaml.safe_dump(crd)
 
 
-# A control plane and an operator of this module's own: a CRD changed under a running
-# operator makes the API server re-initialise its storage, and the operator's watch sees a
-# 429 that it retries but logs as an error; the session's operator must log none.
+# A control plane and an operator of this module's own: the changed CRD stays out of the
+# session's cluster, whose other tests read the released one.
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     with control_plane(tmp_path_factory.mktemp("plugin-k8s"), with_pods=True) as c:
