@@ -206,6 +206,11 @@ class Sender(ABC):
     @abstractmethod
     async def send(self, address: str, message: Message) -> None: ...
 
+    def is_local(self, address: str) -> bool:
+        """True when `address` is a receiver in this process, reached by reference
+        (transfer/local.py): a coalescer passes such messages straight through."""
+        return False
+
     def takes_batches(self, address: str) -> bool:
         """False once the receiver at `address` has shown it takes no batches."""
         return address not in self._no_batches
