@@ -5,7 +5,10 @@ tiny checkpoints and the same workloads:
 - image: tiny://qwen-image, 64x64, 4 steps, no negative prompt (no CFG);
 - speech: tiny://qwen2.5-omni, text in, text and audio out, 16 greedy thinker tokens and
   32 talker codes;
-- speech-vllm-talker: the same with the talker on vLLM (the baseline runs `speech`).
+- speech-vllm-talker: the same with the talker on vLLM (the baseline runs `speech`);
+- image-colocated, speech-colocated: image and speech with every stage in one process
+  (spec.placement; the baseline runs image and speech). bench/colocation.py sets them
+  beside this checkout's disaggregated runs instead.
 
 Each level runs `concurrency` closed-loop clients, alone on the machine and again beside
 a CPU-busy neighbour process (one core spinning). It reports p50 and p99 latency and
@@ -62,6 +65,10 @@ SPEECH_VLLM_TALKER = (
 """
 )
 
+# spec.placement: every stage in one process, tensors handed over by reference.
+COLOCATED = """  placement: {mode: colocated}
+"""
+
 
 def greedy(tokens: int) -> dict[str, Any]:
     return {"temperature": 0, "max_tokens": tokens, "min_tokens": tokens, "seed": 0}
@@ -91,6 +98,12 @@ WORKLOADS = {
     "speech": Workload("speech", SPEECH, "tiny-omni", "req/s", 4, 12),
     "speech-vllm-talker": Workload(
         "speech-vllm-talker", SPEECH_VLLM_TALKER, "tiny-omni", "req/s", 4, 12, anchor="speech"
+    ),
+    "image-colocated": Workload(
+        "image-colocated", IMAGE + COLOCATED, "tiny-image", "img/s", 10, 40, anchor="image"
+    ),
+    "speech-colocated": Workload(
+        "speech-colocated", SPEECH + COLOCATED, "tiny-omni", "req/s", 4, 12, anchor="speech"
     ),
 }
 
@@ -123,6 +136,8 @@ CALLS: dict[str, Callable[[openai.OpenAI, int], None]] = {
     "image": image_request,
     "speech": speech_request,
     "speech-vllm-talker": speech_request,
+    "image-colocated": image_request,
+    "speech-colocated": speech_request,
 }
 
 

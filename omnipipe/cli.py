@@ -7,10 +7,15 @@ import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from omnipipe.api import ManifestError, OmniPipeline, load_file
 from omnipipe.api.families import FamilyError
 from omnipipe.api.yamlio import dump, dump_all
+
+if TYPE_CHECKING:
+    from omnipipe.api import ResolvedPipeline
+    from omnipipe.worker.settings import WorkerSettings
 
 MAX_PORT = 65535
 
@@ -24,6 +29,11 @@ def port_number(text: str) -> int:
     if not 1 <= port <= MAX_PORT:
         raise argparse.ArgumentTypeError(f"{port} is not a port: give 1 to {MAX_PORT}")
     return port
+
+
+def port_list(text: str) -> tuple[int, ...]:
+    """An argparse type: ports separated by commas ("8101,8102")."""
+    return tuple(port_number(part.strip()) for part in text.split(","))
 
 
 def otlp_endpoint(text: str) -> str:
@@ -113,6 +123,12 @@ def _cmd_render(args: argparse.Namespace) -> int:
         )
         return 0
     resource = load_file(args.file)
+    if resource.spec.placement and resource.spec.placement.mode == "colocated":
+        # What the API server refuses too (the CRD's rule): no Deployment per group yet.
+        raise ManifestError(
+            f"{args.file}: spec.placement.mode: colocated runs under `omnipipe serve` only "
+            "in this release; on Kubernetes every stage runs in a Deployment of its own"
+        )
     if args.namespace:
         meta = resource.metadata.model_copy(update={"namespace": args.namespace})
         resource = resource.model_copy(update={"metadata": meta})
@@ -139,6 +155,33 @@ def _overrides(args: argparse.Namespace, names: Sequence[str]) -> dict[str, obje
     return {n: getattr(args, n) for n in names if getattr(args, n, None) is not None}
 
 
+WORKER_FLAGS = (
+    *("stage", "group", "host", "port", "transfer_port", "transfer_ports"),
+    *("advertise_host", "threads"),
+)
+
+
+def _group_threads(pipeline: ResolvedPipeline, settings: WorkerSettings) -> int:
+    """The team every thread of a colocated group's process starts with: its vLLM
+    stage's share where it has one (vLLM sizes its own pools from the environment), else
+    the largest share. Each stage's engine thread then takes its own share."""
+    from omnipipe.api.cpus import split_group_threads
+    from omnipipe.api.roles import Engine
+    from omnipipe.worker.threads import thread_budget
+
+    groups = {g.name: g for g in pipeline.groups}
+    if settings.group not in groups:
+        raise SystemExit(
+            f"omnipipe worker: no group {settings.group!r} (groups: {', '.join(groups) or 'none'})"
+        )
+    members = groups[settings.group].stages
+    shares = split_group_threads(
+        thread_budget(settings.threads, None), {s: pipeline.stage(s).cpu for s in members}
+    )
+    on_vllm = [s for s in members if pipeline.stage(s).engine is Engine.VLLM]
+    return shares[on_vllm[0]] if on_vllm else max(shares.values())
+
+
 def _cmd_worker(args: argparse.Namespace) -> int:
     import os
 
@@ -147,15 +190,20 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     from omnipipe.worker.threads import apply_thread_budget, thread_budget
 
     values = _overrides(
-        args, ("stage", "host", "port", "transfer_port", "advertise_host", "threads")
+        args,
+        WORKER_FLAGS,
     )
     values["pipeline_file"] = args.pipeline
     if "advertise_host" not in values and os.environ.get("OMNIPIPE_POD_IP"):
         values["advertise_host"] = os.environ["OMNIPIPE_POD_IP"]
     settings = WorkerSettings(**values)  # type: ignore[arg-type]
-    stage = load_pipeline(settings.pipeline_file).stage(settings.stage)
+    pipeline = load_pipeline(settings.pipeline_file)
+    if settings.group:
+        threads = _group_threads(pipeline, settings)
+    else:
+        threads = thread_budget(settings.threads, pipeline.stage(settings.stage).cpu)
     # Before torch loads (run_worker's imports): OpenMP sizes every thread's team from it.
-    apply_thread_budget(thread_budget(settings.threads, stage.cpu))
+    apply_thread_budget(threads)
     from omnipipe.worker.main import run_worker
 
     run_worker(settings)
@@ -190,7 +238,6 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _serve_file(path: Path, args: argparse.Namespace) -> int:
-    from omnipipe.api import ResolvedPipeline
     from omnipipe.api.loading import load_pipeline
     from omnipipe.local.serve import serve
     from omnipipe.worker.stages import unimplemented_stages
@@ -307,10 +354,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     worker = sub.add_parser("worker", help="run one stage's worker")
     worker.add_argument("--pipeline", required=True, help="pipeline file")
-    worker.add_argument("--stage", required=True, help="stage name")
+    runs = worker.add_mutually_exclusive_group(required=True)
+    runs.add_argument("--stage", help="stage name")
+    runs.add_argument("--group", help="a colocated group's name (spec.placement): its stages")
     worker.add_argument("--host")
     worker.add_argument("--port", type=port_number, help="control API port (default 8100)")
     worker.add_argument("--transfer-port", type=port_number, help="transfer port (default 8101)")
+    worker.add_argument(
+        "--transfer-ports",
+        type=port_list,
+        help="a group's transfer ports, one per stage in order (default 8101, 8102, ...)",
+    )
     worker.add_argument("--advertise-host", help="host other stages reach this one at")
     worker.add_argument(
         "--threads",

@@ -66,6 +66,9 @@ def renamed(name: str) -> Manifest:
     return m
 
 
+COLOCATED_ON_KUBERNETES = (
+    "spec.placement.mode: Forbidden: colocated runs under `omnipipe serve` only"
+)
 ADAPTER_STAGE = (
     "spec.adapters[].stage: LoRA adapters apply to a denoiser or a thinker stage of this pipeline"
 )
@@ -405,5 +408,90 @@ CASES = [
         ),
         "spec.adapters[0].scale: Invalid value: 9",
         "adapters.0.scale",
+    ),
+    Invalid(
+        "placement-groups-without-colocated",
+        lambda: with_spec(
+            placement={"groups": [{"name": "pair", "stages": ["denoise", "decode"]}]}
+        ),
+        "spec.placement.groups: Invalid value",
+        "spec.placement.groups: groups need mode colocated",
+    ),
+    Invalid(
+        "placement-unknown-stage",
+        lambda: with_spec(
+            placement={
+                "mode": "colocated",
+                "groups": [{"name": "pair", "stages": ["denoise", "decod"]}],
+            }
+        ),
+        COLOCATED_ON_KUBERNETES,
+        "spec.placement.groups[pair].stages: 'decod' is not a stage of this pipeline",
+    ),
+    Invalid(
+        "placement-stage-in-two-groups",
+        lambda: with_spec(
+            placement={
+                "mode": "colocated",
+                "groups": [
+                    {"name": "front", "stages": ["encode", "denoise"]},
+                    {"name": "back", "stages": ["denoise", "decode"]},
+                ],
+            }
+        ),
+        COLOCATED_ON_KUBERNETES,
+        "spec.placement.groups: denoise is in groups front and back; a stage runs in one process",
+    ),
+    Invalid(
+        "placement-group-named-as-a-stage",
+        lambda: with_spec(
+            placement={
+                "mode": "colocated",
+                "groups": [{"name": "decode", "stages": ["denoise", "decode"]}],
+            }
+        ),
+        COLOCATED_ON_KUBERNETES,
+        "spec.placement.groups[decode].name: decode is a stage name",
+    ),
+    Invalid(
+        "placement-member-sets-replicas",
+        lambda: with_spec(
+            stages=[{"name": "decode", "replicas": 2}],
+            placement={"mode": "colocated"},
+        ),
+        COLOCATED_ON_KUBERNETES,
+        "spec.stages[decode].replicas: decode runs in group all; a group scales as one: set "
+        "replicas on spec.placement.groups: [{name: all, replicas: N}]",
+    ),
+    Invalid(
+        "placement-two-vllm-stages",
+        lambda: omni_with(
+            stages=[{"name": "talker", "engine": "vllm"}], placement={"mode": "colocated"}
+        ),
+        COLOCATED_ON_KUBERNETES,
+        "spec.placement.groups[all]: thinker and talker both run on vLLM; a process holds one "
+        "vLLM engine",
+    ),
+    Invalid(
+        "placement-group-twice",
+        lambda: with_spec(
+            placement={
+                "mode": "colocated",
+                "groups": [
+                    {"name": "g", "stages": ["encode", "denoise"]},
+                    {"name": "g", "stages": ["decode", "denoise"]},
+                ],
+            }
+        ),
+        'spec.placement.groups[1]: Duplicate value: {"name":"g"}',
+        "spec.placement.groups: duplicate group names: g",
+    ),
+    Invalid(
+        "placement-one-stage-group",
+        lambda: with_spec(
+            placement={"mode": "colocated", "groups": [{"name": "alone", "stages": ["decode"]}]}
+        ),
+        COLOCATED_ON_KUBERNETES,
+        "placement.groups.0.stages",
     ),
 ]

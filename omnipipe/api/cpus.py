@@ -42,6 +42,23 @@ def split_cores(cores: int, workers: Mapping[str, int]) -> dict[str, int]:
     return {name: share for name in workers}
 
 
+def split_group_threads(total: int, cpus: Mapping[str, str | int | None]) -> dict[str, int]:
+    """Each stage's threads in a colocated group's process of `total` threads, from
+    `cpus` (stage -> its resources.cpu): a stage's own cores where set, the rest split
+    evenly, at least one each; the teams then add up to the process's budget, as
+    split_cores does across processes."""
+    fixed: dict[str, int] = {}
+    for stage, cpu in cpus.items():
+        try:
+            cores = cores_of(cpu)
+        except ValueError:
+            cores = None
+        if cores is not None:
+            fixed[stage] = threads_for(cores)
+    rest = {s: 1 for s in cpus if s not in fixed}
+    return {**fixed, **split_cores(max(1, total - sum(fixed.values())), rest)}
+
+
 def usable_cpus() -> int:
     """CPUs this process may use: its affinity, capped by a cgroup v2 quota."""
     try:

@@ -205,7 +205,29 @@ def _spec_rules() -> list[Schema]:
         *_acceleration_on_denoisers(),
         *_adapters_on_denoisers(),
         *_thinker_adapters_whole(),
+        *_PLACEMENT_RULES,
     ]
+
+
+_PLACEMENT_RULES: list[Schema] = [
+    {
+        "rule": "!has(self.placement) || !has(self.placement.groups) || "
+        "size(self.placement.groups) == 0 || "
+        "(has(self.placement.mode) && self.placement.mode == 'colocated')",
+        "message": "groups need mode colocated",
+        "fieldPath": ".placement.groups",
+        "reason": "FieldValueInvalid",
+    },
+    {
+        # The operator builds a Deployment per stage; a group's comes in a later release.
+        "rule": "!has(self.placement) || !has(self.placement.mode) || "
+        "self.placement.mode != 'colocated'",
+        "message": "colocated runs under `omnipipe serve` only in this release; on "
+        "Kubernetes every stage runs in a Deployment of its own (leave spec.placement out)",
+        "fieldPath": ".placement.mode",
+        "reason": "FieldValueForbidden",
+    },
+]
 
 
 _ROOT_RULES: list[Schema] = [
@@ -369,6 +391,10 @@ def _spec_schema() -> Schema:
     props["adapters"]["x-kubernetes-list-map-keys"] = ["name"]
     props["weights"]["x-kubernetes-validations"] = weights_cel_rules()
     props["weights"]["properties"]["accessModes"]["x-kubernetes-list-type"] = "set"
+    groups = props["placement"]["properties"]["groups"]
+    groups["x-kubernetes-list-type"] = "map"
+    groups["x-kubernetes-list-map-keys"] = ["name"]
+    groups["items"]["properties"]["stages"]["x-kubernetes-list-type"] = "set"
     return spec
 
 

@@ -16,7 +16,7 @@ from omnipipe.api.families import (
     pipeline_type_names,
     pipeline_types,
 )
-from omnipipe.api.roles import Role
+from omnipipe.api.roles import Engine, Role
 
 if TYPE_CHECKING:
     from omnipipe.api.spec import OmniPipelineSpec
@@ -64,6 +64,7 @@ def check_stage_graph(spec: OmniPipelineSpec) -> None:
             )
     _check_acceleration(spec)
     _check_adapters(spec)
+    _check_placement(spec)
     order = stage_order(spec)
     for stage in spec.stages:
         for upstream in stage.inputs or ():
@@ -122,6 +123,81 @@ def _check_acceleration(spec: OmniPipelineSpec) -> None:
             raise ValueError(
                 f"spec.stages[{stage.name}].acceleration.cfgParallelSize: 2 needs two "
                 "devices: resources.gpus of 2 or more, or none (the CPU)"
+            )
+
+
+def placement_groups(spec: OmniPipelineSpec) -> list[tuple[str, list[str], int]]:
+    """(name, stages, replicas) of each colocated group; none when disaggregated."""
+    placement = spec.placement
+    if placement is None or placement.mode != "colocated":
+        return []
+    if not placement.groups:
+        return [("all", stage_order(spec), 1)]
+    order = stage_order(spec)
+    # In stage order, however listed: members load in it, and a reordered list is no change.
+    return [
+        (
+            g.name,
+            sorted(g.stages or order, key=lambda s: order.index(s) if s in order else -1),
+            g.replicas,
+        )
+        for g in placement.groups
+    ]
+
+
+def _check_placement(spec: OmniPipelineSpec) -> None:
+    placement = spec.placement
+    if placement is None:
+        return
+    if placement.groups and placement.mode != "colocated":
+        raise ValueError("spec.placement.groups: groups need mode colocated")
+    if len(placement.groups) > 1 and any(g.stages is None for g in placement.groups):
+        raise ValueError("spec.placement.groups: with several groups, each lists its stages")
+    names = [g.name for g in placement.groups]
+    if duplicates := sorted({n for n in names if names.count(n) > 1}):
+        raise ValueError(f"spec.placement.groups: duplicate group names: {', '.join(duplicates)}")
+    order = stage_order(spec)
+    known = pipeline_types().get(spec.pipeline)
+    engines: dict[str, Engine | None] = {s.name: s.engine for s in known.stages} if known else {}
+    engines.update({s.name: s.engine or engines.get(s.name) for s in spec.stages})
+    users = {s.name: s for s in spec.stages}
+    home: dict[str, str] = {}
+    for name, stages, _ in placement_groups(spec):
+        if name in order:
+            raise ValueError(
+                f"spec.placement.groups[{name}].name: {name} is a stage name; a group needs "
+                "a name of its own"
+            )
+        if len(stages) < 2:
+            raise ValueError(f"spec.placement.groups[{name}]: a group holds at least two stages")
+        for stage in stages:
+            if stage not in order:
+                raise ValueError(
+                    f"spec.placement.groups[{name}].stages: {stage!r} is not a stage of this "
+                    "pipeline"
+                )
+            if stage in home:
+                raise ValueError(
+                    f"spec.placement.groups: {stage} is in groups {home[stage]} and {name}; a "
+                    "stage runs in one process"
+                )
+            home[stage] = name
+            user = users.get(stage)
+            if user is not None and (user.replicas is not None or user.autoscaling is not None):
+                where = (
+                    f"spec.placement.groups[{name}]"
+                    if placement.groups
+                    else f"spec.placement.groups: [{{name: {name}, replicas: N}}]"
+                )
+                raise ValueError(
+                    f"spec.stages[{stage}].replicas: {stage} runs in group {name}; a group "
+                    f"scales as one: set replicas on {where}"
+                )
+        on_vllm = [s for s in stages if engines.get(s) is Engine.VLLM]
+        if len(on_vllm) > 1:
+            raise ValueError(
+                f"spec.placement.groups[{name}]: {' and '.join(on_vllm)} both run on vLLM; a "
+                "process holds one vLLM engine (vLLM keeps process-wide state)"
             )
 
 

@@ -21,7 +21,7 @@ from omnipipe.api.acceleration import Acceleration
 from omnipipe.api.adapters import Adapter
 from omnipipe.api.constants import DEFAULT_DENOISER_BATCH_WAIT_MS, DEFAULT_MAX_BATCH
 from omnipipe.api.families import StageDefaults, pipeline_types
-from omnipipe.api.pipelines import stage_order
+from omnipipe.api.pipelines import placement_groups, stage_order
 from omnipipe.api.resource import OmniPipeline
 from omnipipe.api.spec import (
     Autoscaling,
@@ -118,6 +118,14 @@ class ResolvedStage(ResolvedModel):
         return self.autoscaling is not None and self.autoscaling.min_replicas == 0
 
 
+class ResolvedGroup(ResolvedModel):
+    """Stages that run in one process (spec.placement), scaled as one."""
+
+    name: str
+    stages: tuple[str, ...]
+    replicas: int
+
+
 class ResolvedPipeline(ResolvedModel):
     """A fully specified pipeline: every stage concrete, in dependency order."""
 
@@ -130,6 +138,15 @@ class ResolvedPipeline(ResolvedModel):
     transfer: Transfer
     tracing: Tracing = Tracing()
     videos: Videos = Videos()
+    groups: tuple[ResolvedGroup, ...] = ()
+
+    @model_serializer(mode="wrap")
+    def _without_groups_when_disaggregated(self, handler: SerializerFunctionWrapHandler) -> Any:
+        # Left out when empty, so a disaggregated pipeline keeps its file and its hashes.
+        data = handler(self)
+        if isinstance(data, dict) and not self.groups:
+            data.pop("groups", None)
+        return data
 
     def stage(self, name: str) -> ResolvedStage:
         for stage in self.stages:
@@ -226,6 +243,11 @@ def resolve(resource: OmniPipeline) -> ResolvedPipeline:
     known = pipeline_types().get(spec.pipeline)
     defaults = {s.name: s for s in known.stages} if known else {}
     users = {s.name: s for s in spec.stages}
+    groups = tuple(
+        ResolvedGroup(name=name, stages=tuple(members), replicas=replicas)
+        for name, members, replicas in placement_groups(spec)
+    )
+    group_replicas = {s: g.replicas for g in groups for s in g.stages}
     stages = tuple(
         _resolve_stage(
             spec.model,
@@ -234,6 +256,11 @@ def resolve(resource: OmniPipeline) -> ResolvedPipeline:
             tuple(a for a in spec.adapters if a.stage == name),
         )
         for name in stage_order(spec)
+    )
+    # A member runs as many workers as its group has processes.
+    stages = tuple(
+        s.model_copy(update={"replicas": group_replicas[s.name]}) if s.name in group_replicas else s
+        for s in stages
     )
     return ResolvedPipeline(
         name=resource.metadata.name,
@@ -245,4 +272,5 @@ def resolve(resource: OmniPipeline) -> ResolvedPipeline:
         transfer=spec.transfer,
         tracing=spec.tracing,
         videos=spec.videos,
+        groups=groups,
     )

@@ -15,6 +15,7 @@ from pydantic import Field, SerializerFunctionWrapHandler, model_serializer, mod
 from omnipipe.api import constants as c
 from omnipipe.api.acceleration import Acceleration
 from omnipipe.api.adapters import MAX_ADAPTERS, Adapter
+from omnipipe.api.placement import Placement
 
 # Re-exported: the resource's stages are written in these words.
 from omnipipe.api.roles import Engine as Engine
@@ -353,6 +354,8 @@ class OmniPipelineSpec(SpecModel):
     default), an existing claim, a claim the operator fills once per model, or an image."""
     adapters: Annotated[list[Adapter], Field(max_length=MAX_ADAPTERS)] = Field(default_factory=list)
     """LoRA adapters, each on one denoiser or thinker stage, served as models of their own."""
+    placement: Placement | None = None
+    """Which stages share a process: each its own (the default), or colocated groups."""
 
     @model_validator(mode="after")
     def _graph(self) -> OmniPipelineSpec:

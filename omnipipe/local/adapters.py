@@ -19,8 +19,8 @@ def push_adapters(
     workers = list(workers)
     for stage, adapters in changes.items():
         wanted = [a.model_dump(mode="json") for a in adapters]
-        for child in (c for c in workers if c.stage == stage):
-            if problem := control.put_adapters(child.url, wanted, credential):
+        for child in (c for c in workers if c.runs(stage)):
+            if problem := control.put_adapters(child.stage_url(stage), wanted, credential):
                 return f"{child.name} could not change its adapters: {problem}"
         names = ", ".join(a.name for a in adapters) or "none"
         print(f"omnipipe: {stage}: LoRA adapters now {names}", flush=True)
@@ -34,5 +34,5 @@ def restore_adapters(
     workers = list(workers)
     for stage in stages:
         old = [a.model_dump(mode="json") for a in serving.stage(stage).adapters]
-        for child in (c for c in workers if c.stage == stage):
-            control.put_adapters(child.url, old, credential)
+        for child in (c for c in workers if c.runs(stage)):
+            control.put_adapters(child.stage_url(stage), old, credential)

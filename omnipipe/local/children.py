@@ -12,6 +12,7 @@ import subprocess
 from dataclasses import dataclass, field
 
 from omnipipe.api.constants import CREDENTIAL_ENV
+from omnipipe.api.placement import STAGE_PATH_PREFIX
 
 PR_SET_PDEATHSIG = 1
 
@@ -40,12 +41,23 @@ class Child:
     # A crashed worker is restarted like a Deployment would; the router is not.
     restartable: bool
     restarts: list[float] = field(default_factory=list)
-    stage: str | None = None  # None for the router
+    stage: str | None = None  # None for the router; a colocated group's name for its workers
     revision: str = ""
     # Started by a reload that has not switched to it yet: a crash fails the reload
     # instead of being restarted.
     pending: bool = False
 
+    # The stages it runs: (stage,) for a stage's worker; a colocated group's members.
+    members: tuple[str, ...] = ()
+    colocated: bool = False
+
     @property
     def url(self) -> str:
         return self.ready_url.removesuffix("/ready")
+
+    def runs(self, stage: str) -> bool:
+        return stage in self.members
+
+    def stage_url(self, stage: str) -> str:
+        """The stage's control API: the root, or /stages/<stage> in a colocated group."""
+        return f"{self.url}{STAGE_PATH_PREFIX}{stage}" if self.colocated else self.url

@@ -16,8 +16,8 @@ DRAIN_TIMEOUT_SECONDS = 180.0
 
 
 def is_ready(url: str, stage: str | None = None) -> bool:
-    """/ready answers 200, and, given a stage, from a worker of that stage: a port
-    another process took would otherwise pass for the worker's."""
+    """/ready answers 200, and, given a stage (or a colocated group), from a worker of
+    that stage (or group): a port another process took would otherwise pass for it."""
     try:
         with urllib.request.urlopen(url, timeout=1) as resp:
             if resp.status != 200:
@@ -31,7 +31,7 @@ def is_ready(url: str, stage: str | None = None) -> bool:
         body = json.loads(raw)
     except ValueError:
         return False
-    return isinstance(body, dict) and body.get("stage") == stage
+    return isinstance(body, dict) and stage in (body.get("stage"), body.get("group"))
 
 
 def router_state(url: str) -> dict[str, object]:

@@ -29,6 +29,8 @@ def router_view(pipeline: ResolvedPipeline) -> dict[str, Any]:
         "stages": [(s.name, s.role.value, list(s.inputs)) for s in pipeline.stages],
         # Every process makes its tracer at its start, the router included.
         "tracing": pipeline.tracing.model_dump(mode="json"),
+        # Which stages share a process: the workers' URLs and their processes.
+        "placement": [(g.name, list(g.stages)) for g in pipeline.groups],
     }
 
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from types import FrameType
 
 from omnipipe.api import ResolvedPipeline
+from omnipipe.api.placement import workloads
 from omnipipe.local.reload import local_replicas
 from omnipipe.local.supervisor import Loader, Supervisor
 
@@ -38,11 +39,14 @@ def serve(
     # Before anything starts: SIGHUP's default would end us. One that comes while
     # starting is applied once all is ready.
     signal.signal(signal.SIGHUP, on_hangup)
-    workers = sum(local_replicas(s) for s in pipeline.stages)
+    kinds = workloads(pipeline)
+    workers = sum(local_replicas(pipeline.stage(w.stages[0])) for w in kinds)
+    grouped = [f"{w.name}: {', '.join(w.stages)}" for w in kinds if w.colocated]
+    together = f" (in one process: {'; '.join(grouped)})" if grouped else ""
     print(
         f"omnipipe: serving {pipeline.name} ({pipeline.pipeline}, model {pipeline.model}, "
         f"revision {sup.revision}): {workers} worker(s) for {len(pipeline.stages)} "
-        "stage(s) + router",
+        f"stage(s){together} + router",
         flush=True,
     )
     try:

@@ -17,6 +17,7 @@ from omnipipe.api import ResolvedPipeline
 from omnipipe.api.constants import CREDENTIAL_ENV, VIDEO_STORE_ENV
 from omnipipe.api.cpus import split_cores, usable_cpus
 from omnipipe.api.loading import pipeline_yaml
+from omnipipe.api.placement import Workload, workloads
 from omnipipe.api.resource import ManifestError
 from omnipipe.api.revision import pipeline_revision
 from omnipipe.api.wire import StaticReplicas
@@ -117,17 +118,31 @@ class Supervisor:
         path.write_text(pipeline_yaml(pipeline))
         return path
 
-    def _threads_args(self, stage: str) -> list[str]:
-        """The worker's share of this machine's CPUs, unless its stage sets resources.cpu."""
-        sharing = {s.name: local_replicas(s) for s in self.pipeline.stages if s.cpu is None}
-        threads = split_cores(usable_cpus(), sharing).get(stage)
+    def _threads_args(self, workload: Workload) -> list[str]:
+        """The worker's share of this machine's CPUs, unless its stage sets resources.cpu.
+        A colocated group is one process: it splits its share among its stages."""
+        sharing = {
+            w.name: local_replicas(self.pipeline.stage(w.stages[0]))
+            for w in workloads(self.pipeline)
+            if w.colocated or self.pipeline.stage(w.name).cpu is None
+        }
+        threads = split_cores(usable_cpus(), sharing).get(workload.name)
         return [] if threads is None else ["--threads", str(threads)]
 
-    def _spawn_worker(self, stage: str, snapshot: Path, revision: str, pending: bool) -> Child:
-        index = self.started_per_stage.get(stage, 0)
-        self.started_per_stage[stage] = index + 1
-        control_port, transfer_port = self._free_port(), self._free_port()
+    def _spawn_worker(
+        self, workload: Workload, snapshot: Path, revision: str, pending: bool
+    ) -> Child:
+        name = workload.name
+        index = self.started_per_stage.get(name, 0)
+        self.started_per_stage[name] = index + 1
+        control_port = self._free_port()
+        transfer = ",".join(str(self._free_port()) for _ in workload.stages)
         url = f"http://{self.host}:{control_port}"
+        runs = (
+            ["--group", name, "--transfer-ports", transfer]
+            if workload.colocated
+            else ["--stage", name, "--transfer-port", transfer]
+        )
         argv = [
             sys.executable,
             "-m",
@@ -135,27 +150,26 @@ class Supervisor:
             "worker",
             "--pipeline",
             str(snapshot),
-            "--stage",
-            stage,
+            *runs,
             "--host",
             self.host,
             "--port",
             str(control_port),
-            "--transfer-port",
-            str(transfer_port),
             "--advertise-host",
             self.host,
-            *self._threads_args(stage),
+            *self._threads_args(workload),
         ]
         child = Child(
-            f"{stage}-{index}",
+            f"{name}-{index}",
             self._popen(argv),
             f"{url}/ready",
             argv,
             restartable=True,
-            stage=stage,
+            stage=name,
             revision=revision,
             pending=pending,
+            members=workload.stages,
+            colocated=workload.colocated,
         )
         self.children.append(child)
         return child
@@ -165,8 +179,8 @@ class Supervisor:
         self.generation += 1
         stages: dict[str, list[str]] = {s.name: [] for s in self.pipeline.stages}
         for child in routed:
-            assert child.stage is not None
-            stages.setdefault(child.stage, []).append(child.url)
+            for stage in child.members:
+                stages.setdefault(stage, []).append(child.stage_url(stage))
         body = StaticReplicas(
             stages=stages,
             revision=revision,
@@ -185,9 +199,9 @@ class Supervisor:
         except OSError as exc:
             raise RuntimeError(str(exc)) from None
         snapshot = self.snapshot = self._snapshot(self.pipeline)
-        for stage in self.pipeline.stages:
-            for _ in range(local_replicas(stage)):
-                self._spawn_worker(stage.name, snapshot, self.revision, pending=False)
+        for workload in workloads(self.pipeline):
+            for _ in range(local_replicas(self.pipeline.stage(workload.stages[0]))):
+                self._spawn_worker(workload, snapshot, self.revision, pending=False)
         self._write_replicas(self.workers, self.revision)
         argv = [
             sys.executable,
@@ -236,11 +250,13 @@ class Supervisor:
             if not child.restartable or len(child.restarts) >= MAX_RESTARTS_IN_WINDOW:
                 raise RuntimeError(f"{child.name} exited with code {code}")
             child.restarts.append(now)
-            if "--transfer-port" in child.argv:
-                # UCX cannot rebind a port its predecessor just held; the router learns
-                # the new transfer address from the worker's /ready.
-                at = child.argv.index("--transfer-port") + 1
-                child.argv[at] = str(self._free_port())
+            for flag in ("--transfer-port", "--transfer-ports"):
+                if flag in child.argv:
+                    # UCX cannot rebind a port its predecessor just held; the router
+                    # learns the new transfer address from the worker's /ready.
+                    at = child.argv.index(flag) + 1
+                    count = len(child.argv[at].split(","))
+                    child.argv[at] = ",".join(str(self._free_port()) for _ in range(count))
             child.proc = self._popen(child.argv)
             print(
                 f"omnipipe: {child.name} exited with code {code}; restarting as pid "
@@ -362,19 +378,19 @@ class Supervisor:
         snapshot = self._snapshot(new)
         started: list[Child] = []
         retiring: list[Child] = []
-        for stage in new.stages:
-            mine = [c for c in self.workers if c.stage == stage.name]
-            if stage.name in plan.replace:
+        for workload in workloads(new):
+            mine = [c for c in self.workers if c.stage == workload.name]
+            # A group is one process: a change to any of its stages replaces it.
+            if any(s in plan.replace for s in workload.stages):
                 started += [
-                    self._spawn_worker(stage.name, snapshot, rev, pending=True)
-                    for _ in range(local_replicas(stage))
+                    self._spawn_worker(workload, snapshot, rev, pending=True)
+                    for _ in range(local_replicas(new.stage(workload.stages[0])))
                 ]
                 retiring += mine
                 continue
-            now, want = plan.counts[stage.name]
+            now, want = plan.counts[workload.stages[0]]
             started += [
-                self._spawn_worker(stage.name, snapshot, rev, pending=True)
-                for _ in range(want - now)
+                self._spawn_worker(workload, snapshot, rev, pending=True) for _ in range(want - now)
             ]
             retiring += mine[want:]
         try:

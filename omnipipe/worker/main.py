@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 import uvicorn
+from fastapi import FastAPI
 
 from omnipipe.api.loading import load_pipeline
+from omnipipe.api.placement import workloads
+from omnipipe.worker.group import build_group_app, load_errors, on_stop
 from omnipipe.worker.server import build_app
 from omnipipe.worker.settings import WorkerSettings
+from omnipipe.worker.threads import thread_budget
 
 # Kubernetes' default terminationMessagePath; its size limit is 4096 bytes.
 TERMINATION_LOG = Path("/dev/termination-log")
@@ -25,15 +30,30 @@ def _quiet_progress_bars() -> None:
     transformers_logging.disable_progress_bar()
 
 
+def _build(settings: WorkerSettings) -> tuple[FastAPI, Callable[[], list[str]]]:
+    """The app, and what reads its load errors once it has stopped."""
+    pipeline = load_pipeline(settings.pipeline_file)
+    if not settings.group:
+        app = build_app(pipeline, settings)
+        state = app.state.worker
+        return app, lambda: [f"stage {settings.stage}: {state.load_error}"] * bool(state.load_error)
+    group = next(w for w in workloads(pipeline) if w.group == settings.group)
+    ports = settings.transfer_ports or tuple(
+        settings.transfer_port + i for i in range(len(group.stages))
+    )
+    app = build_group_app(pipeline, settings, group, ports, thread_budget(settings.threads, None))
+    return app, lambda: load_errors(app)
+
+
 def run_worker(settings: WorkerSettings) -> None:
+    name = settings.group or settings.stage
     logging.basicConfig(
         level=logging.INFO,
-        format=f"%(asctime)s %(levelname)s [{settings.stage}] %(name)s: %(message)s",
+        format=f"%(asctime)s %(levelname)s [{name}] %(name)s: %(message)s",
     )
     logging.getLogger("httpx").setLevel(logging.WARNING)
     _quiet_progress_bars()
-    pipeline = load_pipeline(settings.pipeline_file)
-    app = build_app(pipeline, settings)
+    app, errors = _build(settings)
     server = uvicorn.Server(
         uvicorn.Config(
             app,
@@ -43,15 +63,19 @@ def run_worker(settings: WorkerSettings) -> None:
             timeout_graceful_shutdown=int(settings.drain_timeout_seconds),
         )
     )
-    state = app.state.worker
     # Not a SIGTERM to itself: uvicorn re-raises a signal it caught once it has shut
     # down, and PID 1 in a container ignores it, so the process ended with status 0.
-    state.stop = lambda: setattr(server, "should_exit", True)
+    stop = lambda: setattr(server, "should_exit", True)  # noqa: E731
+    if settings.group:
+        on_stop(app, stop)  # one stage that cannot load ends the group's process
+    else:
+        app.state.worker.stop = stop
     server.run()
-    if error := state.load_error:
+    if failed := errors():
         # A stage that could not load ends the process as a failure: Kubernetes then
         # reports an Error and CrashLoopBackOff, not a container that Completed.
-        message = f"omnipipe worker: stage {settings.stage}: {error}"
+        group = f"group {settings.group}: " if settings.group else ""
+        message = f"omnipipe worker: {group}{'; '.join(failed)}"
         report_termination(message)
         raise SystemExit(message)
 

@@ -57,9 +57,13 @@ class WorkerMetrics:
     real_time_factor: Histogram
     seconds_without_progress: Gauge
     denoise_steps: Counter
+    local_handoffs: Counter
+    local_handoff_bytes: Counter
 
     @classmethod
-    def create(cls, pipeline: str, stage: str) -> WorkerMetrics:
+    def create(cls, pipeline: str, stage: str, engine_metrics: bool = True) -> WorkerMetrics:
+        """engine_metrics: re-export vLLM's process-wide metrics as this stage's; in a
+        colocated group only the vLLM stage does, or every member would claim them."""
         registry = CollectorRegistry()
         labels = ("pipeline", "stage")
 
@@ -142,8 +146,22 @@ class WorkerMetrics:
                 registry=registry,
                 buckets=RTF_BUCKETS,
             ),
+            local_handoffs=Counter(
+                "omnipipe_transfer_local_handoffs_total",
+                "Hand-offs sent to a stage in the same process (a colocated group): by "
+                "reference, through no socket; the transfer_* series count the others.",
+                labels,
+                registry=registry,
+            ),
+            local_handoff_bytes=Counter(
+                "omnipipe_transfer_local_handoff_bytes_total",
+                "Bytes of the tensors handed by reference to a stage in the same process.",
+                labels,
+                registry=registry,
+            ),
         )
-        registry.register(EngineMetrics(pipeline, stage))
+        if engine_metrics:
+            registry.register(EngineMetrics(pipeline, stage))
         m._labels = (pipeline, stage)
         # Export every series from the start: an idle worker must read as 0, not absent.
         m.set_load(0, 0)
@@ -158,6 +176,8 @@ class WorkerMetrics:
             m.transfer_frames.labels(pipeline, stage, direction)
         m.first_audio.labels(pipeline, stage)
         m.real_time_factor.labels(pipeline, stage)
+        m.local_handoffs.labels(pipeline, stage)
+        m.local_handoff_bytes.labels(pipeline, stage)
         return m
 
     _labels: tuple[str, str] = ("", "")
@@ -169,6 +189,10 @@ class WorkerMetrics:
     def transfer(self, direction: str, nbytes: int, seconds: float) -> None:
         self.transfer_bytes.labels(*self._labels, direction).inc(nbytes)
         self.transfer_seconds.labels(*self._labels, direction).observe(seconds)
+
+    def count_local_handoff(self, nbytes: int) -> None:
+        self.local_handoffs.labels(*self._labels).inc()
+        self.local_handoff_bytes.labels(*self._labels).inc(nbytes)
 
     def count_frame(self, direction: str) -> None:
         self.transfer_frames.labels(*self._labels, direction).inc()
@@ -194,3 +218,22 @@ class WorkerMetrics:
 
     def observe_real_time_factor(self, ratio: float) -> None:
         self.real_time_factor.labels(*self._labels).observe(ratio)
+
+
+class MergedMetrics(Collector):
+    """Several stages' registries as one exposition (a colocated group's /metrics): a
+    family appears once, with every member's samples, each keeping its stage label."""
+
+    def __init__(self, registries: list[CollectorRegistry]) -> None:
+        self.registries = registries
+
+    def collect(self) -> Iterator[Metric]:
+        merged: dict[str, Metric] = {}
+        for registry in self.registries:
+            for family in registry.collect():
+                into = merged.setdefault(
+                    family.name,
+                    Metric(family.name, family.documentation, family.type, family.unit),
+                )
+                into.samples.extend(family.samples)
+        yield from merged.values()

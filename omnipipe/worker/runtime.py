@@ -36,6 +36,7 @@ from omnipipe.worker.stages.base import (
     StreamingStage,
     Tensors,
 )
+from omnipipe.worker.threads import set_thread_team
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -107,6 +108,7 @@ class StageRuntime:
         max_batch: int,
         batch_wait_seconds: float = 0.0,
         tracer: trace.Tracer | None = None,
+        threads: int | None = None,
     ) -> None:
         self.stage_name = stage_name
         self.tracer = tracer or trace.NoOpTracer()
@@ -122,10 +124,13 @@ class StageRuntime:
         self.jobs: dict[str, Job] = {}
         self._queue: deque[Job] = deque()
         self._wakeup = asyncio.Event()
-        self._engine = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
+        # A colocated stage's threads take its share of the process's cores (threads);
+        # alone in its process, the process-wide budget already fits it.
+        team = (set_thread_team, (threads,)) if threads is not None else (None, ())
+        self._engine = ThreadPoolExecutor(1, "engine", *team)
         # Requests' preparation (decoding media) beside the engine, one at a time: the
         # processors' tokenizers are not safe to share between threads.
-        self._preparer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prepare")
+        self._preparer = ThreadPoolExecutor(1, "prepare", *team)
         self._loop_task: asyncio.Task[None] | None = None
         self._idle = asyncio.Event()
         self._idle.set()

@@ -22,10 +22,20 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from omnipipe.api import ResolvedPipeline
 from omnipipe.api.adapters import Adapter
 from omnipipe.api.constants import CREDENTIAL_HEADER
+from omnipipe.api.placement import STAGE_PATH_PREFIX
 from omnipipe.api.revision import pipeline_revision
+from omnipipe.api.roles import Engine
 from omnipipe.api.tracing import make_tracer
 from omnipipe.api.wire import StageEvent, SubmitRequest, WorkerStatus, event_lines
-from omnipipe.transfer import Mailbox, Receiver, TransferStats, make_receiver, make_sender
+from omnipipe.transfer import (
+    Mailbox,
+    Receiver,
+    Sender,
+    TransferStats,
+    make_receiver,
+    make_sender,
+)
+from omnipipe.transfer.local import LocalExchange, LocalFirstSender
 from omnipipe.worker.adapters import AdapterControl, adapters_router, follow_pipeline_file
 from omnipipe.worker.control import StageControl, control_router
 from omnipipe.worker.metrics import WorkerMetrics
@@ -45,6 +55,16 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 OPEN_PATHS = frozenset({"/health", "/ready", "/metrics"})
 
 
+def _stage_path(scope: Scope) -> str:
+    """The path within a stage's API: a colocated stage's /ready is
+    /stages/<stage>/ready to the client (its group's root sees that, its own app the
+    path after its mount)."""
+    path = str(scope.get("path", "")).removeprefix(str(scope.get("root_path", "")))
+    if path.startswith(STAGE_PATH_PREFIX):
+        path = "/" + path.removeprefix(STAGE_PATH_PREFIX).partition("/")[2]
+    return path
+
+
 class CredentialMiddleware:
     """Every other control call must carry the pipeline's credential: submit, cancel and
     drain change what the stage does, and only the router (or the pod's own preStop
@@ -55,7 +75,7 @@ class CredentialMiddleware:
         self.expected = credential.encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"] not in OPEN_PATHS:
+        if scope["type"] == "http" and _stage_path(scope) not in OPEN_PATHS:
             given = dict(scope.get("headers") or []).get(CREDENTIAL_HEADER.lower().encode(), b"")
             if not hmac.compare_digest(given, self.expected):
                 refused = JSONResponse(
@@ -64,6 +84,19 @@ class CredentialMiddleware:
                 await refused(scope, receive, send)
                 return
         await self.app(scope, receive, send)
+
+
+@dataclass
+class Colocation:
+    """What the stages of a colocated group share: the exchange their hand-offs to each
+    other go through by reference, and a lock so that they load one at a time (vLLM
+    sizes its cache from the memory free when it starts)."""
+
+    exchange: LocalExchange
+    load_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    failed: bool = False
+    """A stage failed to load: the process is ending, so the others load nothing (a load
+    thread cannot be cancelled, and the exit would wait for it)."""
 
 
 @dataclass
@@ -137,14 +170,19 @@ async def _new_stage(state: WorkerState, adapters: Sequence[Adapter] | None = No
     return stage
 
 
-async def _load_stage(state: WorkerState) -> None:
+async def _load_stage(state: WorkerState, colocation: Colocation | None) -> None:
     spec = state.pipeline.stage(state.settings.stage)
     started = time.monotonic()
     try:
-        stage = await _new_stage(state)
+        async with colocation.load_lock if colocation else contextlib.nullcontext():
+            if colocation is not None and colocation.failed:
+                return
+            stage = await _new_stage(state)
     except Exception as exc:
         log.exception("loading stage %s failed; exiting", spec.name)
         state.load_error = f"load failed: {exc}"
+        if colocation is not None:
+            colocation.failed = True
         # A worker that cannot load must not sit unready forever: exit, so Kubernetes
         # (CrashLoopBackOff) or `omnipipe serve` (restart, then give up) shows it.
         state.stop()
@@ -169,36 +207,52 @@ async def _sweep(mailbox: Mailbox, every_seconds: float = 30.0) -> None:
             log.info("dropped the inputs of %d requests nobody claimed", dropped)
 
 
-def build_app(pipeline: ResolvedPipeline, settings: WorkerSettings) -> FastAPI:
+def build_app(
+    pipeline: ResolvedPipeline, settings: WorkerSettings, colocation: Colocation | None = None
+) -> FastAPI:
+    """One stage's worker; with `colocation`, one of a group's stages in a shared process
+    (omnipipe/worker/group.py mounts it under /stages/<stage>)."""
     spec = pipeline.stage(settings.stage)  # fails fast on an unknown stage
-    state = WorkerState(pipeline, settings, WorkerMetrics.create(pipeline.name, spec.name))
+    state = WorkerState(
+        pipeline,
+        settings,
+        WorkerMetrics.create(
+            pipeline.name,
+            spec.name,
+            engine_metrics=colocation is None or spec.engine is Engine.VLLM,
+        ),
+    )
     tracer = make_tracer(pipeline.tracing, f"omnipipe-{spec.name}", pipeline.name, spec.name)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         backend = pipeline.transfer.backend.value
         mailbox = Mailbox(max_bytes=settings.mailbox_max_bytes)
+        in_stats = TransferStats(
+            lambda n, s: state.metrics.transfer("in", n, s),
+            lambda: state.metrics.count_frame("in"),
+        )
         state.receiver = make_receiver(
             backend,
             mailbox,
             settings.host,
             settings.transfer_port,
             settings.advertise_host,
-            TransferStats(
-                lambda n, s: state.metrics.transfer("in", n, s),
-                lambda: state.metrics.count_frame("in"),
-            ),
+            in_stats,
             settings.credential,
         )
         await state.receiver.start()
-        sender = make_sender(
-            backend,
-            TransferStats(
-                lambda n, s: state.metrics.transfer("out", n, s),
-                lambda: state.metrics.count_frame("out"),
-            ),
-            settings.credential,
+        out_stats = TransferStats(
+            lambda n, s: state.metrics.transfer("out", n, s),
+            lambda: state.metrics.count_frame("out"),
         )
+        sender: Sender = make_sender(backend, out_stats, settings.credential)
+        if colocation is not None:
+            # The transfer_* series count what crossed a socket; the sender counts local ones.
+            colocation.exchange.register(state.receiver.address, mailbox)
+            sender = LocalFirstSender(
+                sender, colocation.exchange, out_stats, on_local=state.metrics.count_local_handoff
+            )
         state.runtime = StageRuntime(
             spec.name,
             None,
@@ -208,11 +262,13 @@ def build_app(pipeline: ResolvedPipeline, settings: WorkerSettings) -> FastAPI:
             settings.max_batch or spec.max_batch,
             spec.batch_wait_ms / 1000,
             tracer.tracer,
+            # Alone in its process the process-wide budget fits the stage already.
+            threads=settings.threads if colocation is not None else None,
         )
         log.info(
             "stage %s: transfer %s listening at %s", spec.name, backend, state.receiver.address
         )
-        loader = asyncio.create_task(_load_stage(state))
+        loader = asyncio.create_task(_load_stage(state, colocation))
         state.background.add(loader)
         sweeper = asyncio.create_task(_sweep(mailbox))
         follower = asyncio.create_task(follow_pipeline_file(Path(settings.pipeline_file), adapters))
@@ -225,6 +281,8 @@ def build_app(pipeline: ResolvedPipeline, settings: WorkerSettings) -> FastAPI:
             sweeper.cancel()
             follower.cancel()
             await state.runtime.close()
+            if colocation is not None:
+                colocation.exchange.unregister(state.receiver.address)
             await sender.close()
             await state.receiver.close()
             await asyncio.to_thread(tracer.close)

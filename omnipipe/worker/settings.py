@@ -18,6 +18,11 @@ class WorkerSettings(BaseSettings):
     """The pipeline: an OmniPipeline manifest or the operator's resolved pipeline.yaml."""
     stage: str = ""
     """Which stage of the pipeline this worker runs."""
+    group: str = ""
+    """Or which colocated group (spec.placement): every stage of it, in this process."""
+    transfer_ports: tuple[int, ...] = ()
+    """A group's transfer listeners, one per stage in the group's order; unset: from
+    transfer_port up (8101, 8102, ...)."""
     host: str = "0.0.0.0"
     """Bind address of the control API and the transfer listener."""
     port: int = 8100

@@ -60,3 +60,11 @@ def apply_thread_budget(threads: int) -> None:
     with contextlib.suppress(RuntimeError):
         torch.set_num_interop_threads(1)
     log.info("CPU threads: %d (torch intra-op, OpenMP, MKL)", threads)
+
+
+def set_thread_team(threads: int) -> None:
+    """On the calling thread: size its torch/OpenMP team. With torch's OpenMP backend the
+    team size is per thread, so colocated stages' engine threads each keep their share."""
+    import torch
+
+    torch.set_num_threads(threads)

@@ -138,6 +138,18 @@ def test_throughput_quick(tmp_path: Path) -> None:
             assert 0 < r["p50_ms"] <= r["p99_ms"]
 
 
+def test_colocation_quick(tmp_path: Path) -> None:
+    # Image only: the speech pair costs minutes, and the image pair runs the same code.
+    out, results = run_quick("colocation", tmp_path, "--workloads", "image")
+    assert "thrpt ratio" in out
+    pair = results["pairs"]["image"]  # type: ignore[index]
+    for placement in ("disaggregated", "colocated"):
+        assert set(pair[placement]) == {"1", "4", "1+busy", "4+busy"}
+        for r in pair[placement].values():
+            assert r["throughput"] > 0
+            assert 0 < r["p50_ms"] <= r["p99_ms"]
+
+
 def test_diffusion_quick(tmp_path: Path) -> None:
     out, results = run_quick("diffusion", tmp_path)
     assert "vs monolith" in out

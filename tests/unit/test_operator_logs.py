@@ -54,4 +54,3 @@ def test_a_retried_server_error_stays_an_error(log: tuple[logging.Logger, io.Str
     failure = APIServerError({"message": "etcd timeout", "code": 500}, status=500, headers={})  # type: ignore[arg-type]
     logger.error(f"Request attempt #1/9 failed; will retry: {WATCH} -> {failure!r}")
     assert out.getvalue().startswith("ERROR ")
-
