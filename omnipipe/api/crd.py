@@ -219,12 +219,21 @@ _PLACEMENT_RULES: list[Schema] = [
         "reason": "FieldValueInvalid",
     },
     {
-        # The operator builds a Deployment per stage; a group's comes in a later release.
-        "rule": "!has(self.placement) || !has(self.placement.mode) || "
-        "self.placement.mode != 'colocated'",
-        "message": "colocated runs under `omnipipe serve` only in this release; on "
-        "Kubernetes every stage runs in a Deployment of its own (leave spec.placement out)",
-        "fieldPath": ".placement.mode",
+        # Changing it moves stages between Deployments that the stages' Services
+        # select by name; a rollout that keeps the old ones serving meanwhile is to come.
+        "rule": "(has(self.placement) && has(self.placement.mode) ? self.placement.mode : "
+        "'disaggregated') == (has(oldSelf.placement) && has(oldSelf.placement.mode) ? "
+        "oldSelf.placement.mode : 'disaggregated') && (has(self.placement) && "
+        "has(self.placement.groups) ? self.placement.groups : []).map(g, g.name) == "
+        "(has(oldSelf.placement) && has(oldSelf.placement.groups) ? "
+        "oldSelf.placement.groups : []).map(g, g.name) && (has(self.placement) && "
+        "has(self.placement.groups) ? self.placement.groups : []).all(g, "
+        "(has(oldSelf.placement) && has(oldSelf.placement.groups) ? "
+        "oldSelf.placement.groups : []).exists(o, o.name == g.name && (has(o.stages) ? "
+        "o.stages : []) == (has(g.stages) ? g.stages : [])))",
+        "message": "spec.placement cannot change on a running pipeline (but a group's "
+        "replicas): delete and re-create it",
+        "fieldPath": ".placement",
         "reason": "FieldValueForbidden",
     },
 ]

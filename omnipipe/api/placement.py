@@ -89,6 +89,12 @@ def workload_of(pipeline: ResolvedPipeline, stage: str) -> Workload:
     raise KeyError(f"pipeline {pipeline.name} has no stage {stage!r}")
 
 
+def worker_name(pipeline: ResolvedPipeline, stage: str) -> str:
+    """What a stage's workers are named and labelled for: the stage, or its group. On
+    Kubernetes: its Deployment's name and its pods' stage label."""
+    return workload_of(pipeline, stage).name
+
+
 def control_path(workload: Workload, stage: str) -> str:
     """Where a stage's control API sits under its process's root URL."""
     return f"{STAGE_PATH_PREFIX}{stage}" if workload.colocated else ""

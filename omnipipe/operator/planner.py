@@ -9,6 +9,7 @@ from typing import Any
 from omnipipe.api import ResolvedPipeline
 from omnipipe.api import constants as c
 from omnipipe.api.names import router_object_name, stage_condition_type, stage_deployment_name
+from omnipipe.api.placement import worker_name, workloads
 from omnipipe.api.revision import pipeline_revision
 from omnipipe.api.status import (
     Condition,
@@ -162,7 +163,8 @@ def plan_rollout(
 ) -> Rollout:
     update = pipeline_revision(pipeline)
     grouped = by_revision(deployments)
-    stages = tuple(s.name for s in pipeline.stages)
+    # Deployments are per worker: a stage's, or a colocated group's.
+    stages = tuple(w.name for w in workloads(pipeline))
     draft = Rollout(update, update, (), grouped, stages)
     if previous_current not in grouped and c.LEGACY_REVISION in grouped:
         # An upgrade from before revisions: the unlabelled Deployments serve until the
@@ -262,7 +264,8 @@ def compute_status(
     not_ready: list[str] = []
     below_capacity: list[str] = []
     for stage in pipeline.stages:
-        observed = deployments.get(stage_deployment_name(pipeline.name, stage.name, serving))
+        worker = worker_name(pipeline, stage.name)
+        observed = deployments.get(stage_deployment_name(pipeline.name, worker, serving))
         at_capacity = _deployment_condition(f"stage {stage.name}", observed)
         status, reason, message = _stage_condition(at_capacity, observed)
         if at_capacity[0] is not ConditionStatus.TRUE:

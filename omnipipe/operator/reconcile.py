@@ -11,6 +11,7 @@ from typing import Any
 
 from omnipipe.api import parse_resource
 from omnipipe.api.names import stage_deployment_name, stage_object_name
+from omnipipe.api.placement import worker_name
 from omnipipe.api.status import Condition, ConditionStatus, OmniPipelineStatus, StageStatus
 from omnipipe.api.weights import MODEL_CACHED
 from omnipipe.operator.builders import (
@@ -152,7 +153,8 @@ def _held(ctx: BuildContext) -> list[tuple[str, str]]:
     held: list[tuple[str, str]] = []
     for stage in ctx.pipeline.stages:
         if waits_for_weights(ctx, stage):
-            held.append(("Deployment", stage_deployment_name(ctx.name, stage.name, ctx.revision)))
+            worker = worker_name(ctx.pipeline, stage.name)
+            held.append(("Deployment", stage_deployment_name(ctx.name, worker, ctx.revision)))
             scaler = stage_object_name(ctx.name, stage.name)
             held += [("HorizontalPodAutoscaler", scaler), ("ScaledObject", scaler)]
     return held

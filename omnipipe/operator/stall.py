@@ -16,6 +16,7 @@ from typing import Any
 from omnipipe.api import ResolvedPipeline, ResolvedStage
 from omnipipe.api import constants as c
 from omnipipe.api.names import router_object_name, stage_deployment_name
+from omnipipe.api.placement import worker_name
 from omnipipe.api.status import ConditionStatus
 
 # A container waiting for one of these will wait forever: nothing but a change to the
@@ -183,11 +184,12 @@ def progress(
     wanted: list[tuple[str, str, int, Sequence[ObservedPod]]] = [
         (
             f"stage {stage.name}",
-            stage_deployment_name(pipeline.name, stage.name, update_revision),
+            stage_deployment_name(pipeline.name, worker, update_revision),
             stage_minimum(stage),
-            [p for p in pods if p.stage == stage.name and p.revision == update_revision],
+            [p for p in pods if p.stage == worker and p.revision == update_revision],
         )
         for stage in pipeline.stages
+        for worker in (worker_name(pipeline, stage.name),)
     ]
     wanted.append(
         (

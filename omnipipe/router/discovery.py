@@ -13,6 +13,7 @@ from omnipipe.api import ResolvedPipeline
 from omnipipe.api import constants as c
 from omnipipe.api.loading import load_pipeline
 from omnipipe.api.names import stage_object_name
+from omnipipe.api.placement import control_path, workload_of
 from omnipipe.api.resource import ManifestError
 from omnipipe.api.revision import pipeline_revision
 from omnipipe.api.wire import StaticReplicas
@@ -135,9 +136,11 @@ class DnsDiscovery(Discovery):
         except socket.gaierror:
             return []
         ips = sorted({str(info[4][0]) for info in infos})
+        # A colocated stage's API sits under its group's root (/stages/<stage>).
+        path = control_path(workload_of(self._pipeline, stage), stage)
         return [
-            f"http://[{ip}]:{c.WORKER_CONTROL_PORT}"
+            f"http://[{ip}]:{c.WORKER_CONTROL_PORT}{path}"
             if ":" in ip
-            else f"http://{ip}:{c.WORKER_CONTROL_PORT}"
+            else f"http://{ip}:{c.WORKER_CONTROL_PORT}{path}"
             for ip in ips
         ]

@@ -1,9 +1,11 @@
 """Pure builders: BuildContext -> manifests. No I/O, no clock, no randomness."""
 
+from omnipipe.api.placement import workloads
 from omnipipe.operator.builders.common import Manifest
 from omnipipe.operator.builders.configmap import build_config_map
 from omnipipe.operator.builders.context import BuildContext, OwnerRef, build_context
 from omnipipe.operator.builders.credential import build_credential_secret
+from omnipipe.operator.builders.group import build_group_deployment
 from omnipipe.operator.builders.network import build_stage_network_policy
 from omnipipe.operator.builders.router import (
     build_router_deployment,
@@ -28,10 +30,15 @@ def build_children(ctx: BuildContext) -> list[Manifest]:
     policy = build_stage_network_policy(ctx)
     if policy is not None:
         children.append(policy)
-    for stage in ctx.pipeline.stages:
-        children.append(build_stage_service(ctx, stage))
-        if waits_for_weights(ctx, stage):
+    for workload in workloads(ctx.pipeline):
+        members = [ctx.pipeline.stage(s) for s in workload.stages]
+        children.extend(build_stage_service(ctx, stage) for stage in members)
+        if any(waits_for_weights(ctx, stage) for stage in members):
             continue
+        if workload.colocated:
+            children.append(build_group_deployment(ctx, workload))
+            continue
+        [stage] = members
         children.append(build_stage_deployment(ctx, stage))
         scaler = build_scaler(ctx, stage)
         if scaler is not None:

@@ -11,6 +11,7 @@ from omnipipe.api.names import (
     stage_network_policy_name,
     stages_selector,
 )
+from omnipipe.api.placement import workloads
 from omnipipe.api.spec import TransferBackend
 from omnipipe.operator.builders.common import Manifest, object_meta
 from omnipipe.operator.builders.context import BuildContext
@@ -25,7 +26,12 @@ def build_stage_network_policy(ctx: BuildContext) -> Manifest | None:
         return None
     from_stages: Manifest = {"from": [{"podSelector": {"matchLabels": stages_selector(ctx.name)}}]}
     if ctx.pipeline.transfer.backend == TransferBackend.TCP:
-        from_stages["ports"] = [_tcp(c.WORKER_TRANSFER_PORT)]
+        # A colocated group listens on one transfer port per stage, from 8101 up.
+        listeners = max(len(w.stages) for w in workloads(ctx.pipeline))
+        port = _tcp(c.WORKER_TRANSFER_PORT)
+        if listeners > 1:
+            port["endPort"] = c.WORKER_TRANSFER_PORT + listeners - 1
+        from_stages["ports"] = [port]
     # UCX: the rendezvous is the transfer port, but UCX's own transports (TCP lanes,
     # RDMA connection managers) open ports of their choosing, so stage peers get every
     # port. They are still only this pipeline's stage pods.

@@ -13,6 +13,7 @@ from omnipipe.api.names import (
     stage_revision_selector,
     stage_selector,
 )
+from omnipipe.api.placement import workload_of
 from omnipipe.api.spec import Engine
 from omnipipe.operator.builders.common import (
     Manifest,
@@ -126,7 +127,7 @@ def _container(ctx: BuildContext, stage: ResolvedStage) -> Manifest:
     return container
 
 
-def _pod_spec(ctx: BuildContext, stage: ResolvedStage) -> Manifest:
+def pod_spec(ctx: BuildContext, stage: ResolvedStage) -> Manifest:
     spec: Manifest = {
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
@@ -166,7 +167,7 @@ def build_stage_deployment(ctx: BuildContext, stage: ResolvedStage) -> Manifest:
                 "labels": labels,
                 "annotations": {c.ANNOTATION_CONFIG_HASH: stage_config_hash(ctx, stage)},
             },
-            "spec": _pod_spec(ctx, stage),
+            "spec": pod_spec(ctx, stage),
         },
     }
     # An autoscaled stage's replica count belongs to the autoscaler alone.
@@ -182,7 +183,10 @@ def build_stage_deployment(ctx: BuildContext, stage: ResolvedStage) -> Manifest:
 
 def build_stage_service(ctx: BuildContext, stage: ResolvedStage) -> Manifest:
     """Headless: resolves to the stage's ready pods, which the router and upstream
-    stages address one by one."""
+    stages address one by one. A stage of a colocated group resolves to the group's
+    pods, its transfer port to its own listener there (builders/group.py)."""
+    workload = workload_of(ctx.pipeline, stage.name)
+    index = workload.stages.index(stage.name)
     return {
         "apiVersion": "v1",
         "kind": "Service",
@@ -191,11 +195,15 @@ def build_stage_service(ctx: BuildContext, stage: ResolvedStage) -> Manifest:
         ),
         "spec": {
             "clusterIP": "None",
-            "selector": stage_selector(ctx.name, stage.name),
+            "selector": stage_selector(ctx.name, workload.name),
             "publishNotReadyAddresses": False,
             "ports": [
                 {"name": "control", "port": c.WORKER_CONTROL_PORT, "targetPort": "control"},
-                {"name": "transfer", "port": c.WORKER_TRANSFER_PORT, "targetPort": "transfer"},
+                {
+                    "name": "transfer",
+                    "port": c.WORKER_TRANSFER_PORT,
+                    "targetPort": "transfer" if index == 0 else f"transfer-{index}",
+                },
             ],
         },
     }
