@@ -123,12 +123,6 @@ def _cmd_render(args: argparse.Namespace) -> int:
         )
         return 0
     resource = load_file(args.file)
-    if resource.spec.placement and resource.spec.placement.mode == "colocated":
-        # What the API server refuses too (the CRD's rule): no Deployment per group yet.
-        raise ManifestError(
-            f"{args.file}: spec.placement.mode: colocated runs under `omnipipe serve` only "
-            "in this release; on Kubernetes every stage runs in a Deployment of its own"
-        )
     if args.namespace:
         meta = resource.metadata.model_copy(update={"namespace": args.namespace})
         resource = resource.model_copy(update={"metadata": meta})

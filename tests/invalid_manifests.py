@@ -66,9 +66,6 @@ def renamed(name: str) -> Manifest:
     return m
 
 
-COLOCATED_ON_KUBERNETES = (
-    "spec.placement.mode: Forbidden: colocated runs under `omnipipe serve` only"
-)
 ADAPTER_STAGE = (
     "spec.adapters[].stage: LoRA adapters apply to a denoiser or a thinker stage of this pipeline"
 )
@@ -425,7 +422,7 @@ CASES = [
                 "groups": [{"name": "pair", "stages": ["denoise", "decod"]}],
             }
         ),
-        COLOCATED_ON_KUBERNETES,
+        "every stage of a group must be a stage of this pipeline",
         "spec.placement.groups[pair].stages: 'decod' is not a stage of this pipeline",
     ),
     Invalid(
@@ -439,7 +436,7 @@ CASES = [
                 ],
             }
         ),
-        COLOCATED_ON_KUBERNETES,
+        "it may be in one group only",
         "spec.placement.groups: denoise is in groups front and back; a stage runs in one process",
     ),
     Invalid(
@@ -450,7 +447,7 @@ CASES = [
                 "groups": [{"name": "decode", "stages": ["denoise", "decode"]}],
             }
         ),
-        COLOCATED_ON_KUBERNETES,
+        "a group needs a name of its own",
         "spec.placement.groups[decode].name: decode is a stage name",
     ),
     Invalid(
@@ -459,7 +456,7 @@ CASES = [
             stages=[{"name": "decode", "replicas": 2}],
             placement={"mode": "colocated"},
         ),
-        COLOCATED_ON_KUBERNETES,
+        "a stage in a colocated group scales with it",
         "spec.stages[decode].replicas: decode runs in group all; a group scales as one: set "
         "replicas on spec.placement.groups: [{name: all, replicas: N}]",
     ),
@@ -468,7 +465,7 @@ CASES = [
         lambda: omni_with(
             stages=[{"name": "talker", "engine": "vllm"}], placement={"mode": "colocated"}
         ),
-        COLOCATED_ON_KUBERNETES,
+        "a group's process holds one vLLM engine",
         "spec.placement.groups[all]: thinker and talker both run on vLLM; a process holds one "
         "vLLM engine",
     ),
@@ -491,7 +488,7 @@ CASES = [
         lambda: with_spec(
             placement={"mode": "colocated", "groups": [{"name": "alone", "stages": ["decode"]}]}
         ),
-        COLOCATED_ON_KUBERNETES,
+        "should have at least 2 items",
         "placement.groups.0.stages",
     ),
 ]

@@ -16,7 +16,7 @@ from omnipipe.api import constants as c
 from omnipipe.api.adapters import ADAPTER_ROLES
 from omnipipe.api.families import CUSTOM, pipeline_type_names, pipeline_types
 from omnipipe.api.resource import MAX_PIPELINE_NAME
-from omnipipe.api.roles import Role
+from omnipipe.api.roles import Engine, Role
 from omnipipe.api.spec import OmniPipelineSpec
 from omnipipe.api.status import OmniPipelineStatus
 from omnipipe.api.weights import weights_cel_rules
@@ -206,10 +206,89 @@ def _spec_rules() -> list[Schema]:
         *_adapters_on_denoisers(),
         *_thinker_adapters_whole(),
         *_PLACEMENT_RULES,
+        *_placement_per_pipeline(),
     ]
 
 
+_GROUPS = "!has(self.placement) || !has(self.placement.groups) || self.placement.groups.all"
+_COLOCATED = "has(self.placement) && has(self.placement.mode) && self.placement.mode == 'colocated'"
+
+
+def _placement_per_pipeline() -> list[Schema]:
+    """The placement rules that depend on a pipeline type's default stages (names and
+    engines); one rule per type, as _per_pipeline's."""
+    known = _cel_str_list(list(pipeline_types()))
+    typed = [
+        (
+            f"self.pipeline != {json.dumps(name)}",
+            p.stage_names,
+            tuple(st.name for st in p.stages if st.engine is Engine.VLLM),
+        )
+        for name, p in pipeline_types().items()
+    ]
+    typed.append((f"self.pipeline in {known}", (), ()))
+    rules: list[Schema] = []
+    for skip, defaults, on_vllm in typed:
+        d, v = _cel_str_list(defaults), _cel_str_list(on_vllm)
+        given = "has(self.stages) && self.stages.exists(t, t.name == n && has(t.engine))"
+        vllm = (
+            f"(({given}) ? self.stages.exists(t, t.name == n && has(t.engine) && "
+            f"t.engine == 'vllm') : n in {v})"
+        )
+        added_vllm = (
+            f"(has(self.stages) ? self.stages.filter(t, !(t.name in {d}) && has(t.engine) "
+            "&& t.engine == 'vllm').size() : 0)"
+        )
+        whole = "!has(self.placement.groups) || size(self.placement.groups) == 0 || " + (
+            "(size(self.placement.groups) == 1 && !has(self.placement.groups[0].stages))"
+        )
+        rules += [
+            {
+                "rule": f"{skip} || {_GROUPS}(g, !has(g.stages) || g.stages.all(n, "
+                f"n in {d} || (has(self.stages) && self.stages.exists(t, t.name == n))))",
+                "message": "every stage of a group must be a stage of this pipeline",
+                "fieldPath": ".placement.groups",
+                "reason": "FieldValueInvalid",
+            },
+            {
+                "rule": f"{skip} || {_GROUPS}(g, !(g.name in {d}) && "
+                "!(has(self.stages) && self.stages.exists(t, t.name == g.name)))",
+                "message": "a group needs a name of its own, not a stage's",
+                "fieldPath": ".placement.groups",
+                "reason": "FieldValueInvalid",
+            },
+            {
+                "rule": f"{skip} || !({_COLOCATED}) || (({whole}) ? "
+                f"{d}.filter(n, {vllm}).size() + {added_vllm} <= 1 : "
+                f"self.placement.groups.all(g, !has(g.stages) || "
+                f"g.stages.filter(n, {vllm}).size() <= 1))",
+                "message": "a group's process holds one vLLM engine: at most one of its "
+                "stages runs on vLLM",
+                "fieldPath": ".placement",
+                "reason": "FieldValueInvalid",
+            },
+        ]
+    return rules
+
+
 _PLACEMENT_RULES: list[Schema] = [
+    {
+        "rule": f"{_GROUPS}(g, !has(g.stages) || g.stages.all(n, "
+        "self.placement.groups.exists_one(h, has(h.stages) && n in h.stages)))",
+        "message": "a stage runs in one process: it may be in one group only",
+        "fieldPath": ".placement.groups",
+        "reason": "FieldValueInvalid",
+    },
+    {
+        "rule": f"!({_COLOCATED}) || !has(self.stages) || self.stages.all(t, "
+        "!(has(t.replicas) || has(t.autoscaling)) || (has(self.placement.groups) && "
+        "size(self.placement.groups) > 0 && !self.placement.groups.exists(g, "
+        "!has(g.stages) || t.name in g.stages)))",
+        "message": "a stage in a colocated group scales with it: set replicas on its "
+        "group (spec.placement.groups)",
+        "fieldPath": ".stages",
+        "reason": "FieldValueInvalid",
+    },
     {
         "rule": "!has(self.placement) || !has(self.placement.groups) || "
         "size(self.placement.groups) == 0 || "
@@ -227,10 +306,9 @@ _PLACEMENT_RULES: list[Schema] = [
         "has(self.placement.groups) ? self.placement.groups : []).map(g, g.name) == "
         "(has(oldSelf.placement) && has(oldSelf.placement.groups) ? "
         "oldSelf.placement.groups : []).map(g, g.name) && (has(self.placement) && "
-        "has(self.placement.groups) ? self.placement.groups : []).all(g, "
-        "(has(oldSelf.placement) && has(oldSelf.placement.groups) ? "
-        "oldSelf.placement.groups : []).exists(o, o.name == g.name && (has(o.stages) ? "
-        "o.stages : []) == (has(g.stages) ? g.stages : [])))",
+        "has(self.placement.groups) ? self.placement.groups : []).map(g, has(g.stages) ? "
+        "g.stages : []) == (has(oldSelf.placement) && has(oldSelf.placement.groups) ? "
+        "oldSelf.placement.groups : []).map(g, has(g.stages) ? g.stages : [])",
         "message": "spec.placement cannot change on a running pipeline (but a group's "
         "replicas): delete and re-create it",
         "fieldPath": ".placement",

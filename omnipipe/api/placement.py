@@ -41,7 +41,7 @@ class Group(SpecModel):
     stages: Annotated[list[DnsLabel], Field(min_length=2, max_length=c.MAX_STAGES)] | None = None
     """Its stages, at least two. A lone group may leave it out: it then holds every stage."""
     replicas: Annotated[int, Field(ge=1, le=1000)] = 1
-    """Processes of the group, each running all of its stages."""
+    """Processes (pods) of the group, each running all of its stages; it scales as one."""
 
 
 class Placement(SpecModel):
@@ -49,8 +49,8 @@ class Placement(SpecModel):
 
     mode: PlacementMode = PlacementMode.DISAGGREGATED
     """disaggregated: a process (a Deployment) per stage, each scaled on its own.
-    colocated: the stages of each group share one process and hand tensors over by
-    reference. Under `omnipipe serve` only in this release."""
+    colocated: the stages of each group share one process (one Deployment on Kubernetes)
+    and hand tensors over by reference. It cannot change on a running pipeline."""
     groups: Annotated[list[Group], Field(max_length=MAX_GROUPS)] = Field(default_factory=list)
     """The colocated groups; left out, one group "all" holds every stage. A stage in no
     group runs on its own, as in disaggregated mode."""

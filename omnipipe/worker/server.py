@@ -161,8 +161,9 @@ async def _new_stage(state: WorkerState, adapters: Sequence[Adapter] | None = No
         spec = spec.model_copy(update={"adapters": tuple(adapters)})
     if missing := unimplemented_stages(state.pipeline):
         raise NotImplementedError(f"this worker cannot run: {', '.join(missing)}")
-    # The operator's read-only weights mount when there is one (spec.weights).
-    path = state.settings.model_path
+    # The operator's read-only weights mount when there is one (spec.weights). It holds
+    # spec.model: a stage of a group that loads a model of its own downloads it.
+    path = state.settings.model_path if spec.model == state.pipeline.model else None
     if path is None:
         path = await asyncio.to_thread(resolve_model_path, spec.model)
     stage = stage_class(spec, path)(spec, path, _device(state.settings, spec.gpus))

@@ -23,9 +23,9 @@ pytestmark = pytest.mark.timeout(600)
 HELLO = [{"role": "user", "content": "hello"}]
 AUDIO = {"voice": "Chelsie", "format": "wav"}
 OMNI = REPO / "examples/tiny-omni.yaml"
-OMNI_COLOCATED = REPO / "examples/local/tiny-omni-colocated.yaml"
+OMNI_COLOCATED = REPO / "examples/tiny-omni-colocated.yaml"
 IMAGE = REPO / "examples/tiny-text-to-image.yaml"
-IMAGE_GROUPED = REPO / "examples/local/tiny-image-grouped.yaml"
+IMAGE_GROUPED = REPO / "examples/tiny-image-grouped.yaml"
 LOCAL = "omnipipe_transfer_local_handoffs_total"
 NETWORK_OUT = 'omnipipe_transfer_bytes_total{direction="out"'
 
@@ -33,7 +33,11 @@ NETWORK_OUT = 'omnipipe_transfer_bytes_total{direction="out"'
 def spoken(served: Served, seed: int) -> tuple[str, str]:
     with openai.OpenAI(base_url=served.base_url, api_key="any", max_retries=0) as c:
         r = c.chat.completions.create(
-            model="tiny-omni", modalities=["text", "audio"], audio=AUDIO, messages=HELLO, seed=seed
+            model=c.models.list().data[0].id,
+            modalities=["text", "audio"],
+            audio=AUDIO,
+            messages=HELLO,
+            seed=seed,
         )
     message = r.choices[0].message
     assert message.content
@@ -44,7 +48,7 @@ def spoken(served: Served, seed: int) -> tuple[str, str]:
 def drawn(served: Served, seed: int) -> bytes:
     with openai.OpenAI(base_url=served.base_url, api_key="any", max_retries=0) as c:
         r = c.images.generate(
-            model="tiny-image",
+            model=c.models.list().data[0].id,
             prompt="a lighthouse",
             size="64x64",
             extra_body={"num_inference_steps": 2, "seed": seed},

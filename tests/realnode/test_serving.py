@@ -113,6 +113,52 @@ def test_omni_streams_text_then_audio_and_speaks(
             assert w.getnframes() > 0
 
 
+METRIC_SCRIPT = (
+    "import urllib.request as r; print(r.urlopen('http://127.0.0.1:8100/metrics').read().decode())"
+)
+
+
+def test_a_colocated_omni_runs_in_one_pod_and_hands_off_inside_it(
+    node: RealNode, operator: str, namespace: str
+) -> None:
+    """spec.placement: colocated: one Deployment, one pod, every stage's Service resolving
+    to it; the thinker's states reach the talker, and its codes code2wav, by reference."""
+    name = "tiny-omni-colocated"
+    took = apply_and_wait_ready(node, namespace, REPO / f"examples/{name}.yaml", name)
+    print(f"[realnode] {name}: apply to Ready in {took:.1f} s", file=sys.stderr)
+    (pod,) = pods(node, namespace, f"omnipipe.io/pipeline={name},omnipipe.io/stage")
+    assert pod["metadata"]["labels"]["omnipipe.io/stage"] == "all"
+    assert pod["spec"]["containers"][0]["args"][-4:] == [
+        "--group",
+        "all",
+        "--transfer-ports",
+        "8101,8102,8103",
+    ]
+    url = router_url(node, namespace, name)
+    with openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=300) as client:
+        r = client.chat.completions.create(
+            model=name,
+            messages=[{"role": "user", "content": "hello"}],
+            modalities=["text", "audio"],
+            audio={"voice": "Ethan", "format": "wav"},
+        )
+    message = r.choices[0].message
+    assert message.content
+    assert message.audio is not None
+    with wave.open(io.BytesIO(base64.b64decode(message.audio.data))) as w:
+        assert w.getnframes() > 0
+    metrics = node.kubectl(
+        "exec", "-n", namespace, pod["metadata"]["name"], "--", "python3", "-c", METRIC_SCRIPT
+    ).stdout
+    local = {
+        line.split('stage="', 1)[1].split('"', 1)[0]: float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if line.startswith("omnipipe_transfer_local_handoffs_total{")
+    }
+    assert local["thinker"] > 0
+    assert local["talker"] > 0
+
+
 def test_deleting_the_pipeline_removes_every_child(
     node: RealNode, operator: str, namespace: str
 ) -> None:

@@ -15,8 +15,8 @@ from omnipipe.local.reload import plan_reload
 from omnipipe.worker.group import member_threads
 
 REPO = Path(__file__).resolve().parents[2]
-GROUPED = REPO / "examples/local/tiny-image-grouped.yaml"
-COLOCATED = REPO / "examples/local/tiny-omni-colocated.yaml"
+GROUPED = REPO / "examples/tiny-image-grouped.yaml"
+COLOCATED = REPO / "examples/tiny-omni-colocated.yaml"
 
 
 def image(**spec: Any) -> Any:
