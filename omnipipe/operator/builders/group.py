@@ -11,13 +11,11 @@ from collections.abc import Iterable
 from omnipipe.api import ResolvedStage
 from omnipipe.api import constants as c
 from omnipipe.api.cpus import cores_of
-from omnipipe.api.names import stage_deployment_name, stage_labels, stage_revision_selector
 from omnipipe.api.placement import Workload
 from omnipipe.operator.builders.common import (
     Manifest,
     container_security_context,
     content_hash,
-    object_meta,
     pipeline_file_args,
 )
 from omnipipe.operator.builders.context import BuildContext
@@ -26,6 +24,7 @@ from omnipipe.operator.builders.stage import (
     WRITABLE_ROOT_ENGINES,
     pod_spec,
     stage_config_hash,
+    worker_deployment,
 )
 
 ANNOTATION_STAGES = "omnipipe.io/stages"
@@ -113,36 +112,14 @@ def _group_pod_spec(ctx: BuildContext, group: Workload, members: list[ResolvedSt
 
 def build_group_deployment(ctx: BuildContext, group: Workload) -> Manifest:
     members = [ctx.pipeline.stage(s) for s in group.stages]
-    name = stage_deployment_name(ctx.name, group.name, ctx.revision)
-    labels = stage_labels(ctx.name, group.name, ctx.revision)
     stages = ",".join(group.stages)
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {
-            **object_meta(ctx, name, labels),
-            "annotations": {ANNOTATION_STAGES: stages},
-        },
-        "spec": {
-            # A group has no autoscaler yet: validation refuses one on its stages.
-            "replicas": members[0].replicas,
-            "selector": {
-                "matchLabels": stage_revision_selector(ctx.name, group.name, ctx.revision)
-            },
-            "revisionHistoryLimit": 3,
-            "strategy": {
-                "type": "RollingUpdate",
-                "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
-            },
-            "template": {
-                "metadata": {
-                    "labels": labels,
-                    "annotations": {
-                        c.ANNOTATION_CONFIG_HASH: group_config_hash(ctx, members),
-                        ANNOTATION_STAGES: stages,
-                    },
-                },
-                "spec": _group_pod_spec(ctx, group, members),
-            },
-        },
-    }
+    deployment = worker_deployment(
+        ctx,
+        group.name,
+        _group_pod_spec(ctx, group, members),
+        {c.ANNOTATION_CONFIG_HASH: group_config_hash(ctx, members), ANNOTATION_STAGES: stages},
+        # A group has no autoscaler yet: validation refuses one on its stages.
+        members[0].replicas,
+    )
+    deployment["metadata"]["annotations"] = {ANNOTATION_STAGES: stages}
+    return deployment

@@ -152,33 +152,47 @@ def pod_spec(ctx: BuildContext, stage: ResolvedStage) -> Manifest:
     return spec
 
 
-def build_stage_deployment(ctx: BuildContext, stage: ResolvedStage) -> Manifest:
-    name = stage_deployment_name(ctx.name, stage.name, ctx.revision)
-    labels = stage_labels(ctx.name, stage.name, ctx.revision)
+def worker_deployment(
+    ctx: BuildContext,
+    worker: str,
+    pod: Manifest,
+    template_annotations: dict[str, str],
+    replicas: int | None,
+) -> Manifest:
+    """One revision's Deployment of a worker: a stage's, or a colocated group's (named
+    and labelled for the group). replicas None: an autoscaler owns the count."""
+    labels = stage_labels(ctx.name, worker, ctx.revision)
     spec: Manifest = {
-        "selector": {"matchLabels": stage_revision_selector(ctx.name, stage.name, ctx.revision)},
+        "selector": {"matchLabels": stage_revision_selector(ctx.name, worker, ctx.revision)},
         "revisionHistoryLimit": 3,
         "strategy": {
             "type": "RollingUpdate",
             "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
         },
         "template": {
-            "metadata": {
-                "labels": labels,
-                "annotations": {c.ANNOTATION_CONFIG_HASH: stage_config_hash(ctx, stage)},
-            },
-            "spec": pod_spec(ctx, stage),
+            "metadata": {"labels": labels, "annotations": template_annotations},
+            "spec": pod,
         },
     }
-    # An autoscaled stage's replica count belongs to the autoscaler alone.
-    if not stage.autoscaled:
-        spec = {"replicas": stage.replicas, **spec}
+    if replicas is not None:
+        spec = {"replicas": replicas, **spec}
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": object_meta(ctx, name, labels),
+        "metadata": object_meta(ctx, stage_deployment_name(ctx.name, worker, ctx.revision), labels),
         "spec": spec,
     }
+
+
+def build_stage_deployment(ctx: BuildContext, stage: ResolvedStage) -> Manifest:
+    return worker_deployment(
+        ctx,
+        stage.name,
+        pod_spec(ctx, stage),
+        {c.ANNOTATION_CONFIG_HASH: stage_config_hash(ctx, stage)},
+        # An autoscaled stage's replica count belongs to the autoscaler alone.
+        None if stage.autoscaled else stage.replicas,
+    )
 
 
 def build_stage_service(ctx: BuildContext, stage: ResolvedStage) -> Manifest:
