@@ -15,7 +15,6 @@ from omnipipe.api.yamlio import dump, dump_all
 
 if TYPE_CHECKING:
     from omnipipe.api import ResolvedPipeline
-    from omnipipe.worker.settings import WorkerSettings
 
 MAX_PORT = 65535
 
@@ -155,45 +154,35 @@ WORKER_FLAGS = (
 )
 
 
-def _group_threads(pipeline: ResolvedPipeline, settings: WorkerSettings) -> int:
-    """The team every thread of a colocated group's process starts with: its vLLM
-    stage's share where it has one (vLLM sizes its own pools from the environment), else
-    the largest share. Each stage's engine thread then takes its own share."""
-    from omnipipe.api.cpus import split_group_threads
-    from omnipipe.api.roles import Engine
-    from omnipipe.worker.threads import thread_budget
-
-    groups = {g.name: g for g in pipeline.groups}
-    if settings.group not in groups:
-        raise SystemExit(
-            f"omnipipe worker: no group {settings.group!r} (groups: {', '.join(groups) or 'none'})"
-        )
-    members = groups[settings.group].stages
-    shares = split_group_threads(
-        thread_budget(settings.threads, None), {s: pipeline.stage(s).cpu for s in members}
-    )
-    on_vllm = [s for s in members if pipeline.stage(s).engine is Engine.VLLM]
-    return shares[on_vllm[0]] if on_vllm else max(shares.values())
-
-
 def _cmd_worker(args: argparse.Namespace) -> int:
     import os
 
     from omnipipe.api.loading import load_pipeline
     from omnipipe.worker.settings import WorkerSettings
-    from omnipipe.worker.threads import apply_thread_budget, thread_budget
-
-    values = _overrides(
-        args,
-        WORKER_FLAGS,
+    from omnipipe.worker.threads import (
+        apply_thread_budget,
+        group_teams,
+        process_team,
+        thread_budget,
     )
+
+    values = _overrides(args, WORKER_FLAGS)
     values["pipeline_file"] = args.pipeline
     if "advertise_host" not in values and os.environ.get("OMNIPIPE_POD_IP"):
         values["advertise_host"] = os.environ["OMNIPIPE_POD_IP"]
     settings = WorkerSettings(**values)  # type: ignore[arg-type]
     pipeline = load_pipeline(settings.pipeline_file)
     if settings.group:
-        threads = _group_threads(pipeline, settings)
+        groups = {g.name: g for g in pipeline.groups}
+        if settings.group not in groups:
+            known = ", ".join(groups) or "none"
+            raise SystemExit(f"omnipipe worker: no group {settings.group!r} (groups: {known})")
+        # The process's budget, fixed now: the environment this sets next would else be
+        # read back as the budget when the stages split it.
+        settings = settings.model_copy(update={"threads": thread_budget(settings.threads, None)})
+        assert settings.threads is not None
+        teams = group_teams(pipeline, groups[settings.group].stages, settings.threads)
+        threads = process_team(pipeline, teams)
     else:
         threads = thread_budget(settings.threads, pipeline.stage(settings.stage).cpu)
     # Before torch loads (run_worker's imports): OpenMP sizes every thread's team from it.

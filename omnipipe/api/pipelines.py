@@ -16,6 +16,7 @@ from omnipipe.api.families import (
     pipeline_type_names,
     pipeline_types,
 )
+from omnipipe.api.placement import IMPLICIT_GROUP
 from omnipipe.api.roles import Engine, Role
 
 if TYPE_CHECKING:
@@ -132,7 +133,7 @@ def placement_groups(spec: OmniPipelineSpec) -> list[tuple[str, list[str], int]]
     if placement is None or placement.mode != "colocated":
         return []
     if not placement.groups:
-        return [("all", stage_order(spec), 1)]
+        return [(IMPLICIT_GROUP, stage_order(spec), 1)]
     order = stage_order(spec)
     # In stage order, however listed: members load in it, and a reordered list is no change.
     return [

@@ -8,12 +8,18 @@ from typing import Any
 
 from omnipipe.api import ResolvedPipeline, ResolvedStage
 from omnipipe.api.adapters import Adapter
+from omnipipe.api.placement import Workload
 from omnipipe.api.revision import pipeline_revision
 
 
 def local_replicas(stage: ResolvedStage) -> int:
     """Local mode has no autoscaler to wake a stage: it runs at least one worker."""
     return max(stage.replicas, 1)
+
+
+def workload_replicas(pipeline: ResolvedPipeline, workload: Workload) -> int:
+    """Processes of a stage's or a group's workers: a group's stages share its count."""
+    return local_replicas(pipeline.stage(workload.stages[0]))
 
 
 def router_view(pipeline: ResolvedPipeline) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from types import FrameType
 
 from omnipipe.api import ResolvedPipeline
 from omnipipe.api.placement import workloads
-from omnipipe.local.reload import local_replicas
+from omnipipe.local.reload import workload_replicas
 from omnipipe.local.supervisor import Loader, Supervisor
 
 
@@ -40,7 +40,7 @@ def serve(
     # starting is applied once all is ready.
     signal.signal(signal.SIGHUP, on_hangup)
     kinds = workloads(pipeline)
-    workers = sum(local_replicas(pipeline.stage(w.stages[0])) for w in kinds)
+    workers = sum(workload_replicas(pipeline, w) for w in kinds)
     grouped = [f"{w.name}: {', '.join(w.stages)}" for w in kinds if w.colocated]
     together = f" (in one process: {'; '.join(grouped)})" if grouped else ""
     print(

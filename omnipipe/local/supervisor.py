@@ -25,7 +25,7 @@ from omnipipe.local import control
 from omnipipe.local.adapters import push_adapters, restore_adapters
 from omnipipe.local.children import Child, die_with_parent, pipeline_credential
 from omnipipe.local.ports import check_port_free, free_port
-from omnipipe.local.reload import ReloadPlan, local_replicas, plan_reload
+from omnipipe.local.reload import ReloadPlan, plan_reload, workload_replicas
 from omnipipe.local.video_store import needs_video_store, start_redis
 
 STOP_GRACE_SECONDS = 15.0
@@ -122,7 +122,7 @@ class Supervisor:
         """The worker's share of this machine's CPUs, unless its stage sets resources.cpu.
         A colocated group is one process: it splits its share among its stages."""
         sharing = {
-            w.name: local_replicas(self.pipeline.stage(w.stages[0]))
+            w.name: workload_replicas(self.pipeline, w)
             for w in workloads(self.pipeline)
             if w.colocated or self.pipeline.stage(w.name).cpu is None
         }
@@ -200,7 +200,7 @@ class Supervisor:
             raise RuntimeError(str(exc)) from None
         snapshot = self.snapshot = self._snapshot(self.pipeline)
         for workload in workloads(self.pipeline):
-            for _ in range(local_replicas(self.pipeline.stage(workload.stages[0]))):
+            for _ in range(workload_replicas(self.pipeline, workload)):
                 self._spawn_worker(workload, snapshot, self.revision, pending=False)
         self._write_replicas(self.workers, self.revision)
         argv = [
@@ -384,7 +384,7 @@ class Supervisor:
             if any(s in plan.replace for s in workload.stages):
                 started += [
                     self._spawn_worker(workload, snapshot, rev, pending=True)
-                    for _ in range(local_replicas(new.stage(workload.stages[0])))
+                    for _ in range(workload_replicas(new, workload))
                 ]
                 retiring += mine
                 continue

@@ -11,14 +11,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from omnipipe.api import ResolvedPipeline
-from omnipipe.api.cpus import split_group_threads
 from omnipipe.api.placement import STAGE_PATH_PREFIX, Workload
 from omnipipe.transfer.local import LocalExchange
 from omnipipe.worker.metrics import MergedMetrics
@@ -28,30 +27,25 @@ from omnipipe.worker.settings import WorkerSettings
 log = logging.getLogger(__name__)
 
 
-def member_threads(pipeline: ResolvedPipeline, group: Workload, total: int) -> dict[str, int]:
-    """Each stage's share of the process's `total` threads (api/cpus.py)."""
-    return split_group_threads(total, {s: pipeline.stage(s).cpu for s in group.stages})
-
-
 def build_group_app(
     pipeline: ResolvedPipeline,
     settings: WorkerSettings,
     group: Workload,
     transfer_ports: tuple[int, ...],
-    threads: int,
+    teams: dict[str, int],
 ) -> FastAPI:
+    """`teams`: each stage's threads (worker/threads.py: group_teams)."""
     if len(transfer_ports) != len(group.stages):
         raise ValueError(
             f"group {group.name}: {len(group.stages)} stages need {len(group.stages)} "
             f"transfer ports, got {len(transfer_ports)}"
         )
     colocation = Colocation(LocalExchange())
-    shares = member_threads(pipeline, group, threads)
     members = {
         stage: build_app(
             pipeline,
             settings.model_copy(
-                update={"stage": stage, "transfer_port": port, "threads": shares[stage]}
+                update={"stage": stage, "transfer_port": port, "threads": teams[stage]}
             ),
             colocation,
         )
@@ -98,10 +92,7 @@ def build_group_app(
     @app.get("/metrics")
     async def metrics() -> Response:
         for state in states:
-            if state.runtime is not None:
-                state.metrics.seconds_without_progress.labels(*state.metrics.labels).set(
-                    state.runtime.seconds_without_progress()
-                )
+            state.refresh_progress_gauge()
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.post("/drain")
@@ -121,13 +112,3 @@ async def _drain(states: list[WorkerState], seconds: float) -> bool:
         *(s.runtime.wait_idle(seconds) for s in states if s.runtime is not None)
     )
     return all(idle)
-
-
-def on_stop(app: FastAPI, stop: Callable[[], None]) -> None:
-    """A stage that cannot load ends the whole process: the group is one failure domain."""
-    for state in app.state.group:
-        state.stop = stop
-
-
-def load_errors(app: FastAPI) -> list[str]:
-    return [f"stage {s.settings.stage}: {s.load_error}" for s in app.state.group if s.load_error]

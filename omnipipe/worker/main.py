@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable
 from pathlib import Path
 
 import uvicorn
@@ -12,10 +11,10 @@ from fastapi import FastAPI
 
 from omnipipe.api.loading import load_pipeline
 from omnipipe.api.placement import workloads
-from omnipipe.worker.group import build_group_app, load_errors, on_stop
-from omnipipe.worker.server import build_app
+from omnipipe.worker.group import build_group_app
+from omnipipe.worker.server import WorkerState, build_app
 from omnipipe.worker.settings import WorkerSettings
-from omnipipe.worker.threads import thread_budget
+from omnipipe.worker.threads import group_teams, thread_budget
 
 # Kubernetes' default terminationMessagePath; its size limit is 4096 bytes.
 TERMINATION_LOG = Path("/dev/termination-log")
@@ -30,19 +29,21 @@ def _quiet_progress_bars() -> None:
     transformers_logging.disable_progress_bar()
 
 
-def _build(settings: WorkerSettings) -> tuple[FastAPI, Callable[[], list[str]]]:
-    """The app, and what reads its load errors once it has stopped."""
+def _build(settings: WorkerSettings) -> tuple[FastAPI, list[WorkerState]]:
+    """The app, and the state of each stage it runs."""
     pipeline = load_pipeline(settings.pipeline_file)
     if not settings.group:
         app = build_app(pipeline, settings)
-        state = app.state.worker
-        return app, lambda: [f"stage {settings.stage}: {state.load_error}"] * bool(state.load_error)
+        return app, [app.state.worker]
     group = next(w for w in workloads(pipeline) if w.group == settings.group)
     ports = settings.transfer_ports or tuple(
         settings.transfer_port + i for i in range(len(group.stages))
     )
-    app = build_group_app(pipeline, settings, group, ports, thread_budget(settings.threads, None))
-    return app, lambda: load_errors(app)
+    total = thread_budget(settings.threads, None)
+    app = build_group_app(
+        pipeline, settings, group, ports, group_teams(pipeline, group.stages, total)
+    )
+    return app, app.state.group
 
 
 def run_worker(settings: WorkerSettings) -> None:
@@ -53,7 +54,7 @@ def run_worker(settings: WorkerSettings) -> None:
     )
     logging.getLogger("httpx").setLevel(logging.WARNING)
     _quiet_progress_bars()
-    app, errors = _build(settings)
+    app, states = _build(settings)
     server = uvicorn.Server(
         uvicorn.Config(
             app,
@@ -65,13 +66,11 @@ def run_worker(settings: WorkerSettings) -> None:
     )
     # Not a SIGTERM to itself: uvicorn re-raises a signal it caught once it has shut
     # down, and PID 1 in a container ignores it, so the process ended with status 0.
-    stop = lambda: setattr(server, "should_exit", True)  # noqa: E731
-    if settings.group:
-        on_stop(app, stop)  # one stage that cannot load ends the group's process
-    else:
-        app.state.worker.stop = stop
+    # A stage of a group that cannot load ends the whole process: one failure domain.
+    for state in states:
+        state.stop = lambda: setattr(server, "should_exit", True)
     server.run()
-    if failed := errors():
+    if failed := [f"stage {s.settings.stage}: {s.load_error}" for s in states if s.load_error]:
         # A stage that could not load ends the process as a failure: Kubernetes then
         # reports an Error and CrashLoopBackOff, not a container that Completed.
         group = f"group {settings.group}: " if settings.group else ""

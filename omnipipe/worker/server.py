@@ -125,6 +125,13 @@ class WorkerState:
         idle = self.runtime.seconds_without_progress() if self.runtime else 0.0
         return idle if idle > self.settings.stall_seconds else 0.0
 
+    def refresh_progress_gauge(self) -> None:
+        """The watchdog's gauge, read as the scrape comes."""
+        if self.runtime is not None:
+            self.metrics.seconds_without_progress.labels(*self.metrics.labels).set(
+                self.runtime.seconds_without_progress()
+            )
+
     def status(self) -> WorkerStatus:
         rt = self.runtime
         stalled = self.stalled_for()
@@ -337,10 +344,7 @@ def build_app(
 
     @app.get("/metrics")
     async def metrics() -> Response:
-        if state.runtime is not None:
-            state.metrics.seconds_without_progress.labels(*state.metrics.labels).set(
-                state.runtime.seconds_without_progress()
-            )
+        state.refresh_progress_gauge()
         return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.post("/v1/requests")

@@ -13,8 +13,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+from typing import TYPE_CHECKING
 
-from omnipipe.api.cpus import cores_of, threads_for, usable_cpus
+from omnipipe.api.cpus import cores_of, split_group_threads, threads_for, usable_cpus
+from omnipipe.api.roles import Engine
+
+if TYPE_CHECKING:
+    from omnipipe.api import ResolvedPipeline
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +65,19 @@ def apply_thread_budget(threads: int) -> None:
     with contextlib.suppress(RuntimeError):
         torch.set_num_interop_threads(1)
     log.info("CPU threads: %d (torch intra-op, OpenMP, MKL)", threads)
+
+
+def group_teams(pipeline: ResolvedPipeline, stages: tuple[str, ...], total: int) -> dict[str, int]:
+    """Each stage's thread team in a colocated group's process of `total` threads."""
+    return split_group_threads(total, {s: pipeline.stage(s).cpu for s in stages})
+
+
+def process_team(pipeline: ResolvedPipeline, teams: dict[str, int]) -> int:
+    """The team a colocated group's process starts every thread with (the environment
+    OpenMP reads): its vLLM stage's, where it has one, since vLLM sizes its pools from
+    the environment; else the largest. Each stage's engine thread then sets its own."""
+    on_vllm = [s for s in teams if pipeline.stage(s).engine is Engine.VLLM]
+    return teams[on_vllm[0]] if on_vllm else max(teams.values())
 
 
 def set_thread_team(threads: int) -> None:

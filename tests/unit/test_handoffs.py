@@ -64,6 +64,7 @@ class RecordingSender(Sender):
 
     batches: list[tuple[str, list[str]]] = field(default_factory=list)
     alone: list[tuple[str, str]] = field(default_factory=list)
+    closed: bool = False
 
     def __post_init__(self) -> None:
         super().__init__()
@@ -76,7 +77,7 @@ class RecordingSender(Sender):
         return [Verdict(Outcome.ACK)] * len(messages)
 
     async def close(self) -> None:
-        pass
+        self.closed = True
 
 
 class Talking(StreamingStage):

@@ -12,7 +12,7 @@ from omnipipe.api.loading import load_pipeline, pipeline_yaml
 from omnipipe.api.placement import Workload, control_path, workload_of, workloads
 from omnipipe.api.revision import pipeline_revision
 from omnipipe.local.reload import plan_reload
-from omnipipe.worker.group import member_threads
+from omnipipe.worker.threads import group_teams, process_team
 
 REPO = Path(__file__).resolve().parents[2]
 GROUPED = REPO / "examples/tiny-image-grouped.yaml"
@@ -99,7 +99,10 @@ def test_a_groups_threads_are_split_among_its_stages(
         thinker = pipeline.stage("thinker").model_copy(update={"cpu": cpu})
         stages = tuple(thinker if s.name == "thinker" else s for s in pipeline.stages)
         pipeline = pipeline.model_copy(update={"stages": stages})
-    assert member_threads(pipeline, workloads(pipeline)[0], total) == want
+    teams = group_teams(pipeline, workloads(pipeline)[0].stages, total)
+    assert teams == want
+    # The process's environment carries the vLLM thinker's team.
+    assert process_team(pipeline, teams) == want["thinker"]
 
 
 def test_a_groups_stages_run_in_stage_order_however_listed() -> None:

@@ -6,8 +6,7 @@ that pins nothing else, and sends unknown addresses over the network."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -24,14 +23,14 @@ from omnipipe.transfer import (
     LocalFirstSender,
     Mailbox,
     Message,
-    Sender,
     TransferRefused,
     TransferStats,
     make_receiver,
     make_sender,
 )
-from omnipipe.transfer.base import Outcome, Verdict
+from omnipipe.transfer.base import Outcome
 from omnipipe.transfer.handoffs import HandOffs
+from tests.unit.test_handoffs import RecordingSender
 
 pytestmark = pytest.mark.timeout(60)
 GUARD = 20  # seconds: only a guard against a hang, never a wait for something to happen
@@ -46,34 +45,12 @@ def _no_inherited_settings(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @dataclass
-class FakeNetwork(Sender):
-    """A fake network sender: records what reaches it, by address, and takes it all."""
-
-    sent: list[tuple[str, str]] = field(default_factory=list)
-    batches: list[tuple[str, list[str]]] = field(default_factory=list)
-    closed: bool = False
-
-    def __post_init__(self) -> None:
-        super().__init__()
-
-    async def send(self, address: str, message: Message) -> None:
-        self.sent.append((address, message.request_id))
-
-    async def send_batch(self, address: str, messages: Sequence[Message]) -> list[Verdict]:
-        self.batches.append((address, [m.request_id for m in messages]))
-        return [Verdict(Outcome.ACK)] * len(messages)
-
-    async def close(self) -> None:
-        self.closed = True
-
-
-@dataclass
 class Group:
     """One co-located receiver at HERE, and a sender that counts its local bytes."""
 
     mailbox: Mailbox
     exchange: LocalExchange
-    network: FakeNetwork
+    network: RecordingSender
     sender: LocalFirstSender
     local_bytes: list[int]
     received: list[tuple[int, float]]
@@ -84,7 +61,7 @@ def group(mailbox: Mailbox | None = None, check_aliasing: bool = False) -> Group
     exchange = LocalExchange(check_aliasing)
     received: list[tuple[int, float]] = []
     exchange.register(HERE, mailbox, TransferStats(lambda n, s: received.append((n, s))))
-    network = FakeNetwork()
+    network = RecordingSender()
     local_bytes: list[int] = []
     sender = LocalFirstSender(network, exchange, on_local=local_bytes.append)
     return Group(mailbox, exchange, network, sender, local_bytes, received)
@@ -173,7 +150,7 @@ async def test_messages_for_an_ended_request_drop() -> None:
     assert g.mailbox.bytes_held == 0
     assert len(g.mailbox) == 0
     assert g.local_bytes == []
-    assert g.network.sent == []
+    assert g.network.alone == []
 
 
 async def test_on_local_counts_bytes_and_the_receivers_stats_see_each_message() -> None:
@@ -191,13 +168,13 @@ async def test_unknown_addresses_go_to_the_network_sender() -> None:
     assert not g.sender.is_local(ELSEWHERE)
     await g.sender.send(ELSEWHERE, chunk("r1"))
     await g.sender.send_batch(ELSEWHERE, [chunk("r2"), chunk("r3")])
-    assert g.network.sent == [(ELSEWHERE, "r1")]
+    assert g.network.alone == [(ELSEWHERE, "r1")]
     assert g.network.batches == [(ELSEWHERE, ["r2", "r3"])]
     assert len(g.mailbox) == 0
     assert g.local_bytes == []
     g.exchange.unregister(HERE)
     await g.sender.send(HERE, chunk("r4"))
-    assert g.network.sent[-1] == (HERE, "r4")
+    assert g.network.alone[-1] == (HERE, "r4")
     await g.sender.close()
     assert g.network.closed
 
@@ -231,7 +208,7 @@ async def test_streaming_chunks_through_handoffs_arrive_in_one_local_batch() -> 
         asyncio.gather(*(handoffs.send(HERE, chunk(f"r{i}", i)) for i in range(4))), GUARD
     )
     assert [(await take(g.mailbox, f"r{i}")).chunk for i in range(4)] == [0, 1, 2, 3]
-    assert g.network.sent == []
+    assert g.network.alone == []
     assert g.network.batches == []
     assert g.local_bytes == [16] * 4
 
@@ -275,7 +252,7 @@ async def test_an_in_place_write_after_delivery_raises_aliasing_error(
     mailbox = Mailbox()
     exchange = LocalExchange()
     exchange.register(HERE, mailbox)
-    sender = LocalFirstSender(FakeNetwork(), exchange)
+    sender = LocalFirstSender(RecordingSender(), exchange)
     x, y = torch.zeros(4), torch.zeros(4)
     await sender.send(HERE, Message("r1", "thinker", {"hidden": x, "audio": y}))
     got = await take(mailbox, "r1")
@@ -286,7 +263,7 @@ async def test_an_in_place_write_after_delivery_raises_aliasing_error(
         exchange.check()
     fresh = LocalExchange()
     fresh.register(HERE, mailbox)
-    await LocalFirstSender(FakeNetwork(), fresh).send(HERE, Message("r2", "talker", {"c": y}))
+    await LocalFirstSender(RecordingSender(), fresh).send(HERE, Message("r2", "talker", {"c": y}))
     got = await take(mailbox, "r2")
     got.tensors["c"].mul_(2)  # the receiver writes into its input
     with pytest.raises(AliasingError, match="'c' of request r2 from stage talker"):
