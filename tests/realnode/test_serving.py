@@ -18,6 +18,7 @@ from PIL import Image
 from tests.harness.cluster import REPO
 from tests.harness.node import RealNode
 from tests.realnode.conftest import (
+    SPEAKING_SEED,
     apply_and_wait_ready,
     pods,
     router_url,
@@ -91,6 +92,7 @@ def test_omni_streams_text_then_audio_and_speaks(
             modalities=["text", "audio"],
             audio={"voice": "Ethan", "format": "pcm16"},
             stream=True,
+            seed=SPEAKING_SEED,
         )
         for chunk in stream:
             for choice in chunk.choices:
@@ -141,6 +143,7 @@ def test_a_colocated_omni_runs_in_one_pod_and_hands_off_inside_it(
             messages=[{"role": "user", "content": "hello"}],
             modalities=["text", "audio"],
             audio={"voice": "Ethan", "format": "wav"},
+            seed=SPEAKING_SEED,
         )
     message = r.choices[0].message
     assert message.content

@@ -40,6 +40,7 @@ from tests.harness.node import NODE_NAME, RealNode
 from tests.harness.prometheus import Prometheus
 from tests.realnode.conftest import (
     EXPECTED_OPERATOR_ERRORS,
+    SPEAKING_SEED,
     apply_and_wait_ready,
     diagnose,
     pods,
@@ -191,6 +192,7 @@ def talk(url: str) -> None:
                 modalities=["text", "audio"],
                 audio={"voice": "Ethan", "format": "pcm16"},
                 stream=True,
+                seed=SPEAKING_SEED,
             )
             for chunk in stream:
                 for choice in chunk.choices:
