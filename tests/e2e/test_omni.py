@@ -42,7 +42,8 @@ class Variant:
     # Qwen3's talker, as generate() counts max_new_tokens, makes one code less than
     # max_tokens: the last code sampled never gets its residual codes.
     codes_short_of_max: int
-    talker_engine: str = "transformers"
+    # The talker's and code2wav's engine.
+    speech_engine: str = "transformers"
 
     def talker_tokens(self, codes: int) -> int:
         return codes + self.codes_short_of_max
@@ -63,8 +64,10 @@ spec:
     - name: thinker
       sampling: {{maxTokens: {THINKER_TOKENS}, minTokens: {THINKER_TOKENS}}}
     - name: talker
-      engine: {self.talker_engine}
+      engine: {self.speech_engine}
       sampling: {{maxTokens: {talker}, minTokens: {talker}}}
+    - name: code2wav
+      engine: {self.speech_engine}
 """
 
 
@@ -74,11 +77,12 @@ VARIANTS = {
     # 8 x 5 x 4 x 3 x 2 x 2 upsampling per code; the causal transposed convolutions
     # of the tiny config drop 555 samples at the end of each chunk.
     "qwen3-omni": Variant("tiny://qwen3-omni", "qwen3-omni", 1920, 555, 1),
-    "qwen2.5-omni-vllm-talker": Variant(
-        "tiny://qwen2.5-omni", "qwen2.5-omni", 480, 0, 0, talker_engine="vllm"
+    # Every stage on vLLM: thinker, talker and code2wav.
+    "qwen2.5-omni-vllm": Variant(
+        "tiny://qwen2.5-omni", "qwen2.5-omni", 480, 0, 0, speech_engine="vllm"
     ),
-    "qwen3-omni-vllm-talker": Variant(
-        "tiny://qwen3-omni", "qwen3-omni", 1920, 555, 1, talker_engine="vllm"
+    "qwen3-omni-vllm": Variant(
+        "tiny://qwen3-omni", "qwen3-omni", 1920, 555, 1, speech_engine="vllm"
     ),
 }
 AUDIO = {"voice": "Chelsie", "format": "wav"}
@@ -92,7 +96,7 @@ def variant(request: pytest.FixtureRequest) -> Variant:
 
 @pytest.fixture(scope="module")
 def served(tmp_module: Path, variant: Variant) -> Iterator[Served]:
-    manifest = tmp_module / f"{variant.pipeline}-{variant.talker_engine}.yaml"
+    manifest = tmp_module / f"{variant.pipeline}-{variant.speech_engine}.yaml"
     manifest.write_text(variant.manifest())
     s = start_serve(manifest)
     yield s

@@ -43,6 +43,7 @@ FAMILY = Family(
             (Role.TALKER, Engine.TRANSFORMERS),
             (Role.TALKER, Engine.VLLM),
             (Role.CODE2WAV, Engine.TRANSFORMERS),
+            (Role.CODE2WAV, Engine.VLLM),
         }
     ),
     stage_class="omnipipe.families.qwen_omni.classes:stage_class",

@@ -18,6 +18,12 @@ def stage_class(spec: ResolvedStage, model_path: str) -> type[Stage]:
         from omnipipe.families.qwen_omni.vllm_qwen25_talker import VllmTalkerStage
 
         return VllmTalkerStage
+    if spec.engine is Engine.VLLM and spec.role is Role.CODE2WAV:
+        from omnipipe.families.qwen_omni import vllm_code2wav
+
+        if omni_model_type(model_path) == QWEN3_OMNI:
+            return vllm_code2wav.VllmQwen3Code2WavStage
+        return vllm_code2wav.VllmQwen25Code2WavStage
     if spec.engine is Engine.VLLM:
         from omnipipe.families.qwen_omni.vllm_thinker import vllm_thinker_class
 

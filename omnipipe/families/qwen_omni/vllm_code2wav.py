@@ -1,0 +1,204 @@
+"""The Qwen Omni code2wav stages on vLLM: each ready chunk of codes is one request to an
+in-process pooling engine (vllm_code2wav_model.py), and one engine step decodes every
+chunk of the call, those of equal length and voice in one forward. Chunking, left
+context, voices and seeded noise are the transformers stages' (qwen25.Code2WavStage,
+qwen3.Qwen3Code2WavStage: the reference), so a request's audio matches theirs within
+float tolerance (tests/unit/test_vllm_code2wav.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from omnipipe.families.qwen_omni import qwen3, qwen25
+from omnipipe.families.qwen_omni.thinker import pick_voice
+from omnipipe.worker.engines.vllm import VllmEngine
+from omnipipe.worker.stages.base import Session, StageJob
+from omnipipe.worker.stages.codec import ChunkedCode2WavSession, ChunkedCode2WavStage, Decode
+
+MODELS = "omnipipe.families.qwen_omni.vllm_code2wav_model"
+# engineArgs this stage reads itself; the rest go to vLLM.
+OWN_ARGS = ("num_steps", "chunk_codes", "context_codes")
+MAX_NUM_SEQS = 16
+
+
+@dataclasses.dataclass(frozen=True)
+class Code2WavConfigOverride:
+    """vLLM's `hf_overrides`: the checkpoint's code2wav config (`part`) as the model
+    config, under our architecture, with the codebook as the vocabulary vLLM checks
+    prompt ids against. vLLM first calls it on a bare config to see whether the model
+    type changes; that one goes through unchanged."""
+
+    part: str
+    architecture: str
+    vocab_size: int
+    extra: tuple[tuple[str, Any], ...] = ()
+
+    def __call__(self, config: Any) -> Any:
+        sub = getattr(config, self.part, None)
+        if sub is None:
+            return config
+        sub.architectures = [self.architecture]
+        sub.vocab_size = self.vocab_size
+        sub.omnipipe = dict(self.extra)
+        return sub
+
+
+def own_args(engine_args: dict[str, Any], chunk: int, context: int) -> tuple[int, int]:
+    chunk = int(engine_args.get("chunk_codes", chunk))
+    context = int(engine_args.get("context_codes", context))
+    if chunk < 1 or context < 0:
+        raise ValueError(
+            f"engineArgs: chunk_codes must be at least 1 (not {chunk}), context_codes at "
+            f"least 0 (not {context})"
+        )
+    return chunk, context
+
+
+class VllmCode2WavBase(ChunkedCode2WavStage):
+    """The engine and the decoding; a family's stage says which part of the checkpoint,
+    its config override, and the codes a step of the chunk holds."""
+
+    codes_per_step = 1  # prompt ids per chunk position (Qwen3: a frame's codes)
+
+    def start_engine(self, override: Code2WavConfigOverride, model_class: str) -> None:
+        from vllm import ModelRegistry
+
+        ModelRegistry.register_model(override.architecture, f"{MODELS}:{model_class}")
+        self.vocab_size = override.vocab_size
+        longest = (self.chunk_codes + self.context_codes) * self.codes_per_step
+        args = {k: v for k, v in self.spec.engine_args.items() if k not in OWN_ARGS}
+        args.setdefault("max_num_seqs", MAX_NUM_SEQS)
+        # A full batch of the longest chunks in one step (vLLM warms its pooler up at
+        # this size).
+        args.setdefault("max_num_batched_tokens", int(args["max_num_seqs"]) * longest)
+        fixed = {
+            "hf_overrides": override,
+            "runner": "pooling",
+            "skip_tokenizer_init": True,
+            "max_model_len": longest,
+        }
+        self.engine = VllmEngine(self.model_path, args, self.device, [], fixed)
+
+    def decode_many(
+        self, sessions: Sequence[ChunkedCode2WavSession], decodes: Sequence[Decode]
+    ) -> list[np.ndarray]:
+        """Every chunk as one engine request, stepped until all are done: the engine's
+        scheduler batches them (max_num_seqs at a time), its pooler decodes each step's
+        chunks of equal length and voice in one forward."""
+        from vllm import PoolingParams
+        from vllm.inputs import TokensPrompt
+
+        llm = self.engine.llm
+        ids: list[str] = []
+        audio: dict[str, np.ndarray] = {}
+        try:
+            for session, decode in zip(sessions, decodes, strict=True):
+                assert isinstance(session, VllmCode2WavSession), "a session of another stage"
+                self._check(decode.codes)
+                ids.append(uuid.uuid4().hex)
+                llm.add_request(
+                    ids[-1],
+                    TokensPrompt(prompt_token_ids=decode.codes.reshape(-1).tolist()),
+                    PoolingParams(task="plugin", extra_kwargs=session.request_extra(decode)),
+                )
+            while len(audio) < len(ids):
+                for output in llm.step():
+                    if output.finished and output.request_id in ids:
+                        data = output.outputs.data  # type: ignore[union-attr]
+                        audio[output.request_id] = data.cpu().numpy()
+        except BaseException:
+            llm.abort_request([i for i in ids if i not in audio])
+            raise
+        return [audio[i] for i in ids]
+
+    def _check(self, codes: torch.Tensor) -> None:
+        """vLLM checks no prompt id without a tokenizer; a code past the codebook would
+        fail the engine step, and with it every chunk of the step."""
+        low, high = int(codes.min()), int(codes.max())
+        if low < 0 or high >= self.vocab_size:
+            raise ValueError(
+                f"code {high if high >= self.vocab_size else low} is outside the codec's "
+                f"codebook of {self.vocab_size}"
+            )
+
+
+class VllmCode2WavSession(ChunkedCode2WavSession):
+    def __init__(self, stage: VllmCode2WavBase, params: dict[str, Any], voice: str) -> None:
+        super().__init__(stage)
+        self.stage = stage
+        self.voice = voice
+        seed = params.get("seed")
+        self.seed = seed if isinstance(seed, int) else None
+
+    def request_extra(self, decode: Decode) -> dict[str, Any]:
+        """What the engine's model needs beyond the codes: the voice, the left context,
+        and the seed of this chunk's noise, as the transformers stage seeds it."""
+        return {
+            "voice": self.voice,
+            "context": decode.context,
+            "seed": None if self.seed is None else self.seed + self.decoded,
+        }
+
+    def _decode(self, codes: torch.Tensor, context: int) -> np.ndarray:
+        end = self.decoded + len(codes) - context
+        return self.stage.decode_many([self], [Decode(codes, context, end)])[0]
+
+
+class VllmQwen25Code2WavStage(VllmCode2WavBase):
+    def load(self) -> None:
+        from transformers import AutoConfig
+
+        from omnipipe.families.qwen_omni.vllm_code2wav_model import (
+            QWEN25_ARCHITECTURE,
+            load_speakers,
+        )
+
+        config = AutoConfig.from_pretrained(self.model_path)
+        args = self.spec.engine_args
+        num_steps = int(args.get("num_steps", 10))
+        if num_steps < 1:
+            raise ValueError(f"engineArgs.num_steps must be at least 1, not {num_steps}")
+        self.chunk_codes, self.context_codes = own_args(
+            args, qwen25.CHUNK_CODES, qwen25.CONTEXT_CODES
+        )
+        self.voices = list(load_speakers(self.model_path))
+        override = Code2WavConfigOverride(
+            "token2wav_config",
+            QWEN25_ARCHITECTURE,
+            int(config.token2wav_config.dit_config.num_embeds),
+            (("num_steps", num_steps),),
+        )
+        self.start_engine(override, "Qwen25Code2WavModel")
+
+    def open(self, job: StageJob) -> Session:
+        return VllmCode2WavSession(self, job.params, pick_voice(job.params, self.voices))
+
+
+class VllmQwen3Code2WavStage(VllmCode2WavBase):
+    def load(self) -> None:
+        from transformers import AutoConfig
+
+        from omnipipe.families.qwen_omni.vllm_code2wav_model import QWEN3_ARCHITECTURE
+
+        config = AutoConfig.from_pretrained(self.model_path)
+        self.voices = qwen3.voices(config)
+        self.chunk_codes, self.context_codes = own_args(
+            self.spec.engine_args, qwen3.CHUNK_FRAMES, qwen3.CONTEXT_FRAMES
+        )
+        c2w = config.code2wav_config
+        self.codes_per_step = int(c2w.num_quantizers)
+        override = Code2WavConfigOverride(
+            "code2wav_config", QWEN3_ARCHITECTURE, int(c2w.codebook_size)
+        )
+        self.start_engine(override, "Qwen3Code2WavModel")
+
+    def open(self, job: StageJob) -> Session:
+        # The talker speaks the voice; a bad one fails here early, as on transformers.
+        pick_voice(job.params, self.voices)
+        return VllmCode2WavSession(self, job.params, "")
