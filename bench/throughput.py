@@ -6,6 +6,7 @@ tiny checkpoints and the same workloads:
 - speech: tiny://qwen2.5-omni, text in, text and audio out, 16 greedy thinker tokens and
   32 talker codes;
 - speech-vllm-talker: the same with the talker on vLLM (the baseline runs `speech`);
+- speech-vllm: the same with every stage on vLLM: thinker, talker and code2wav;
 - image-colocated, speech-colocated: image and speech with every stage in one process
   (spec.placement; the baseline runs image and speech). bench/colocation.py sets them
   beside this checkout's disaggregated runs instead.
@@ -64,6 +65,13 @@ SPEECH_VLLM_TALKER = (
     - {name: talker, engine: vllm}
 """
 )
+SPEECH_VLLM = (
+    SPEECH
+    + """  stages:
+    - {name: talker, engine: vllm}
+    - {name: code2wav, engine: vllm}
+"""
+)
 
 # spec.placement: every stage in one process, tensors handed over by reference.
 COLOCATED = """  placement: {mode: colocated}
@@ -98,6 +106,9 @@ WORKLOADS = {
     "speech": Workload("speech", SPEECH, "tiny-omni", "req/s", 4, 12),
     "speech-vllm-talker": Workload(
         "speech-vllm-talker", SPEECH_VLLM_TALKER, "tiny-omni", "req/s", 4, 12, anchor="speech"
+    ),
+    "speech-vllm": Workload(
+        "speech-vllm", SPEECH_VLLM, "tiny-omni", "req/s", 4, 12, anchor="speech"
     ),
     "image-colocated": Workload(
         "image-colocated", IMAGE + COLOCATED, "tiny-image", "img/s", 10, 40, anchor="image"
@@ -136,6 +147,7 @@ CALLS: dict[str, Callable[[openai.OpenAI, int], None]] = {
     "image": image_request,
     "speech": speech_request,
     "speech-vllm-talker": speech_request,
+    "speech-vllm": speech_request,
     "image-colocated": image_request,
     "speech-colocated": speech_request,
 }

@@ -178,6 +178,18 @@ def test_diffusion_real_size_path_runs_on_the_cpu_at_a_tiny_size(tmp_path: Path)
     assert rows["monolith_c4"]["s_per_image"] > 0  # type: ignore[index]
 
 
+def test_code2wav_engines_quick(tmp_path: Path) -> None:
+    out, results = run_quick("code2wav_engines", tmp_path, "--codes", "50")
+    assert "vLLM/transformers" in out
+    for family in ("qwen2.5-omni", "qwen3-omni"):
+        for engine in ("vllm", "transformers"):
+            levels = results[family][engine]  # type: ignore[index]
+            assert set(levels) == {"1", "4"}
+            for r in levels.values():
+                assert r["audio_s_per_s"] > 0
+                assert r["round_s"] > 0
+
+
 def test_talker_engines_quick(tmp_path: Path) -> None:
     out, results = run_quick("talker_engines", tmp_path)
     assert "vLLM/transformers" in out
