@@ -110,7 +110,7 @@ sbom:
 test-worker-image: venv system-deps k8s-binaries
 	OMNIPIPE_TEST_WORKER_IMAGE=1 $(BIN)/pytest tests/integration/test_worker_image.py -rs -s $(PYTEST_ARGS)
 
-BENCHES ?= transfer router_overhead pipelining reconcile autoscale_reaction engines talker_engines code2wav_engines throughput colocation
+BENCHES ?= transfer router_overhead pipelining reconcile autoscale_reaction engines talker_engines code2wav_engines throughput colocation local_handoff
 
 bench: venv system-deps k8s-binaries
 	@for b in $(BENCHES); do echo "== bench/$$b.py $(BENCH_ARGS)"; \

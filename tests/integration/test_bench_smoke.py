@@ -178,6 +178,16 @@ def test_diffusion_real_size_path_runs_on_the_cpu_at_a_tiny_size(tmp_path: Path)
     assert rows["monolith_c4"]["s_per_image"] > 0  # type: ignore[index]
 
 
+def test_local_handoff_quick(tmp_path: Path) -> None:
+    out, results = run_quick("local_handoff", tmp_path, "--device", "cpu")
+    assert "by reference" in out
+    assert results["device"] == "cpu"
+    for size in ("4096", "1048576"):
+        row = results[size]  # type: ignore[index]
+        assert row["local_us"] > 0
+        assert row["copy_us"] > 0
+
+
 def test_code2wav_engines_quick(tmp_path: Path) -> None:
     out, results = run_quick("code2wav_engines", tmp_path, "--codes", "50")
     assert "vLLM/transformers" in out
