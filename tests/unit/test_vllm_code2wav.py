@@ -201,3 +201,20 @@ def test_unseeded_audio_differs_and_is_not_silent(
     assert one.any()
     assert two.any()
     assert not np.array_equal(one, two)
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ({"chunk_codes": 0}, "engineArgs.chunk_codes must be at least 1, not 0"),
+        ({"context_codes": -1}, "engineArgs.context_codes must be at least 0, not -1"),
+        ({"num_steps": 0}, "engineArgs.num_steps must be at least 1, not 0"),
+    ],
+)
+def test_bad_engine_args_fail_the_load_with_their_name(args: dict[str, int], message: str) -> None:
+    """Checked before any engine starts, so no engine is left to shut down."""
+    path = resolve_model_path(QWEN25)
+    stage_spec = spec("code2wav", Role.CODE2WAV, engine_args=args)
+    stage_spec = stage_spec.model_copy(update={"engine": Engine.VLLM})
+    with pytest.raises(ValueError, match=message):
+        VllmQwen25Code2WavStage(stage_spec, path, "cpu").load()

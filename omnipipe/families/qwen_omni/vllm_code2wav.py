@@ -52,11 +52,10 @@ class Code2WavConfigOverride:
 def own_args(engine_args: dict[str, Any], chunk: int, context: int) -> tuple[int, int]:
     chunk = int(engine_args.get("chunk_codes", chunk))
     context = int(engine_args.get("context_codes", context))
-    if chunk < 1 or context < 0:
-        raise ValueError(
-            f"engineArgs: chunk_codes must be at least 1 (not {chunk}), context_codes at "
-            f"least 0 (not {context})"
-        )
+    if chunk < 1:
+        raise ValueError(f"engineArgs.chunk_codes must be at least 1, not {chunk}")
+    if context < 0:
+        raise ValueError(f"engineArgs.context_codes must be at least 0, not {context}")
     return chunk, context
 
 
