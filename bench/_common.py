@@ -10,6 +10,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,29 @@ def machine() -> dict[str, Any]:
 
 def median(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
+
+
+def at_levels(
+    round_at: Callable[[int], tuple[float, float]],
+    levels: tuple[int, ...],
+    repeats: int,
+    rate: str,
+    unit: str,
+) -> dict[str, dict[str, float]]:
+    """An engine's rate at each level of answers at once: round_at(n) runs n answers
+    together and gives (seconds, what each answer made); the median of `repeats` rounds,
+    after one round that pays the one-time costs (lazy imports, allocator)."""
+    round_at(2)
+    out = {}
+    for level in levels:
+        rounds = [round_at(level) for _ in range(repeats)]
+        wall = median([seconds for seconds, _ in rounds])
+        per_second = level * rounds[0][1] / wall
+        out[str(level)] = {"round_s": wall, rate: per_second}
+        print(
+            f"    {level} at once: {wall * 1e3:.0f} ms a round, {per_second:.1f} {unit}", flush=True
+        )
+    return out
 
 
 def finite_or_none(value: Any) -> Any:

@@ -20,7 +20,7 @@ import time
 from typing import Any
 
 import torch
-from _common import median, record, table
+from _common import at_levels, record, table
 
 from omnipipe.api.spec import Engine, Role
 from omnipipe.worker.models.tiny import resolve_model_path
@@ -77,15 +77,9 @@ def round_of(stage: StreamingStage, codes: list[torch.Tensor]) -> tuple[float, f
 def measure(
     stage: StreamingStage, codes: list[torch.Tensor], levels: tuple[int, ...], repeats: int
 ) -> dict[str, dict[str, float]]:
-    round_of(stage, codes[:2])  # one-time costs (lazy imports, allocator)
-    out = {}
-    for level in levels:
-        rounds = [round_of(stage, codes[:level]) for _ in range(repeats)]
-        wall = median([seconds for seconds, _ in rounds])
-        rate = level * rounds[0][1] / wall
-        out[str(level)] = {"round_s": wall, "audio_s_per_s": rate}
-        print(f"    {level} at once: {wall * 1e3:.0f} ms a round, {rate:.1f} s of audio/s")
-    return out
+    return at_levels(
+        lambda n: round_of(stage, codes[:n]), levels, repeats, "audio_s_per_s", "s of audio/s"
+    )
 
 
 def main() -> None:

@@ -20,7 +20,7 @@ import time
 from typing import Any
 
 import torch
-from _common import median, record, table
+from _common import at_levels, record, table
 
 from omnipipe.api.spec import Engine, Role
 from omnipipe.worker.models.tiny import resolve_model_path
@@ -95,15 +95,9 @@ def measure(
     codes: int,
     repeats: int,
 ) -> dict[str, dict[str, float]]:
-    round_of(stage, replies[:2], codes)  # one-time costs (lazy imports, allocator)
-    out = {}
-    for level in levels:
-        rounds = [round_of(stage, replies[:level], codes) for _ in range(repeats)]
-        wall = median([seconds for seconds, _ in rounds])
-        rate = level * rounds[0][1] / wall
-        out[str(level)] = {"round_s": wall, "codes_per_s": rate}
-        print(f"    {level} at once: {wall * 1e3:.0f} ms a round, {rate:.0f} steps/s", flush=True)
-    return out
+    return at_levels(
+        lambda n: round_of(stage, replies[:n], codes), levels, repeats, "codes_per_s", "steps/s"
+    )
 
 
 def main() -> None:

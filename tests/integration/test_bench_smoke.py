@@ -188,25 +188,20 @@ def test_local_handoff_quick(tmp_path: Path) -> None:
         assert row["copy_us"] > 0
 
 
-def test_code2wav_engines_quick(tmp_path: Path) -> None:
-    out, results = run_quick("code2wav_engines", tmp_path, "--codes", "50")
+@pytest.mark.parametrize(
+    ("name", "extra", "rate"),
+    [
+        ("talker_engines", (), "codes_per_s"),
+        ("code2wav_engines", ("--codes", "50"), "audio_s_per_s"),
+    ],
+)
+def test_engine_benches_quick(name: str, extra: tuple[str, ...], rate: str, tmp_path: Path) -> None:
+    out, results = run_quick(name, tmp_path, *extra)
     assert "vLLM/transformers" in out
     for family in ("qwen2.5-omni", "qwen3-omni"):
         for engine in ("vllm", "transformers"):
             levels = results[family][engine]  # type: ignore[index]
             assert set(levels) == {"1", "4"}
             for r in levels.values():
-                assert r["audio_s_per_s"] > 0
-                assert r["round_s"] > 0
-
-
-def test_talker_engines_quick(tmp_path: Path) -> None:
-    out, results = run_quick("talker_engines", tmp_path)
-    assert "vLLM/transformers" in out
-    for family in ("qwen2.5-omni", "qwen3-omni"):
-        for engine in ("vllm", "transformers"):
-            levels = results[family][engine]  # type: ignore[index]
-            assert set(levels) == {"1", "4"}
-            for r in levels.values():
-                assert r["codes_per_s"] > 0
+                assert r[rate] > 0
                 assert r["round_s"] > 0
