@@ -209,6 +209,11 @@ def test_unseeded_audio_differs_and_is_not_silent(
         ({"chunk_codes": 0}, "engineArgs.chunk_codes must be at least 1, not 0"),
         ({"context_codes": -1}, "engineArgs.context_codes must be at least 0, not -1"),
         ({"num_steps": 0}, "engineArgs.num_steps must be at least 1, not 0"),
+        (
+            {"max_num_batched_tokens": 40},
+            "engineArgs.max_num_batched_tokens 40 is less than a whole chunk with its left "
+            r"context \(50 codes\)",
+        ),
     ],
 )
 def test_bad_engine_args_fail_the_load_with_their_name(args: dict[str, int], message: str) -> None:

@@ -65,7 +65,8 @@ class VllmCode2WavBase(ChunkedCode2WavStage):
 
     codes_per_step = 1  # prompt ids per chunk position (Qwen3: a frame's codes)
 
-    def start_engine(self, override: Code2WavConfigOverride, model_class: str) -> None:
+    def start_engine(self, override: Code2WavConfigOverride, model_class: str, dtype: str) -> None:
+        """`dtype`: what the transformers stage runs the model in on this device."""
         from vllm import ModelRegistry
 
         ModelRegistry.register_model(override.architecture, f"{MODELS}:{model_class}")
@@ -76,11 +77,18 @@ class VllmCode2WavBase(ChunkedCode2WavStage):
         # A full batch of the longest chunks in one step (vLLM warms its pooler up at
         # this size).
         args.setdefault("max_num_batched_tokens", int(args["max_num_seqs"]) * longest)
+        if int(args["max_num_batched_tokens"]) < longest:
+            # A model with no KV cache has no chunked prefill: a chunk runs whole.
+            raise ValueError(
+                f"engineArgs.max_num_batched_tokens {args['max_num_batched_tokens']} is "
+                f"less than a whole chunk with its left context ({longest} codes)"
+            )
         fixed = {
             "hf_overrides": override,
             "runner": "pooling",
             "skip_tokenizer_init": True,
             "max_model_len": longest,
+            "dtype": dtype,
         }
         self.engine = VllmEngine(self.model_path, args, self.device, [], fixed)
 
@@ -173,7 +181,8 @@ class VllmQwen25Code2WavStage(VllmCode2WavBase):
             int(config.token2wav_config.dit_config.num_embeds),
             (("num_steps", num_steps),),
         )
-        self.start_engine(override, "Qwen25Code2WavModel")
+        # transformers runs token2wav in float32 only.
+        self.start_engine(override, "Qwen25Code2WavModel", "float32")
 
     def open(self, job: StageJob) -> Session:
         return VllmCode2WavSession(self, job.params, pick_voice(job.params, self.voices))
@@ -195,7 +204,9 @@ class VllmQwen3Code2WavStage(VllmCode2WavBase):
         override = Code2WavConfigOverride(
             "code2wav_config", QWEN3_ARCHITECTURE, int(c2w.codebook_size)
         )
-        self.start_engine(override, "Qwen3Code2WavModel")
+        # As load_qwen3_omni: the checkpoint's bfloat16 on a GPU.
+        dtype = "bfloat16" if self.device.type == "cuda" else "float32"
+        self.start_engine(override, "Qwen3Code2WavModel", dtype)
 
     def open(self, job: StageJob) -> Session:
         # The talker speaks the voice; a bad one fails here early, as on transformers.

@@ -219,8 +219,10 @@ class Qwen3Code2WavModel(Code2WavModel):
 
     def synthesize(self, jobs: list[Job]) -> list[torch.Tensor]:
         device = next(self.code2wav.parameters()).device
-        # frames x groups each -> batch x groups x frames
-        codes = torch.stack([j.codes.view(-1, self.groups).T for j in jobs]).to(device)
+        # frames x groups each -> batch x groups x frames. A stage's chunk is whole frames;
+        # vLLM's warm-up splits its token budget evenly, so a dummy may end mid-frame.
+        whole = len(jobs[0].codes) // self.groups * self.groups
+        codes = torch.stack([j.codes[:whole].view(-1, self.groups).T for j in jobs]).to(device)
         with torch.inference_mode():
             waves = self.code2wav(codes)
         return [
