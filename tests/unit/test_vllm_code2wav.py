@@ -10,6 +10,7 @@ test_qwen3_omni_stages.py hold them to transformers' own token2wav and chunked_d
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -168,7 +169,7 @@ def test_qwen3_eight_at_once_equal_each_alone_in_one_forward_a_step(
     assert sizes == [8, 8]  # 25 frames, then 25 more with 25 of context
 
 
-def test_codes_the_engine_refuses_fail_their_request_alone(
+def test_codes_past_the_codebook_fail_their_request_alone_before_the_engine(
     qwen25: tuple[StreamingStage, VllmCode2WavBase],
 ) -> None:
     reference, stage = qwen25
@@ -178,9 +179,65 @@ def test_codes_the_engine_refuses_fail_their_request_alone(
     sessions = [stage.open(StageJob(params, {})) for params, _ in [*good, ({"seed": 7}, bad)]]
     outputs = step_together(stage, sessions, [codes for _, codes in good] + [bad])
     assert isinstance(outputs[2], ValueError), outputs[2]
-    assert "code 10024 is outside the codec's codebook of 136" in str(outputs[2])
+    assert "code 10024 is outside the codec's codebook of 137" in str(outputs[2])
     assert_alike(outputs[:2], alone)
     assert not stage.engine.llm.has_unfinished_requests()
+
+
+def test_a_failed_engine_step_leaves_nothing_behind_and_each_chunk_goes_again_alone(
+    qwen25: tuple[StreamingStage, VllmCode2WavBase],
+) -> None:
+    """The first forward raises inside vLLM's step: its requests are aborted, and the
+    stage decodes each chunk again alone, as the transformers stage does."""
+    reference, stage = qwen25
+    requests = [({"seed": 20 + i}, qwen25_codes(25, i + 2)) for i in range(3)]
+    alone = [decode_alone(reference, params, codes) for params, codes in requests]
+    failed: list[int] = []
+    stage.engine.llm.collective_rpc(fail_once, args=(failed,))  # type: ignore[arg-type]
+    sessions = [stage.open(StageJob(params, {})) for params, _ in requests]
+    outputs = step_together(stage, sessions, [codes for _, codes in requests])
+    assert failed == [3]
+    assert_alike(outputs, alone)
+    assert not stage.engine.llm.has_unfinished_requests()
+
+
+def fail_once(worker: Any, failed: list[int]) -> None:
+    """Runs inside vLLM's worker: the next forward of the pooler raises, then no more."""
+    pooler = worker.model_runner.get_model().pooler
+    synthesize = pooler.synthesize
+
+    def failing(jobs: list[Any]) -> Any:
+        pooler.synthesize = synthesize
+        failed.append(len(jobs))
+        raise RuntimeError("a forward that fails once")
+
+    pooler.synthesize = failing
+
+
+@pytest.mark.parametrize("model", ["qwen25", "qwen3"])
+def test_vllms_gpu_warm_up_of_one_token_requests_runs(
+    model: str, request: pytest.FixtureRequest
+) -> None:
+    """vLLM's GPU worker warms the pooler up with max_num_seqs requests of one token
+    each (the CPU worker never does): Qwen3's needs whole frames of 4 codes."""
+    stage: VllmCode2WavBase = request.getfixturevalue(model)[1]
+    [outputs] = stage.engine.llm.collective_rpc(warm_up, args=(16,))  # type: ignore[arg-type]
+    assert len(outputs) == 16
+    assert all(o is not None and o.numel() > 0 for o in outputs)
+
+
+def warm_up(worker: Any, tokens: int) -> Any:
+    """Runs inside vLLM's worker: vLLM's own pooler warm-up over `tokens` tokens."""
+    return worker.model_runner._dummy_pooler_run(torch.zeros((tokens, 1)))
+
+
+def test_the_engine_runs_vllms_v1_model_runner(
+    qwen25: tuple[StreamingStage, VllmCode2WavBase],
+) -> None:
+    """The pooling runner this stage needs, and the runner the taps read; vLLM would
+    choose V2 wherever Triton runs."""
+    assert os.environ["VLLM_USE_V2_MODEL_RUNNER"] == "0"
+    assert not qwen25[1].engine.llm.vllm_config.use_v2_model_runner
 
 
 def test_an_unknown_voice_is_refused_on_open(

@@ -25,6 +25,7 @@ MODELS = "omnipipe.families.qwen_omni.vllm_code2wav_model"
 # engineArgs this stage reads itself; the rest go to vLLM.
 OWN_ARGS = ("num_steps", "chunk_codes", "context_codes")
 MAX_NUM_SEQS = 16
+GPU_MEMORY_SHARE = 0.2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,6 +75,10 @@ class VllmCode2WavBase(ChunkedCode2WavStage):
         longest = (self.chunk_codes + self.context_codes) * self.codes_per_step
         args = {k: v for k, v in self.spec.engine_args.items() if k not in OWN_ARGS}
         args.setdefault("max_num_seqs", MAX_NUM_SEQS)
+        if self.device.type == "cuda":
+            # No KV cache to size: vLLM's default share (0.9) would refuse to start
+            # beside another stage on the same GPU. Not measured on a GPU here.
+            args.setdefault("gpu_memory_utilization", GPU_MEMORY_SHARE)
         # A full batch of the longest chunks in one step (vLLM warms its pooler up at
         # this size).
         args.setdefault("max_num_batched_tokens", int(args["max_num_seqs"]) * longest)
@@ -119,6 +124,8 @@ class VllmCode2WavBase(ChunkedCode2WavStage):
                     if output.finished and output.request_id in ids:
                         data = output.outputs.data  # type: ignore[union-attr]
                         audio[output.request_id] = data.cpu().numpy()
+                if len(audio) < len(ids) and not llm.has_unfinished_requests():
+                    raise RuntimeError("the code2wav engine dropped a chunk without its audio")
         except BaseException:
             llm.abort_request([i for i in ids if i not in audio])
             raise
@@ -178,7 +185,8 @@ class VllmQwen25Code2WavStage(VllmCode2WavBase):
         override = Code2WavConfigOverride(
             "token2wav_config",
             QWEN25_ARCHITECTURE,
-            int(config.token2wav_config.dit_config.num_embeds),
+            # The DiT's codec embedding has num_embeds + 1 rows.
+            int(config.token2wav_config.dit_config.num_embeds) + 1,
             (("num_steps", num_steps),),
         )
         # transformers runs token2wav in float32 only.

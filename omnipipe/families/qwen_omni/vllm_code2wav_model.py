@@ -110,7 +110,7 @@ class Code2WavModel(nn.Module, IsAttentionFree):
 
     def embed_input_ids(self, input_ids: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
         # The codes are read off the prompt by the pooler; nothing is embedded.
-        return torch.empty((input_ids.shape[0], 0))
+        return torch.empty((input_ids.shape[0], 0), device=input_ids.device)
 
     def forward(
         self,
@@ -194,7 +194,7 @@ class Qwen25Code2WavModel(Code2WavModel):
         generator = None
         if job.seed is not None:
             generator = torch.Generator(device).manual_seed(job.seed)
-        return torch.randn(shape, generator=generator, device=device)
+        return torch.randn(shape, generator=generator, device=device, dtype=torch.float32)
 
 
 class Qwen3Code2WavModel(Code2WavModel):
@@ -220,12 +220,19 @@ class Qwen3Code2WavModel(Code2WavModel):
     def synthesize(self, jobs: list[Job]) -> list[torch.Tensor]:
         device = next(self.code2wav.parameters()).device
         # frames x groups each -> batch x groups x frames. A stage's chunk is whole frames;
-        # vLLM's warm-up splits its token budget evenly, so a dummy may end mid-frame.
-        whole = len(jobs[0].codes) // self.groups * self.groups
-        codes = torch.stack([j.codes[:whole].view(-1, self.groups).T for j in jobs]).to(device)
+        # vLLM's warm-ups split a token budget evenly (on a GPU, one token a request), so
+        # one may end mid-frame or hold less than a frame: it decodes its whole frames, or
+        # one frame of zeros.
+        codes = torch.stack([self._frames(j.codes).T for j in jobs]).to(device)
         with torch.inference_mode():
             waves = self.code2wav(codes)
         return [
             w[..., j.context * self.samples_per_frame :].reshape(-1).float()
             for w, j in zip(waves, jobs, strict=True)
         ]
+
+    def _frames(self, codes: torch.Tensor) -> torch.Tensor:
+        frames = len(codes) // self.groups
+        if frames == 0:
+            return codes.new_zeros((1, self.groups))
+        return codes[: frames * self.groups].view(frames, self.groups)

@@ -84,6 +84,10 @@ class VllmEngine:
         fixed: dict[str, Any] | None = None,
     ) -> None:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        # The taps and feeds read the V1 model runner (engines/vllm_tap.py), and its
+        # pooling runner is the one that runs code2wav's "plugin" task; vLLM picks V2
+        # wherever Triton runs (a GPU). Read once, when the process's first engine starts.
+        os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
         if device.type == "cpu":
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", CPU_KV_CACHE_GIB)
         check_version()
@@ -91,6 +95,11 @@ class VllmEngine:
 
         args = EngineArgs(model=model_path, **engine_arguments(engine_args, device, fixed))
         self.llm = LLMEngine.from_engine_args(args)
+        if self.llm.vllm_config.use_v2_model_runner:
+            raise RuntimeError(
+                "vLLM chose its V2 model runner; omnipipe's vLLM stages need V1 "
+                "(VLLM_USE_V2_MODEL_RUNNER=0 must be set before the process's first engine)"
+            )
         self.max_model_len = int(self.llm.model_config.max_model_len)
         self.tap = HiddenStateTap(layers)
         if layers:
