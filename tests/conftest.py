@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
+
 import pytest
 
 
@@ -9,3 +12,17 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         action="store_true",
         help="rewrite tests/unit/golden/*.yaml from the builders instead of comparing",
     )
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _environment_restored() -> Iterator[None]:
+    """Each module leaves os.environ as it found it. A vLLM engine started in the test
+    process writes its settings there (LD_PRELOAD of torch's libgomp, thread counts,
+    VLLM_* variables), and every process a later module starts would inherit them: an
+    `omnipipe serve` thinker started after tests/unit/test_vllm_talker.py failed vLLM's
+    CPU attention check (thread_num 2 vs 1). Torn down after the module's own fixtures,
+    so its engines have stopped first."""
+    before = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(before)
