@@ -16,7 +16,7 @@ import torch
 
 from omnipipe.families.qwen_omni.engine import load_qwen25_omni
 from omnipipe.families.qwen_omni.thinker import layout_kwargs, pick_voice
-from omnipipe.families.qwen_omni.token2wav import sample_mel
+from omnipipe.families.qwen_omni.token2wav import starting_noise, synthesize
 from omnipipe.worker.stages.base import (
     Session,
     StageJob,
@@ -28,6 +28,7 @@ from omnipipe.worker.stages.codec import (
     CodecTalkerSession,
     CodecTalkerStage,
     Decode,
+    seed_of,
 )
 from omnipipe.worker.stages.sampling import Sampling, next_token
 
@@ -184,15 +185,14 @@ class Code2WavStage(ChunkedCode2WavStage):
             # does): transformers' own path, one at a time.
             return super().decode_many(sessions, decodes)
         codes = torch.stack([d.codes for d in decodes])
-        mel = sample_mel(
-            self.token2wav.code2wav_dit_model,
+        waveforms = synthesize(
+            self.token2wav,
             torch.cat([s.conditioning for s in own]),
             torch.cat([s.reference_mel for s in own]),
             codes,
             torch.cat([s.noise(len(d.codes)) for s, d in zip(own, decodes, strict=True)]),
             self.num_steps,
         )
-        waveforms = self.token2wav.code2wav_bigvgan_model(mel).reshape(len(decodes), -1)
         new = (codes.shape[1] - decodes[0].context) * self.samples_per_code
         return [w[-new:].float().cpu().numpy() for w in waveforms]
 
@@ -204,19 +204,13 @@ class Code2WavSession(ChunkedCode2WavSession):
         speaker = stage.model.speaker_map[pick_voice(params, list(stage.model.speaker_map))]
         self.conditioning = speaker["cond"].to(stage.device).float()
         self.reference_mel = speaker["ref_mel"].to(stage.device).float()
-        seed = params.get("seed")
-        self.seed = seed if isinstance(seed, int) else None
+        self.seed = seed_of(params)
 
     def noise(self, codes: int) -> torch.Tensor:
-        """The DiT's starting noise for a chunk of `codes` codes, as transformers draws it
-        (torch.randn of 1 x mel frames x mel bins) after the manual seed _decode sets."""
-        dit = self.stage.token2wav.code2wav_dit_model
-        shape = (1, codes * dit.repeats, dit.mel_dim)
-        generator = None
-        if self.seed is not None:
-            generator = torch.Generator(self.stage.device).manual_seed(self.seed + self.decoded)
-        return torch.randn(
-            shape, generator=generator, dtype=self.reference_mel.dtype, device=self.stage.device
+        """This chunk's starting noise, from the seed _decode sets."""
+        seed = None if self.seed is None else self.seed + self.decoded
+        return starting_noise(
+            self.stage.token2wav.code2wav_dit_model, codes, seed, self.stage.device
         )
 
     def _decode(self, codes: torch.Tensor, context: int) -> np.ndarray:

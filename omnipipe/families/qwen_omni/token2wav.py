@@ -56,3 +56,29 @@ def sample_mel(
     trajectory = RungeKutta4ODESolver(function=velocity, initial_value=noise).integrate(times)
     mel: torch.Tensor = trajectory[-1].permute(0, 2, 1)
     return mel
+
+
+def starting_noise(dit: Any, codes: int, seed: int | None, device: torch.device) -> torch.Tensor:
+    """The DiT's starting noise for a chunk of `codes` codes, as transformers draws it
+    (torch.randn of 1 x mel frames x mel bins, float32) after the manual seed it is given:
+    from `seed` when there is one."""
+    generator = None if seed is None else torch.Generator(device).manual_seed(seed)
+    shape = (1, codes * dit.repeats, dit.mel_dim)
+    return torch.randn(shape, generator=generator, dtype=torch.float32, device=device)
+
+
+def synthesize(
+    token2wav: Any,
+    conditioning: torch.Tensor,
+    reference_mel: torch.Tensor,
+    codes: torch.Tensor,
+    noise: torch.Tensor,
+    num_steps: int,
+) -> torch.Tensor:
+    """Waveforms (batch x samples) for a batch of code rows: one DiT sampling, each row
+    from its own noise, then one vocoder pass."""
+    mel = sample_mel(
+        token2wav.code2wav_dit_model, conditioning, reference_mel, codes, noise, num_steps
+    )
+    waveforms: torch.Tensor = token2wav.code2wav_bigvgan_model(mel).reshape(len(codes), -1)
+    return waveforms

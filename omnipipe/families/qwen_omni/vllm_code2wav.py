@@ -19,7 +19,13 @@ from omnipipe.families.qwen_omni import qwen3, qwen25
 from omnipipe.families.qwen_omni.thinker import pick_voice
 from omnipipe.worker.engines.vllm import VllmEngine
 from omnipipe.worker.stages.base import Session, StageJob
-from omnipipe.worker.stages.codec import ChunkedCode2WavSession, ChunkedCode2WavStage, Decode
+from omnipipe.worker.stages.codec import (
+    ChunkedCode2WavSession,
+    ChunkedCode2WavStage,
+    Decode,
+    chunk_codes,
+    seed_of,
+)
 
 MODELS = "omnipipe.families.qwen_omni.vllm_code2wav_model"
 # engineArgs this stage reads itself; the rest go to vLLM.
@@ -51,10 +57,8 @@ class Code2WavConfigOverride:
 
 
 def own_args(engine_args: dict[str, Any], chunk: int, context: int) -> tuple[int, int]:
-    chunk = int(engine_args.get("chunk_codes", chunk))
+    chunk = chunk_codes(engine_args, chunk)
     context = int(engine_args.get("context_codes", context))
-    if chunk < 1:
-        raise ValueError(f"engineArgs.chunk_codes must be at least 1, not {chunk}")
     if context < 0:
         raise ValueError(f"engineArgs.context_codes must be at least 0, not {context}")
     return chunk, context
@@ -147,8 +151,7 @@ class VllmCode2WavSession(ChunkedCode2WavSession):
         super().__init__(stage)
         self.stage = stage
         self.voice = voice
-        seed = params.get("seed")
-        self.seed = seed if isinstance(seed, int) else None
+        self.seed = seed_of(params)
 
     def request_extra(self, decode: Decode) -> dict[str, Any]:
         """What the engine's model needs beyond the codes: the voice, the left context,
@@ -187,7 +190,7 @@ class VllmQwen25Code2WavStage(VllmCode2WavBase):
             QWEN25_ARCHITECTURE,
             # The DiT's codec embedding has num_embeds + 1 rows.
             int(config.token2wav_config.dit_config.num_embeds) + 1,
-            (("num_steps", num_steps),),
+            (("num_steps", num_steps), ("samples_per_code", qwen25.samples_per_code(config))),
         )
         # transformers runs token2wav in float32 only.
         self.start_engine(override, "Qwen25Code2WavModel", "float32")
@@ -210,7 +213,10 @@ class VllmQwen3Code2WavStage(VllmCode2WavBase):
         c2w = config.code2wav_config
         self.codes_per_step = int(c2w.num_quantizers)
         override = Code2WavConfigOverride(
-            "code2wav_config", QWEN3_ARCHITECTURE, int(c2w.codebook_size)
+            "code2wav_config",
+            QWEN3_ARCHITECTURE,
+            int(c2w.codebook_size),
+            (("samples_per_frame", qwen3.samples_per_frame(config)),),
         )
         # As load_qwen3_omni: the checkpoint's bfloat16 on a GPU.
         dtype = "bfloat16" if self.device.type == "cuda" else "float32"

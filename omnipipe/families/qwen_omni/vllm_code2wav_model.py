@@ -25,7 +25,7 @@ from vllm.model_executor.models.interfaces import IsAttentionFree
 from vllm.model_executor.models.interfaces_base import attn_type
 from vllm.v1.pool.metadata import PoolingMetadata
 
-from omnipipe.families.qwen_omni.token2wav import sample_mel
+from omnipipe.families.qwen_omni.token2wav import starting_noise, synthesize
 
 QWEN25_ARCHITECTURE = "OmnipipeQwen25Code2Wav"
 QWEN3_ARCHITECTURE = "OmnipipeQwen3Code2Wav"
@@ -155,11 +155,7 @@ class Qwen25Code2WavModel(Code2WavModel):
         self.token2wav = Qwen2_5OmniToken2WavModel(config).float()
         self.speakers = load_speakers(model_config.model)
         self.num_steps = int(config.omnipipe["num_steps"])
-        self.repeats = int(config.dit_config.repeats)
-        self.mel_dim = int(config.dit_config.mel_dim)
-        self.samples_per_code = self.repeats
-        for rate in config.bigvgan_config.upsample_rates:
-            self.samples_per_code *= int(rate)
+        self.samples_per_code = int(config.omnipipe["samples_per_code"])
         self.pooler = Code2WavPooler(self.synthesize, next(iter(self.speakers)))
 
     def synthesize(self, jobs: list[Job]) -> list[torch.Tensor]:
@@ -171,30 +167,16 @@ class Qwen25Code2WavModel(Code2WavModel):
         conditioning = speaker["cond"].to(device).float().repeat(count, 1)
         reference = speaker["ref_mel"].to(device).float().repeat(count, 1, 1)
         codes = torch.stack([j.codes for j in jobs]).to(device)
-        noise = torch.cat([self._noise(j, device) for j in jobs])
+        dit = self.token2wav.code2wav_dit_model
+        noise = torch.cat([starting_noise(dit, len(j.codes), j.seed, device) for j in jobs])
         with torch.inference_mode():
-            mel = sample_mel(
-                self.token2wav.code2wav_dit_model,
-                conditioning,
-                reference,
-                codes,
-                noise,
-                self.num_steps,
+            waves = synthesize(
+                self.token2wav, conditioning, reference, codes, noise, self.num_steps
             )
-            waves = self.token2wav.code2wav_bigvgan_model(mel).reshape(count, -1)
         return [
             w[-(len(j.codes) - j.context) * self.samples_per_code :].float()
             for w, j in zip(waves, jobs, strict=True)
         ]
-
-    def _noise(self, job: Job, device: torch.device) -> torch.Tensor:
-        """The starting noise transformers draws (1 x mel frames x mel bins), from the
-        job's seed when it has one."""
-        shape = (1, len(job.codes) * self.repeats, self.mel_dim)
-        generator = None
-        if job.seed is not None:
-            generator = torch.Generator(device).manual_seed(job.seed)
-        return torch.randn(shape, generator=generator, device=device, dtype=torch.float32)
 
 
 class Qwen3Code2WavModel(Code2WavModel):
@@ -212,9 +194,7 @@ class Qwen3Code2WavModel(Code2WavModel):
         config: Any = vllm_config.model_config.hf_config  # the code2wav config (hf_overrides)
         self.code2wav = Qwen3OmniMoeCode2Wav(config)
         self.groups = int(config.num_quantizers)
-        self.samples_per_frame = 1
-        for rate in (*config.upsample_rates, *config.upsampling_ratios):
-            self.samples_per_frame *= int(rate)
+        self.samples_per_frame = int(config.omnipipe["samples_per_frame"])
         self.pooler = Code2WavPooler(self.synthesize, "")
 
     def synthesize(self, jobs: list[Job]) -> list[torch.Tensor]:

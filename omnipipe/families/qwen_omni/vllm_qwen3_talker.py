@@ -27,14 +27,10 @@ from omnipipe.families.qwen_omni.qwen3 import (
 from omnipipe.families.qwen_omni.qwen3_prompt import project_text, talker_prompt
 from omnipipe.families.qwen_omni.thinker import layout_kwargs
 from omnipipe.families.qwen_omni.vllm_frames import FrameFeed, FrameState
-from omnipipe.families.qwen_omni.vllm_talker import (
-    VllmTalkerBase,
-    VllmTalkerSession,
-    chunk_codes,
-)
+from omnipipe.families.qwen_omni.vllm_talker import VllmTalkerBase, VllmTalkerSession
 from omnipipe.worker.engines.vllm_feed import RowFeed
 from omnipipe.worker.stages.base import Session, StageJob
-from omnipipe.worker.stages.codec import SAMPLE_RATE
+from omnipipe.worker.stages.codec import SAMPLE_RATE, chunk_codes
 from omnipipe.worker.stages.sampling import Sampling
 
 

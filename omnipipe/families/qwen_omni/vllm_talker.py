@@ -58,14 +58,6 @@ class TalkerConfigOverride:
         return talker
 
 
-def chunk_codes(engine_args: dict[str, Any], default: int) -> int:
-    """engineArgs.chunk_codes: codes (frames) per chunk to code2wav, at least one."""
-    value = int(engine_args.get("chunk_codes", default))
-    if value < 1:
-        raise ValueError(f"engineArgs.chunk_codes must be at least 1, not {value}")
-    return value
-
-
 class VllmTalkerBase(CodecTalkerStage):
     """What the Qwen Omni talkers on vLLM share: the engine, its row feed, and stepping
     every open answer with one engine step. A family sets, in configure(), the codes

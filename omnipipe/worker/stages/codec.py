@@ -32,6 +32,20 @@ from omnipipe.worker.stages.sampling import Sampling
 SAMPLE_RATE = 24_000
 
 
+def chunk_codes(engine_args: dict[str, Any], default: int) -> int:
+    """engineArgs.chunk_codes: codes (frames) per chunk to code2wav, at least one."""
+    value = int(engine_args.get("chunk_codes", default))
+    if value < 1:
+        raise ValueError(f"engineArgs.chunk_codes must be at least 1, not {value}")
+    return value
+
+
+def seed_of(params: dict[str, Any]) -> int | None:
+    """The request's seed, when it chose one."""
+    seed = params.get("seed")
+    return seed if isinstance(seed, int) else None
+
+
 class CodecTalkerStage(StreamingStage):
     # Set by load(): built-in defaults merged with the spec's sampling, codes per chunk
     # sent to code2wav, and how many codes make a second of audio.
