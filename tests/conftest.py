@@ -5,6 +5,9 @@ from collections.abc import Iterator
 
 import pytest
 
+# The per-tier report `make test` prints, and no skips under CI (tests/tier_report.py).
+pytest_plugins = ["tests.tier_report"]
+
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(

@@ -16,7 +16,7 @@ from tests.e2e.conftest import assert_serves_a_small_image
 from tests.integration.conftest import REPO, wait_for
 from tests.integration.test_container_images import InContainer, build, container, http_ok
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]
+pytestmark = [pytest.mark.integration, pytest.mark.opt_in, pytest.mark.timeout(1800)]
 IMAGE = "localhost/omnipipe/worker:test"
 
 

@@ -1,6 +1,7 @@
 """The alerts: promtool checks the rules and runs their unit tests (tests/unit/alerts/),
-the rules use only metrics and labels we export, every alert has a runbook section, and
-the chart's PrometheusRule carries exactly the rules promtool tested."""
+the rules use only metrics and labels we export, and every alert has a runbook section.
+That the chart's PrometheusRule carries exactly the rules promtool tested needs the
+Go-built helm: tests/integration/test_chart_alerts.py."""
 
 from __future__ import annotations
 
@@ -18,14 +19,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from omnipipe.operator.metrics import OperatorMetrics
 from omnipipe.router.metrics import RouterMetrics
 from omnipipe.worker.metrics import WorkerMetrics
-from tests.harness.cluster import BIN, K8S_VERSION
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "charts/omnipipe"
 RULES = CHART / "files/alerts.yaml"
 RUNBOOKS = REPO / "docs/runbooks.md"
 PROMTOOL_TESTS = sorted((Path(__file__).parent / "alerts").glob("*.test.yaml"))
-HELM = BIN / "helm"
 # The values that set a threshold, each with its default (the literal in RULES' expr).
 THRESHOLDS = {
     "OmnipipeEngineStalled": ("engineStallSeconds", "300"),
@@ -48,25 +47,6 @@ def promtool() -> str:
     if path is None:
         pytest.skip("promtool not found: Debian's prometheus package has it (make system-deps)")
     return path
-
-
-def helm_template(*args: str) -> list[dict[str, Any]]:
-    if not HELM.exists():
-        pytest.skip(f"helm not built at {HELM}: make k8s-binaries (hack/build-k8s.sh)")
-    # A helm built with `go install` assumes Kubernetes 1.20 without --kube-version.
-    command = [str(HELM), "template", "omnipipe", str(CHART), "-n", "omnipipe-system"]
-    proc = subprocess.run(
-        [*command, "--kube-version", K8S_VERSION.lstrip("v"), *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert proc.returncode == 0, proc.stderr
-    return [d for d in yaml.safe_load_all(proc.stdout) if d]
-
-
-def prometheus_rules(*args: str) -> list[dict[str, Any]]:
-    return [d for d in helm_template(*args) if d["kind"] == "PrometheusRule"]
 
 
 def file_rules() -> dict[str, Any]:
@@ -187,54 +167,6 @@ def test_every_alert_is_labelled_and_has_a_runbook_section() -> None:
         assert name.lower() in headings, f"docs/runbooks.md has no section {name}"
         assert rule["for"], name
     assert {h for h in headings if h.startswith("omnipipe")} == {n.lower() for n in names}
-
-
-def test_alerts_are_off_by_default() -> None:
-    assert prometheus_rules() == []
-
-
-def test_chart_carries_exactly_the_tested_rules(tmp_path: Path) -> None:
-    (rule,) = prometheus_rules("--set", "alerts.enabled=true")
-    assert rule["apiVersion"] == "monitoring.coreos.com/v1"
-    assert rule["metadata"]["namespace"] == "omnipipe-system"
-    assert rule["spec"] == file_rules(), "templates/prometheusrule.yaml drifted from the file"
-    rendered = tmp_path / "rendered.yaml"
-    rendered.write_text(yaml.safe_dump(rule["spec"]))
-    check_rules(rendered)
-
-
-def test_chart_takes_thresholds_labels_and_runbook_url_from_values(tmp_path: Path) -> None:
-    thresholds = {"engineStallSeconds": 600, "queueWaitObjectiveSeconds": 2.5, "errorRatio": 0.2}
-    base = "https://example.com/omnipipe/docs/runbooks.md"
-    values = tmp_path / "values.yaml"
-    values.write_text(
-        yaml.safe_dump(
-            {
-                "alerts": {
-                    "enabled": True,
-                    "labels": {"release": "prom"},
-                    "runbookBaseUrl": base,
-                    **thresholds,
-                }
-            }
-        )
-    )
-    (rule,) = prometheus_rules("-f", str(values))
-    assert rule["metadata"]["labels"]["release"] == "prom"
-    expected = file_rules()
-    for group in expected["groups"]:
-        for alert in group["rules"]:
-            name = alert["alert"]
-            alert["annotations"]["runbook_url"] = f"{base}#{name.lower()}"
-            if name in THRESHOLDS:
-                key, default = THRESHOLDS[name]
-                literal = f"> {default}\n"
-                assert alert["expr"].count(literal) == 1, (name, literal)
-                alert["expr"] = alert["expr"].replace(literal, f"> {thresholds[key]:g}\n")
-    assert rule["spec"] == expected
-    rendered = tmp_path / "rendered.yaml"
-    rendered.write_text(yaml.safe_dump(rule["spec"]))
-    check_rules(rendered)
 
 
 def test_chart_defaults_are_the_tested_thresholds() -> None:

@@ -1,0 +1,113 @@
+"""What `make test` reports about each tier, and the rule that no tier may skip under CI.
+
+Loaded by tests/conftest.py. With OMNIPIPE_TEST_REPORT set (a folder; hack/test_tiers.py
+sets it), a run writes `<folder>/<tier>.json`: its wall time, its outcomes and its ten
+slowest items (setup, call and teardown together), which hack/test_tiers.py turns into
+the table at the end of `make test`.
+
+With CI=true, a skipped e2e, integration or real-node test fails, naming what was
+missing: a broken install must not hide behind a green run. Tests marked `gpu` (no CUDA
+here) or `opt_in` (run by their own make target) may still skip, with their reason shown.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections import Counter, defaultdict
+from collections.abc import Generator
+from pathlib import Path
+
+import pytest
+
+# Tiers whose skips mean a missing piece of the machine, not a missing accelerator.
+NO_SKIP_TIERS = frozenset({"e2e", "integration", "realnode"})
+EXEMPT_MARKERS = ("gpu", "opt_in")
+SLOWEST = 10
+
+
+def tier_of(path: Path) -> str:
+    """The folder under the nearest `tests` folder: unit, e2e, integration or realnode."""
+    parts = path.parts
+    for i in range(len(parts) - 2, -1, -1):
+        if parts[i] == "tests":
+            return parts[i + 1]
+    return "other"
+
+
+def skips_fail_here() -> bool:
+    return os.environ.get("CI", "").lower() == "true"
+
+
+def _reason(report: pytest.TestReport) -> str:
+    longrepr = report.longrepr
+    if isinstance(longrepr, tuple) and len(longrepr) == 3:
+        return str(longrepr[2]).removeprefix("Skipped: ")
+    return str(longrepr)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, None]:
+    outcome = yield
+    report = outcome.get_result()
+    if not (report.skipped and skips_fail_here()) or hasattr(report, "wasxfail"):
+        return
+    if tier_of(item.path) not in NO_SKIP_TIERS:
+        return
+    if any(item.get_closest_marker(m) for m in EXEMPT_MARKERS):
+        return
+    report.outcome = "failed"
+    report.longrepr = (
+        f"skipped under CI=true, which no {tier_of(item.path)} test may: {_reason(report)}\n"
+        "(`make test` sets everything up; a skip here means a set-up step is missing or "
+        "broken on this machine)"
+    )
+
+
+class TierRecorder:
+    def __init__(self, folder: Path, tier: str) -> None:
+        self.folder, self.tier = folder, tier
+        self.started = time.monotonic()
+        self.seconds: dict[str, float] = defaultdict(float)
+        self.outcomes: Counter[str] = Counter()
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        self.seconds[report.nodeid] += report.duration
+        if hasattr(report, "wasxfail"):
+            if report.when == "call" or report.skipped:
+                self.outcomes["xfailed" if report.skipped else "xpassed"] += 1
+        elif report.when == "call" or (report.when == "setup" and report.skipped):
+            self.outcomes[report.outcome] += 1
+        elif report.failed:  # in a fixture's setup or teardown: pytest's "error"
+            self.outcomes["errors"] += 1
+
+    def pytest_collectreport(self, report: pytest.CollectReport) -> None:
+        if report.failed:
+            self.outcomes["errors"] += 1
+
+    def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
+        slowest = sorted(self.seconds.items(), key=lambda kv: kv[1], reverse=True)[:SLOWEST]
+        self.folder.mkdir(parents=True, exist_ok=True)
+        (self.folder / f"{self.tier}.json").write_text(
+            json.dumps(
+                {
+                    "tier": self.tier,
+                    "wall_s": round(time.monotonic() - self.started, 1),
+                    "exitstatus": int(exitstatus),
+                    "collected": session.testscollected,
+                    "outcomes": dict(self.outcomes),
+                    "slowest": [[nodeid, round(s, 1)] for nodeid, s in slowest],
+                },
+                indent=1,
+            )
+        )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    folder = os.environ.get("OMNIPIPE_TEST_REPORT")
+    if folder and not hasattr(config, "workerinput"):
+        tier = os.environ.get("OMNIPIPE_TEST_TIER") or "all"
+        config.pluginmanager.register(TierRecorder(Path(folder), tier), "omnipipe-tier-report")
