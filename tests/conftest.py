@@ -2,9 +2,20 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
+import omnipipe
+
+REPO = Path(__file__).resolve().parents[1]
+# The venv is shared by the checkouts with the same dependency list (hack/venv.sh), and
+# its editable install points at the last one `make` ran in: never test another's code.
+if Path(omnipipe.__file__).resolve().parent != REPO / "omnipipe":
+    raise pytest.UsageError(
+        f"the venv's omnipipe is {omnipipe.__file__}, not this checkout's ({REPO}): "
+        "run `make venv` here first"
+    )
 # The per-tier report `make test` prints, and no skips under CI (tests/tier_report.py).
 pytest_plugins = ["tests.tier_report"]
 

@@ -17,7 +17,7 @@ from tests.integration.conftest import REPO, wait_for
 from tests.integration.test_container_images import InContainer, build, container, http_ok
 
 pytestmark = [pytest.mark.integration, pytest.mark.opt_in, pytest.mark.timeout(1800)]
-IMAGE = "localhost/omnipipe/worker:test"
+IMAGE = "localhost/omnipipe/worker:dev"
 
 
 @pytest.fixture(scope="module")
