@@ -18,10 +18,13 @@ end reads both, so a failed run shows how far it got and what the time went on.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -62,7 +65,13 @@ def run_tier(tier: str, pytest_args: list[str]) -> tuple[int, float]:
     print(f"[test] tier {tier}: pytest tests/{tier} {' '.join(pytest_args)}", flush=True)
     started = time.monotonic()
     cmd = [str(BIN / "pytest"), f"tests/{tier}", *pytest_args]
-    rc = subprocess.run(cmd, cwd=REPO, env=env, check=False).returncode
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env)
+    try:
+        rc = proc.wait()
+    finally:
+        if proc.poll() is None:  # the runner was stopped: so is its tier
+            proc.terminate()
+            proc.wait()
     return rc, time.monotonic() - started
 
 
@@ -76,21 +85,36 @@ class BackgroundSetup:
         print(f"[test] set-up in the background: {command} (output: {self.log})", flush=True)
         with self.log.open("wb") as out:
             self.proc = subprocess.Popen(
-                command, shell=True, cwd=REPO, stdout=out, stderr=subprocess.STDOUT
+                command,
+                shell=True,
+                cwd=REPO,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # stop() ends make and every job it started
             )
+        # When it ended, not when a tier first waited for it.
+        self.ended: float | None = None
+        self.waiter = threading.Thread(target=self._wait, daemon=True)
+        self.waiter.start()
+
+    def _wait(self) -> None:
+        self.proc.wait()
+        self.ended = time.monotonic()
 
     def join(self) -> tuple[int, float]:
         if self.proc.poll() is None:
             print("[test] waiting for the background set-up ...", flush=True)
-        rc = self.proc.wait()
-        wall = time.monotonic() - self.started
+        self.waiter.join()
+        rc = self.proc.returncode
+        wall = (self.ended or time.monotonic()) - self.started
         print(f"[test] background set-up ended (exit {rc}) after {clock(wall)}; its output:")
         print(self.log.read_text(errors="replace"), flush=True)
         return rc, wall
 
     def stop(self) -> None:
         if self.proc.poll() is None:
-            self.proc.terminate()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGTERM)
             self.proc.wait()
 
 
@@ -113,7 +137,7 @@ def table(
     if "setup" in results:
         rc, wall = results["setup"]
         result = "ok" if rc == PASSED else f"FAILED (exit {rc})"
-        lines += [f"Background set-up: {result} after {clock(wall)}, beside the tiers before.", ""]
+        lines += [f"Background set-up: {result}, {clock(wall)} beside the tiers before it.", ""]
     lines += [
         "| tier | result | wall | tests | passed | failed | skipped | xfailed | errors |",
         "|---|---|---|---|---|---|---|---|---|",
@@ -154,6 +178,8 @@ def main() -> int:
     parser.add_argument("--tiers", default=",".join(TIERS), help="comma-separated, in order")
     parser.add_argument("--setup", help="a shell command to run in the background (see above)")
     args, pytest_args = parser.parse_known_args()
+    # A SIGTERM unwinds like Ctrl-C, so the tier and the background set-up stop too.
+    signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
     tiers = [t for t in args.tiers.split(",") if t]
     unknown = sorted(set(tiers) - set(TIERS))
     if unknown:
