@@ -32,9 +32,14 @@ def wait_http(url: str, timeout: float = 60, proc: subprocess.Popen[bytes] | Non
 
 @contextmanager
 def running(
-    args: list[str], ready_url: str, log: Path, env: dict[str, str] | None = None
+    args: list[str],
+    ready_url: str,
+    log: Path,
+    env: dict[str, str] | None = None,
+    wait: bool = True,
 ) -> Iterator[subprocess.Popen[bytes]]:
-    """A child in its own process group, its output in `log`; killed with its group."""
+    """A child in its own process group, its output in `log`; killed with its group.
+    wait=False: yielded once started, for the caller to wait_http() on it later."""
     with log.open("wb") as out:
         proc = subprocess.Popen(
             args,
@@ -45,7 +50,8 @@ def running(
             start_new_session=True,
         )
         try:
-            wait_http(ready_url, proc=proc)
+            if wait:
+                wait_http(ready_url, proc=proc)
             yield proc
         finally:
             if proc.poll() is None:
@@ -60,14 +66,23 @@ def running(
 def answering_child(argv: list[str], env: dict[str, str]) -> tuple[subprocess.Popen[str], str]:
     """A child whose first line on stdout (after UCX's own messages, which start with
     '[') is its answer, such as an address; its stdin stays open for a reply."""
-    proc = subprocess.Popen(
+    proc = start_child(argv, env)
+    return proc, answer_of(proc)
+
+
+def start_child(argv: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
+    """answering_child's child, started; answer_of() waits for its answer."""
+    return subprocess.Popen(
         argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=REPO
     )
+
+
+def answer_of(proc: subprocess.Popen[str]) -> str:
     assert proc.stdout is not None
     line = proc.stdout.readline()
     while line.startswith("["):
         line = proc.stdout.readline()
     if not line:
         proc.wait(timeout=30)
-        raise RuntimeError(f"{argv} exited with {proc.returncode} before it answered")
-    return proc, line.strip()
+        raise RuntimeError(f"{proc.args!r} exited with {proc.returncode} before it answered")
+    return line.strip()

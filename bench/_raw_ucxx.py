@@ -6,9 +6,14 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from _procs import answering_child
+
+# round_trips(data, n, warmup): n timed round trips of `data` after `warmup` untimed ones.
+RoundTrips = Callable[[Any, int, int], list[float]]
 
 
 def worker() -> tuple[Any, Any]:
@@ -46,6 +51,15 @@ def serve(buffer: Any) -> None:
 def ping(argv: list[str], env: dict[str, str], data: Any, n: int, warmup: int) -> list[float]:
     """Starts the child `argv` (which runs serve()), then times n round trips of `data`
     after `warmup` untimed ones."""
+    with pinging(argv, env) as round_trips:
+        return round_trips(data, n, warmup)
+
+
+@contextmanager
+def pinging(argv: list[str], env: dict[str, str]) -> Iterator[RoundTrips]:
+    """The child `argv` (which runs serve()) connected; round_trips(data, n, warmup) times
+    n round trips of `data` after `warmup` untimed ones, as often as called (data no
+    larger than the child's buffer)."""
     import numpy as np
     from ucxx._lib.arr import Array
 
@@ -57,14 +71,19 @@ def ping(argv: list[str], env: dict[str, str], data: Any, n: int, warmup: int) -
         proc.stdin.write(w.address.tobytes().hex() + "\n")
         proc.stdin.flush()
         ep = lib.UCXEndpoint.create_from_worker_address(w, peer, False)
-        payload, ack = Array(data), Array(np.empty(8, dtype=np.uint8))
-        times = []
-        for _ in range(n + warmup):
-            started = time.perf_counter()
-            reply = ep.tag_recv(ack, lib.UCXXTag(2))
-            wait(w, [ep.tag_send(payload, lib.UCXXTag(1)), reply])
-            times.append(time.perf_counter() - started)
-        return times[warmup:]
+        ack = Array(np.empty(8, dtype=np.uint8))
+
+        def round_trips(data: Any, n: int, warmup: int) -> list[float]:
+            payload = Array(data)
+            times = []
+            for _ in range(n + warmup):
+                started = time.perf_counter()
+                reply = ep.tag_recv(ack, lib.UCXXTag(2))
+                wait(w, [ep.tag_send(payload, lib.UCXXTag(1)), reply])
+                times.append(time.perf_counter() - started)
+            return times[warmup:]
+
+        yield round_trips
     finally:
         proc.kill()
         proc.wait(timeout=30)

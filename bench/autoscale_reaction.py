@@ -24,6 +24,9 @@ import threading
 import time
 import urllib.parse
 import urllib.request
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 
 from _common import REPO, median, record, table
@@ -31,7 +34,7 @@ from _common import REPO, median, record, table
 from omnipipe.local.ports import free_port
 from omnipipe.operator.autoscaler.policy import Decision, Observation, Policy, decide
 from omnipipe.operator.autoscaler.queries import SignalKind
-from tests.e2e.conftest import start_serve, write_pipeline
+from tests.e2e.conftest import Served, start_serve, write_pipeline
 from tests.harness.cluster import control_plane, service_account_kubeconfig
 from tests.harness.prometheus import prometheus
 
@@ -111,12 +114,20 @@ def main() -> int:
     args = parser.parse_args()
     interval = args.interval or (2.0 if args.quick else 15.0)
     rounds = args.rounds or (1 if args.quick else 3)
-    down_window = 10 if args.quick else 60
+    # --quick keeps the 20 s load step that the replayed HPA needs (its 15 s sync period,
+    # from every phase) and shortens the operator's scale-down window instead.
+    down_window = 5 if args.quick else 60
     load_seconds = 20 if args.quick else 60
     work = Path(tempfile.mkdtemp(prefix="omnipipe-bench-"))
 
     log(f"starting control plane, prometheus and workers in {work}")
-    with control_plane(work / "k8s", with_pods=True) as cluster, prometheus(work / "prom") as prom:
+    # One request at a time, so demand is a clean step, not a batch-shaped sawtooth.
+    react = write_pipeline(work, "react", transfer="tcp")
+    with (
+        serve_of(react, {"OMNIPIPE_WORKER_MAX_BATCH": "1"}, early=args.quick) as take_serve,
+        control_plane(work / "k8s", with_pods=True) as cluster,
+        prometheus(work / "prom") as prom,
+    ):
         kubectl = [str(cluster.bin_dir / "kubectl"), f"--kubeconfig={cluster.kubeconfig}"]
         subprocess.run(
             [
@@ -137,18 +148,21 @@ def main() -> int:
         subprocess.run(
             [*kubectl, "create", "namespace", NAMESPACE], check=True, capture_output=True
         )
-        # One request at a time, so demand is a clean step, not a batch-shaped sawtooth.
-        served = start_serve(
-            write_pipeline(work, "react", transfer="tcp"), env={"OMNIPIPE_WORKER_MAX_BATCH": "1"}
-        )
-        prom.set_targets(
-            [
-                {
-                    "targets": [served.workers["denoise-0"][0].removeprefix("http://")],
-                    "labels": {"namespace": NAMESPACE},
-                }
-            ]
-        )
+
+        def scraped_serve() -> Served:
+            served = take_serve()
+            prom.set_targets(
+                [
+                    {
+                        "targets": [served.workers["denoise-0"][0].removeprefix("http://")],
+                        "labels": {"namespace": NAMESPACE},
+                    }
+                ]
+            )
+            return served
+
+        # --quick: the operator starts and reconciles while the workers are still starting.
+        served = None if args.quick else scraped_serve()
         env = cluster.env(
             service_account_kubeconfig(cluster, "omnipipe-system", "omnipipe-operator")
         )
@@ -201,6 +215,7 @@ def main() -> int:
         ours: dict[str, list[float]] = {"up_decision": [], "up_ready": [], "down_decision": []}
         hpa: dict[str, list[float]] = {"up_decision": [], "down_decision": []}
         try:
+            served = served or scraped_serve()
             while replicas(kubectl, ".status.readyReplicas") != 1:
                 time.sleep(0.5)
             for r in range(rounds):
@@ -236,11 +251,13 @@ def main() -> int:
                 hpa_up, hpa_down = hpa_replay(series, t0, target, max_replicas)
                 hpa["up_decision"].append(hpa_up)
                 hpa["down_decision"].append(hpa_down - (t_stop - t0))
-                time.sleep(2)
+                if not args.quick or r < rounds - 1:  # --quick: no pause after the last
+                    time.sleep(2)
         finally:
             operator.terminate()
             operator.wait(timeout=30)
-            served.stop()
+            if served is not None:
+                served.stop()
 
     rows = {
         "up_decision_s": median(ours["up_decision"]),
@@ -291,6 +308,25 @@ def main() -> int:
         f"up_ratio={ratio_up:.2f}"
     )
     return 0
+
+
+@contextmanager
+def serve_of(pipeline: Path, env: dict[str, str], early: bool) -> Iterator[Callable[[], Served]]:
+    """take() gives a serve of `pipeline`, started when called, or (early: --quick) started
+    now in the background, beside what the caller starts next; if that one is never
+    taken, it is stopped on the way out."""
+    future = ThreadPoolExecutor(1).submit(start_serve, pipeline, env) if early else None
+    taken: list[Served] = []
+
+    def take() -> Served:
+        taken.append(future.result() if future else start_serve(pipeline, env=env))
+        return taken[-1]
+
+    try:
+        yield take
+    finally:
+        if future is not None and not taken and future.exception() is None:
+            future.result().stop()
 
 
 def _load(base_url: str, stop: threading.Event) -> None:

@@ -20,6 +20,7 @@ import tempfile
 from pathlib import Path
 
 from _common import REPO, record, table
+from _serves import serving
 from throughput import WORKLOADS, Row, measure
 
 
@@ -60,15 +61,17 @@ def main() -> None:
     repeats = 1 if args.quick else args.repeats
     load = [os.getloadavg()[0]]
     pairs: dict[str, tuple[dict[str, Row], dict[str, Row]]] = {}
-    with tempfile.TemporaryDirectory() as tmp:
+    names = [n for n in args.workloads.split(",") if n]
+    placements = [p for name in names for p in (name, f"{name}-colocated")]
+    texts = {p: WORKLOADS[p].manifest for p in placements} if args.quick else {}
+    with tempfile.TemporaryDirectory() as tmp, serving(Path(tmp), texts) as servers:
         work = Path(tmp)
-        for name in (n for n in args.workloads.split(",") if n):
+        for name in names:
             runs = []
             for placement in (name, f"{name}-colocated"):
                 print(f"{placement}:", flush=True)
-                runs.append(
-                    measure(REPO, work, WORKLOADS[placement], levels, repeats, args.quick, args.cap)
-                )
+                wl, server = WORKLOADS[placement], servers.take(placement)
+                runs.append(measure(REPO, work, wl, levels, repeats, args.quick, args.cap, server))
             pairs[name] = (runs[0], runs[1])
     load.append(os.getloadavg()[0])
     summary = report(pairs)

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from _common import record, table
+from _serves import serving
 
 if TYPE_CHECKING:
     from throughput import Level
@@ -163,23 +164,31 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     repeats = 1 if args.quick else args.repeats
-    requests = 2 if args.quick else 6
+    requests = 1 if args.quick else 6
     levels = [1, 4]
     results: dict[str, dict[int, Level]] = {}
     reused: dict[str, float] = {}
-    print(f"monolith (diffusers QwenImagePipeline, {SIZE}x{SIZE}, {STEPS} steps, CFG)", flush=True)
-    results["monolith"] = measure(monolith_call(), levels, requests, repeats)
     with tempfile.TemporaryDirectory(prefix="omnipipe-bench-") as directory:
-        for name, acceleration in VARIANTS.items():
-            print(name, flush=True)
-            path = Path(directory) / f"{len(results)}.yaml"
-            path.write_text(manifest(acceleration))
-            served = start_serve(path, timeout=300)
-            try:
-                results[name] = measure(served_call(served), levels, requests, repeats)
-                reused[name] = reused_share(served)
-            finally:
-                stop_cleanly(served)
+        # --quick: the variants' serves start together, and start while the monolith runs.
+        texts = {name: manifest(acceleration) for name, acceleration in VARIANTS.items()}
+        with serving(Path(directory), texts if args.quick else {}) as servers:
+            print(
+                f"monolith (diffusers QwenImagePipeline, {SIZE}x{SIZE}, {STEPS} steps, CFG)",
+                flush=True,
+            )
+            results["monolith"] = measure(monolith_call(), levels, requests, repeats)
+            for name, acceleration in VARIANTS.items():
+                print(name, flush=True)
+                served = servers.take(name)
+                if served is None:
+                    path = Path(directory) / f"{len(results)}.yaml"
+                    path.write_text(manifest(acceleration))
+                    served = start_serve(path, timeout=300)
+                try:
+                    results[name] = measure(served_call(served), levels, requests, repeats)
+                    reused[name] = reused_share(served)
+                finally:
+                    stop_cleanly(served)
     rows, recorded = [], {}
     for name, by_level in results.items():
         for c, level in by_level.items():

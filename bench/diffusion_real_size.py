@@ -377,7 +377,7 @@ def main() -> None:
                         help="default: bfloat16 on a GPU, float32 on the CPU")  # fmt: skip
     args = parser.parse_args()
     if args.quick:
-        args.side, args.steps = 128, 4
+        args.side, args.steps = 64, 4
     started = time.perf_counter()
     device = torch.device(args.device)
     dtype = getattr(torch, args.dtype or ("bfloat16" if device.type == "cuda" else "float32"))

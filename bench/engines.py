@@ -27,8 +27,9 @@ from typing import Any
 
 import openai
 from _common import median, record, table
+from _serves import serving
 
-from tests.e2e.conftest import start_serve
+from tests.e2e.conftest import Served, start_serve
 
 ENGINES = ("vllm", "transformers")
 LEVELS = (1, 4, 16)
@@ -76,12 +77,14 @@ class Plan:
 
 @dataclass(frozen=True)
 class Run:
-    """Concurrency levels; text-only requests (repeated, the median kept) and audio ones."""
+    """Concurrency levels; text-only requests (repeated, the median kept) and audio ones;
+    whether a request of each kind goes first, unmeasured."""
 
     levels: tuple[int, ...]
     text: Plan
     audio: Plan
     repeats: int
+    warm_up: bool = True
 
 
 @dataclass(frozen=True)
@@ -176,20 +179,27 @@ def p90(values: list[float]) -> float:
     return ordered[min(len(ordered) - 1, round(0.9 * (len(ordered) - 1)))]
 
 
-def measure_engine(work: Path, engine: str, run: Run) -> dict[str, dict[str, float]]:
-    path = work / f"{engine}.yaml"
-    path.write_text(manifest(engine))
-    t0 = time.monotonic()
-    served = start_serve(path, timeout=300)
-    print(f"{engine}: serve ready in {time.monotonic() - t0:.0f}s", flush=True)
+def measure_engine(
+    work: Path, engine: str, run: Run, served: Served | None = None
+) -> dict[str, dict[str, float]]:
+    """The engine's figures from `served`, or from a serve of its own; stops either."""
+    if served is None:
+        path = work / f"{engine}.yaml"
+        path.write_text(manifest(engine))
+        t0 = time.monotonic()
+        served = start_serve(path, timeout=300)
+        print(f"{engine}: serve ready in {time.monotonic() - t0:.0f}s", flush=True)
+    else:
+        print(f"{engine}:", flush=True)
     out: dict[str, dict[str, float]] = {}
     try:
         client = openai.OpenAI(
             base_url=served.base_url, api_key="unused", max_retries=0, timeout=300
         )
-        # The first request of each kind pays one-time costs (lazy imports, allocator).
-        text_tokens(client)
-        first_audio_s(client)
+        if run.warm_up:
+            # The first request of each kind pays one-time costs (lazy imports, allocator).
+            text_tokens(client)
+            first_audio_s(client)
         for c in run.levels:
             toks = [drive(lambda: text_tokens(client), c, run.text) for _ in range(run.repeats)]
             rps = drive(lambda: pipeline_request(client), c, run.audio)
@@ -304,14 +314,18 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="levels 1 and 4, few requests")
     args = parser.parse_args()
     if args.quick:
-        run = Run(levels=(1, 4), text=Plan(2, 2, 10.0), audio=Plan(1, 2, 5.0), repeats=1)
+        # A request per client at each level, no warm-up: the serves' start is most of it.
+        run = Run((1, 4), text=Plan(1, 1, 10.0), audio=Plan(1, 1, 5.0), repeats=1, warm_up=False)
     else:
         run = Run(levels=LEVELS, text=Plan(4, 8, 20.0), audio=Plan(2, 6, 20.0), repeats=3)
     results: dict[str, dict[str, dict[str, float]]] = {}
     load = [os.getloadavg()[0]]
     with tempfile.TemporaryDirectory(prefix="engines-") as tmp:
-        for engine in ENGINES:
-            results[engine] = measure_engine(Path(tmp), engine, run)
+        # --quick starts both serves together, then measures one at a time.
+        texts = {engine: manifest(engine) for engine in ENGINES} if args.quick else {}
+        with serving(Path(tmp), texts) as servers:
+            for engine in ENGINES:
+                results[engine] = measure_engine(Path(tmp), engine, run, servers.take(engine))
     load.append(os.getloadavg()[0])
     report(results, run, load, args.quick)
 

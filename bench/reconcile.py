@@ -170,7 +170,12 @@ def new_namespace(cluster: Cluster, namespace: str) -> None:
 
 
 def measure_operator(
-    cluster: Cluster, operator: OperatorProcess, n: int, work: Path, namespace: str
+    cluster: Cluster,
+    operator: OperatorProcess,
+    n: int,
+    work: Path,
+    namespace: str,
+    settle_s: float = 2.0,
 ) -> dict[str, float]:
     new_namespace(cluster, namespace)
     before_requests = dispatched(cluster).get(OPERATOR_SCHEMA, 0.0)
@@ -179,7 +184,7 @@ def measure_operator(
     cluster.kubectl("apply", "-n", namespace, "-f", "-", input=manifests(n, "p"), timeout=300)
     wait_until(lambda: ready_count(cluster, namespace) == n, 600 + 5 * n, f"{n} pipelines Ready")
     elapsed = time.monotonic() - started
-    time.sleep(2)  # let the last status writes land before reading the counters
+    time.sleep(settle_s)  # let the last status writes land before reading the counters
     requests = dispatched(cluster).get(OPERATOR_SCHEMA, 0.0) - before_requests
     return {
         "ready_s": elapsed,
@@ -263,10 +268,15 @@ def main() -> None:
             cluster.wait_crd_established("omnipipelines.omnipipe.io")
             cluster.kubectl("apply", "-f", str(REPO / "deploy/operator-rbac.yaml"))
             operator = OperatorProcess(cluster, work)
+            # --quick: no warm-up (the first run pays the operator's first watch events
+            # and caches), a shorter settle and no clean-up between runs: a smoke run
+            # checks that each figure is read, and its few pipelines do not slow the next.
+            settle_s = 0.5 if args.quick else 2.0
             try:
-                # Warm-up, not measured: the operator's first watch events and caches.
-                log("warm-up: one pipeline to Ready (not measured)")
-                measure_operator(cluster, operator, 1, work, "warm-up")
+                if not args.quick:
+                    # Warm-up, not measured: the operator's first watch events and caches.
+                    log("warm-up: one pipeline to Ready (not measured)")
+                    measure_operator(cluster, operator, 1, work, "warm-up")
                 for n in sizes:
                     runs = repeats if n <= MAX_REPEATED_N else 1
                     direct, ours = [], []
@@ -274,12 +284,14 @@ def main() -> None:
                         log(f"N={n} run {r + 1}/{runs}: direct apply of the rendered children ...")
                         direct.append(measure_direct(cluster, n, work, f"direct-{n}-{r}"))
                         log(f"N={n} run {r + 1}/{runs}: kubectl apply of {n} OmniPipelines ...")
-                        ours.append(measure_operator(cluster, operator, n, work, f"op-{n}-{r}"))
+                        ours.append(
+                            measure_operator(cluster, operator, n, work, f"op-{n}-{r}", settle_s)
+                        )
                         log(
                             f"    ready in {ours[-1]['ready_s']:.1f}s "
                             f"(direct {direct[-1]['ready_s']:.1f}s)"
                         )
-                        if n != sizes[-1] or r != runs - 1:
+                        if not args.quick and (n != sizes[-1] or r != runs - 1):
                             # Each run starts from the same cluster, not one that grew.
                             delete_namespaces(cluster, f"direct-{n}-{r}", f"op-{n}-{r}")
                     all_runs["direct"][str(n)], all_runs["omnipipe"][str(n)] = direct, ours

@@ -103,12 +103,14 @@ def measure(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="levels 1 and 4, one repeat")
-    parser.add_argument("--codes", type=int, default=64, help="talker codes per answer")
+    parser.add_argument("--codes", type=int, help="talker codes per answer (64; --quick 32)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--families", default=",".join(FAMILIES))
     args = parser.parse_args()
     levels = (1, 4) if args.quick else LEVELS
     repeats = 1 if args.quick else args.repeats
+    # --quick: still more than one 25-code chunk per answer, at half the steps.
+    codes = args.codes if args.codes is not None else (32 if args.quick else 64)
     torch.set_num_threads(1)
     results: dict[str, Any] = {}
     rows = []
@@ -119,12 +121,12 @@ def main() -> None:
         path = resolve_model_path(model)
         replies = replies_of(model, path, max(levels))
         print(f"{family}, transformers:", flush=True)
-        tf = measure(load(model, path, Role.TALKER), replies, levels, args.codes, repeats)
+        tf = measure(load(model, path, Role.TALKER), replies, levels, codes, repeats)
         print(f"{family}, vllm:", flush=True)
         # Kept to the end: a vLLM engine that shuts down takes vLLM's process-wide
         # parallel state with it, which the next family's engine runs on.
         engines.append(load(model, path, Role.TALKER, Engine.VLLM))
-        vllm = measure(engines[-1], replies, levels, args.codes, repeats)
+        vllm = measure(engines[-1], replies, levels, codes, repeats)
         results[family] = {"transformers": tf, "vllm": vllm}
         for level in levels:
             t, v = tf[str(level)], vllm[str(level)]
@@ -158,7 +160,7 @@ def main() -> None:
         )
     )
     print(f"torch threads: {results['torch_threads']}")
-    record("talker_engines", {**results, "codes": args.codes, "repeats": repeats}, args.quick)
+    record("talker_engines", {**results, "codes": codes, "repeats": repeats}, args.quick)
     print("talker_engines: " + " ".join(summary))
 
 

@@ -27,8 +27,6 @@ import contextlib
 import multiprocessing
 import os
 import re
-import shutil
-import subprocess
 import tempfile
 import threading
 import time
@@ -39,8 +37,9 @@ from typing import Any
 
 import openai
 from _common import REPO, median, record, table
+from _serves import serving, worktree
 
-from tests.e2e.conftest import start_serve
+from tests.e2e.conftest import Served, start_serve
 
 # The commit before the throughput work (issue 25): what "today" means in its targets.
 BASELINE_REF = "184d14f"
@@ -98,7 +97,7 @@ class Workload:
 
     def requests(self, concurrency: int, quick: bool) -> int:
         n = max(self.min_requests, self.requests_per_client * concurrency)
-        return max(concurrency, n // 4) if quick else n
+        return concurrency if quick else n  # quick: a request per client, for a smoke run
 
 
 WORKLOADS = {
@@ -237,19 +236,22 @@ def measure(
     repeats: int,
     quick: bool,
     cap_s: float,
+    server: Served | None = None,
 ) -> dict[str, Row]:
-    path = work / f"{wl.name}.yaml"
-    path.write_text(wl.manifest)
-    t0 = time.monotonic()
-    server = start_serve(path, timeout=300, code=code)
-    print(f"  {wl.name}: serve ready in {time.monotonic() - t0:.0f} s", flush=True)
+    """wl's rows from `server` (already started: --quick), or from a serve of its own."""
+    if server is None:
+        path = work / f"{wl.name}.yaml"
+        path.write_text(wl.manifest)
+        t0 = time.monotonic()
+        server = start_serve(path, timeout=300, code=code)
+        print(f"  {wl.name}: serve ready in {time.monotonic() - t0:.0f} s", flush=True)
     out: dict[str, Row] = {}
     try:
         client = openai.OpenAI(
             base_url=server.base_url, api_key="unused", max_retries=0, timeout=300
         )
         call = CALLS[wl.name]
-        for i in range(3):  # the first requests pay one-time costs (lazy imports, allocator)
+        for i in range(1 if quick else 3):  # first requests pay lazy imports, allocator
             call(client, 10_000 + i)
         for busy in (False, True):
             with busy_neighbour(busy):
@@ -279,23 +281,6 @@ def measure(
     finally:
         server.stop()
     return out
-
-
-@contextlib.contextmanager
-def worktree(ref: str) -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="omnipipe-baseline-"))
-    subprocess.run(
-        ["git", "-C", str(REPO), "worktree", "add", "--detach", str(path), ref],
-        check=True,
-        capture_output=True,
-    )
-    try:
-        yield path
-    finally:
-        subprocess.run(
-            ["git", "-C", str(REPO), "worktree", "remove", "--force", str(path)], check=False
-        )
-        shutil.rmtree(path, ignore_errors=True)
 
 
 TARGETS = """targets (issue 25): image c=4 >= 5x baseline img/s and p50 <= 140 ms, c=16 >= c=4,
@@ -366,11 +351,17 @@ def main() -> None:
     load = [os.getloadavg()[0]]
     ours: dict[str, dict[str, Row]] = {}
     base: dict[str, dict[str, Row]] | None = None
-    with tempfile.TemporaryDirectory() as tmp:
+    with (
+        tempfile.TemporaryDirectory() as tmp,
+        serving(
+            Path(tmp), {n: WORKLOADS[n].manifest for n in names} if args.quick else {}
+        ) as servers,
+    ):
         work = Path(tmp)
         for name in names:
             print(f"this checkout, {name}:", flush=True)
-            ours[name] = measure(REPO, work, WORKLOADS[name], levels, repeats, args.quick, args.cap)
+            wl, server = WORKLOADS[name], servers.take(name)
+            ours[name] = measure(REPO, work, wl, levels, repeats, args.quick, args.cap, server)
         if not args.no_baseline:
             base = {}
             anchors = {name: WORKLOADS[name].anchor or name for name in names}

@@ -21,7 +21,6 @@ pages, which CMA copies between processes at twice the speed of 4 KiB pages.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import re
@@ -30,6 +29,7 @@ import struct
 import subprocess
 import sys
 import time
+from contextlib import ExitStack
 from pathlib import Path
 
 # Before torch is first imported (it reads this once), here and in every child.
@@ -38,158 +38,20 @@ os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 import _nixl
 import _raw_ucxx
 from _common import REPO, median, record, table
-from _procs import answering_child
+from _handoff import KV_BLOCK_BYTES, KV_BLOCKS, WAKE_GAP, Receivers, idle_run, kv_run, omnipipe_run
 
 KIB, MIB = 1024, 1024 * 1024
 SIZES = {"4KiB": 4 * KIB, "1MiB": MIB, "64MiB": 64 * MIB}
 ITERATIONS = {"4KiB": 2000, "1MiB": 200, "64MiB": 20}
 QUICK_ITERATIONS = {"4KiB": 100, "1MiB": 10, "64MiB": 3}
+# Idle CPU is read over this long; a smoke run only checks that it is read.
+IDLE_SECONDS, QUICK_IDLE_SECONDS = 3.0, 0.5
 ENV = {**os.environ, "UCX_NET_DEVICES": "lo", "UCX_WARN_UNUSED_ENV_VARS": "n"}
 
 
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
-# ---- omnipipe backends --------------------------------------------------------------
-
-
-KV_BLOCKS, KV_BLOCK_BYTES = 256, 64 * KIB
-
-
-async def _serve_omnipipe(backend: str) -> None:
-    """Receiver process: print the address, then empty the mailbox in request order
-    (freeing the KV blocks each message brought into the block table)."""
-    from omnipipe.transfer import BlockTable, Mailbox, make_receiver
-
-    mailbox = Mailbox()
-    table = BlockTable(8 * KV_BLOCKS, KV_BLOCK_BYTES)  # room while the loop catches up
-    receiver = make_receiver(backend, mailbox, block_table=table)
-    await receiver.start()
-    print(receiver.address, flush=True)
-    i = 0
-    try:
-        while True:
-            message = await mailbox.get(f"r{i}")
-            table.free(message.block_ids)
-            mailbox.discard(f"r{i}")
-            i += 1
-    finally:
-        await receiver.close()
-
-
-async def _send_omnipipe(
-    backend: str, address: str, size: int, n: int, blocks: bool = False, gap: float = 0.0
-) -> list[float]:
-    """n hand-offs of `size` bytes: one tensor, or (blocks) KV_BLOCKS blocks picked at
-    random from a paged cache twice as large; `gap`: seconds idle before each."""
-    import torch
-
-    from omnipipe.transfer import Message, make_sender
-
-    sender = make_sender(backend)
-    payload = {"x": torch.randint(0, 256, (size,), dtype=torch.uint8)}
-    cache = torch.randint(0, 256, (4 * KV_BLOCKS, KV_BLOCK_BYTES), dtype=torch.uint8)
-    times = []
-    try:
-        for i in range(n):
-            if blocks:
-                picked = torch.randperm(len(cache))[:KV_BLOCKS].tolist()
-                message = Message(f"r{i}", "bench", {}, blocks=[cache[j] for j in picked])
-            else:
-                message = Message(f"r{i}", "bench", payload)
-            if gap:
-                await asyncio.sleep(gap)
-            started = time.perf_counter()
-            await sender.send(address, message)
-            times.append(time.perf_counter() - started)
-    finally:
-        await sender.close()
-    return times
-
-
-def _start_receiver(backend: str) -> tuple[subprocess.Popen[str], str]:
-    return answering_child([sys.executable, __file__, "--serve", backend], ENV)
-
-
-def kv_run(backend: str, n: int, blocks: bool) -> list[float]:
-    proc, address = _start_receiver(backend)
-    try:
-        size = KV_BLOCKS * KV_BLOCK_BYTES
-        times = asyncio.run(_send_omnipipe(backend, address, size, n + 3, blocks=blocks))
-        return times[3:]
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-
-
-def _cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-async def _idle_and_wake(backend: str, address: str, pid: int, n: int) -> dict[str, float]:
-    """Idle CPU of both ends over IDLE_SECONDS after a hand-off, then 4 KiB hand-offs
-    back to back (hot) and each after WAKE_GAP idle (cold): the difference is what
-    sleeping on the event fd costs the first message."""
-    import resource
-
-    import torch
-
-    from omnipipe.transfer import Message, make_sender
-
-    sender = make_sender(backend)
-    payload = {"x": torch.randint(0, 256, (4 * KIB,), dtype=torch.uint8)}
-    try:
-        for i in range(3):
-            await sender.send(address, Message(f"r{i}", "bench", payload))
-        usage = resource.getrusage(resource.RUSAGE_SELF)
-        own, theirs, started = usage.ru_utime + usage.ru_stime, _cpu_seconds(pid), time.monotonic()
-        await asyncio.sleep(IDLE_SECONDS)
-        usage = resource.getrusage(resource.RUSAGE_SELF)
-        elapsed = time.monotonic() - started
-        sender_cpu = (usage.ru_utime + usage.ru_stime - own) / elapsed
-        receiver_cpu = (_cpu_seconds(pid) - theirs) / elapsed
-        hot: list[float] = []
-        cold: list[float] = []
-        for i in range(3, 3 + 2 * n):
-            if i % 2:
-                await asyncio.sleep(WAKE_GAP)
-            started_send = time.perf_counter()
-            await sender.send(address, Message(f"r{i}", "bench", payload))
-            (cold if i % 2 else hot).append(time.perf_counter() - started_send)
-    finally:
-        await sender.close()
-    return {
-        "sender_idle_cpu": sender_cpu,
-        "receiver_idle_cpu": receiver_cpu,
-        "hot_p50_us": median(hot) * 1e6,
-        "after_idle_p50_us": median(cold) * 1e6,
-    }
-
-
-IDLE_SECONDS, WAKE_GAP = 3.0, 0.1
-
-
-def idle_run(backend: str, n: int) -> dict[str, float]:
-    proc, address = _start_receiver(backend)
-    try:
-        return asyncio.run(_idle_and_wake(backend, address, proc.pid, n))
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-
-
-def omnipipe_run(backend: str, size_name: str, n: int) -> list[float]:
-    proc, address = _start_receiver(backend)
-    try:
-        warmup = 3
-        times = asyncio.run(_send_omnipipe(backend, address, SIZES[size_name], n + warmup))
-        return times[warmup:]
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
 
 
 # ---- raw ucxx: the library's own ping-pong, no framing ---------------------------------
@@ -201,15 +63,21 @@ def _serve_raw_ucxx(size: int) -> None:
     _raw_ucxx.serve(np.empty(size, dtype=np.uint8))
 
 
-def raw_ucxx_run(size_name: str, n: int) -> list[float]:
-    """A hand-off's shape with nothing of ours: `size` random bytes one way, 8 back."""
+def _raw_ucxx_child(size: int) -> list[str]:
+    os.environ.update(UCX_NET_DEVICES="lo", UCX_WARN_UNUSED_ENV_VARS="n")  # this end too
+    return [sys.executable, __file__, "--serve", f"raw-ucxx:{size}"]
+
+
+def raw_ucxx_run(size_name: str, n: int, shared: _raw_ucxx.RoundTrips | None) -> list[float]:
+    """A hand-off's shape with nothing of ours: `size` random bytes one way, 8 back; to a
+    child of its own, or through `shared` (--quick: one child, its buffer the largest)."""
     import numpy as np
 
-    os.environ.update(UCX_NET_DEVICES="lo", UCX_WARN_UNUSED_ENV_VARS="n")  # this end too
     size = SIZES[size_name]
     data = np.random.default_rng(0).integers(0, 256, size, dtype=np.uint8)
-    argv = [sys.executable, __file__, "--serve", f"raw-ucxx:{size}"]
-    return _raw_ucxx.ping(argv, ENV, data, n, warmup=3)
+    if shared is not None:
+        return shared(data, n, 3)
+    return _raw_ucxx.ping(_raw_ucxx_child(size), ENV, data, n, warmup=3)
 
 
 def nixl_run(size: int, n: int) -> list[float]:
@@ -358,28 +226,39 @@ def main() -> None:
         size, n = (int(v) for v in args.serve.split(":")[1:])
         print("times", json.dumps(_nixl.run(__file__, size, n, ENV)), flush=True)
         os._exit(0)  # nixl_cu12 1.5.1 crashes tearing its agents down at exit
-    if args.serve:
-        asyncio.run(_serve_omnipipe(args.serve))
-        return
-    counts = QUICK_ITERATIONS if args.quick else ITERATIONS
+    with ExitStack() as stack:
+        receivers = Receivers(ENV, args.quick, ("ucx", "tcp"))
+        stack.callback(receivers.close)
+        raw = None
+        if args.quick:
+            # One raw-ucxx child for every size: its buffer takes the largest.
+            child = _raw_ucxx_child(max(SIZES.values()))
+            raw = stack.enter_context(_raw_ucxx.pinging(child, ENV))
+        measure_and_report(args.quick, args.rounds, receivers, raw)
+
+
+def measure_and_report(
+    quick: bool, rounds_of_each: int, receivers: Receivers, raw: _raw_ucxx.RoundTrips | None
+) -> None:
+    counts = QUICK_ITERATIONS if quick else ITERATIONS
     nixl = _nixl.available()
     if not nixl:
         print("no nixl row: nixl_cu12 does not import (see bench/_nixl.py)", flush=True)
     results: dict[str, dict[str, dict[str, float]]] = {}
     for size_name, n in counts.items():
         size = SIZES[size_name]
-        print(f"[{size_name}] {n} hand-offs per path, {args.rounds} round(s) ...", flush=True)
+        print(f"[{size_name}] {n} hand-offs per path, {rounds_of_each} round(s) ...", flush=True)
         rounds = [
             {
                 "memcpy": timed_row(memcpy_run(size_name, n), size),
                 "ucx_perftest": perftest_row(size_name, n),
-                "raw-ucxx": timed_row(raw_ucxx_run(size_name, n), size),
+                "raw-ucxx": timed_row(raw_ucxx_run(size_name, n, raw), size),
                 **({"nixl": timed_row(nixl_run(size, n), size)} if nixl else {}),
                 "socket": timed_row(socket_run(size_name, n), size),
-                "omnipipe-ucx": timed_row(omnipipe_run("ucx", size_name, n), size),
-                "omnipipe-tcp": timed_row(omnipipe_run("tcp", size_name, n), size),
+                "omnipipe-ucx": timed_row(omnipipe_run(receivers, "ucx", size, n), size),
+                "omnipipe-tcp": timed_row(omnipipe_run(receivers, "tcp", size, n), size),
             }
-            for _ in range(args.rounds)
+            for _ in range(rounds_of_each)
         ]
         results[size_name] = {
             path: {key: median([r[path][key] for r in rounds]) for key in rounds[0][path]}
@@ -404,11 +283,13 @@ def main() -> None:
     print()
     print(table(["size", "path", "GB/s", "p50 us", "p99 us", "vs memcpy", "GB/s vs anchor"], rows))
     print("(ucx_perftest p50 is 2x its tag_lat half-round-trip; its p99 is not reported)")
-    kv_n = 5 if args.quick else 40
+    kv_n = 5 if quick else 40
     print(f"[KV] {kv_n} hand-offs of {KV_BLOCKS} scattered {KV_BLOCK_BYTES // KIB} KiB blocks ...")
     kv_size = KV_BLOCKS * KV_BLOCK_BYTES
     kv = {
-        f"{backend}-{shape}": timed_row(kv_run(backend, kv_n, shape == "blocks"), kv_size)
+        f"{backend}-{shape}": timed_row(
+            kv_run(receivers, backend, kv_n, shape == "blocks"), kv_size
+        )
         for backend in ("ucx", "tcp")
         for shape in ("blocks", "contiguous")
     }
@@ -426,8 +307,8 @@ def main() -> None:
             ],
         )
     )
-    idle_n = 5 if args.quick else 30
-    idle = {backend: idle_run(backend, idle_n) for backend in ("ucx", "tcp")}
+    idle_n, idle_s = (5, QUICK_IDLE_SECONDS) if quick else (30, IDLE_SECONDS)
+    idle = {backend: idle_run(receivers, backend, idle_n, idle_s) for backend in ("ucx", "tcp")}
     print(
         table(
             ["idle", "sender CPU", "receiver CPU", "4KiB hot p50 us", f"after {WAKE_GAP}s idle"],
@@ -443,7 +324,7 @@ def main() -> None:
             ],
         )
     )
-    record("transfer", {**results, "kv-16MiB": kv, "idle": idle}, args.quick)
+    record("transfer", {**results, "kv-16MiB": kv, "idle": idle}, quick)
     summary = {
         f"{path.replace('omnipipe-', '')}_{size_name.lower()}_{key}": paths[path][key]
         for size_name, paths in results.items()
