@@ -69,9 +69,15 @@ def run_tier(tier: str, pytest_args: list[str]) -> tuple[int, float]:
     try:
         rc = proc.wait()
     finally:
-        if proc.poll() is None:  # the runner was stopped: so is its tier
-            proc.terminate()
-            proc.wait()
+        if proc.poll() is None:
+            # The runner was stopped: so is its tier, as by Ctrl-C, so that its fixtures'
+            # teardowns stop the control plane, the node and the serves it started.
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
     return rc, time.monotonic() - started
 
 
