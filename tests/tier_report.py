@@ -88,8 +88,23 @@ class TierRecorder:
         if report.failed:
             self.outcomes["errors"] += 1
 
+    def counts(self, config: pytest.Config) -> tuple[dict[str, int], int]:
+        """The outcomes as pytest's own summary line counts them (a plugin's sub-reports,
+        schemathesis's generated cases, are not tests of their own there), and the number
+        of tests: a fixture's error in setup stands for its test, one in teardown does not."""
+        terminal = config.pluginmanager.get_plugin("terminalreporter")
+        if terminal is None:
+            return dict(self.outcomes), sum(self.outcomes.values())
+        names = {"error": "errors", **{k: k for k in ("passed", "failed", "skipped")}}
+        names |= {"xfailed": "xfailed", "xpassed": "xpassed"}
+        stats = {key: reports for key, reports in terminal.stats.items() if key in names}
+        outcomes = {names[key]: len(reports) for key, reports in stats.items() if reports}
+        teardown_errors = sum(1 for r in stats.get("error", []) if r.when == "teardown")
+        return outcomes, sum(outcomes.values()) - teardown_errors
+
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         slowest = sorted(self.seconds.items(), key=lambda kv: kv[1], reverse=True)[:SLOWEST]
+        outcomes, tests = self.counts(session.config)
         self.folder.mkdir(parents=True, exist_ok=True)
         (self.folder / f"{self.tier}.json").write_text(
             json.dumps(
@@ -97,8 +112,8 @@ class TierRecorder:
                     "tier": self.tier,
                     "wall_s": round(time.monotonic() - self.started, 1),
                     "exitstatus": int(exitstatus),
-                    "collected": session.testscollected,
-                    "outcomes": dict(self.outcomes),
+                    "collected": tests,
+                    "outcomes": outcomes,
                     "slowest": [[nodeid, round(s, 1)] for nodeid, s in slowest],
                 },
                 indent=1,
