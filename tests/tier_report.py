@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections import Counter, defaultdict
+from collections import defaultdict
 from collections.abc import Generator
 from pathlib import Path
 
@@ -55,13 +55,12 @@ def pytest_runtest_makereport(
     report = outcome.get_result()
     if not (report.skipped and skips_fail_here()) or hasattr(report, "wasxfail"):
         return
-    if tier_of(item.path) not in NO_SKIP_TIERS:
-        return
-    if any(item.get_closest_marker(m) for m in EXEMPT_MARKERS):
+    tier = tier_of(item.path)
+    if tier not in NO_SKIP_TIERS or any(item.get_closest_marker(m) for m in EXEMPT_MARKERS):
         return
     report.outcome = "failed"
     report.longrepr = (
-        f"skipped under CI=true, which no {tier_of(item.path)} test may: {_reason(report)}\n"
+        f"skipped under CI=true, which no {tier} test may: {_reason(report)}\n"
         "(`make test` sets everything up; a skip here means a set-up step is missing or "
         "broken on this machine)"
     )
@@ -72,29 +71,17 @@ class TierRecorder:
         self.folder, self.tier = folder, tier
         self.started = time.monotonic()
         self.seconds: dict[str, float] = defaultdict(float)
-        self.outcomes: Counter[str] = Counter()
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         self.seconds[report.nodeid] += report.duration
-        if hasattr(report, "wasxfail"):
-            if report.when == "call" or report.skipped:
-                self.outcomes["xfailed" if report.skipped else "xpassed"] += 1
-        elif report.when == "call" or (report.when == "setup" and report.skipped):
-            self.outcomes[report.outcome] += 1
-        elif report.failed:  # in a fixture's setup or teardown: pytest's "error"
-            self.outcomes["errors"] += 1
-
-    def pytest_collectreport(self, report: pytest.CollectReport) -> None:
-        if report.failed:
-            self.outcomes["errors"] += 1
 
     def counts(self, config: pytest.Config) -> tuple[dict[str, int], int]:
         """The outcomes as pytest's own summary line counts them (a plugin's sub-reports,
         schemathesis's generated cases, are not tests of their own there), and the number
         of tests: a fixture's error in setup stands for its test, one in teardown does not."""
         terminal = config.pluginmanager.get_plugin("terminalreporter")
-        if terminal is None:
-            return dict(self.outcomes), sum(self.outcomes.values())
+        if terminal is None:  # -p no:terminal: nothing counted them
+            return {}, 0
         names = {"error": "errors", **{k: k for k in ("passed", "failed", "skipped")}}
         names |= {"xfailed": "xfailed", "xpassed": "xpassed"}
         stats = {key: reports for key, reports in terminal.stats.items() if key in names}
