@@ -65,3 +65,11 @@ CREDENTIAL_ENV: Final = "OMNIPIPE_PIPELINE_CREDENTIAL"
 VIDEO_STORE_ENV: Final = "OMNIPIPE_ROUTER_VIDEO_STORE"
 CREDENTIAL_HEADER: Final = "X-Omnipipe-Credential"
 CREDENTIAL_SECRET_KEY: Final = "credential"
+
+# How long the router and the workers keep an idle HTTP connection open. A client that
+# keeps one longer than its server does can send a request on a connection the server
+# is closing that instant, and the request fails as if the replica had died: so the
+# router's pool to the workers lets one go well before a worker would, and the servers
+# outlast the common clients (httpx 5 s, aiohttp 15 s, a cloud load balancer's 60 s).
+SERVER_KEEP_ALIVE_SECONDS: Final = 75
+UPSTREAM_KEEP_ALIVE_SECONDS: Final = 30

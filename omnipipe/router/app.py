@@ -22,7 +22,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
 from omnipipe.api import ResolvedPipeline
-from omnipipe.api.constants import CREDENTIAL_HEADER
+from omnipipe.api.constants import CREDENTIAL_HEADER, UPSTREAM_KEEP_ALIVE_SECONDS
 from omnipipe.api.families import makes_video
 from omnipipe.api.loading import new_versions
 from omnipipe.api.tracing import make_tracer
@@ -150,7 +150,9 @@ def build_app(pipeline: ResolvedPipeline, settings: RouterSettings) -> FastAPI:
         follower = asyncio.create_task(follow_pipeline_file())
         credential = settings.pipeline_credential
         orchestrator.session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=4096, limit_per_host=0),
+            connector=aiohttp.TCPConnector(
+                limit=4096, limit_per_host=0, keepalive_timeout=UPSTREAM_KEEP_ALIVE_SECONDS
+            ),
             headers={CREDENTIAL_HEADER: credential} if credential else None,
         )
         if videos is not None:

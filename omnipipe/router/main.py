@@ -7,6 +7,7 @@ import logging
 
 import uvicorn
 
+from omnipipe.api.constants import SERVER_KEEP_ALIVE_SECONDS
 from omnipipe.api.loading import load_pipeline
 from omnipipe.router.app import build_app
 from omnipipe.router.settings import RouterSettings
@@ -24,4 +25,10 @@ def run_router(settings: RouterSettings) -> None:
     # (bench/router_overhead.py). Peak memory under that load did not change.
     gc.set_threshold(100_000, 10, 10)
     app = build_app(load_pipeline(settings.pipeline_file), settings)
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level="warning")
+    uvicorn.run(
+        app,
+        host=settings.host,
+        port=settings.port,
+        log_level="warning",
+        timeout_keep_alive=SERVER_KEEP_ALIVE_SECONDS,
+    )

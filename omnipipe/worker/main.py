@@ -9,6 +9,7 @@ from pathlib import Path
 import uvicorn
 from fastapi import FastAPI
 
+from omnipipe.api.constants import SERVER_KEEP_ALIVE_SECONDS
 from omnipipe.api.loading import load_pipeline
 from omnipipe.api.placement import workloads
 from omnipipe.worker.group import build_group_app
@@ -61,6 +62,7 @@ def run_worker(settings: WorkerSettings) -> None:
             host=settings.host,
             port=settings.port,
             log_level="warning",
+            timeout_keep_alive=SERVER_KEEP_ALIVE_SECONDS,
             timeout_graceful_shutdown=int(settings.drain_timeout_seconds),
         )
     )

@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 import urllib.request
+from collections.abc import Generator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,6 +27,8 @@ from omnipipe.local.ports import free_port
 REPO = Path(__file__).resolve().parents[2]
 READY_LINE = re.compile(r"\[\d+/\d+\] (\S+) ready at (\S+) \(pid (\d+)\)")
 RESTART_LINE = re.compile(r"omnipipe: (\S+) exited with code \S+; restarting as pid (\d+)")
+# How much of a running serve's output a failed test's report carries.
+REPORTED_LINES = 120
 
 
 @dataclass
@@ -58,6 +61,8 @@ class Served:
         raise AssertionError(f"none of {names} started a request within {timeout}s")
 
     def stop(self) -> None:
+        with contextlib.suppress(ValueError):
+            RUNNING.remove(self)
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGINT)  # Ctrl-C, as a user stops it
             try:
@@ -71,6 +76,24 @@ class Served:
             self.pump.join(timeout=30)
         if self.proc.stdout is not None and (self.pump is None or not self.pump.is_alive()):
             self.proc.stdout.close()
+
+
+# Every serve started and not yet stopped: a failing test's report shows their output.
+RUNNING: list[Served] = []
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, None]:
+    """A test that fails beside a running serve carries the tail of its output (the
+    workers' logs, a worker's exit code and restart), which a CI log otherwise lacks."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed:
+        for served in RUNNING:
+            tail = "".join(served.output[-REPORTED_LINES:])
+            report.sections.append((f"omnipipe serve at {served.base_url}", tail))
 
 
 def start_serve(
@@ -104,6 +127,7 @@ def start_serve(
         env={**os.environ, "UCX_NET_DEVICES": "lo", **pythonpath, **(env or {})},
     )
     served = Served(proc, f"http://127.0.0.1:{port}/v1")
+    RUNNING.append(served)
     ready = threading.Event()
 
     def pump() -> None:

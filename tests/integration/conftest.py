@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from omnipipe.local.ports import free_port
+from tests.e2e.conftest import pytest_runtest_makereport  # noqa: F401  (serve output on failure)
 from tests.harness.cluster import Cluster, control_plane, service_account_kubeconfig
 
 REPO = Path(__file__).resolve().parents[2]

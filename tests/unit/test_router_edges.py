@@ -10,11 +10,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from omnipipe.api import load_file, resolve
+from omnipipe.api.constants import SERVER_KEEP_ALIVE_SECONDS, UPSTREAM_KEEP_ALIVE_SECONDS
 from omnipipe.router.api.chat import ChatPlan, ChatRequest
 from omnipipe.router.api.images import parse_size
 from omnipipe.router.app import build_app
@@ -253,3 +255,17 @@ def test_extreme_image_values_are_400(client: TestClient, fields: dict[str, Any]
         "/v1/images/generations", content=body, headers={"content-type": "application/json"}
     )
     openai_error(resp, 400)
+
+
+def test_idle_connections_close_on_the_client_side_first() -> None:
+    """A client that keeps an idle connection longer than its server does can send a
+    request the instant the server closes it, and the request fails as a lost replica
+    (a CI run saw 'stage thinker failed: its replica went away' from uvicorn's 5 s
+    against aiohttp's 15 s). The router's pool to the workers lets one go first, and
+    the servers outlast the common clients' defaults."""
+    assert UPSTREAM_KEEP_ALIVE_SECONDS < SERVER_KEEP_ALIVE_SECONDS
+    openai_client_expiry = httpx.Limits(max_connections=1).keepalive_expiry  # httpx's default
+    assert openai_client_expiry is not None
+    assert openai_client_expiry < SERVER_KEEP_ALIVE_SECONDS
+    load_balancer_idle_seconds = 60  # a cloud load balancer's default (AWS's ALB)
+    assert load_balancer_idle_seconds < SERVER_KEEP_ALIVE_SECONDS
