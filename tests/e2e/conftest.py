@@ -14,7 +14,7 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Generator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,6 +23,7 @@ import pytest
 from PIL import Image
 
 from omnipipe.local.ports import free_port
+from tests.e2e.omni_variants import VARIANTS, Variant
 
 REPO = Path(__file__).resolve().parents[2]
 READY_LINE = re.compile(r"\[\d+/\d+\] (\S+) ready at (\S+) \(pid (\d+)\)")
@@ -183,6 +184,25 @@ def stop_cleanly(served: Served) -> None:
     assert served.proc.returncode == 0, "".join(served.output[-30:])
     time.sleep(0.5)
     assert pids_alive(pids) == [], "omnipipe serve left orphan processes"
+
+
+@pytest.fixture(scope="session", params=list(VARIANTS), ids=list(VARIANTS))
+def omni_variant(request: pytest.FixtureRequest) -> Variant:
+    return VARIANTS[str(request.param)]
+
+
+@pytest.fixture(scope="session")
+def omni_served(
+    tmp_path_factory: pytest.TempPathFactory, omni_variant: Variant
+) -> Iterator[Served]:
+    """One serve of a tiny Qwen-Omni variant for every module that asks for it: pytest
+    runs those modules' tests of one variant together, and stops the serve before it
+    starts the next variant's, so one is running at a time (each costs ~30 s to start)."""
+    manifest = tmp_path_factory.mktemp("omni") / f"{omni_variant.pipeline}.yaml"
+    manifest.write_text(omni_variant.manifest())
+    served = start_serve(manifest)
+    yield served
+    stop_cleanly(served)
 
 
 @pytest.fixture(scope="module")

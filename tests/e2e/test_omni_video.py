@@ -8,33 +8,23 @@ import base64
 import io
 import wave
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import openai
 import pytest
 
-from tests.e2e.conftest import Served, start_serve, stop_cleanly
-from tests.e2e.test_omni import AUDIO, MODEL, THINKER_TOKENS, VARIANTS, Variant
+from tests.e2e.conftest import Served
+from tests.e2e.omni_variants import AUDIO, MODEL, THINKER_TOKENS
 from tests.videos import data_url, make_video
 
 pytestmark = pytest.mark.timeout(300)
 
 
-@pytest.fixture(scope="module", params=list(VARIANTS), ids=list(VARIANTS))
-def variant(request: pytest.FixtureRequest) -> Variant:
-    return VARIANTS[str(request.param)]
-
-
-@pytest.fixture(scope="module")
-def client(tmp_module: Path, variant: Variant) -> Iterator[openai.OpenAI]:
-    manifest = tmp_module / f"{variant.pipeline}.yaml"
-    manifest.write_text(variant.manifest())
-    served: Served = start_serve(manifest)
-    c = openai.OpenAI(base_url=served.base_url, api_key="unused", max_retries=0)
+@pytest.fixture
+def client(omni_served: Served) -> Iterator[openai.OpenAI]:
+    c = openai.OpenAI(base_url=omni_served.base_url, api_key="unused", max_retries=0)
     yield c
     c.close()
-    stop_cleanly(served)
 
 
 def video_messages(url: str) -> list[dict[str, Any]]:
