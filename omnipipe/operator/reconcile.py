@@ -30,7 +30,6 @@ from omnipipe.operator.planner import (
     ObservedDeployment,
     Rollout,
     child_key,
-    compute_status,
     initial_replicas,
     orphans,
     plan_rollout,
@@ -38,6 +37,7 @@ from omnipipe.operator.planner import (
 )
 from omnipipe.operator.settings import OperatorSettings
 from omnipipe.operator.stall import ObservedPod
+from omnipipe.operator.status_rollup import compute_status
 from omnipipe.operator.uninstalled import uninstalled_pipeline_type, uninstalled_status
 from omnipipe.operator.weights_status import ObservedFetch, fetch_stall, model_cached
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from omnipipe.api.families import installed_summary, pipeline_type_names
 from omnipipe.api.status import Condition, ConditionStatus, OmniPipelineStatus
-from omnipipe.operator.planner import condition
+from omnipipe.operator.status_rollup import condition
 
 REASON = "PipelineTypeNotInstalled"
 

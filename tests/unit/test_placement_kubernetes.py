@@ -12,8 +12,9 @@ from omnipipe.api import parse_resource, resolve
 from omnipipe.api.revision import pipeline_revision
 from omnipipe.api.status import ConditionStatus
 from omnipipe.operator.builders import build_children, build_context
-from omnipipe.operator.planner import ObservedDeployment, compute_status, plan_rollout
+from omnipipe.operator.planner import ObservedDeployment, plan_rollout
 from omnipipe.operator.settings import OperatorSettings
+from omnipipe.operator.status_rollup import compute_status
 from omnipipe.router.discovery import DnsDiscovery
 
 GROUPED = {"mode": "colocated", "groups": [{"name": "pixels", "stages": ["denoise", "decode"]}]}

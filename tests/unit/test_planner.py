@@ -8,12 +8,12 @@ from omnipipe.api.revision import pipeline_revision
 from omnipipe.api.status import ConditionStatus
 from omnipipe.operator.planner import (
     ObservedDeployment,
-    compute_status,
     initial_replicas,
     orphans,
     plan_rollout,
     revision_children,
 )
+from omnipipe.operator.status_rollup import compute_status
 
 PIPELINE = resolve(
     parse_resource(

@@ -11,8 +11,9 @@ from omnipipe.api import constants as k
 from omnipipe.api import parse_resource, resolve
 from omnipipe.api.revision import pipeline_revision
 from omnipipe.api.status import ConditionStatus
-from omnipipe.operator.planner import ObservedDeployment, compute_status, plan_rollout
+from omnipipe.operator.planner import ObservedDeployment, plan_rollout
 from omnipipe.operator.stall import ObservedPod, StallPolicy
+from omnipipe.operator.status_rollup import compute_status
 from omnipipe.operator.weights_status import FetchFailure, ObservedFetch, fetch_stall
 
 
