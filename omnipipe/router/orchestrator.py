@@ -7,8 +7,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from collections.abc import AsyncGenerator, Callable, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncGenerator, Iterable
 from typing import Any, cast
 
 import aiohttp
@@ -17,19 +16,18 @@ from opentelemetry import trace
 from omnipipe.api import ResolvedPipeline
 from omnipipe.api.revision import pipeline_revision
 from omnipipe.api.roles import Role
-from omnipipe.api.tracing import TRACEPARENT, traceparent_of
-from omnipipe.api.wire import Destination, StageEvent, SubmitRequest
-from omnipipe.router.errors import (
-    BadRequest,
-    GatewayTimeout,
-    OpenAIError,
-    Overloaded,
-    StageUnavailable,
-    relayed_message,
-)
+from omnipipe.api.tracing import traceparent_of
+from omnipipe.api.wire import Destination, SubmitRequest
+from omnipipe.router.errors import GatewayTimeout, Overloaded, StageUnavailable
 from omnipipe.router.metrics import RouterMetrics
+from omnipipe.router.outputs import Output, OutputPart, Progress, StageDone
 from omnipipe.router.replicas import Replica, ReplicaPool
-from omnipipe.router.stage_events import PartAssembler, StreamBroken, event_stream
+from omnipipe.router.stage_calls import (
+    ReplicaDeclined,
+    cancel_request,
+    first_failure,
+    stream_stage,
+)
 
 log = logging.getLogger(__name__)
 # Events a request holds between its stage streams and its client. Bounded, so a slow
@@ -37,73 +35,10 @@ log = logging.getLogger(__name__)
 SINK_EVENTS = 16
 
 
-# What hears a stepped stage's progress: (stage, steps done, steps in all).
-Progress = Callable[[str, int, int], None]
-
 # How many times a request is planned again on other replicas when one it chose never
 # took it (gone, or draining), before any output: a rollout or a scale-down retires
 # replicas the router may still have picked in the second before its next poll.
 REPLANS = 2
-
-
-class StageFailed(OpenAIError):
-    status, type = 500, "server_error"
-
-
-class ReplicaDeclined(StageUnavailable):
-    """The chosen replica never took the request: it refused the connection, or answered
-    the submission with 503 (loading or draining). Nothing ran there, so the request
-    may be planned again."""
-
-
-class ReplicaLost(StageUnavailable):
-    """A replica's stream broke mid-request (its connection dropped or timed out). When
-    an upstream stage's replica dies, a downstream stream can break in the same moment:
-    the client hears the upstream one, the cause."""
-
-
-# How long a stage's lost stream waits for a stage upstream of it to fail too.
-ROOT_CAUSE_GRACE_SECONDS = 0.5
-
-
-def _error_for(stage: str, event: StageEvent) -> OpenAIError:
-    """A worker's error event as the router's own errors are shaped: a 400 names the
-    field (`param`) the worker named, as the router's checks do."""
-    message = relayed_message(event.message)
-    if event.code == "invalid_request":
-        return BadRequest(message, param=event.param or None)
-    if event.code == "timeout":
-        return GatewayTimeout(message, code=event.code)
-    if event.code == "stage_unavailable":
-        return StageUnavailable(message, code=event.code)
-    return StageFailed(f"stage {stage} failed: {message}", code=event.code or None)
-
-
-@dataclass(frozen=True)
-class Output:
-    """One user-visible result event of a request: which stage made it, and what. From
-    stream_parts(), data leaves out the fields that came before it as OutputParts."""
-
-    stage: str
-    data: dict[str, Any]
-    index: int = 0
-
-
-@dataclass(frozen=True)
-class OutputPart:
-    """A piece of a long string field (key) of a result still arriving."""
-
-    stage: str
-    index: int
-    key: str
-    text: str
-
-
-@dataclass(frozen=True)
-class StageDone:
-    """A stage finished this request (from stream_parts(..., stage_done=True))."""
-
-    stage: str
 
 
 class Orchestrator:
@@ -249,93 +184,6 @@ class Orchestrator:
             chosen[stage.name] = replica
         return chosen
 
-    async def _events(
-        self,
-        stage: str,
-        replica: Replica,
-        submit: SubmitRequest,
-        sink: asyncio.Queue[Output | OutputPart | StageDone],
-        whole: bool,
-        traceparent: str,
-        on_progress: Progress | None,
-        limit_seconds: float,
-    ) -> None:
-        assert self.session is not None
-        parts = PartAssembler()
-        trace_headers = {TRACEPARENT: traceparent} if traceparent else {}
-        try:
-            async with self.session.post(
-                f"{replica.url}/v1/requests",
-                # Left out when off: a worker of an older version forbids the field.
-                data=submit.model_dump_json(exclude=None if submit.progress else {"progress"}),
-                # W3C trace context rides as the HTTP header: a worker that predates
-                # tracing ignores it (the body's model forbids unknown fields).
-                headers={"content-type": "application/json", **trace_headers},
-                timeout=aiohttp.ClientTimeout(
-                    total=None, sock_connect=5.0, sock_read=limit_seconds
-                ),
-            ) as resp:
-                if resp.status != 200:
-                    body = (await resp.content.read(500)).decode(errors="replace")
-                    log.warning("stage %s at %s: HTTP %d %s", stage, replica.url, resp.status, body)
-                    refused = ReplicaDeclined if resp.status == 503 else StageUnavailable
-                    if resp.status == 503:
-                        self.pool.mark_down(replica)
-                    raise refused(f"stage {stage} refused the request (HTTP {resp.status})")
-                async for event in event_stream(resp.content):
-                    if event.type == "part":
-                        if whole:
-                            parts.add(event)
-                        else:
-                            await sink.put(OutputPart(stage, event.index, event.key, event.text))
-                    elif event.type == "result":
-                        data = parts.complete(event) if whole else event.data
-                        await sink.put(Output(stage, data, event.index))
-                    elif event.type == "progress":
-                        if on_progress is not None:
-                            on_progress(stage, int(event.data["step"]), int(event.data["steps"]))
-                    elif event.type == "error":
-                        raise _error_for(stage, event)
-                    else:
-                        await sink.put(StageDone(stage))
-                        return
-        except OpenAIError:
-            raise
-        # The client hears which stage and what happened; the replica's address and the
-        # exception's repr go to the log only.
-        except StreamBroken as exc:
-            log.warning("stage %s at %s sent %s", stage, replica.url, exc)
-            self.pool.mark_down(replica)
-            raise StageFailed(f"stage {stage} sent {exc}") from exc
-        except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
-            log.warning("stage %s at %s unreachable: %r", stage, replica.url, exc)
-            self.pool.mark_down(replica)
-            raise ReplicaDeclined(f"stage {stage} failed: its replica went away") from exc
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            log.warning("stage %s at %s failed: %r", stage, replica.url, exc)
-            self.pool.mark_down(replica)
-            raise ReplicaLost(f"stage {stage} failed: its replica went away") from exc
-        except Exception as exc:
-            # Whatever else reading the stream raises, the client gets a clean error.
-            log.exception("reading stage %s from %s failed", stage, replica.url)
-            self.pool.mark_down(replica)
-            raise StageFailed(f"stage {stage} failed while streaming its result") from exc
-        log.warning("stage %s at %s closed the stream early", stage, replica.url)
-        self.pool.mark_down(replica)
-        raise StageUnavailable(f"stage {stage} closed the stream early")
-
-    async def _cancel(self, request_id: str, chosen: dict[str, Replica]) -> None:
-        async def one(replica: Replica) -> None:
-            assert self.session is not None
-            with contextlib.suppress(aiohttp.ClientError, TimeoutError):
-                async with self.session.post(
-                    f"{replica.url}/v1/requests/{request_id}/cancel",
-                    timeout=aiohttp.ClientTimeout(total=2.0),
-                ):
-                    pass
-
-        await asyncio.gather(*(one(r) for r in chosen.values()))
-
     async def stream(
         self,
         params: dict[str, dict[str, Any]],
@@ -409,6 +257,8 @@ class Orchestrator:
         # The span the router's middleware made current for this request.
         traceparent = traceparent_of(trace.get_current_span())
         chosen = await self._choose(stages)
+        session = self.session
+        assert session is not None
         sink: asyncio.Queue[Output | OutputPart | StageDone] = asyncio.Queue(SINK_EVENTS)
         tasks: list[asyncio.Task[None]] = []
         getter: asyncio.Future[Output | OutputPart | StageDone] | None = None
@@ -434,15 +284,17 @@ class Orchestrator:
                 )
                 tasks.append(
                     asyncio.create_task(
-                        self._events(
+                        stream_stage(
+                            session,
+                            self.pool,
                             name,
                             chosen[name],
                             submit,
                             sink,
-                            whole,
-                            traceparent,
-                            on_progress,
-                            timeout,
+                            whole=whole,
+                            traceparent=traceparent,
+                            on_progress=on_progress,
+                            limit_seconds=timeout,
                         )
                     )
                 )
@@ -461,7 +313,7 @@ class Orchestrator:
                 getter = getter or asyncio.ensure_future(sink.get())
                 waits: set[asyncio.Future[Any]] = {getter, *(t for t in tasks if not t.done())}
                 await asyncio.wait(waits, timeout=left, return_when=asyncio.FIRST_COMPLETED)
-                if failed := await _first_failure(tasks):
+                if failed := await first_failure(tasks):
                     raise failed
                 if getter.done():
                     item, getter = getter.result(), None
@@ -478,18 +330,6 @@ class Orchestrator:
             if getter is not None:
                 getter.cancel()
             if not finished:
-                await asyncio.shield(self._cancel(request_id, chosen))
+                await asyncio.shield(cancel_request(session, request_id, chosen.values()))
             for replica in chosen.values():
                 replica.dispatched -= 1
-
-
-async def _first_failure(tasks: Sequence[asyncio.Task[None]]) -> BaseException | None:
-    """The failure of the most upstream stage (tasks are in pipeline order), or None. A
-    lost stream first gives the stages upstream of it a moment to fail as well."""
-    failed = [t for t in tasks if t.done() and t.exception() is not None]
-    if not failed:
-        return None
-    upstream = [t for t in tasks[: tasks.index(failed[0])] if not t.done()]
-    if upstream and isinstance(failed[0].exception(), ReplicaLost):
-        await asyncio.wait(upstream, timeout=ROOT_CAUSE_GRACE_SECONDS)
-    return next(t.exception() for t in tasks if t.done() and t.exception() is not None)

@@ -21,7 +21,8 @@ from omnipipe.api.wire import StageEvent, SubmitRequest
 from omnipipe.router.discovery import StaticDiscovery
 from omnipipe.router.errors import StageUnavailable
 from omnipipe.router.metrics import RouterMetrics
-from omnipipe.router.orchestrator import Orchestrator, Output
+from omnipipe.router.orchestrator import Orchestrator
+from omnipipe.router.outputs import Output
 from omnipipe.router.replicas import ReplicaPool
 
 PIPELINE = resolve(

@@ -39,7 +39,8 @@ from omnipipe.router.api.images import parse_size
 from omnipipe.router.api.inputs import check_processor_kwargs, check_sampling, check_token_range
 from omnipipe.router.api.messages import MESSAGE_SCHEMA, thinker_messages
 from omnipipe.router.errors import BadRequest, OpenAIError
-from omnipipe.router.orchestrator import Orchestrator, Output
+from omnipipe.router.orchestrator import Orchestrator
+from omnipipe.router.outputs import Output
 
 AUDIO_EXPIRES_SECONDS = 3600
 

@@ -38,7 +38,8 @@ from omnipipe.router.api.common import (
 from omnipipe.router.api.images import ImageGenerationRequest, image_params
 from omnipipe.router.api.messages import MESSAGE_SCHEMA
 from omnipipe.router.errors import BadRequest, OpenAIError
-from omnipipe.router.orchestrator import Orchestrator, Output, OutputPart, StageDone
+from omnipipe.router.orchestrator import Orchestrator
+from omnipipe.router.outputs import Output, OutputPart, StageDone
 
 log = logging.getLogger(__name__)
 Modality = Literal["text", "audio", "image"]

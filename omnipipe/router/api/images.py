@@ -29,7 +29,8 @@ from omnipipe.router.api.common import (
     with_family_checks,
 )
 from omnipipe.router.errors import BadRequest, OpenAIError
-from omnipipe.router.orchestrator import Orchestrator, Output, OutputPart
+from omnipipe.router.orchestrator import Orchestrator
+from omnipipe.router.outputs import Output, OutputPart
 
 log = logging.getLogger(__name__)
 # Bounded digits: int() of a side with thousands of digits is slow, then refused.
