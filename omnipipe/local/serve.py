@@ -11,7 +11,8 @@ from types import FrameType
 from omnipipe.api import ResolvedPipeline
 from omnipipe.api.placement import workloads
 from omnipipe.local.reload import workload_replicas
-from omnipipe.local.supervisor import Loader, Supervisor
+from omnipipe.local.rollout import Loader
+from omnipipe.local.supervisor import Supervisor
 
 
 def serve(

@@ -22,9 +22,9 @@ from typing import Any, Literal
 import httpx
 import yaml
 
-from omnipipe.client_types import OmniError, error_of
+from omnipipe.client.types import OmniError, error_of
 
-# The supervisor's closing line for one reload (omnipipe/local/supervisor.py).
+# The supervisor's closing line for one reload (omnipipe/local/rollout.py).
 RELOADED = ("omnipipe: reloaded:", "omnipipe: no change;")
 NOT_RELOADED = ("omnipipe: reload failed,", "omnipipe: reload refused,")
 RELOAD_TIMEOUT_SECONDS = 600.0

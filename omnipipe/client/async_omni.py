@@ -1,71 +1,35 @@
-"""The Python API, shaped like vLLM-Omni's `AsyncOmni` and `Omni`:
-
-    async with AsyncOmni(model="tiny://qwen2.5-omni") as omni:
-        async for out in omni.generate("hello", output_modalities=["text", "audio"]):
-            print(out.stage, out.final_output_type, out.text or len(out.audio), out.finished)
-
-`AsyncOmni(model=...)` or `AsyncOmni(stage_configs_path=FILE)` starts the pipeline on this
-machine (`omnipipe serve`: the router and the stage workers as processes);
-`AsyncOmni(base_url=...)` attaches to a running router or a cluster's endpoint. Either
-way a request takes the router's path through the stage workers (/v1/omni/generate),
-not a second engine in this process."""
+"""AsyncOmni: the asynchronous client, shaped like vLLM-Omni's `AsyncOmni`. It starts
+the pipeline on this machine or attaches to a running router; its requests stream from
+the router's /v1/omni/generate."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
-import shutil
-import signal
-import socket
 import subprocess
-import sys
-import tempfile
-import threading
 import time
 import uuid
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
-from typing import IO, Any, TypeVar
+from typing import Any
 
 import httpx
 
-from omnipipe.client_control import ControlCalls, own_pipeline_file
-from omnipipe.client_types import DuplicateRequestId as DuplicateRequestId
-from omnipipe.client_types import Modality as Modality
-from omnipipe.client_types import OmniError as OmniError
-from omnipipe.client_types import OmniRequestOutput as OmniRequestOutput
-from omnipipe.client_types import OmniResult as OmniResult
-from omnipipe.client_types import error_from, error_of, output_of
-from omnipipe.router.api.audio import wav_bytes
+from omnipipe.client.control import ControlCalls, own_pipeline_file
+from omnipipe.client.local_serve import exit_error, free_port, start_serve, stop_serve
+from omnipipe.client.types import (
+    DuplicateRequestId,
+    Modality,
+    OmniError,
+    OmniRequestOutput,
+    error_from,
+    error_of,
+    output_of,
+)
 
 Prompt = str | list[dict[str, Any]] | dict[str, Any]
-T = TypeVar("T")
-STOP_SECONDS = 60.0
-
-
-def _free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
-def _stop(proc: subprocess.Popen[bytes], log: IO[bytes], folder: Path | None) -> None:
-    """SIGTERM to `omnipipe serve` (it drains and stops its workers), SIGKILL to its
-    whole process group if it has not gone within STOP_SECONDS."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(STOP_SECONDS)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    log.close()
-    if folder is not None:
-        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _prompt_fields(prompt: Prompt) -> dict[str, Any]:
@@ -107,23 +71,12 @@ class AsyncOmni(ControlCalls):
                 raise ValueError("give model, stage_configs_path (a pipeline file) or base_url")
             # Its own file, which add_lora and remove_lora change and reload.
             self._pipeline_file, folder = own_pipeline_file(model, stage_configs_path)
-            port = port or _free_port(host)
-            # Kept open for the process's life (closed by _stop): the serve log, read back
-            # when the pipeline fails to start.
-            log = tempfile.NamedTemporaryFile(  # noqa: SIM115
-                prefix="omnipipe-serve-", suffix=".log", delete=False
-            )
+            port = port or free_port(host)
+            self._proc, log = start_serve(self._pipeline_file, host, port)
             self._log_path = Path(log.name)
-            command = [sys.executable, "-m", "omnipipe.cli", "serve", str(self._pipeline_file)]
-            self._proc = subprocess.Popen(
-                [*command, "--host", host, "--port", str(port)],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
             # The pipeline's processes never outlive this object, even if shutdown() is
             # never called.
-            self._finalizer = weakref.finalize(self, _stop, self._proc, log, folder)
+            self._finalizer = weakref.finalize(self, stop_serve, self._proc, log, folder)
             base_url = f"http://{host}:{port}"
         self.base_url = base_url.rstrip("/").removesuffix("/v1")
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -144,10 +97,9 @@ class AsyncOmni(ControlCalls):
         return self._errored is not None or self._process_error() is not None
 
     def _process_error(self) -> OmniError | None:
-        if self._proc is None or self._closed or self._proc.poll() is None:
+        if self._proc is None or self._closed:
             return None
-        tail = self._log_path.read_text(errors="replace")[-2000:] if self._log_path else ""
-        return OmniError(f"omnipipe serve exited with status {self._proc.returncode}:\n{tail}")
+        return exit_error(self._proc, self._log_path)
 
     async def check_health(self) -> None:
         """Raises OmniError unless every stage has a ready replica."""
@@ -314,90 +266,3 @@ class AsyncOmni(ControlCalls):
 
     async def __aexit__(self, *exc: object) -> None:
         await self.shutdown()
-
-
-class Omni:
-    """The synchronous form: Omni(...).generate([...]) returns every request's whole
-    result. It runs an AsyncOmni on an event loop of its own."""
-
-    def __init__(self, *args: Any, ready_timeout: float = 600.0, **kwargs: Any) -> None:
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
-        self._thread.start()
-
-        async def make() -> AsyncOmni:
-            return AsyncOmni(*args, **kwargs)
-
-        self._omni = self._run(make())
-        try:
-            self._run(self._omni.wait_ready(ready_timeout))
-        except BaseException:
-            self.shutdown()
-            raise
-
-    def _run(self, work: Awaitable[T]) -> T:
-        async def wrapped() -> T:
-            return await work
-
-        return asyncio.run_coroutine_threadsafe(wrapped(), self._loop).result()
-
-    def generate(
-        self,
-        prompts: Prompt | Sequence[Prompt],
-        sampling_params_list: Sequence[dict[str, Any] | None] | dict[str, Any] | None = None,
-        output_modalities: Sequence[Modality] | None = None,
-        **params: Any,
-    ) -> list[OmniResult]:
-        """One result per prompt, the prompts run concurrently. A list of chat messages
-        is one prompt; pass [messages] for it in a batch."""
-        batch: list[Prompt] = (
-            list(prompts)
-            if isinstance(prompts, list) and prompts and not _is_message(prompts[0])
-            else [prompts]  # type: ignore[list-item]
-        )
-
-        async def one(prompt: Prompt) -> OmniResult:
-            result = OmniResult(request_id=uuid.uuid4().hex)
-            pcm, rate = bytearray(), 0
-            async for out in self._omni.generate(
-                prompt, result.request_id, sampling_params_list, output_modalities, **params
-            ):
-                result.outputs.append(out)
-                result.text += out.text
-                pcm += out.audio
-                rate = out.sample_rate or rate
-                if out.image:
-                    result.images.append(out.image)
-            if pcm:
-                result.audio_wav = wav_bytes(bytes(pcm), rate)
-            return result
-
-        async def every() -> list[OmniResult]:
-            return list(await asyncio.gather(*(one(p) for p in batch)))
-
-        return self._run(every())
-
-    def check_health(self) -> None:
-        self._run(self._omni.check_health())
-
-    @property
-    def is_running(self) -> bool:
-        return self._omni.is_running
-
-    def shutdown(self) -> None:
-        if self._loop.is_running():
-            if hasattr(self, "_omni"):
-                self._run(self._omni.shutdown())
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join()
-            self._loop.close()
-
-    def __enter__(self) -> Omni:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.shutdown()
-
-
-def _is_message(item: object) -> bool:
-    return isinstance(item, dict) and "role" in item
