@@ -21,14 +21,13 @@ from omnipipe.transfer.auth import HANDSHAKE_TIMEOUT_SECONDS, REFUSED
 from omnipipe.transfer.base import (
     ACCEPTED,
     BlockTableFull,
-    Message,
     Outcome,
     Verdict,
-    stamp_received,
 )
 from omnipipe.transfer.codec import MAX_HEADER, CodecError, decode_frame_header
 from omnipipe.transfer.frames import block_bytes, declared_bytes, message_from
 from omnipipe.transfer.mailbox import Charge, MailboxFull
+from omnipipe.transfer.message import Message, stamp_received
 from omnipipe.transfer.tcp import ACK, ListeningReceiver, _recv_bytes
 from omnipipe.transfer.ucx import (
     _CONN,
