@@ -9,7 +9,6 @@ from omnipipe.transfer.auth import CREDENTIAL_ENV, TransferRefused
 from omnipipe.transfer.base import (
     BlockTable,
     BlockTableFull,
-    Message,
     Receiver,
     Sender,
     TransferStats,
@@ -23,6 +22,7 @@ from omnipipe.transfer.mailbox import (
     Mailbox,
     MailboxFull,
 )
+from omnipipe.transfer.message import Message
 
 __all__ = [
     "CHECK_ALIASING_ENV",

@@ -1,4 +1,5 @@
-"""The transfer interface every backend implements (the mailbox: transfer/mailbox.py)."""
+"""The transfer interface every backend implements (the message: transfer/message.py;
+the mailbox: transfer/mailbox.py)."""
 
 from __future__ import annotations
 
@@ -6,47 +7,18 @@ import asyncio
 import enum
 import functools
 import logging
-import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from omnipipe.transfer.auth import TransferRefused, credential_key
-
-if TYPE_CHECKING:
-    from omnipipe.transfer.mailbox import Mailbox
+from omnipipe.transfer.mailbox import Mailbox
+from omnipipe.transfer.message import Message
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class Message:
-    """One chunk of one request's output, from one stage to the next."""
-
-    request_id: str
-    source: str
-    tensors: dict[str, torch.Tensor]
-    chunk: int = 0
-    final: bool = True
-    meta: dict[str, Any] = field(default_factory=dict)
-    # KV blocks (paged-cache layout): sent, each a contiguous tensor of the same size,
-    # from wherever they lie; received, views of the receiver's BlockTable rows that
-    # the transport wrote straight into, with their ids in `block_ids`.
-    blocks: list[torch.Tensor] = field(default_factory=list)
-    block_ids: list[int] = field(default_factory=list)
-    # What gives back a received message's KV rows if the mailbox drops it unread (its
-    # request cancelled or expired); a consumer that takes it frees them itself.
-    on_drop: Callable[[], None] | None = field(default=None, repr=False, compare=False)
-    # Received: (start, end) of its receipt, wall-clock nanoseconds, which a worker's trace
-    # shows as the request's transfer-in. Local: never sent, never compared.
-    received_ns: tuple[int, int] | None = field(default=None, repr=False, compare=False)
-
-    @property
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.tensors.values())
 
 
 class BlockTableFull(Exception):
@@ -93,15 +65,6 @@ class BlockTable:
 
     def rows(self, ids: list[int]) -> list[torch.Tensor]:
         return [self.storage[i] for i in ids]
-
-
-def stamp_received(message: Message, started: float) -> float:
-    """Records in the message when its receipt (begun at perf_counter() `started`) ran;
-    returns its seconds."""
-    seconds = time.perf_counter() - started
-    end = time.time_ns()
-    message.received_ns = (end - int(seconds * 1e9), end)
-    return seconds
 
 
 @dataclass

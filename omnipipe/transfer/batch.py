@@ -15,9 +15,10 @@ from typing import Any
 
 import msgpack
 
-from omnipipe.transfer.base import ACCEPTED, Message, Outcome, Verdict
+from omnipipe.transfer.base import ACCEPTED, Outcome, Verdict
 from omnipipe.transfer.codec import CodecError
 from omnipipe.transfer.mailbox import Charge, Mailbox, MailboxFull
+from omnipipe.transfer.message import Message
 
 BATCHED = b"\x17"
 _LEN = struct.Struct("!I")

@@ -7,8 +7,8 @@ from typing import Any
 
 import torch
 
-from omnipipe.transfer.base import Message
 from omnipipe.transfer.codec import CodecError, rebuild, tensor_bytes, tensor_spec
+from omnipipe.transfer.message import Message
 
 
 def frame_header(

@@ -15,7 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from omnipipe.transfer.auth import TransferRefused
-from omnipipe.transfer.base import SEND_ALONE, Message, Outcome, Sender, Verdict
+from omnipipe.transfer.base import SEND_ALONE, Outcome, Sender, Verdict
+from omnipipe.transfer.message import Message
 
 
 @dataclass

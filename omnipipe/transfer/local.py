@@ -26,14 +26,13 @@ from omnipipe.transfer.aliasing import CHECK_ALIASING_ENV, AliasingCheck
 from omnipipe.transfer.auth import TransferRefused
 from omnipipe.transfer.base import (
     ACCEPTED,
-    Message,
     Outcome,
     Sender,
     TransferStats,
     Verdict,
-    stamp_received,
 )
 from omnipipe.transfer.mailbox import Charge, Mailbox, MailboxFull
+from omnipipe.transfer.message import Message, stamp_received
 
 
 @dataclass(frozen=True)

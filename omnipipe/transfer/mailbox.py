@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from omnipipe.transfer.base import Message
+from omnipipe.transfer.message import Message
 
 # Unclaimed inputs: data may arrive before its submission, but the router submits to
 # every stage at once, so inputs nobody asked for within this long belong to a request

@@ -27,14 +27,12 @@ from omnipipe.transfer.auth import (
 from omnipipe.transfer.base import (
     ACCEPTED,
     BlockTableFull,
-    Message,
     Outcome,
     Receiver,
     Sender,
     TransferStats,
     Verdict,
     split_address,
-    stamp_received,
 )
 from omnipipe.transfer.codec import (
     MAX_HEADER,
@@ -51,6 +49,7 @@ from omnipipe.transfer.frames import (
     message_from,
 )
 from omnipipe.transfer.mailbox import Charge, MailboxFull
+from omnipipe.transfer.message import Message, stamp_received
 
 ACK = b"\x06"
 # Large socket buffers: each event-loop wakeup moves more bytes, which is what limits an

@@ -50,9 +50,10 @@ import torch
 
 from omnipipe.transfer import batch, ucx_worker
 from omnipipe.transfer.auth import HANDSHAKE_TIMEOUT_SECONDS, REFUSED, TransferRefused, prove_peer
-from omnipipe.transfer.base import Message, Outcome, Sender, Verdict, split_address
+from omnipipe.transfer.base import Outcome, Sender, Verdict, split_address
 from omnipipe.transfer.codec import MAX_HEADER, CodecError, encode_header
 from omnipipe.transfer.frames import frame_header
+from omnipipe.transfer.message import Message
 from omnipipe.transfer.tcp import ACK, _recv_bytes, _tune
 from omnipipe.transfer.ucx_worker import PeerGone, UcxWorker, array
 

@@ -651,9 +651,9 @@ async def test_ucx_a_message_that_cannot_be_built_is_refused_and_the_next_one_ar
 ) -> None:
     """An error building a landed message (a device without room, say) refuses it with
     the reason; the receiver's poller keeps going and the connection stays usable."""
-    from omnipipe.transfer import TransferRefused, ucx_receiver
+    from omnipipe.transfer import TransferRefused, ucx_landing
 
-    real = ucx_receiver.message_from
+    real = ucx_landing.message_from
     failures = iter([RuntimeError("CUDA out of memory")])
 
     def flaky(*args: object, **kwargs: object) -> Message:
@@ -661,7 +661,7 @@ async def test_ucx_a_message_that_cannot_be_built_is_refused_and_the_next_one_ar
             raise exc
         return real(*args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(ucx_receiver, "message_from", flaky)
+    monkeypatch.setattr(ucx_landing, "message_from", flaky)
     mailbox = Mailbox()
     receiver = make_receiver("ucx", mailbox)
     await receiver.start()
