@@ -55,7 +55,8 @@ def stage_order(spec: StageGraph) -> list[str]:
 def check_stage_graph(spec: StageGraph) -> None:
     """Raise ValueError naming the field when the stage graph is invalid.
 
-    The same rules are CEL rules of the CRD (see ``omnipipe.api.crd``).
+    The same rules are CEL rules of the CRD (``omnipipe.api.crd_rules`` and
+    ``omnipipe.api.crd_placement_rules``).
     """
     if spec.pipeline not in pipeline_type_names():
         raise ValueError(
