@@ -4,9 +4,9 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from omnipipe.api.adapters import ADAPTER_ROLES
+from omnipipe.api.adapters import ADAPTER_ROLES, Adapter
 from omnipipe.api.families import (
     CUSTOM,
     PipelineType,
@@ -16,11 +16,23 @@ from omnipipe.api.families import (
     pipeline_type_names,
     pipeline_types,
 )
-from omnipipe.api.placement import IMPLICIT_GROUP
+from omnipipe.api.placement_spec import IMPLICIT_GROUP, Placement
 from omnipipe.api.roles import Engine, Role
+from omnipipe.api.stage_spec import Stage
 
-if TYPE_CHECKING:
-    from omnipipe.api.spec import OmniPipelineSpec
+
+class StageGraph(Protocol):
+    """What these rules read of a spec; OmniPipelineSpec is one. A protocol, not the spec
+    itself: the spec's validator runs these rules, so this module sits below it."""
+
+    @property
+    def pipeline(self) -> str: ...
+    @property
+    def stages(self) -> Sequence[Stage]: ...
+    @property
+    def adapters(self) -> Sequence[Adapter]: ...
+    @property
+    def placement(self) -> Placement | None: ...
 
 
 def pipeline_for_checkpoint(kinds: Sequence[str]) -> str | None:
@@ -34,16 +46,17 @@ def default_stage_names(pipeline: str) -> tuple[str, ...]:
     return known.stage_names if known else ()
 
 
-def stage_order(spec: OmniPipelineSpec) -> list[str]:
+def stage_order(spec: StageGraph) -> list[str]:
     """Default stages in their defined order, then added stages in list order."""
     defaults = default_stage_names(spec.pipeline)
     return [*defaults, *(s.name for s in spec.stages if s.name not in defaults)]
 
 
-def check_stage_graph(spec: OmniPipelineSpec) -> None:
+def check_stage_graph(spec: StageGraph) -> None:
     """Raise ValueError naming the field when the stage graph is invalid.
 
-    The same rules are CEL rules of the CRD (see ``omnipipe.api.crd``).
+    The same rules are CEL rules of the CRD (``omnipipe.api.crd_rules`` and
+    ``omnipipe.api.crd_placement_rules``).
     """
     if spec.pipeline not in pipeline_type_names():
         raise ValueError(
@@ -81,7 +94,7 @@ def check_stage_graph(spec: OmniPipelineSpec) -> None:
                 )
 
 
-def _check_adapters(spec: OmniPipelineSpec) -> None:
+def _check_adapters(spec: StageGraph) -> None:
     known = pipeline_types().get(spec.pipeline)
     roles: dict[str, Role | None] = {s.name: s.role for s in known.stages} if known else {}
     roles.update({s.name: s.role or roles.get(s.name) for s in spec.stages})
@@ -108,7 +121,7 @@ def _check_adapters(spec: OmniPipelineSpec) -> None:
             )
 
 
-def _check_acceleration(spec: OmniPipelineSpec) -> None:
+def _check_acceleration(spec: StageGraph) -> None:
     known = pipeline_types().get(spec.pipeline)
     roles = {s.name: s.role for s in known.stages} if known else {}
     for stage in spec.stages:
@@ -127,7 +140,7 @@ def _check_acceleration(spec: OmniPipelineSpec) -> None:
             )
 
 
-def placement_groups(spec: OmniPipelineSpec) -> list[tuple[str, list[str], int]]:
+def placement_groups(spec: StageGraph) -> list[tuple[str, list[str], int]]:
     """(name, stages, replicas) of each colocated group; none when disaggregated."""
     placement = spec.placement
     if placement is None or placement.mode != "colocated":
@@ -146,7 +159,7 @@ def placement_groups(spec: OmniPipelineSpec) -> list[tuple[str, list[str], int]]
     ]
 
 
-def _check_placement(spec: OmniPipelineSpec) -> None:
+def _check_placement(spec: StageGraph) -> None:
     placement = spec.placement
     if placement is None:
         return
@@ -206,6 +219,7 @@ __all__ = [
     "CUSTOM",
     "PipelineType",
     "StageDefaults",
+    "StageGraph",
     "check_stage_graph",
     "default_stage_names",
     "pipeline_for_checkpoint",

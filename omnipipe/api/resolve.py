@@ -23,20 +23,9 @@ from omnipipe.api.constants import DEFAULT_DENOISER_BATCH_WAIT_MS, DEFAULT_MAX_B
 from omnipipe.api.families import StageDefaults, pipeline_types
 from omnipipe.api.pipelines import placement_groups, stage_order
 from omnipipe.api.resource import OmniPipeline
-from omnipipe.api.spec import (
-    Autoscaling,
-    Engine,
-    EnvVar,
-    MediaLimits,
-    Metric,
-    Role,
-    Router,
-    Stage,
-    Toleration,
-    Tracing,
-    Transfer,
-    Videos,
-)
+from omnipipe.api.roles import Engine, Role
+from omnipipe.api.spec import Router, Tracing, Transfer, Videos
+from omnipipe.api.stage_spec import Autoscaling, EnvVar, MediaLimits, Metric, Stage, Toleration
 
 TINY_SCHEME = "tiny://"
 DEFAULT_TARGETS = {

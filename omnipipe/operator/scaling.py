@@ -14,7 +14,7 @@ from typing import Any
 from omnipipe.api import parse_resource, resolve
 from omnipipe.api.names import stage_deployment_name
 from omnipipe.api.revision import pipeline_revision
-from omnipipe.api.spec import ScalingMode
+from omnipipe.api.stage_spec import ScalingMode
 from omnipipe.api.status import Condition, ConditionStatus
 from omnipipe.operator.autoscaler.policy import (
     Decision,

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from omnipipe.api.spec import Autoscaling, Metric
+from omnipipe.api.stage_spec import Autoscaling, Metric
 from omnipipe.operator.autoscaler.policy import Observation, Policy, Recommendation, decide
 from omnipipe.operator.autoscaler.queries import SignalKind, signal_queries
 

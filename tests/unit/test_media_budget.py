@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from PIL import Image
 
-from omnipipe.api.spec import MediaLimits
+from omnipipe.api.stage_spec import MediaLimits
 from omnipipe.router.api.audio import wav_bytes
 from omnipipe.worker.stages.base import StageInputError
 from omnipipe.worker.stages.media import MediaBudget, charge_media
@@ -95,7 +95,7 @@ def test_malformed_messages_are_left_to_the_conversation_checks() -> None:
 def test_limits_are_a_spec_field_with_bounds() -> None:
     from pydantic import ValidationError
 
-    from omnipipe.api.spec import Stage
+    from omnipipe.api.stage_spec import Stage
 
     stage = Stage.model_validate({"name": "thinker", "media": {"maxImages": 2}})
     assert stage.media is not None

@@ -13,7 +13,8 @@ import torch
 from PIL import Image
 
 from omnipipe.api.resolve import ResolvedPipeline
-from omnipipe.api.spec import MediaLimits, Role
+from omnipipe.api.spec import Role
+from omnipipe.api.stage_spec import MediaLimits
 from omnipipe.families.bagel.config import understanding_image_tokens
 from omnipipe.families.bagel.think import conversation
 from omnipipe.families.qwen_omni.thinker import ThinkerStage

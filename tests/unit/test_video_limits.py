@@ -13,7 +13,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from omnipipe.api.spec import MediaLimits, Role
+from omnipipe.api.spec import Role
+from omnipipe.api.stage_spec import MediaLimits
 from omnipipe.families.qwen_omni.thinker import ThinkerStage
 from omnipipe.worker.models.tiny import resolve_model_path
 from omnipipe.worker.stages import video as video_module

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from omnipipe.api.spec import Autoscaling, Metric
+from omnipipe.api.stage_spec import Autoscaling, Metric
 
 
 class SignalKind(StrEnum):

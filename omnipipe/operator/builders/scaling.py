@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from omnipipe.api import ResolvedStage
 from omnipipe.api.names import stage_deployment_name, stage_labels, stage_object_name
-from omnipipe.api.spec import ScalingMode
+from omnipipe.api.stage_spec import ScalingMode
 from omnipipe.operator.autoscaler.queries import SignalKind, signal_queries
 from omnipipe.operator.builders.common import Manifest, object_meta
 from omnipipe.operator.builders.context import BuildContext

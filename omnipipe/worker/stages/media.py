@@ -14,7 +14,7 @@ from collections.abc import Mapping
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from omnipipe.api.spec import MediaLimits
+from omnipipe.api.stage_spec import MediaLimits
 from omnipipe.worker.stages.base import StageInputError
 
 MAX_AUDIO_SECONDS = 300

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from omnipipe.api.spec import MediaLimits
+from omnipipe.api.stage_spec import MediaLimits
 from omnipipe.worker.stages.base import StageInputError
 from omnipipe.worker.stages.media import MediaBudget
 
