@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.harness.alert_rules import CHART, THRESHOLDS, check_rules, file_rules
 from tests.harness.cluster import BIN, K8S_VERSION
-from tests.unit.test_alerts import CHART, THRESHOLDS, check_rules, file_rules
 
 pytestmark = pytest.mark.integration
 HELM = BIN / "helm"

@@ -6,12 +6,10 @@ Go-built helm: tests/integration/test_chart_alerts.py."""
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
@@ -19,18 +17,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from omnipipe.operator.metrics import OperatorMetrics
 from omnipipe.router.metrics import RouterMetrics
 from omnipipe.worker.metrics import WorkerMetrics
+from tests.harness.alert_rules import CHART, RULES, THRESHOLDS, check_rules, file_rules, promtool
 
 REPO = Path(__file__).resolve().parents[2]
-CHART = REPO / "charts/omnipipe"
-RULES = CHART / "files/alerts.yaml"
 RUNBOOKS = REPO / "docs/runbooks.md"
 PROMTOOL_TESTS = sorted((Path(__file__).parent / "alerts").glob("*.test.yaml"))
-# The values that set a threshold, each with its default (the literal in RULES' expr).
-THRESHOLDS = {
-    "OmnipipeEngineStalled": ("engineStallSeconds", "300"),
-    "OmnipipeQueueWaitHigh": ("queueWaitObjectiveSeconds", "10"),
-    "OmnipipeErrorRatioHigh": ("errorRatio", "0.05"),
-}
 # Labels the chart's PodMonitor adds to every series it scrapes; `exported_namespace` is
 # the operator's own `namespace` label, renamed by that scrape.
 TARGET_LABELS = {"namespace", "pod", "container", "endpoint", "job", "instance"}
@@ -40,18 +31,6 @@ GROUPING = re.compile(r"\b(?:by|on|without|ignoring)\s*\(([^)]*)\)")
 MATCHER = re.compile(r"([a-z_]+)\s*(?:=~|!~|!=|=)\s*\"")
 QUOTED = re.compile(r'"[^"]*"')
 TEMPLATE_LABEL = re.compile(r"\$labels\.([a-z_]+)")
-
-
-def promtool() -> str:
-    path = shutil.which("promtool")
-    if path is None:
-        pytest.skip("promtool not found: Debian's prometheus package has it (make system-deps)")
-    return path
-
-
-def file_rules() -> dict[str, Any]:
-    loaded: dict[str, Any] = yaml.safe_load(RULES.read_text())
-    return loaded
 
 
 def alerts() -> list[dict[str, Any]]:
@@ -83,14 +62,6 @@ def exported_labels() -> dict[str, set[str]]:
             for sample in family.samples:
                 labels.setdefault(sample.name, set()).update(sample.labels)
     return {name: found for name, found in labels.items() if name.startswith("omnipipe_")}
-
-
-def check_rules(path: Path) -> str:
-    proc = subprocess.run(
-        [promtool(), "check", "rules", str(path)], capture_output=True, text=True, timeout=60
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return proc.stdout
 
 
 def test_promtool_checks_the_rules() -> None:
