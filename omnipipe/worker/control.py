@@ -132,7 +132,7 @@ class StageControl:
 
     async def _settled(self, runtime: StageRuntime, action: str) -> None:
         """Closes the gate and waits for the admitted requests to finish."""
-        runtime.admitting.clear()
+        runtime.pause_admission()
         if not await runtime.wait_none_admitted(self._settle_seconds):
             self._reopen(runtime)
             raise ControlRefused(
@@ -143,14 +143,14 @@ class StageControl:
 
     def _reopen(self, runtime: StageRuntime) -> None:
         if self.paused is None:
-            runtime.admitting.set()
+            runtime.resume_admission()
 
     # ---- pause -------------------------------------------------------------------------
     async def pause(self, mode: PauseMode) -> dict[str, Any]:
         runtime = self._loaded()
         async with self._lock:
             self.paused = mode
-            runtime.admitting.clear()
+            runtime.pause_admission()
             aborted = runtime.abort_all(ABORTED) if mode == "abort" else 0
             settled = await runtime.wait_none_admitted(self._settle_seconds)
         log.info("stage %s: generation paused (%s, %d aborted)", self.stage, mode, aborted)
@@ -160,7 +160,7 @@ class StageControl:
         runtime = self._loaded()
         async with self._lock:
             self.paused = None
-            runtime.admitting.set()
+            runtime.resume_admission()
         log.info("stage %s: generation resumed", self.stage)
         return self.state()
 
@@ -193,11 +193,10 @@ class StageControl:
                     released, self._homes = await runtime.between_batches(_to_host, stage)
                 else:
                     before = _memory_bytes(device)
-                    await runtime.stop_engine_loop()
-                    runtime.stage = None
+                    await runtime.unload()
                 # Asleep from here: whatever fails next, a request wakes the stage.
                 self.sleep_level = level
-                runtime.before_work = self.wake_for_request
+                runtime.set_before_work(self.wake_for_request)
                 del stage
                 # On the engine thread, after what it still holds of the stage (a
                 # session's close) has run.
@@ -216,10 +215,9 @@ class StageControl:
                 await runtime.between_batches(_back_home, self._homes)
                 self._homes = []
             elif self.sleep_level == 2:
-                runtime.stage = await self._reload()
-                runtime.start()
+                runtime.load(await self._reload())
             woke, self.sleep_level = self.sleep_level, 0
-            runtime.before_work = None
+            runtime.set_before_work(None)
         if woke:
             log.info("stage %s: awake (from level %d)", self.stage, woke)
         return self.state()

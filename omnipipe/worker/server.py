@@ -199,8 +199,7 @@ async def _load_stage(state: WorkerState, colocation: Colocation | None) -> None
     if (table := stage.kv_block_table()) is not None and state.receiver is not None:
         # Sized by the model, so known only now; nothing is sent here before /ready.
         state.receiver.block_table = table
-    state.runtime.stage = stage
-    state.runtime.start()
+    state.runtime.load(stage)
     state.loaded = True
     log.info(
         "stage %s ready in %.1fs (model %s)", spec.name, time.monotonic() - started, spec.model

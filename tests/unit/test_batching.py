@@ -309,7 +309,7 @@ async def test_a_batch_that_steps_together_takes_no_one_in_until_it_is_done() ->
     await until("a to be a few steps in", lambda: len(stage.log) >= 2)
     submit(rt, stepped("b", 3))
     await deliver(rt, "b")
-    await until("b to be queued", lambda: len(rt._queue) == 1)
+    await until("b to be queued", lambda: rt.queued == 1)
     # b waits while a still has steps to go: had it joined, it would step beside a.
     assert len(stage.log) < 20
     await finish(rt, ["a", "b"])
