@@ -25,7 +25,7 @@ ROUTER_SWITCH_TIMEOUT = 60.0
 Loader = Callable[[Path], ResolvedPipeline]
 
 
-class Rollout(ChildProcesses):
+class RevisionReloads(ChildProcesses):
     """Mixed into Supervisor, which sets these."""
 
     pipeline_file: Path

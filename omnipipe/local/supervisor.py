@@ -17,7 +17,7 @@ from omnipipe.api.placement import workloads
 from omnipipe.local.children import Child, pipeline_credential
 from omnipipe.local.ports import check_port_free
 from omnipipe.local.reload import workload_replicas
-from omnipipe.local.rollout import Loader, Rollout
+from omnipipe.local.rollout import Loader, RevisionReloads
 from omnipipe.local.video_store import needs_video_store, start_redis
 
 # The local router re-reads its replicas file this often, unless told otherwise: a
@@ -26,9 +26,9 @@ ROUTER_DISCOVERY_SECONDS = "1"
 
 
 @dataclass
-class Supervisor(Rollout):
+class Supervisor(RevisionReloads):
     """One `omnipipe serve`: its state, and what it does at start and stop. Running the
-    children is ChildProcesses' (processes.py), a revision change Rollout's (rollout.py)."""
+    children is ChildProcesses' (processes.py), a revision change RevisionReloads' (rollout.py)."""
 
     pipeline: ResolvedPipeline
     pipeline_file: Path

@@ -80,8 +80,6 @@ class StageRuntime:
         # of the loop: a step of 16 sessions sends one batch per talker replica (#25).
         self.handoffs = HandOffs(sender)
         self.metrics = metrics
-        self.max_batch = max_batch
-        self.batch_wait_seconds = batch_wait_seconds
         self.jobs: dict[str, Job] = {}
         self._engine = EngineThread(threads)
         self._inputs = StageInputs(mailbox, self._engine)
