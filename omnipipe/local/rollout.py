@@ -21,6 +21,9 @@ from omnipipe.local.processes import ChildProcesses, ReloadFailed
 from omnipipe.local.reload import ReloadPlan, plan_reload, workload_replicas
 
 ROUTER_SWITCH_TIMEOUT = 60.0
+# The router polls each replica every second (serve's ROUTER_DISCOVERY_SECONDS): a few
+# polls' worth.
+ROUTER_SEES_WORKERS_SECONDS = 10.0
 
 Loader = Callable[[Path], ResolvedPipeline]
 
@@ -91,6 +94,34 @@ class RevisionReloads(ChildProcesses):
             f"the router did not take replicas generation {generation} "
             f"(revision {revision or '-'}) within {ROUTER_SWITCH_TIMEOUT:.0f}s: {seen}"
         )
+
+    def wait_router_routes_every_worker(self, timeout: float = ROUTER_SEES_WORKERS_SECONDS) -> bool:
+        """Until the router has found every started worker ready: it polls them on its own
+        clock, so the first replica of a stage may be routed to a second before the rest,
+        and requests sent at once would all go to it. False (and a line saying which)
+        if it has not within `timeout`; the router routes to the rest once it does."""
+        started: dict[str, int] = {}
+        for child in self.workers:
+            for stage in child.members:
+                started[stage] = started.get(stage, 0) + 1
+        deadline = time.monotonic() + timeout
+        seen: dict[str, object] = {}
+        while time.monotonic() < deadline:
+            self._check_alive()
+            seen = control.router_state(f"http://{self.host}:{self.port}/ready")
+            routed = seen.get("replicas")
+            if isinstance(routed, dict) and all(
+                isinstance(routed.get(stage), int) and routed[stage] >= n
+                for stage, n in started.items()
+            ):
+                return True
+            time.sleep(0.1)
+        print(
+            f"omnipipe: the router does not route to every worker yet ({seen.get('replicas')} "
+            f"of {started} ready); it adds each once its poll finds it ready",
+            flush=True,
+        )
+        return False
 
     def reload(self) -> None:
         """SIGHUP: apply the file as it is now, the way the operator rolls out a change.

@@ -53,6 +53,7 @@ def serve(
     try:
         sup.start()
         sup.wait_ready(ready_timeout)
+        sup.wait_router_routes_every_worker()
         reload_hint = f"; kill -HUP {os.getpid()} to reload the file" if load else ""
         print(
             f"omnipipe: ready. OpenAI base URL: http://{host}:{port}/v1  "

@@ -216,6 +216,9 @@ def build_app(pipeline: ResolvedPipeline, settings: RouterSettings) -> FastAPI:
             # start on, and the replicas-file generation behind it.
             "revision": orchestrator.serving_revision(),
             "discovery": pool.generation,
+            # What `omnipipe serve` waits for before it says ready: every replica it started
+            # routed to, not only the first of each stage.
+            "replicas": {s.name: pool.ready_replicas(s.name) for s in pipeline.stages},
         }
         return JSONResponse(body, status_code=200 if serving else 503)
 

@@ -157,6 +157,10 @@ class ReplicaPool:
             for r in self._replicas[stage].values()
         )
 
+    def ready_replicas(self, stage: str) -> int:
+        """How many of the stage's replicas the last poll found ready (any revision)."""
+        return sum(1 for r in self._replicas[stage].values() if r.ready)
+
     def revision_for(self, stages: list[str], max_load: int, preferred: list[str]) -> str | None:
         """The revision a request over these stages runs on (see choose_revision)."""
         views = {s: [r.view() for r in self._replicas[s].values()] for s in stages}

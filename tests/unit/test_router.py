@@ -127,6 +127,8 @@ def test_the_router_is_ready_while_a_stage_that_wakes_on_demand_is_at_zero(
         ready = client.get("/ready")
         assert ready.status_code == 200, ready.json()
         assert ready.json()["stages"] == {"encode": False, "denoise": False, "decode": False}
+        # What serve waits on before it says ready: every replica it started, routed to.
+        assert ready.json()["replicas"] == {"encode": 0, "denoise": 0, "decode": 0}
     # A stage with no replica that never sleeps, or a router that would not hold the
     # request: not ready.
     for decode_min, wake_wait in ((1, 30.0), (0, 0.0)):
