@@ -74,26 +74,39 @@ class RevisionReloads(ChildProcesses):
         tmp.replace(self.replicas_file)
         return self.generation
 
-    def _wait_router(self, generation: int, revision: str | None) -> None:
-        """Until the router has applied this replicas-file generation (and, when given,
-        starts new requests on that revision)."""
-        deadline = time.monotonic() + ROUTER_SWITCH_TIMEOUT
+    def _router_until(
+        self, done: Callable[[dict[str, object]], bool], timeout: float, every: float
+    ) -> tuple[bool, dict[str, object]]:
+        """Polls the router's /ready body until done(body) (True), or timeout (False);
+        with the last body seen."""
+        deadline = time.monotonic() + timeout
         seen: dict[str, object] = {}
         while time.monotonic() < deadline:
             self._check_alive()
             seen = control.router_state(f"http://{self.host}:{self.port}/ready")
-            applied = seen.get("discovery")
-            if (
-                isinstance(applied, int)
-                and applied >= generation
+            if done(seen):
+                return True, seen
+            time.sleep(every)
+        return False, seen
+
+    def _wait_router(self, generation: int, revision: str | None) -> None:
+        """Until the router has applied this replicas-file generation (and, when given,
+        starts new requests on that revision)."""
+
+        def applied(seen: dict[str, object]) -> bool:
+            taken = seen.get("discovery")
+            return (
+                isinstance(taken, int)
+                and taken >= generation
                 and (revision is None or seen.get("revision") == revision)
-            ):
-                return
-            time.sleep(0.2)
-        raise ReloadFailed(
-            f"the router did not take replicas generation {generation} "
-            f"(revision {revision or '-'}) within {ROUTER_SWITCH_TIMEOUT:.0f}s: {seen}"
-        )
+            )
+
+        took, seen = self._router_until(applied, ROUTER_SWITCH_TIMEOUT, 0.2)
+        if not took:
+            raise ReloadFailed(
+                f"the router did not take replicas generation {generation} "
+                f"(revision {revision or '-'}) within {ROUTER_SWITCH_TIMEOUT:.0f}s: {seen}"
+            )
 
     def wait_router_routes_every_worker(self, timeout: float = ROUTER_SEES_WORKERS_SECONDS) -> bool:
         """Until the router has found every started worker ready: it polls them on its own
@@ -104,24 +117,23 @@ class RevisionReloads(ChildProcesses):
         for child in self.workers:
             for stage in child.members:
                 started[stage] = started.get(stage, 0) + 1
-        deadline = time.monotonic() + timeout
-        seen: dict[str, object] = {}
-        while time.monotonic() < deadline:
-            self._check_alive()
-            seen = control.router_state(f"http://{self.host}:{self.port}/ready")
+
+        def every_worker(seen: dict[str, object]) -> bool:
             routed = seen.get("replicas")
-            if isinstance(routed, dict) and all(
+            return isinstance(routed, dict) and all(
                 isinstance(routed.get(stage), int) and routed[stage] >= n
                 for stage, n in started.items()
-            ):
-                return True
-            time.sleep(0.1)
-        print(
-            f"omnipipe: the router does not route to every worker yet ({seen.get('replicas')} "
-            f"of {started} ready); it adds each once its poll finds it ready",
-            flush=True,
-        )
-        return False
+            )
+
+        routed, seen = self._router_until(every_worker, timeout, 0.1)
+        if not routed:
+            print(
+                f"omnipipe: the router does not route to every worker yet "
+                f"({seen.get('replicas')} of {started} ready); it adds each once its poll "
+                "finds it ready",
+                flush=True,
+            )
+        return routed
 
     def reload(self) -> None:
         """SIGHUP: apply the file as it is now, the way the operator rolls out a change.
