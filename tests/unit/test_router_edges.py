@@ -260,9 +260,9 @@ def test_extreme_image_values_are_400(client: TestClient, fields: dict[str, Any]
 def test_idle_connections_close_on_the_client_side_first() -> None:
     """A client that keeps an idle connection longer than its server does can send a
     request the instant the server closes it, and the request fails as a lost replica
-    (a CI run saw 'stage thinker failed: its replica went away' from uvicorn's 5 s
-    against aiohttp's 15 s). The router's pool to the workers lets one go first, and
-    the servers outlast the common clients' defaults."""
+    (uvicorn's default is 5 s against aiohttp's 15 s: the likeliest cause of a CI run's
+    'stage thinker failed: its replica went away'). The router's pool to the workers
+    lets one go first, and the servers outlast the common clients' defaults."""
     assert UPSTREAM_KEEP_ALIVE_SECONDS < SERVER_KEEP_ALIVE_SECONDS
     openai_client_expiry = httpx.Limits(max_connections=1).keepalive_expiry  # httpx's default
     assert openai_client_expiry is not None
