@@ -18,8 +18,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from omnipipe.api import ResolvedStage
 from omnipipe.cli import main
+from omnipipe.stagekit.stage import Stage, StageJob, StageResult
 from omnipipe.worker import server
-from omnipipe.worker.stages.base import Stage, StageJob, StageResult
 
 
 class SleepStage(Stage):

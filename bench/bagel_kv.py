@@ -33,15 +33,15 @@ from _common import median, record, table
 from PIL import Image
 
 from omnipipe.api.spec import Engine, Role
+from omnipipe.checkpoints.tiny import resolve_model_path
 from omnipipe.families.bagel import think as bagel_think
 from omnipipe.families.bagel.image import BagelGenerateStage
 from omnipipe.families.bagel.kv_blocks import BLOCK_TOKENS, LAYOUT
 from omnipipe.families.bagel.reference import prefill_text
 from omnipipe.families.bagel.think import BagelThinkStage
+from omnipipe.stagekit.stage import StageJob
 from omnipipe.transfer import BlockTable, Mailbox, Message, make_receiver, make_sender
-from omnipipe.worker.models.tiny import resolve_model_path
-from omnipipe.worker.stages import stage_class
-from omnipipe.worker.stages.base import StageJob
+from omnipipe.worker.stage_classes import stage_class
 from tests.unit.test_omni_stages import spec
 
 BAGEL_7B_BYTES_PER_TOKEN = 28 * 2 * 4 * 128 * 2  # layers x (K, V) x heads x dim x bf16

@@ -23,10 +23,10 @@ import torch
 from _common import at_levels, record, table
 
 from omnipipe.api.spec import Engine, Role
-from omnipipe.worker.models.tiny import resolve_model_path
-from omnipipe.worker.stages import stage_class
-from omnipipe.worker.stages.base import Chunk, StageJob, StreamingStage
-from omnipipe.worker.stages.codec import SAMPLE_RATE
+from omnipipe.checkpoints.tiny import resolve_model_path
+from omnipipe.families.qwen_omni.codec import SAMPLE_RATE
+from omnipipe.stagekit.stage import Chunk, StageJob, StreamingStage
+from omnipipe.worker.stage_classes import stage_class
 from tests.unit.test_omni_stages import spec
 
 LEVELS = (1, 4, 16)

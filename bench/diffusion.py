@@ -72,7 +72,7 @@ def monolith_call() -> Callable[[int], None]:
     import torch
     from diffusers import QwenImagePipeline
 
-    from omnipipe.worker.models.tiny import resolve_model_path
+    from omnipipe.checkpoints.tiny import resolve_model_path
 
     pipe: Any = QwenImagePipeline.from_pretrained(resolve_model_path("tiny://qwen-image"))
     pipe.set_progress_bar_config(disable=True)

@@ -131,7 +131,7 @@ def build_pipeline(size: str, device: torch.device, dtype: torch.dtype, scratch:
     )
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
-    from omnipipe.worker.models.tokenizer import save_byte_tokenizer
+    from omnipipe.stagekit.tokenizer import save_byte_tokenizer
 
     tiny = size == "tiny"
     torch.manual_seed(0)
@@ -259,7 +259,7 @@ def run_split(
     """n requests arriving together, as a worker of each stage runs them: each encode,
     the denoising as one batch, each decode. The outputs, each stage's seconds, and each
     stage's peak GPU memory above what was allocated before it (GiB)."""
-    from omnipipe.worker.stages.base import StageJob
+    from omnipipe.stagekit.stage import StageJob
 
     params = [
         {"prompt": PROMPT, "negative_prompt": NEGATIVE, "width": side, "height": side,

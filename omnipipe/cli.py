@@ -94,7 +94,7 @@ def _manifest_for_model(model: str) -> OmniPipeline:
     what its checkpoint says it is."""
     from omnipipe.api.from_model import checkpoint_kinds, manifest_for_model
     from omnipipe.api.resolve import is_tiny
-    from omnipipe.worker.models.tiny import resolve_model_path
+    from omnipipe.checkpoints.tiny import resolve_model_path
 
     if is_tiny(model):
         try:
@@ -223,7 +223,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 def _serve_file(path: Path, args: argparse.Namespace) -> int:
     from omnipipe.api.loading import load_pipeline
     from omnipipe.local.serve import serve
-    from omnipipe.worker.stages import unimplemented_stages
+    from omnipipe.worker.stage_classes import unimplemented_stages
 
     def load(path: Path) -> ResolvedPipeline:
         """What serve starts from and what SIGHUP reloads: a pipeline it can run."""
@@ -244,7 +244,7 @@ def _serve_file(path: Path, args: argparse.Namespace) -> int:
 def _cmd_fetch(args: argparse.Namespace) -> int:
     import logging
 
-    from omnipipe.worker.models.fetch import FetchError, fetch
+    from omnipipe.checkpoints.fetch import FetchError, fetch
 
     logging.basicConfig(level=logging.INFO, format="omnipipe fetch: %(message)s")
     print(f"omnipipe fetch: {args.model} into {args.dir}", file=sys.stderr)

@@ -62,6 +62,10 @@ class PipelineType:
     # Its output stage writes videos (an MP4 a result): the router serves it at
     # /v1/videos, as asynchronous jobs, and not at the image or chat endpoints.
     makes_video: bool = False
+    # The Stage class that runs each (role, engine) on a checkpoint of this type, as
+    # "module:Class": the checkpoint's own type picks the table, so one pipeline's
+    # stages run on a checkpoint of another type with that type's classes.
+    stage_classes: Mapping[tuple[Role, Engine], str] = field(default_factory=dict)
 
     @property
     def stage_names(self) -> tuple[str, ...]:
@@ -104,16 +108,17 @@ class Family:
     name: str
     description: str
     pipelines: tuple[PipelineType, ...]
-    # The (role, engine) pairs its stage classes run.
-    runs: frozenset[tuple[Role, Engine]]
-    # A function (ResolvedStage, model path) -> the Stage class that runs it.
-    stage_class: str
     # tiny://NAME -> a function (target directory) that writes that checkpoint.
     tiny_models: Mapping[str, str] = field(default_factory=dict)
     # A RequestExtensions object, for families with request fields of their own.
     requests: str | None = None
     # Set by the registry: the distribution that registered the family.
     package: str = ""
+
+    @property
+    def runs(self) -> frozenset[tuple[Role, Engine]]:
+        """The (role, engine) pairs some checkpoint of the family has a stage class for."""
+        return frozenset(key for p in self.pipelines for key in p.stage_classes)
 
 
 class FamilyError(RuntimeError):
@@ -143,11 +148,25 @@ def _check(family: Family, where: str, known: Mapping[str, str]) -> None:
                     f"{where}: stage {pipeline.name}/{stage.name} is longer than "
                     f"{MAX_STAGE_NAME} characters"
                 )
-            if (stage.role, stage.engine) not in family.runs:
+            if (stage.role, stage.engine) not in pipeline.stage_classes:
                 raise FamilyError(
                     f"{where}: stage {pipeline.name}/{stage.name} is {stage.role.value} on "
-                    f"{stage.engine.value}, which the family does not say it runs"
+                    f"{stage.engine.value}, which the family does not say it runs (no "
+                    f"entry in {pipeline.name}'s stage_classes)"
                 )
+        for (role, engine), reference in pipeline.stage_classes.items():
+            if not _is_reference(reference):
+                raise FamilyError(
+                    f"{where}: {pipeline.name}'s stage class for {role.value} on "
+                    f'{engine.value} is {reference!r}, not a "module:Class" string'
+                )
+
+
+def _is_reference(reference: object) -> bool:
+    if not isinstance(reference, str):
+        return False
+    module, colon, attribute = reference.partition(":")
+    return bool(colon and module and attribute.isidentifier())
 
 
 def _claim(

@@ -22,8 +22,8 @@ import torch
 from fastapi import APIRouter, HTTPException
 from pydantic import BaseModel, Field
 
+from omnipipe.stagekit.stage import Stage
 from omnipipe.worker.runtime import StageRuntime
-from omnipipe.worker.stages.base import Stage
 
 log = logging.getLogger(__name__)
 

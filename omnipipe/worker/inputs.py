@@ -8,10 +8,10 @@ import logging
 from collections.abc import AsyncIterator, Callable
 
 from omnipipe.api.wire import SubmitRequest
+from omnipipe.stagekit.stage import StageJob, Tensors
 from omnipipe.transfer import Mailbox, Message
 from omnipipe.worker import tracing
 from omnipipe.worker.engine_thread import EngineThread
-from omnipipe.worker.stages.base import StageJob, Tensors
 
 log = logging.getLogger(__name__)
 

@@ -7,8 +7,8 @@ import time
 from dataclasses import dataclass, field
 
 from omnipipe.api.wire import StageEvent, SubmitRequest
+from omnipipe.stagekit.stage import StageJob, StageResult
 from omnipipe.worker import tracing
-from omnipipe.worker.stages.base import StageJob, StageResult
 
 
 @dataclass

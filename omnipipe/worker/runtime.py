@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 from opentelemetry import trace
 
 from omnipipe.api.wire import StageEvent, SubmitRequest
+from omnipipe.stagekit.stage import Stage, StageInputError, SteppedStage, StreamingStage
 from omnipipe.transfer import Mailbox, Sender, TransferRefused
 from omnipipe.transfer.handoffs import HandOffs
 from omnipipe.worker import tracing
@@ -30,7 +31,6 @@ from omnipipe.worker.scheduling.base import Host, Scheduler
 from omnipipe.worker.scheduling.one_shot import OneShotScheduler
 from omnipipe.worker.scheduling.stepped import SteppedScheduler
 from omnipipe.worker.scheduling.streaming import StreamingScheduler
-from omnipipe.worker.stages.base import Stage, StageInputError, SteppedStage, StreamingStage
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -27,6 +27,8 @@ from omnipipe.api.revision import pipeline_revision
 from omnipipe.api.roles import Engine
 from omnipipe.api.tracing import make_tracer
 from omnipipe.api.wire import StageEvent, SubmitRequest, WorkerStatus, event_lines
+from omnipipe.checkpoints.tiny import resolve_model_path
+from omnipipe.stagekit.stage import Stage
 from omnipipe.transfer import (
     Mailbox,
     Receiver,
@@ -39,11 +41,9 @@ from omnipipe.transfer.local import LocalExchange, LocalFirstSender
 from omnipipe.worker.adapters import AdapterControl, adapters_router, follow_pipeline_file
 from omnipipe.worker.control import StageControl, control_router
 from omnipipe.worker.metrics import WorkerMetrics
-from omnipipe.worker.models.tiny import resolve_model_path
 from omnipipe.worker.runtime import DuplicateRequest, StageRuntime
 from omnipipe.worker.settings import WorkerSettings
-from omnipipe.worker.stages import stage_class, unimplemented_stages
-from omnipipe.worker.stages.base import Stage
+from omnipipe.worker.stage_classes import stage_class, unimplemented_stages
 
 log = logging.getLogger(__name__)
 requests_log = logging.getLogger("omnipipe.worker.requests")

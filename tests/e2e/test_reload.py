@@ -17,7 +17,7 @@ import pytest
 
 from omnipipe.api.loading import load_pipeline
 from omnipipe.api.revision import pipeline_revision
-from omnipipe.worker.models.fetch import fetch
+from omnipipe.checkpoints.fetch import fetch
 from tests.e2e.conftest import Served, start_serve, stop_cleanly, wait_line, write_pipeline
 
 pytestmark = pytest.mark.timeout(420)

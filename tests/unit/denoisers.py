@@ -6,9 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 from omnipipe.api import ResolvedPipeline, ResolvedStage, parse_resource, resolve
-from omnipipe.worker.models.tiny import resolve_model_path
-from omnipipe.worker.stages import stage_class
-from omnipipe.worker.stages.base import StageJob
+from omnipipe.checkpoints.tiny import resolve_model_path
+from omnipipe.stagekit.stage import StageJob
+from omnipipe.worker.stage_classes import stage_class
 
 
 def pipeline(

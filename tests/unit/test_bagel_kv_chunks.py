@@ -9,12 +9,12 @@ import pytest
 import torch
 
 from omnipipe.api.spec import Engine, Role
+from omnipipe.checkpoints.tiny import resolve_model_path
 from omnipipe.families.bagel.context import Turn, image_contexts
 from omnipipe.families.bagel.image import BagelGenerateStage
 from omnipipe.families.bagel.think import BagelThinkStage
-from omnipipe.worker.engines.vllm_kv import OmnipipeKVExport
-from omnipipe.worker.models.tiny import resolve_model_path
-from omnipipe.worker.stages import stage_class
+from omnipipe.stagekit.vllm.kv import OmnipipeKVExport
+from omnipipe.worker.stage_classes import stage_class
 from tests.unit.test_bagel_stages import IMAGE, KV_ATOL, MODEL, one_process_prefill, think
 from tests.unit.test_omni_stages import spec
 

@@ -22,6 +22,7 @@ from PIL import Image
 from transformers import AutoImageProcessor
 
 from omnipipe.api.spec import Engine, Role
+from omnipipe.checkpoints.tiny import resolve_model_path
 from omnipipe.families.bagel.config import BagelConfig
 from omnipipe.families.bagel.context import NO_IMAGE, Turn, image_contexts
 from omnipipe.families.bagel.flow import FlowParams
@@ -37,10 +38,9 @@ from omnipipe.families.bagel.reference import (
 )
 from omnipipe.families.bagel.think import BagelThinkStage, conversation
 from omnipipe.families.bagel.vision import BagelVision
+from omnipipe.stagekit.stage import StageInputError, StageJob, StreamingStage, Tensors
 from omnipipe.transfer import Mailbox, Message, make_receiver, make_sender
-from omnipipe.worker.models.tiny import resolve_model_path
-from omnipipe.worker.stages import stage_class
-from omnipipe.worker.stages.base import StageInputError, StageJob, StreamingStage, Tensors
+from omnipipe.worker.stage_classes import stage_class
 from tests.unit.test_omni_stages import spec
 
 pytestmark = pytest.mark.timeout(300)

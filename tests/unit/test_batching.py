@@ -17,10 +17,7 @@ import torch
 from omnipipe.api.cpus import cores_of, split_cores, threads_for
 from omnipipe.api.spec import Role
 from omnipipe.api.wire import SubmitRequest
-from omnipipe.transfer import Mailbox, Message, make_sender
-from omnipipe.worker.metrics import WorkerMetrics
-from omnipipe.worker.runtime import StageRuntime
-from omnipipe.worker.stages.base import (
+from omnipipe.stagekit.stage import (
     Chunk,
     Session,
     Stage,
@@ -31,6 +28,9 @@ from omnipipe.worker.stages.base import (
     StepResult,
     StreamingStage,
 )
+from omnipipe.transfer import Mailbox, Message, make_sender
+from omnipipe.worker.metrics import WorkerMetrics
+from omnipipe.worker.runtime import StageRuntime
 from omnipipe.worker.threads import thread_budget
 from tests.unit.test_omni_stages import spec
 
@@ -572,8 +572,8 @@ def test_prompts_of_different_lengths_share_a_step_and_equal_running_alone(
     from diffusers import QwenImagePipeline
 
     from omnipipe.api import parse_resource, resolve
-    from omnipipe.worker.models.tiny import resolve_model_path
-    from omnipipe.worker.stages import stage_class
+    from omnipipe.checkpoints.tiny import resolve_model_path
+    from omnipipe.worker.stage_classes import stage_class
 
     path = resolve_model_path("tiny://qwen-image")
     pipeline = resolve(parse_resource(yaml.safe_load(IMAGE_MANIFEST)))

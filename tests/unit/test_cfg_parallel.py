@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from omnipipe.families.qwen_image.cfg_parallel import branch_device
-from omnipipe.worker.stages.base import StageJob
+from omnipipe.stagekit.stage import StageJob
 from tests.unit.denoisers import encoded, loaded, pipeline
 
 BASE = {"width": 64, "height": 64, "num_inference_steps": 6, "guidance_scale": 4.0}

@@ -63,7 +63,7 @@ def test_serve_refuses_stages_it_cannot_run(
 def test_the_real_omni_examples_have_no_stage_serve_cannot_run(example: str) -> None:
     """Their thinkers are declared on vLLM, which the worker drives."""
     from omnipipe.api.loading import load_pipeline
-    from omnipipe.worker.stages import unimplemented_stages
+    from omnipipe.worker.stage_classes import unimplemented_stages
 
     pipeline = load_pipeline(REPO / "examples" / example)
     assert pipeline.stage("thinker").engine.value == "vllm"

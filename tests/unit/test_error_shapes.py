@@ -22,8 +22,8 @@ from omnipipe.api.wire import StageEvent, SubmitRequest, event_lines
 from omnipipe.router.api.inputs import MAX_EDIT_IMAGE_PIXELS, check_edit_image
 from omnipipe.router.api.messages import thinker_messages
 from omnipipe.router.errors import BadRequest
-from omnipipe.worker.stages.base import StageInputError, refusal_message
-from omnipipe.worker.stages.media import MAX_IMAGE_PIXELS, decode_image
+from omnipipe.stagekit.media import MAX_IMAGE_PIXELS, decode_image
+from omnipipe.stagekit.stage import StageInputError, refusal_message
 from tests.unit.test_router_edges import app_for, openai_error
 from tests.unit.test_router_results import FakeWorker, router, serve_worker
 

@@ -25,7 +25,7 @@ from omnipipe.api.families import (
 )
 from omnipipe.api.roles import Engine, Role
 from omnipipe.operator.uninstalled import uninstalled_pipeline_type, uninstalled_status
-from omnipipe.worker.stages import stage_class
+from omnipipe.worker.stage_classes import stage_class
 from tests.harness.families import only_families, own_family_names
 
 REPO = Path(__file__).resolve().parents[2]
@@ -33,12 +33,15 @@ ENCODE = StageDefaults("encode", Role.TEXT_ENCODER, Engine.TRANSFORMERS)
 
 
 def family(name: str = "one", *pipelines: PipelineType) -> Family:
+    """A family whose every pipeline type runs only ENCODE's role and engine."""
+    encodes = {(ENCODE.role, ENCODE.engine): "nowhere:Encode"}
     return Family(
         name=name,
         description="",
-        pipelines=pipelines or (PipelineType(f"{name}-type", "", (ENCODE,)),),
-        runs=frozenset({(Role.TEXT_ENCODER, Engine.TRANSFORMERS)}),
-        stage_class="nowhere:stage_class",
+        pipelines=tuple(
+            dataclasses.replace(p, stage_classes=encodes)
+            for p in pipelines or (PipelineType(f"{name}-type", "", (ENCODE,)),)
+        ),
     )
 
 
@@ -87,6 +90,23 @@ def test_omnipipe_families_loads_only_the_families_it_names(
             "does not say it runs",
         ),
         ([family("one"), dataclasses.replace(family("one"), pipelines=())], "already installed"),
+        (
+            [
+                Family(
+                    "one",
+                    "",
+                    (
+                        PipelineType(
+                            "t",
+                            "",
+                            (ENCODE,),
+                            stage_classes={(ENCODE.role, ENCODE.engine): "Encode"},
+                        ),
+                    ),
+                )
+            ],
+            "is 'Encode', not a \"module:Class\" string",
+        ),
         (
             [
                 family("one", PipelineType("a", "", (ENCODE,), checkpoints=("Marker",))),

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from omnipipe.api.from_model import checkpoint_kinds
+from omnipipe.checkpoints.fetch import COMPLETE, FetchError, fetch
 from omnipipe.cli import main
-from omnipipe.worker.models.fetch import COMPLETE, FetchError, fetch
 
 
 @pytest.fixture(scope="module")

@@ -15,6 +15,14 @@ import torch
 
 from omnipipe.api.spec import Role
 from omnipipe.api.wire import Destination, SubmitRequest
+from omnipipe.stagekit.stage import (
+    Chunk,
+    Session,
+    StageJob,
+    StepOutcome,
+    StepResult,
+    StreamingStage,
+)
 from omnipipe.transfer import (
     CREDENTIAL_ENV,
     Mailbox,
@@ -30,14 +38,6 @@ from omnipipe.transfer.codec import CodecError, decode_header
 from omnipipe.transfer.handoffs import HandOffs
 from omnipipe.worker.metrics import WorkerMetrics
 from omnipipe.worker.runtime import StageRuntime
-from omnipipe.worker.stages.base import (
-    Chunk,
-    Session,
-    StageJob,
-    StepOutcome,
-    StepResult,
-    StreamingStage,
-)
 from tests.unit.test_omni_stages import spec
 
 os.environ.setdefault("UCX_NET_DEVICES", "lo")

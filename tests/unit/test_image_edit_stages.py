@@ -15,15 +15,15 @@ from PIL import Image
 
 from omnipipe.api import ResolvedPipeline, parse_resource, resolve
 from omnipipe.api.spec import Role
+from omnipipe.checkpoints.tiny import resolve_model_path
 from omnipipe.families.qwen_image.edit import (
     EditDenoiseStage,
     EditTextEncodeStage,
     ImageEncodeStage,
 )
 from omnipipe.families.qwen_image.stages import DecodeStage
-from omnipipe.worker.models.tiny import resolve_model_path
-from omnipipe.worker.stages import stage_class
-from omnipipe.worker.stages.base import Stage, StageInputError, StageJob
+from omnipipe.stagekit.stage import Stage, StageInputError, StageJob
+from omnipipe.worker.stage_classes import stage_class
 
 pytestmark = pytest.mark.timeout(600)
 MANIFEST = """

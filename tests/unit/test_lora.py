@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from omnipipe.families.qwen_image.tiny_lora import save_tiny_lora
-from omnipipe.worker.stages.base import StageInputError, StageJob
+from omnipipe.stagekit.stage import StageInputError, StageJob
 from tests.unit.denoisers import encoded, loaded, pipeline
 
 BASE = {"width": 64, "height": 64, "num_inference_steps": 4, "guidance_scale": 4.0}

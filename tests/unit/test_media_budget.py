@@ -12,8 +12,8 @@ from PIL import Image
 
 from omnipipe.api.stage_spec import MediaLimits
 from omnipipe.router.api.audio import wav_bytes
-from omnipipe.worker.stages.base import StageInputError
-from omnipipe.worker.stages.media import MediaBudget, charge_media
+from omnipipe.stagekit.media import MediaBudget, charge_media
+from omnipipe.stagekit.stage import StageInputError
 
 
 def png(width: int, height: int) -> str:

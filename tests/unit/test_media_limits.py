@@ -15,19 +15,19 @@ from PIL import Image
 from omnipipe.api.resolve import ResolvedPipeline
 from omnipipe.api.spec import Role
 from omnipipe.api.stage_spec import MediaLimits
+from omnipipe.checkpoints.tiny import resolve_model_path
 from omnipipe.families.bagel.config import understanding_image_tokens
 from omnipipe.families.bagel.think import conversation
 from omnipipe.families.qwen_omni.thinker import ThinkerStage
-from omnipipe.worker.models.tiny import resolve_model_path
-from omnipipe.worker.stages.base import StageInputError, StageJob
-from omnipipe.worker.stages.chat_media import processor_media, smallest_image_tokens
-from omnipipe.worker.stages.media import charge_media
-from omnipipe.worker.stages.media_limits import ModelMedia, effective_media
+from omnipipe.stagekit.chat_media import processor_media, smallest_image_tokens
+from omnipipe.stagekit.media import charge_media
+from omnipipe.stagekit.media_limits import ModelMedia, effective_media
+from omnipipe.stagekit.stage import StageInputError, StageJob
 from tests.unit.test_media_budget import audio, image, messages, png, wav
 from tests.unit.test_omni_stages import spec
 
 pytestmark = pytest.mark.timeout(300)
-LOGGER = "omnipipe.worker.stages.media_limits"
+LOGGER = "omnipipe.stagekit.media_limits"
 
 
 def processor(model: str) -> Any:

@@ -13,10 +13,10 @@ import torch
 
 from omnipipe.api import ResolvedStage
 from omnipipe.api.spec import Engine, Role
+from omnipipe.checkpoints.tiny import resolve_model_path
 from omnipipe.families.qwen_omni.qwen25 import Code2WavStage, TalkerStage
 from omnipipe.families.qwen_omni.thinker import ThinkerStage
-from omnipipe.worker.models.tiny import resolve_model_path
-from omnipipe.worker.stages.base import (
+from omnipipe.stagekit.stage import (
     Chunk,
     Session,
     StageInputError,

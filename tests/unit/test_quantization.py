@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from omnipipe.worker.stages.base import StageJob
+from omnipipe.stagekit.stage import StageJob
 from tests.unit.denoisers import encoded, loaded, pipeline
 
 BASE = {"width": 64, "height": 64, "num_inference_steps": 6, "guidance_scale": 4.0}

@@ -12,16 +12,16 @@ import pytest
 import torch
 
 from omnipipe.api.spec import Role
+from omnipipe.checkpoints.tiny import resolve_model_path
 from omnipipe.families.qwen_omni.engine import QWEN3_OMNI, omni_model_type
 from omnipipe.families.qwen_omni.qwen3 import (
     Qwen3Code2WavStage,
     Qwen3TalkerStage,
     Qwen3ThinkerStage,
 )
-from omnipipe.worker.models.tiny import resolve_model_path
-from omnipipe.worker.stages import stage_class
-from omnipipe.worker.stages.base import Chunk, StageInputError, StageJob
-from omnipipe.worker.stages.media import pcm16
+from omnipipe.stagekit.media import pcm16
+from omnipipe.stagekit.stage import Chunk, StageInputError, StageJob
+from omnipipe.worker.stage_classes import stage_class
 from tests.unit.test_omni_stages import (
     assert_alike,
     audio_in_parts,

@@ -14,8 +14,8 @@ import pytest
 
 from omnipipe.router.api.inputs import check_wav
 from omnipipe.router.errors import BadRequest
-from omnipipe.worker.stages.base import StageInputError
-from omnipipe.worker.stages.media import decode_wav
+from omnipipe.stagekit.media import decode_wav
+from omnipipe.stagekit.stage import StageInputError
 
 
 def wav_bytes(frames: bytes, width: int, channels: int, rate: int = 16000) -> bytes:

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from omnipipe.worker.stages.base import StageInputError
-from omnipipe.worker.stages.media import decode_image, decode_wav, pcm16
-from omnipipe.worker.stages.sampling import Sampling, next_token
+from omnipipe.stagekit.media import decode_image, decode_wav, pcm16
+from omnipipe.stagekit.sampling import Sampling, next_token
+from omnipipe.stagekit.stage import StageInputError
 
 LOGITS = torch.tensor([0.1, 2.0, 1.9, -3.0, 0.5])
 NONE = torch.tensor([], dtype=torch.long)

@@ -21,7 +21,7 @@ from omnipipe.router.api.chat import ChatPlan, ChatRequest
 from omnipipe.router.app import build_app
 from omnipipe.router.errors import BadRequest
 from omnipipe.router.settings import RouterSettings
-from omnipipe.worker.stages.base import StageInputError
+from omnipipe.stagekit.stage import StageInputError
 from tests.unit.test_router_edges import openai_error
 
 REPO = Path(__file__).resolve().parents[2]

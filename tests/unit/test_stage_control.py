@@ -17,12 +17,12 @@ import torch
 
 from omnipipe.api.spec import Role
 from omnipipe.api.wire import StageEvent, SubmitRequest
+from omnipipe.stagekit.stage import StageJob, StageResult, SteppedStage
 from omnipipe.transfer import Mailbox, Message, make_sender
 from omnipipe.worker.control import ControlRefused, StageControl
 from omnipipe.worker.jobs import Job
 from omnipipe.worker.metrics import WorkerMetrics
 from omnipipe.worker.runtime import StageRuntime
-from omnipipe.worker.stages.base import StageJob, StageResult, SteppedStage
 from tests.unit.test_batching import until
 from tests.unit.test_omni_stages import spec
 

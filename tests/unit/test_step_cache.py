@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from omnipipe.api import ResolvedPipeline
-from omnipipe.worker.models.tiny import resolve_model_path
-from omnipipe.worker.stages import stage_class
-from omnipipe.worker.stages.base import Stage, StageJob, StageResult
+from omnipipe.checkpoints.tiny import resolve_model_path
+from omnipipe.stagekit.stage import Stage, StageJob, StageResult
+from omnipipe.worker.stage_classes import stage_class
 from tests.unit import denoisers
 from tests.unit.denoisers import encoded, loaded
 

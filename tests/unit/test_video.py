@@ -12,9 +12,9 @@ import pytest
 from omnipipe.router.api.inputs import MAX_VIDEO_BYTES, check_processor_kwargs, video_part
 from omnipipe.router.api.messages import thinker_messages
 from omnipipe.router.errors import BadRequest
-from omnipipe.worker.stages.base import StageInputError
-from omnipipe.worker.stages.chat_media import processor_options
-from omnipipe.worker.stages.video import (
+from omnipipe.stagekit.chat_media import processor_options
+from omnipipe.stagekit.stage import StageInputError
+from omnipipe.stagekit.video import (
     VIDEO_MIN_PIXELS,
     VIDEO_TOTAL_PIXELS,
     VideoLimits,
@@ -212,7 +212,7 @@ def test_every_decoded_frame_is_held_to_the_size_limit(monkeypatch: pytest.Monke
     """A stream whose header says 64x48 switches to 128x96 at a keyframe (two MPEG-TS
     clips back to back, as a hostile client would splice them): the frame is refused as
     it is decoded, though the header passed. The limit is lowered to 64x48 to show it."""
-    import omnipipe.worker.stages.video as video
+    import omnipipe.stagekit.video as video
 
     spliced = ts_clip(64, 48, first_pts=0) + ts_clip(128, 96, first_pts=10)
     monkeypatch.setattr(video, "MAX_SOURCE_PIXELS", 64 * 48)

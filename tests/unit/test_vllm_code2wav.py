@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from omnipipe.api.spec import Engine, Role
+from omnipipe.checkpoints.tiny import resolve_model_path
 from omnipipe.families.qwen_omni.qwen3 import Qwen3Code2WavStage
 from omnipipe.families.qwen_omni.qwen25 import Code2WavStage
 from omnipipe.families.qwen_omni.vllm_code2wav import (
@@ -26,9 +27,8 @@ from omnipipe.families.qwen_omni.vllm_code2wav import (
     VllmQwen3Code2WavStage,
     VllmQwen25Code2WavStage,
 )
-from omnipipe.worker.models.tiny import resolve_model_path
-from omnipipe.worker.stages import stage_class
-from omnipipe.worker.stages.base import StageJob, StreamingStage
+from omnipipe.stagekit.stage import StageJob, StreamingStage
+from omnipipe.worker.stage_classes import stage_class
 from tests.unit.test_omni_stages import (
     assert_alike,
     audio_in_parts,
@@ -243,7 +243,7 @@ def test_the_engine_runs_vllms_v1_model_runner(
 def test_an_unknown_voice_is_refused_on_open(
     qwen25: tuple[StreamingStage, VllmCode2WavBase],
 ) -> None:
-    from omnipipe.worker.stages.base import StageInputError
+    from omnipipe.stagekit.stage import StageInputError
 
     with pytest.raises(StageInputError, match="voices: Chelsie, Ethan"):
         qwen25[1].open(StageJob({"voice": "alloy"}, {}))

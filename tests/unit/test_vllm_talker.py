@@ -21,14 +21,14 @@ import pytest
 import torch
 
 from omnipipe.api.spec import Engine, Role
+from omnipipe.checkpoints.tiny import resolve_model_path
 from omnipipe.families.qwen_omni.qwen25 import TalkerStage
 from omnipipe.families.qwen_omni.thinker import ThinkerStage
 from omnipipe.families.qwen_omni.vllm_qwen25_talker import VllmTalkerStage
 from omnipipe.families.qwen_omni.vllm_talker import VllmTalkerBase, VllmTalkerSession
-from omnipipe.worker.engines.vllm_feed import FedRequest, RowFeed, StepFeed
-from omnipipe.worker.models.tiny import resolve_model_path
-from omnipipe.worker.stages import stage_class
-from omnipipe.worker.stages.base import Chunk, Session, StageInputError, StageJob
+from omnipipe.stagekit.stage import Chunk, Session, StageInputError, StageJob
+from omnipipe.stagekit.vllm.feed import FedRequest, RowFeed, StepFeed
+from omnipipe.worker.stage_classes import stage_class
 from tests.unit.test_omni_stages import HELLO, drain, spec, thinker_chunks
 from tests.unit.test_qwen3_omni_stages import media_message
 

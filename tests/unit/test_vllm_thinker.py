@@ -19,11 +19,11 @@ import pytest
 import torch
 
 from omnipipe.api.spec import Engine, Role
+from omnipipe.checkpoints.tiny import resolve_model_path
 from omnipipe.families.qwen_omni.thinker import ThinkerStage
 from omnipipe.families.qwen_omni.vllm_thinker import VllmThinkerMixin
-from omnipipe.worker.models.tiny import resolve_model_path
-from omnipipe.worker.stages import stage_class
-from omnipipe.worker.stages.base import Chunk, Session, StageInputError, StageJob, StepResult
+from omnipipe.stagekit.stage import Chunk, Session, StageInputError, StageJob, StepResult
+from omnipipe.worker.stage_classes import stage_class
 from tests.unit.test_omni_stages import spec
 from tests.unit.test_qwen3_omni_stages import media_message
 from tests.videos import b64, make_video

@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from omnipipe.api import ResolvedPipeline, parse_resource, resolve
-from omnipipe.worker.models.tiny import resolve_model_path
-from omnipipe.worker.stages import stage_class
-from omnipipe.worker.stages.base import StageInputError, StageJob
+from omnipipe.checkpoints.tiny import resolve_model_path
+from omnipipe.stagekit.stage import StageInputError, StageJob
+from omnipipe.worker.stage_classes import stage_class
 
 pytestmark = pytest.mark.timeout(600)
 BASE = {"width": 64, "height": 48, "num_frames": 9, "num_inference_steps": 4, "fps": 8}

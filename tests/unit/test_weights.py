@@ -252,8 +252,8 @@ def test_fetch_writes_its_reason_as_the_termination_message(tmp_path: Path) -> N
 
 
 def test_local_mode_builds_tiny_models_through_fetch(tmp_path: Path) -> None:
-    from omnipipe.worker.models.fetch import COMPLETE
-    from omnipipe.worker.models.tiny import resolve_model_path
+    from omnipipe.checkpoints.fetch import COMPLETE
+    from omnipipe.checkpoints.tiny import resolve_model_path
 
     path = Path(resolve_model_path("tiny://qwen-image", tmp_path))
     assert json.loads((path / COMPLETE).read_text()) == {

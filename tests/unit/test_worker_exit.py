@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from omnipipe.checkpoints.tiny import resolve_model_path
 from omnipipe.local.ports import free_port
 from omnipipe.worker.main import report_termination
-from omnipipe.worker.models.tiny import resolve_model_path
 
 pytestmark = pytest.mark.timeout(120)
 

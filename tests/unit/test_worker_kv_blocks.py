@@ -11,10 +11,10 @@ import torch
 
 from omnipipe.api.spec import Role
 from omnipipe.api.wire import SubmitRequest
+from omnipipe.stagekit.stage import Stage, StageInputError, StageJob, StageResult
 from omnipipe.transfer import BlockTable, Mailbox, Message, make_receiver, make_sender
 from omnipipe.worker.metrics import WorkerMetrics
 from omnipipe.worker.runtime import StageRuntime
-from omnipipe.worker.stages.base import Stage, StageInputError, StageJob, StageResult
 from tests.unit.test_omni_stages import spec
 
 pytestmark = pytest.mark.timeout(30)

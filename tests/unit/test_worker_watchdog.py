@@ -13,10 +13,10 @@ from omnipipe.api import ResolvedStage
 from omnipipe.api.loading import load_pipeline
 from omnipipe.api.spec import Role
 from omnipipe.api.wire import SubmitRequest
+from omnipipe.stagekit.stage import Stage, StageJob, StageResult
 from omnipipe.transfer import Mailbox, make_sender
 from omnipipe.worker.metrics import WorkerMetrics
 from omnipipe.worker.runtime import StageRuntime
-from omnipipe.worker.stages.base import Stage, StageJob, StageResult
 from tests.unit.test_omni_stages import spec
 
 pytestmark = pytest.mark.timeout(30)

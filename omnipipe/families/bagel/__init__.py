@@ -7,6 +7,8 @@ think stage); the other modules here read the same checkpoint."""
 from omnipipe.api.families import Family, PipelineType, StageDefaults
 from omnipipe.api.roles import Engine, Role
 
+IMAGE = "omnipipe.families.bagel.image"
+
 FAMILY = Family(
     name="bagel",
     description="BAGEL: an AR model that thinks, a DiT generator over its KV cache, a VAE.",
@@ -25,16 +27,13 @@ FAMILY = Family(
                 StageDefaults("generate", Role.DENOISER, Engine.DIFFUSERS, inputs=("think",)),
                 StageDefaults("decode", Role.VAE_DECODER, Engine.DIFFUSERS, inputs=("generate",)),
             ),
+            stage_classes={
+                (Role.THINKER, Engine.VLLM): "omnipipe.families.bagel.think:BagelThinkStage",
+                (Role.DENOISER, Engine.DIFFUSERS): f"{IMAGE}:BagelGenerateStage",
+                (Role.VAE_DECODER, Engine.DIFFUSERS): f"{IMAGE}:BagelDecodeStage",
+            },
         ),
     ),
-    runs=frozenset(
-        {
-            (Role.THINKER, Engine.VLLM),
-            (Role.DENOISER, Engine.DIFFUSERS),
-            (Role.VAE_DECODER, Engine.DIFFUSERS),
-        }
-    ),
-    stage_class="omnipipe.families.bagel.classes:stage_class",
     tiny_models={"bagel": "omnipipe.families.bagel.tiny:build_bagel"},
     requests="omnipipe.families.bagel.requests:EXTENSIONS",
 )

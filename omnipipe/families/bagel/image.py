@@ -20,8 +20,8 @@ from omnipipe.families.bagel.kv_blocks import (
 from omnipipe.families.bagel.mot import ContextKV
 from omnipipe.families.bagel.params import flow_params, int_param
 from omnipipe.families.bagel.vae import decode_latents, load_vae, to_png, unpatchify
+from omnipipe.stagekit.stage import Stage, StageInputError, StageJob, StageResult
 from omnipipe.transfer import BlockTable
-from omnipipe.worker.stages.base import Stage, StageInputError, StageJob, StageResult
 
 UPSTREAM = "think"
 

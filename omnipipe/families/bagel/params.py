@@ -13,7 +13,7 @@ from omnipipe.families.bagel.ranges import (
     interval_problem,
     scalar_problem,
 )
-from omnipipe.worker.stages.base import StageInputError
+from omnipipe.stagekit.stage import StageInputError
 
 # The stage params that come from a request field of another name.
 REQUEST_FIELD = {"width": "size", "height": "size"}

@@ -30,9 +30,11 @@ from omnipipe.families.bagel.context import (
 from omnipipe.families.bagel.kv_blocks import LAYOUT, kv_dtype, pack
 from omnipipe.families.bagel.mot import ContextKV
 from omnipipe.families.bagel.params import cfg_scale
-from omnipipe.worker.engines.vllm import VllmEngine
-from omnipipe.worker.engines.vllm_kv import EXPORT_PREFIX, kv_transfer_config, take_exported
-from omnipipe.worker.stages.base import (
+from omnipipe.stagekit.media import charge_media, decode_image
+from omnipipe.stagekit.media_limits import EffectiveMedia, ModelMedia, effective_media
+from omnipipe.stagekit.replies import THINKER_SAMPLING, ReplyText, sampling_params
+from omnipipe.stagekit.sampling import Sampling
+from omnipipe.stagekit.stage import (
     Chunk,
     Session,
     StageInputError,
@@ -41,10 +43,8 @@ from omnipipe.worker.stages.base import (
     StreamingStage,
     refusal_message,
 )
-from omnipipe.worker.stages.media import charge_media, decode_image
-from omnipipe.worker.stages.media_limits import EffectiveMedia, ModelMedia, effective_media
-from omnipipe.worker.stages.replies import THINKER_SAMPLING, ReplyText, sampling_params
-from omnipipe.worker.stages.sampling import Sampling
+from omnipipe.stagekit.vllm.engine import VllmEngine
+from omnipipe.stagekit.vllm.kv import EXPORT_PREFIX, kv_transfer_config, take_exported
 
 MAX_IMAGES = 4
 MEDIA_KINDS = ("image",)  # an audio part gets its own refusal below

@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from omnipipe.worker.models.tokenizer import save_byte_tokenizer
+from omnipipe.stagekit.tokenizer import save_byte_tokenizer
 
 LLM_CONFIG: dict[str, Any] = {
     "hidden_size": 64,

@@ -4,6 +4,10 @@ vision-language encoder, a DiT denoiser with true CFG, and the VAE."""
 from omnipipe.api.families import Family, PipelineType, StageDefaults
 from omnipipe.api.roles import Engine, Role
 
+STAGES = "omnipipe.families.qwen_image.stages"
+DENOISE = "omnipipe.families.qwen_image.denoise"
+EDIT = "omnipipe.families.qwen_image.edit"
+
 FAMILY = Family(
     name="qwen-image",
     description="Qwen-Image text to image and Qwen-Image-Edit image editing (diffusers).",
@@ -18,6 +22,11 @@ FAMILY = Family(
                 StageDefaults("denoise", Role.DENOISER, Engine.DIFFUSERS, inputs=("encode",)),
                 StageDefaults("decode", Role.VAE_DECODER, Engine.DIFFUSERS, inputs=("denoise",)),
             ),
+            stage_classes={
+                (Role.TEXT_ENCODER, Engine.TRANSFORMERS): f"{STAGES}:TextEncodeStage",
+                (Role.DENOISER, Engine.DIFFUSERS): f"{DENOISE}:SteppedDenoiseStage",
+                (Role.VAE_DECODER, Engine.DIFFUSERS): f"{STAGES}:DecodeStage",
+            },
         ),
         PipelineType(
             name="qwen-image-edit",
@@ -35,17 +44,14 @@ FAMILY = Family(
                 ),
                 StageDefaults("decode", Role.VAE_DECODER, Engine.DIFFUSERS, inputs=("denoise",)),
             ),
+            stage_classes={
+                (Role.TEXT_ENCODER, Engine.TRANSFORMERS): f"{EDIT}:EditTextEncodeStage",
+                (Role.VAE_ENCODER, Engine.DIFFUSERS): f"{EDIT}:ImageEncodeStage",
+                (Role.DENOISER, Engine.DIFFUSERS): f"{EDIT}:EditDenoiseStage",
+                (Role.VAE_DECODER, Engine.DIFFUSERS): f"{STAGES}:DecodeStage",
+            },
         ),
     ),
-    runs=frozenset(
-        {
-            (Role.TEXT_ENCODER, Engine.TRANSFORMERS),
-            (Role.VAE_ENCODER, Engine.DIFFUSERS),
-            (Role.DENOISER, Engine.DIFFUSERS),
-            (Role.VAE_DECODER, Engine.DIFFUSERS),
-        }
-    ),
-    stage_class="omnipipe.families.qwen_image.classes:stage_class",
     tiny_models={
         "qwen-image": "omnipipe.families.qwen_image.tiny:build_qwen_image",
         "qwen-image-edit": "omnipipe.families.qwen_image.tiny_edit:build_qwen_image_edit",

@@ -9,8 +9,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from omnipipe.api.adapters import MAX_SCALE, Adapter
-from omnipipe.worker.models.tiny import resolve_model_path
-from omnipipe.worker.stages.base import StageInputError
+from omnipipe.checkpoints.tiny import resolve_model_path
+from omnipipe.stagekit.stage import StageInputError
 
 log = logging.getLogger(__name__)
 

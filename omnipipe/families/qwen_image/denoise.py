@@ -35,7 +35,7 @@ from omnipipe.families.qwen_image.loading import load_qwen_image
 from omnipipe.families.qwen_image.quantize import quantize_weights
 from omnipipe.families.qwen_image.stages import geometry, int_param, padded, schedule_shift
 from omnipipe.families.qwen_image.step_cache import StepCacher
-from omnipipe.worker.stages.base import StageJob, StageResult, SteppedStage
+from omnipipe.stagekit.stage import StageJob, StageResult, SteppedStage
 
 log = logging.getLogger(__name__)
 

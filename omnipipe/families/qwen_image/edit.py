@@ -15,8 +15,8 @@ from PIL import Image
 from omnipipe.api.edit import condition_size
 from omnipipe.families.qwen_image.loading import load_qwen_image
 from omnipipe.families.qwen_image.stages import int_param, prompt_of, schedule_shift
-from omnipipe.worker.stages.base import Stage, StageJob, StageResult, Tensors
-from omnipipe.worker.stages.media import decode_image
+from omnipipe.stagekit.media import decode_image
+from omnipipe.stagekit.stage import Stage, StageJob, StageResult, Tensors
 
 
 # diffusers' calculate_shift defaults, used when the scheduler config names none.

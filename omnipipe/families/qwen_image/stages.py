@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from omnipipe.families.qwen_image.loading import load_qwen_image
-from omnipipe.worker.stages.base import Stage, StageInputError, StageJob, StageResult, Tensors
+from omnipipe.stagekit.stage import Stage, StageInputError, StageJob, StageResult, Tensors
 
 MAX_SEQUENCE_LENGTH = 512
 

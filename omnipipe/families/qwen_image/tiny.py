@@ -78,7 +78,7 @@ def tiny_qwen_image_text_encoder(**vision_token_ids: Any) -> Any:
 def build_qwen_image(target: Path) -> None:
     from diffusers import FlowMatchEulerDiscreteScheduler, QwenImagePipeline
 
-    from omnipipe.worker.models.tokenizer import save_byte_tokenizer
+    from omnipipe.stagekit.tokenizer import save_byte_tokenizer
 
     transformer = tiny_qwen_image_transformer()
     vae = tiny_qwen_image_vae()

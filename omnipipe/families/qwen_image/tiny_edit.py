@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, cast
 
-from omnipipe.worker.models.tokenizer import save_byte_tokenizer
+from omnipipe.stagekit.tokenizer import save_byte_tokenizer
 
 VISION_TOKENS = ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision_end|>")
 

@@ -14,7 +14,7 @@ def save_tiny_lora(target: Path, seed: int, rank: int = 4) -> Path:
     from diffusers import QwenImagePipeline, QwenImageTransformer2DModel
     from peft import LoraConfig, get_peft_model_state_dict
 
-    from omnipipe.worker.models.tiny import resolve_model_path
+    from omnipipe.checkpoints.tiny import resolve_model_path
 
     path = resolve_model_path("tiny://qwen-image")
     transformer = QwenImageTransformer2DModel.from_pretrained(path, subfolder="transformer")

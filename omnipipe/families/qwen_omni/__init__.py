@@ -4,13 +4,22 @@ that streams text, a talker that streams audio codes, and code2wav that streams 
 from omnipipe.api.families import Family, PipelineType, StageDefaults
 from omnipipe.api.roles import Engine, Role
 
+PACKAGE = "omnipipe.families.qwen_omni"
 
-def _omni(name: str, description: str, models: tuple[str, ...], checkpoint: str) -> PipelineType:
+
+def _omni(
+    name: str,
+    description: str,
+    models: tuple[str, ...],
+    checkpoint: str,
+    stage_classes: dict[tuple[Role, Engine], str],
+) -> PipelineType:
     return PipelineType(
         name=name,
         description=description,
         example_models=models,
         checkpoints=(checkpoint,),
+        stage_classes=stage_classes,
         stages=(
             StageDefaults("thinker", Role.THINKER, Engine.VLLM),
             StageDefaults("talker", Role.TALKER, Engine.TRANSFORMERS, inputs=("thinker",)),
@@ -28,25 +37,30 @@ FAMILY = Family(
             "Any to text and speech: thinker -> talker -> code2wav, streaming.",
             ("Qwen/Qwen2.5-Omni-7B", "tiny://qwen2.5-omni"),
             "qwen2_5_omni",
+            {
+                (Role.THINKER, Engine.TRANSFORMERS): f"{PACKAGE}.thinker:ThinkerStage",
+                (Role.TALKER, Engine.TRANSFORMERS): f"{PACKAGE}.qwen25:TalkerStage",
+                (Role.CODE2WAV, Engine.TRANSFORMERS): f"{PACKAGE}.qwen25:Code2WavStage",
+                (Role.THINKER, Engine.VLLM): f"{PACKAGE}.vllm_thinker:VllmThinkerStage",
+                (Role.TALKER, Engine.VLLM): f"{PACKAGE}.vllm_qwen25_talker:VllmTalkerStage",
+                (Role.CODE2WAV, Engine.VLLM): f"{PACKAGE}.vllm_code2wav:VllmQwen25Code2WavStage",
+            },
         ),
         _omni(
             "qwen3-omni",
             "Qwen3-Omni-MoE: thinker -> talker -> code2wav, streaming.",
             ("Qwen/Qwen3-Omni-30B-A3B-Instruct", "tiny://qwen3-omni"),
             "qwen3_omni_moe",
+            {
+                (Role.THINKER, Engine.TRANSFORMERS): f"{PACKAGE}.qwen3:Qwen3ThinkerStage",
+                (Role.TALKER, Engine.TRANSFORMERS): f"{PACKAGE}.qwen3:Qwen3TalkerStage",
+                (Role.CODE2WAV, Engine.TRANSFORMERS): f"{PACKAGE}.qwen3:Qwen3Code2WavStage",
+                (Role.THINKER, Engine.VLLM): f"{PACKAGE}.vllm_thinker:VllmQwen3ThinkerStage",
+                (Role.TALKER, Engine.VLLM): f"{PACKAGE}.vllm_qwen3_talker:VllmQwen3TalkerStage",
+                (Role.CODE2WAV, Engine.VLLM): f"{PACKAGE}.vllm_code2wav:VllmQwen3Code2WavStage",
+            },
         ),
     ),
-    runs=frozenset(
-        {
-            (Role.THINKER, Engine.TRANSFORMERS),
-            (Role.THINKER, Engine.VLLM),
-            (Role.TALKER, Engine.TRANSFORMERS),
-            (Role.TALKER, Engine.VLLM),
-            (Role.CODE2WAV, Engine.TRANSFORMERS),
-            (Role.CODE2WAV, Engine.VLLM),
-        }
-    ),
-    stage_class="omnipipe.families.qwen_omni.classes:stage_class",
     tiny_models={
         "qwen2.5-omni": "omnipipe.families.qwen_omni.tiny:build_qwen25_omni",
         "qwen3-omni": "omnipipe.families.qwen_omni.tiny_qwen3:build_qwen3_omni",

@@ -14,14 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from omnipipe.families.qwen_omni.engine import load_qwen25_omni
-from omnipipe.families.qwen_omni.thinker import layout_kwargs, pick_voice
-from omnipipe.families.qwen_omni.token2wav import starting_noise, synthesize
-from omnipipe.worker.stages.base import (
-    Session,
-    StageJob,
-)
-from omnipipe.worker.stages.codec import (
+from omnipipe.families.qwen_omni.codec import (
     SAMPLE_RATE,
     ChunkedCode2WavSession,
     ChunkedCode2WavStage,
@@ -30,7 +23,14 @@ from omnipipe.worker.stages.codec import (
     Decode,
     seed_of,
 )
-from omnipipe.worker.stages.sampling import Sampling, next_token
+from omnipipe.families.qwen_omni.engine import load_qwen25_omni
+from omnipipe.families.qwen_omni.thinker import layout_kwargs, pick_voice
+from omnipipe.families.qwen_omni.token2wav import starting_noise, synthesize
+from omnipipe.stagekit.sampling import Sampling, next_token
+from omnipipe.stagekit.stage import (
+    Session,
+    StageJob,
+)
 
 # transformers' defaults (Qwen2_5OmniForConditionalGeneration.generate).
 TALKER_SAMPLING = Sampling(

@@ -20,6 +20,14 @@ from typing import Any
 import numpy as np
 import torch
 
+from omnipipe.families.qwen_omni.codec import (
+    SAMPLE_RATE,
+    ChunkedCode2WavSession,
+    ChunkedCode2WavStage,
+    CodecTalkerSession,
+    CodecTalkerStage,
+    Decode,
+)
 from omnipipe.families.qwen_omni.engine import load_qwen3_omni
 from omnipipe.families.qwen_omni.qwen3_prompt import project_text, talker_prompt
 from omnipipe.families.qwen_omni.thinker import (
@@ -29,20 +37,12 @@ from omnipipe.families.qwen_omni.thinker import (
     media_layout,
     pick_voice,
 )
-from omnipipe.worker.stages.base import (
+from omnipipe.stagekit.sampling import Sampling, next_token
+from omnipipe.stagekit.stage import (
     Session,
     StageJob,
     Tensors,
 )
-from omnipipe.worker.stages.codec import (
-    SAMPLE_RATE,
-    ChunkedCode2WavSession,
-    ChunkedCode2WavStage,
-    CodecTalkerSession,
-    CodecTalkerStage,
-    Decode,
-)
-from omnipipe.worker.stages.sampling import Sampling, next_token
 
 # transformers' defaults (Qwen3OmniMoeForConditionalGeneration.generate).
 TALKER_SAMPLING = Sampling(

@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from omnipipe.worker.stages.base import StageInputError, Tensors
+from omnipipe.stagekit.stage import StageInputError, Tensors
 
 
 def project_text(talker: Any, rows: torch.Tensor) -> torch.Tensor:

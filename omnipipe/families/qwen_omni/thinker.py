@@ -15,7 +15,17 @@ from typing import Any
 import torch
 
 from omnipipe.families.qwen_omni.engine import load_qwen25_omni
-from omnipipe.worker.stages.base import (
+from omnipipe.stagekit.chat_media import (
+    ChatMedia,
+    processor_media,
+    processor_options,
+    processor_warnings_silenced,
+)
+from omnipipe.stagekit.media import charge_media, decode_image, decode_wav
+from omnipipe.stagekit.media_limits import EffectiveMedia, effective_media
+from omnipipe.stagekit.replies import THINKER_SAMPLING, ReplyText
+from omnipipe.stagekit.sampling import Sampling, next_token
+from omnipipe.stagekit.stage import (
     Chunk,
     Session,
     StageInputError,
@@ -25,17 +35,7 @@ from omnipipe.worker.stages.base import (
     Tensors,
     refusal_message,
 )
-from omnipipe.worker.stages.chat_media import (
-    ChatMedia,
-    processor_media,
-    processor_options,
-    processor_warnings_silenced,
-)
-from omnipipe.worker.stages.media import charge_media, decode_image, decode_wav
-from omnipipe.worker.stages.media_limits import EffectiveMedia, effective_media
-from omnipipe.worker.stages.replies import THINKER_SAMPLING, ReplyText
-from omnipipe.worker.stages.sampling import Sampling, next_token
-from omnipipe.worker.stages.video import decode_video
+from omnipipe.stagekit.video import decode_video
 
 DEFAULT_VOICE = "Chelsie"
 # transformers' hidden_states tuple (0: embeddings, -1: final), or the layers of it that

@@ -15,7 +15,7 @@ def save_tiny_thinker_lora(target: Path, seed: int, rank: int = 8) -> Path:
     from peft import LoraConfig, get_peft_model
     from transformers import Qwen2_5OmniForConditionalGeneration
 
-    from omnipipe.worker.models.tiny import resolve_model_path
+    from omnipipe.checkpoints.tiny import resolve_model_path
 
     path = resolve_model_path("tiny://qwen2.5-omni")
     model = Qwen2_5OmniForConditionalGeneration.from_pretrained(path, dtype=torch.float32)

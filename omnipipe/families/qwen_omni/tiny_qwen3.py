@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from omnipipe.worker.models.tokenizer import save_byte_tokenizer
+from omnipipe.stagekit.tokenizer import save_byte_tokenizer
 
 SPECIAL_TOKENS = (
     "<|endoftext|>",

@@ -16,16 +16,16 @@ import numpy as np
 import torch
 
 from omnipipe.families.qwen_omni import qwen3, qwen25
-from omnipipe.families.qwen_omni.thinker import pick_voice
-from omnipipe.worker.engines.vllm import VllmEngine
-from omnipipe.worker.stages.base import Session, StageJob
-from omnipipe.worker.stages.codec import (
+from omnipipe.families.qwen_omni.codec import (
     ChunkedCode2WavSession,
     ChunkedCode2WavStage,
     Decode,
     chunk_codes,
     seed_of,
 )
+from omnipipe.families.qwen_omni.thinker import pick_voice
+from omnipipe.stagekit.stage import Session, StageJob
+from omnipipe.stagekit.vllm.engine import VllmEngine
 
 MODELS = "omnipipe.families.qwen_omni.vllm_code2wav_model"
 # engineArgs this stage reads itself; the rest go to vLLM.

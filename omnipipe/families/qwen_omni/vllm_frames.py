@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
-from omnipipe.worker.engines.vllm_feed import RowFeed, StepFeed
-from omnipipe.worker.stages.sampling import Sampling, next_token
+from omnipipe.stagekit.sampling import Sampling, next_token
+from omnipipe.stagekit.vllm.feed import RowFeed, StepFeed
 
 
 @dataclass

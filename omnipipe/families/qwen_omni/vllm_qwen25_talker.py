@@ -9,12 +9,12 @@ from typing import Any
 
 import torch
 
+from omnipipe.families.qwen_omni.codec import SAMPLE_RATE, chunk_codes
 from omnipipe.families.qwen_omni.qwen25 import CHUNK_CODES, TALKER_SAMPLING, samples_per_code
 from omnipipe.families.qwen_omni.thinker import layout_kwargs
 from omnipipe.families.qwen_omni.vllm_talker import VllmTalkerBase, VllmTalkerSession
-from omnipipe.worker.stages.base import Session, StageJob
-from omnipipe.worker.stages.codec import SAMPLE_RATE, chunk_codes
-from omnipipe.worker.stages.sampling import Sampling
+from omnipipe.stagekit.sampling import Sampling
+from omnipipe.stagekit.stage import Session, StageJob
 
 
 class RopeIndex:

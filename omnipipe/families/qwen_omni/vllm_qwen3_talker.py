@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from omnipipe.families.qwen_omni.codec import SAMPLE_RATE, chunk_codes
 from omnipipe.families.qwen_omni.engine import load_qwen3_omni
 from omnipipe.families.qwen_omni.qwen3 import (
     CHUNK_FRAMES,
@@ -28,10 +29,9 @@ from omnipipe.families.qwen_omni.qwen3_prompt import project_text, talker_prompt
 from omnipipe.families.qwen_omni.thinker import layout_kwargs
 from omnipipe.families.qwen_omni.vllm_frames import FrameFeed, FrameState
 from omnipipe.families.qwen_omni.vllm_talker import VllmTalkerBase, VllmTalkerSession
-from omnipipe.worker.engines.vllm_feed import RowFeed
-from omnipipe.worker.stages.base import Session, StageJob
-from omnipipe.worker.stages.codec import SAMPLE_RATE, chunk_codes
-from omnipipe.worker.stages.sampling import Sampling
+from omnipipe.stagekit.sampling import Sampling
+from omnipipe.stagekit.stage import Session, StageJob
+from omnipipe.stagekit.vllm.feed import RowFeed
 
 
 class VllmQwen3TalkerStage(VllmTalkerBase):

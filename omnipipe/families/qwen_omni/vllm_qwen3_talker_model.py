@@ -28,7 +28,7 @@ from vllm.model_executor.models.utils import PPMissingLayer, maybe_prefix
 
 from omnipipe.families.qwen_omni.vllm_frames import FrameFeed
 from omnipipe.families.qwen_omni.vllm_talker_model import FedTalker
-from omnipipe.worker.engines.vllm_feed import StepFeed
+from omnipipe.stagekit.vllm.feed import StepFeed
 
 
 class Qwen3TalkerDecoderLayer(Qwen3MoeDecoderLayer):

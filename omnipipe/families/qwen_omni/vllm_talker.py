@@ -27,17 +27,17 @@ from typing import Any
 
 import torch
 
-from omnipipe.worker.engines.vllm import VllmEngine
-from omnipipe.worker.engines.vllm_feed import FedRequest, RowFeed, install
-from omnipipe.worker.stages.base import (
+from omnipipe.families.qwen_omni.codec import CodecTalkerStage, TalkerSessionBase
+from omnipipe.stagekit.replies import sampling_params
+from omnipipe.stagekit.stage import (
     Chunk,
     Session,
     StageInputError,
     StepOutcome,
     StepResult,
 )
-from omnipipe.worker.stages.codec import CodecTalkerStage, TalkerSessionBase
-from omnipipe.worker.stages.replies import sampling_params
+from omnipipe.stagekit.vllm.engine import VllmEngine
+from omnipipe.stagekit.vllm.feed import FedRequest, RowFeed, install
 
 log = logging.getLogger(__name__)
 

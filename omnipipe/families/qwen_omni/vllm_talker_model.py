@@ -33,7 +33,7 @@ from vllm.model_executor.models.qwen2 import (
 )
 from vllm.model_executor.models.utils import PPMissingLayer, maybe_prefix
 
-from omnipipe.worker.engines.vllm_feed import StepFeed
+from omnipipe.stagekit.vllm.feed import StepFeed
 
 
 class TalkerAttention(Qwen2Attention):

@@ -20,16 +20,16 @@ from typing import Any
 import torch
 
 from omnipipe.api.adapters import Adapter
-from omnipipe.families.qwen_omni.engine import QWEN25_OMNI, omni_model_type
 from omnipipe.families.qwen_omni.qwen3 import Qwen3ThinkerStage
 from omnipipe.families.qwen_omni.thinker import (
     LAYOUT_INPUTS,
     ThinkerStage,
     pick_voice,
 )
-from omnipipe.worker.engines.vllm import VllmEngine
-from omnipipe.worker.engines.vllm_tap import FINAL
-from omnipipe.worker.stages.base import (
+from omnipipe.stagekit.chat_media import processor_warnings_silenced
+from omnipipe.stagekit.replies import THINKER_SAMPLING, ReplyText, sampling_params
+from omnipipe.stagekit.sampling import Sampling
+from omnipipe.stagekit.stage import (
     Chunk,
     Session,
     StageInputError,
@@ -37,10 +37,9 @@ from omnipipe.worker.stages.base import (
     StepResult,
     refusal_message,
 )
-from omnipipe.worker.stages.chat_media import processor_warnings_silenced
-from omnipipe.worker.stages.replies import THINKER_SAMPLING, ReplyText, sampling_params
-from omnipipe.worker.stages.sampling import Sampling
-from omnipipe.worker.stages.vllm_lora import VllmAdapters, lora_engine_args
+from omnipipe.stagekit.vllm.engine import VllmEngine
+from omnipipe.stagekit.vllm.lora import VllmAdapters, lora_engine_args
+from omnipipe.stagekit.vllm.tap import FINAL
 
 
 class VllmThinkerMixin(ThinkerStage):
@@ -132,12 +131,6 @@ class VllmQwen3ThinkerStage(VllmThinkerMixin, Qwen3ThinkerStage):
     @property
     def speaker_map(self) -> dict[str, Any]:
         return {}
-
-
-def vllm_thinker_class(model_path: str) -> type[VllmThinkerMixin]:
-    if omni_model_type(model_path) == QWEN25_OMNI:
-        return VllmThinkerStage
-    return VllmQwen3ThinkerStage
 
 
 class VllmThinkerSession(Session):

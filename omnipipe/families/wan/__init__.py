@@ -4,6 +4,8 @@ with true CFG, and the Wan VAE, which writes the frames as an MP4."""
 from omnipipe.api.families import Family, PipelineType, StageDefaults
 from omnipipe.api.roles import Engine, Role
 
+STAGES = "omnipipe.families.wan.stages"
+
 FAMILY = Family(
     name="wan",
     description="Wan 2.x text to video (diffusers), served at /v1/videos.",
@@ -19,16 +21,13 @@ FAMILY = Family(
                 StageDefaults("decode", Role.VAE_DECODER, Engine.DIFFUSERS, inputs=("denoise",)),
             ),
             makes_video=True,
+            stage_classes={
+                (Role.TEXT_ENCODER, Engine.TRANSFORMERS): f"{STAGES}:WanEncodeStage",
+                (Role.DENOISER, Engine.DIFFUSERS): "omnipipe.families.wan.denoise:WanDenoiseStage",
+                (Role.VAE_DECODER, Engine.DIFFUSERS): f"{STAGES}:WanDecodeStage",
+            },
         ),
     ),
-    runs=frozenset(
-        {
-            (Role.TEXT_ENCODER, Engine.TRANSFORMERS),
-            (Role.DENOISER, Engine.DIFFUSERS),
-            (Role.VAE_DECODER, Engine.DIFFUSERS),
-        }
-    ),
-    stage_class="omnipipe.families.wan.classes:stage_class",
     tiny_models={"wan": "omnipipe.families.wan.tiny:build_wan"},
     requests="omnipipe.families.wan.requests:EXTENSIONS",
 )

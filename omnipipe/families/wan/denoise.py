@@ -18,7 +18,7 @@ import torch
 
 from omnipipe.families.wan.loading import load_wan
 from omnipipe.families.wan.params import MAX_SEQUENCE_LENGTH, video_params
-from omnipipe.worker.stages.base import StageJob, StageResult, SteppedStage
+from omnipipe.stagekit.stage import StageJob, StageResult, SteppedStage
 
 
 @dataclass

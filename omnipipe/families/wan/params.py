@@ -13,7 +13,7 @@ from omnipipe.families.wan.requests import (
     DEFAULT_STEPS,
     DEFAULT_WIDTH,
 )
-from omnipipe.worker.stages.base import StageInputError
+from omnipipe.stagekit.stage import StageInputError
 
 # The UMT5 context WanPipeline.__call__ pads every prompt to (its encode_prompt says 226).
 MAX_SEQUENCE_LENGTH = 512

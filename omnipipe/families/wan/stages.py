@@ -14,7 +14,7 @@ import torch
 
 from omnipipe.families.wan.loading import load_wan
 from omnipipe.families.wan.params import MAX_SEQUENCE_LENGTH, video_params
-from omnipipe.worker.stages.base import Stage, StageJob, StageResult, Tensors
+from omnipipe.stagekit.stage import Stage, StageJob, StageResult, Tensors
 
 MP4_CODEC = "libx264"
 # x264's constant quality: visually lossless for generated video, a fraction of raw size.

@@ -66,7 +66,7 @@ def tiny_umt5() -> Any:
 def build_wan(target: Path) -> None:
     from diffusers import UniPCMultistepScheduler, WanPipeline
 
-    from omnipipe.worker.models.tokenizer import save_byte_tokenizer
+    from omnipipe.stagekit.tokenizer import save_byte_tokenizer
 
     # The released Wan 2.1 T2V scheduler: UniPC on flow sigmas, shift 3 (480p).
     scheduler = UniPCMultistepScheduler(

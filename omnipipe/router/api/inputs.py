@@ -15,10 +15,10 @@ from typing import Any
 
 from omnipipe.router.errors import BadRequest
 
-# The thinker's limit on an input clip (worker/stages/media.py holds the same).
+# The thinker's limit on an input clip (stagekit/media.py holds the same).
 MAX_AUDIO_SECONDS = 300
 WAV_SAMPLE_WIDTHS = (1, 2, 3, 4)
-# The thinker's limits on a video (worker/stages/video.py holds the same); its length is
+# The thinker's limits on a video (stagekit/video.py holds the same); its length is
 # checked where it is demuxed.
 MAX_VIDEO_BYTES = 16 * 1024 * 1024
 MAX_VIDEO_SECONDS = 300

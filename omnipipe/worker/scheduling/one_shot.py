@@ -3,8 +3,8 @@ one engine call, run_batch."""
 
 from __future__ import annotations
 
+from omnipipe.stagekit.stage import Stage
 from omnipipe.worker.scheduling.queued import QueuedScheduler
-from omnipipe.worker.stages.base import Stage
 
 
 class OneShotScheduler(QueuedScheduler[Stage]):

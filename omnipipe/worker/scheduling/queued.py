@@ -9,11 +9,11 @@ import time
 from collections import deque
 from typing import Any, Generic, TypeVar
 
+from omnipipe.stagekit.stage import Stage, StageJob, StageResult
 from omnipipe.transfer import Message
 from omnipipe.worker import tracing
 from omnipipe.worker.jobs import Job
 from omnipipe.worker.scheduling.base import Host, Scheduler
-from omnipipe.worker.stages.base import Stage, StageJob, StageResult
 
 StageT = TypeVar("StageT", bound=Stage)
 

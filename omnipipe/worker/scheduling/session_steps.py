@@ -11,7 +11,7 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
-from omnipipe.worker.stages.base import (
+from omnipipe.stagekit.stage import (
     Chunk,
     Session,
     StepOutcome,

@@ -6,9 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 from omnipipe.api.wire import StageEvent
+from omnipipe.stagekit.stage import SteppedStage
 from omnipipe.worker.jobs import Job
 from omnipipe.worker.scheduling.queued import QueuedScheduler
-from omnipipe.worker.stages.base import SteppedStage
 
 
 class SteppedScheduler(QueuedScheduler[SteppedStage]):

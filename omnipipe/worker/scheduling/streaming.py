@@ -10,12 +10,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from omnipipe.api.wire import StageEvent, SubmitRequest
+from omnipipe.stagekit.stage import Chunk, Session, StageJob, StepResult, StreamingStage
 from omnipipe.transfer import Message
 from omnipipe.worker import tracing
 from omnipipe.worker.jobs import Job
 from omnipipe.worker.scheduling.base import Host, Scheduler
 from omnipipe.worker.scheduling.session_steps import SessionStepper
-from omnipipe.worker.stages.base import Chunk, Session, StageJob, StepResult, StreamingStage
 
 
 @dataclass

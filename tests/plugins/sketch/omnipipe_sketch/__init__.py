@@ -20,15 +20,12 @@ FAMILY = Family(
                 StageDefaults("denoise", Role.DENOISER, Engine.DIFFUSERS, inputs=("encode",)),
                 StageDefaults("decode", Role.VAE_DECODER, Engine.DIFFUSERS, inputs=("denoise",)),
             ),
+            stage_classes={
+                (Role.TEXT_ENCODER, Engine.TRANSFORMERS): "omnipipe_sketch.stages:SketchEncode",
+                (Role.DENOISER, Engine.DIFFUSERS): "omnipipe_sketch.stages:SketchDenoise",
+                (Role.VAE_DECODER, Engine.DIFFUSERS): "omnipipe_sketch.stages:SketchDecode",
+            },
         ),
     ),
-    runs=frozenset(
-        {
-            (Role.TEXT_ENCODER, Engine.TRANSFORMERS),
-            (Role.DENOISER, Engine.DIFFUSERS),
-            (Role.VAE_DECODER, Engine.DIFFUSERS),
-        }
-    ),
-    stage_class="omnipipe_sketch.stages:stage_class",
     tiny_models={"sketch-image": "omnipipe_sketch.tiny:build_sketch_image"},
 )

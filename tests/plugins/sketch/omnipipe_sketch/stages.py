@@ -6,10 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from omnipipe.api import ResolvedStage
-from omnipipe.api.roles import Role
 from omnipipe.families.qwen_image.denoise import SteppedDenoiseStage
 from omnipipe.families.qwen_image.stages import DecodeStage, TextEncodeStage
-from omnipipe.worker.stages.base import Stage
 
 PIPELINE_DIR = "pipeline"
 
@@ -27,12 +25,3 @@ class SketchDenoise(SteppedDenoiseStage):
 class SketchDecode(DecodeStage):
     def __init__(self, spec: ResolvedStage, model_path: str, device: str) -> None:
         super().__init__(spec, str(Path(model_path) / PIPELINE_DIR), device)
-
-
-def stage_class(spec: ResolvedStage, model_path: str) -> type[Stage]:
-    classes: dict[Role, type[Stage]] = {
-        Role.TEXT_ENCODER: SketchEncode,
-        Role.DENOISER: SketchDenoise,
-        Role.VAE_DECODER: SketchDecode,
-    }
-    return classes[spec.role]

@@ -17,7 +17,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from omnipipe.worker.stages.base import (
+from omnipipe.stagekit.media import pcm16
+from omnipipe.stagekit.sampling import Sampling
+from omnipipe.stagekit.stage import (
     Chunk,
     Session,
     StageInputError,
@@ -26,8 +28,6 @@ from omnipipe.worker.stages.base import (
     StreamingStage,
     Tensors,
 )
-from omnipipe.worker.stages.media import pcm16
-from omnipipe.worker.stages.sampling import Sampling
 
 SAMPLE_RATE = 24_000
 

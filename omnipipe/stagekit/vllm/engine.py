@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from omnipipe.worker.engines.vllm_tap import PINNED_VLLM, HiddenStateTap, embed_tokens, install
+from omnipipe.stagekit.vllm.tap import PINNED_VLLM, HiddenStateTap, embed_tokens, install
 
 # What these stages need from vLLM, whatever engineArgs say: the model in this process,
 # and every prompt token run through the model (a prefix-cache hit skips it, and with it
@@ -67,7 +67,7 @@ def check_version() -> None:
     if vllm.__version__ != PINNED_VLLM:
         raise RuntimeError(
             f"vLLM {vllm.__version__} is installed; omnipipe's hidden-state tap was written "
-            f"against {PINNED_VLLM} (omnipipe/worker/engines/vllm_tap.py). Install "
+            f"against {PINNED_VLLM} (omnipipe/stagekit/vllm/tap.py). Install "
             f"{PINNED_VLLM}, or re-check the tap against the new version and raise the pin."
         )
 

@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 
 from omnipipe.api.stage_spec import MediaLimits
-from omnipipe.worker.stages.base import StageInputError
-from omnipipe.worker.stages.media import MediaBudget
+from omnipipe.stagekit.media import MediaBudget
+from omnipipe.stagekit.stage import StageInputError
 
 # qwen-omni-utils' vision_process.py: 2 frames/s, 4 to 768 frames in pairs (the vision
 # tower's temporal patch), at most 768 x 28 x 28 pixels a frame and 128000 x 28 x 28 x 0.9

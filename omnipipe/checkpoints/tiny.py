@@ -14,7 +14,7 @@ from pathlib import Path
 
 from omnipipe.api.from_model import is_hub_id
 from omnipipe.api.resolve import TINY_SCHEME
-from omnipipe.worker.models.fetch import COMPLETE, fetch, tiny_builders
+from omnipipe.checkpoints.fetch import COMPLETE, fetch, tiny_builders
 
 log = logging.getLogger(__name__)
 # Bump when a builder changes, so stale caches are rebuilt.

@@ -15,7 +15,7 @@ import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 from omnipipe.api.stage_spec import MediaLimits
-from omnipipe.worker.stages.base import StageInputError
+from omnipipe.stagekit.stage import StageInputError
 
 MAX_AUDIO_SECONDS = 300
 MAX_IMAGE_PIXELS = 64_000_000

@@ -29,7 +29,7 @@ from typing import Literal
 from pydantic.alias_generators import to_camel
 
 from omnipipe.api.stage_spec import MediaLimits
-from omnipipe.worker.stages.media import MediaBudget
+from omnipipe.stagekit.media import MediaBudget
 
 log = logging.getLogger(__name__)
 

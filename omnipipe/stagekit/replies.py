@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from omnipipe.worker.stages.base import StageInputError
-from omnipipe.worker.stages.sampling import Sampling
+from omnipipe.stagekit.sampling import Sampling
+from omnipipe.stagekit.stage import StageInputError
 
 THINKER_SAMPLING = Sampling(temperature=1.0, top_p=1.0, top_k=0, max_tokens=2048)
 

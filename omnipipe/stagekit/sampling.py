@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from omnipipe.worker.stages.base import StageInputError
+from omnipipe.stagekit.stage import StageInputError
 
 KEYS = (
     "temperature",

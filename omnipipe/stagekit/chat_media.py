@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from omnipipe.worker.stages.base import StageInputError
-from omnipipe.worker.stages.media_limits import ModelMedia
-from omnipipe.worker.stages.video import MAX_SAMPLING_FPS, VIDEO_FPS, Video, VideoLimits
+from omnipipe.stagekit.media_limits import ModelMedia
+from omnipipe.stagekit.stage import StageInputError
+from omnipipe.stagekit.video import MAX_SAMPLING_FPS, VIDEO_FPS, Video, VideoLimits
 
 # The mm_processor_kwargs a request may set (the router checks the same): the others
 # change how the checkpoint's processor sizes things, which the limits here bound.

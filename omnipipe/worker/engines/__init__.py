@@ -1,1 +1,0 @@
-"""Engine adapters: how a stage gets its model objects (diffusers, transformers, vLLM)."""

@@ -1,1 +1,0 @@
-"""Model sources: Hugging Face ids, local paths, and the built-in tiny:// models."""
