@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import base64
+import io
+import wave
 
+import numpy as np
 import openai
 import pytest
 
@@ -69,10 +72,13 @@ def test_tiny_omni_examples_answer_with_text_and_audio(name: str) -> None:
                 modalities=["text", "audio"],
                 audio={"voice": "Chelsie", "format": "wav"},
                 messages=[{"role": "user", "content": "Say hello."}],
+                # Unheld, the tiny talker's first code is a stop code about 1 time in 30.
+                extra_body={"sampling_params_list": {"talker": {"min_tokens": 16}}},
             )
         audio = r.choices[0].message.audio
         assert audio is not None
-        assert base64.b64decode(audio.data)[:4] == b"RIFF"
+        with wave.open(io.BytesIO(base64.b64decode(audio.data))) as w:
+            assert np.frombuffer(w.readframes(w.getnframes()), "<i2").any(), "silent or empty"
         assert r.choices[0].message.content is not None
     finally:
         served.stop()

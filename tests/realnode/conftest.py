@@ -43,6 +43,9 @@ ALERT_HOLD = "5s"
 # unseeded requests measured: 2 came back text only, as the model chose). Seeded, what a
 # request draws is fixed; seed 3 speaks for 1.8 s.
 SPEAKING_SEED = 3
+# Where a test must hear speech whatever the seed: the talker may not stop before this
+# many codes (min_tokens holds its stop codes back), so the reply always has audio.
+MUST_SPEAK = {"sampling_params_list": {"talker": {"min_tokens": 16}}}
 # Errors a test causes on purpose, each a string its operator log lines contain (a
 # ResourceQuota's name, say): the operator fixture's no-error check passes over them.
 # (The 429 a CRD's watch cache gives while it starts is logged as a warning:

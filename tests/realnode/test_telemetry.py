@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import importlib.util
+import io
 import json
 import math
 import os
@@ -23,6 +24,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+import wave
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -40,6 +42,7 @@ from tests.harness.node import NODE_NAME, RealNode
 from tests.harness.prometheus import Prometheus
 from tests.realnode.conftest import (
     EXPECTED_OPERATOR_ERRORS,
+    MUST_SPEAK,
     SPEAKING_SEED,
     apply_and_wait_ready,
     diagnose,
@@ -204,8 +207,13 @@ def talk(url: str) -> None:
                         pcm += base64.b64decode(audio.data)
             assert kinds == {"text", "audio"}, kinds
             assert np.frombuffer(pcm, "<i2").any(), "no audio, or silent audio"
-        speech = c.audio.speech.create(model=OMNI, input="hello world", voice="Ethan")
-        assert speech.content
+        speech = c.audio.speech.create(
+            model=OMNI, input="hello world", voice="Ethan", extra_body=MUST_SPEAK
+        )
+        with wave.open(io.BytesIO(speech.content)) as w:
+            samples = np.frombuffer(w.readframes(w.getnframes()), "<i2")
+        assert samples.size > 0, "speech without samples"
+        assert samples.any(), "silent speech"
         bad_requests(c, OMNI)
 
 
