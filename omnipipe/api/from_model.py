@@ -20,16 +20,18 @@ from omnipipe.api.resource import MAX_PIPELINE_NAME, ManifestError, OmniPipeline
 _DESCRIPTORS = (("model_index.json", "_class_name"), ("config.json", "model_type"))
 # What names a file, never a model: `omnipipe serve nope.yaml` is a missing file.
 FILE_SUFFIXES = (".yaml", ".yml", ".json")
-# The Hub's own rule for a repository id (huggingface_hub.utils.validate_repo_id):
-# `name` or `owner/name`, word characters, '-' and '.', at most 96 characters.
-_HUB_ID = re.compile(r"(?:\b[\w.-]+\b/)?\b[\w.-]+\b")
+# The Hub's own rule for a repository id (huggingface_hub.utils.validate_repo_id), with
+# the owner required: word characters, '-' and '.', at most 96 characters. The Hub still
+# answers a few legacy ids without an owner (gpt2), but a bare word on a command line is
+# far likelier a mistyped file, and looking it up costs seconds of retries.
+_HUB_ID = re.compile(r"\b[\w.-]+\b/\b[\w.-]+\b")
 MAX_HUB_ID = 96
 _TRUE = {"1", "ON", "YES", "TRUE"}
 
 
 def is_hub_id(name: str) -> bool:
-    """Whether `name` is shaped like a Hugging Face repository id; only such names are
-    looked up on the Hub."""
+    """Whether `name` is shaped like a Hugging Face repository id, owner/name; only such
+    names are looked up on the Hub."""
     return (
         len(name) <= MAX_HUB_ID
         and _HUB_ID.fullmatch(name) is not None

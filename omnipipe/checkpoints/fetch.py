@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from omnipipe.api.families import installed_families, load_attribute
+from omnipipe.api.from_model import is_hub_id
 from omnipipe.api.resolve import TINY_SCHEME
 
 log = logging.getLogger(__name__)
@@ -103,6 +104,12 @@ def fetch(model: str, target: Path, revision: str | None = None) -> Path:
         raise FetchError("NotEmpty", f"{target} exists and is not a completed fetch")
     if Path(model).expanduser().is_dir():
         raise FetchError("LocalPath", f"{model} is already a local directory: mount it instead")
+    if not model.startswith(TINY_SCHEME) and not is_hub_id(model):
+        raise FetchError(
+            "UnknownModel",
+            f"{model}: not a Hugging Face model id (owner/name) nor tiny://NAME; nothing "
+            "was looked up",
+        )
     staging = target.with_name(f".{target.name}.partial")
     started = time.monotonic()
     try:

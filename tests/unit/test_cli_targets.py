@@ -44,6 +44,9 @@ def no_hub(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         "a/b/c",
         "org/model/",
         "weird name/with spaces",
+        "nope",
+        "nope.txt",
+        "nope.yaml.bak",
     ],
 )
 @pytest.mark.parametrize("command", ["serve", "render"])
@@ -69,7 +72,8 @@ def test_a_missing_path_is_an_error_at_once_with_no_network(
     [
         ("Qwen/Qwen2.5-Omni-7B", True),
         ("ByteDance-Seed/BAGEL-7B-MoT", True),
-        ("gpt2", True),
+        ("gpt2", False),  # the Hub's legacy ids without an owner are not looked up
+        ("nope.txt", False),
         ("org/model.yaml", False),
         ("org/model.git", False),
         ("org--x/model", False),

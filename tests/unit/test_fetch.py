@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -83,4 +84,24 @@ def test_a_full_volume_is_no_space_and_leaves_no_model(small_volume: Path) -> No
     with pytest.raises(FetchError, match="no space left") as full:
         fetch("tiny://qwen-image", target)  # 1.6 MiB
     assert full.value.reason == "NoSpace"
+    assert not target.exists()
+
+
+@pytest.mark.parametrize("model", ["nope.yaml", "nope", "gpt2", "org/model/extra", "a b/c"])
+def test_a_name_that_is_no_hub_id_is_refused_with_no_network(
+    model: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import huggingface_hub
+
+    def download(*args: object, **kwargs: object) -> str:
+        raise AssertionError(f"looked up {model} on the Hub")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", download)
+    target = tmp_path / "m"
+    started = time.monotonic()
+    assert main(["fetch", model, str(target)]) == 3
+    assert time.monotonic() - started < 1.0
+    err = capsys.readouterr().err
+    assert "not a Hugging Face model id (owner/name)" in err
+    assert err.rstrip().endswith("reason: UnknownModel")
     assert not target.exists()
