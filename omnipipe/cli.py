@@ -9,6 +9,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from pydantic import ValidationError
+
 from omnipipe.api import ManifestError, OmniPipeline, load_file
 from omnipipe.api.families import FamilyError
 from omnipipe.api.yamlio import dump, dump_all
@@ -372,7 +374,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (ManifestError, FamilyError) as exc:
         print(f"omnipipe: {exc}", file=sys.stderr)
         return 2
+    except ValidationError as exc:
+        if not exc.title.endswith("Settings"):
+            raise
+        for line in _settings_problems(exc):
+            print(f"omnipipe {args.command}: {line}", file=sys.stderr)
+        return 2
     return code
+
+
+def _settings_problems(exc: ValidationError) -> list[str]:
+    """A settings class's refusals, each naming the variable to fix
+    (OMNIPIPE_ROUTER_API_KEY for RouterSettings.api_key), without a traceback."""
+    prefix = f"OMNIPIPE_{exc.title.removesuffix('Settings').upper()}_"
+    lines = []
+    for error in exc.errors(include_url=False, include_input=False):
+        name = str(error["loc"][0]) if error["loc"] else ""
+        variable = name if name.isupper() else prefix + name.upper()
+        lines.append(f"{variable}: {error['msg'].removeprefix('Value error, ')}")
+    return lines
 
 
 if __name__ == "__main__":

@@ -57,12 +57,15 @@ class GuardMiddleware:
         return self.expected
 
     def _reject(self, scope: Scope) -> OpenAIError | None:
-        headers = dict(scope.get("headers") or [])
+        raw = scope.get("headers") or []
+        headers = dict(raw)
         expected = self._expected(scope["path"])
-        if expected is not None and not hmac.compare_digest(
-            headers.get(b"authorization", b""), expected
-        ):
-            return Unauthorized("invalid or missing API key", code="invalid_api_key")
+        if expected is not None:
+            # Two Authorization headers are refused, not settled by which comes last: a
+            # proxy that adds one must not let a client's own decide.
+            sent = [value for name, value in raw if name == b"authorization"]
+            if len(sent) != 1 or not hmac.compare_digest(sent[0], expected):
+                return Unauthorized("invalid or missing API key", code="invalid_api_key")
         length = headers.get(b"content-length", b"")
         if length.isdigit() and int(length) > self.max_body:
             return PayloadTooLarge(f"request body over {self.max_body} bytes")

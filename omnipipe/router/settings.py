@@ -4,6 +4,7 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from omnipipe.api.constants import CREDENTIAL_ENV
+from omnipipe.api.keys import SecretKey
 
 
 class RouterSettings(BaseSettings):
@@ -20,12 +21,12 @@ class RouterSettings(BaseSettings):
     """Bind address."""
     port: int = 8000
     """HTTP port of the OpenAI-compatible API."""
-    api_key: str | None = None
+    api_key: SecretKey = None
     """When set, clients must send `Authorization: Bearer <key>` (a Secret in Kubernetes)."""
-    admin_api_key: str | None = None
+    admin_api_key: SecretKey = None
     """When set, `/admin` takes `Authorization: Bearer <key>` with this key instead of
     api_key (which then no longer opens it)."""
-    pipeline_credential: str | None = Field(default=None, validation_alias=CREDENTIAL_ENV)
+    pipeline_credential: SecretKey = Field(default=None, validation_alias=CREDENTIAL_ENV)
     """The pipeline's shared credential, sent on every call to a worker's control API
     (read from OMNIPIPE_PIPELINE_CREDENTIAL, the variable the workers read too)."""
     replicas_file: str | None = None

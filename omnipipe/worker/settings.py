@@ -4,6 +4,7 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from omnipipe.api.constants import CREDENTIAL_ENV
+from omnipipe.api.keys import SecretKey
 
 
 class WorkerSettings(BaseSettings):
@@ -41,7 +42,7 @@ class WorkerSettings(BaseSettings):
     """Torch device: auto picks cuda when the stage has GPUs and CUDA is present."""
     drain_timeout_seconds: float = 110.0
     """How long a drain waits for in-flight requests before giving up."""
-    credential: str | None = Field(default=None, validation_alias=CREDENTIAL_ENV)
+    credential: SecretKey = Field(default=None, validation_alias=CREDENTIAL_ENV)
     """The pipeline's shared credential (OMNIPIPE_PIPELINE_CREDENTIAL, no prefix: the
     router reads the same variable). When set, every control call but /health, /ready
     and /metrics must carry it in the X-Omnipipe-Credential header."""
