@@ -22,6 +22,7 @@ from omnipipe.api.resource import (
     validation_lines,
     yaml_problem,
 )
+from omnipipe.api.yamlio import load
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +31,7 @@ def load_pipeline(path: str | Path) -> ResolvedPipeline:
     p = Path(path)
     text = read_pipeline_text(p)
     try:
-        doc = yaml.safe_load(text)
+        doc = load(text)
     except yaml.YAMLError as exc:
         raise yaml_problem(p, exc) from None
     if isinstance(doc, dict) and doc.get("kind") == c.KIND:

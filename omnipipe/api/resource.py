@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from omnipipe.api import constants as c
 from omnipipe.api.families import MAX_STAGE_NAME
 from omnipipe.api.spec import OmniPipelineSpec
+from omnipipe.api.yamlio import RefusedYaml, load_all
 
 # The longest stage name a family may define decides how long a pipeline name may be:
 # every child name <pipeline>-<stage> must stay a 63-character DNS label.
@@ -80,6 +81,8 @@ def read_pipeline_text(p: Path) -> str:
 
 def yaml_problem(p: Path, exc: yaml.YAMLError) -> ManifestError:
     """Where the YAML breaks, without the file's text (PyYAML's message quotes it)."""
+    if isinstance(exc, RefusedYaml):
+        return ManifestError(f"{p}: {exc}")
     mark = getattr(exc, "problem_mark", None)
     where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
     return ManifestError(f"{p}: not valid YAML{where}")
@@ -111,7 +114,7 @@ def load_file(path: str | Path) -> OmniPipeline:
     p = Path(path)
     text = read_pipeline_text(p)
     try:
-        docs = [d for d in yaml.safe_load_all(text) if d is not None]
+        docs = [d for d in load_all(text) if d is not None]
     except yaml.YAMLError as exc:
         raise yaml_problem(p, exc) from None
     pipelines = [d for d in docs if isinstance(d, dict) and d.get("kind") == c.KIND]

@@ -22,6 +22,7 @@ from typing import Any, Literal
 import httpx
 import yaml
 
+from omnipipe.api.yamlio import load as load_yaml
 from omnipipe.client.types import OmniError, error_of
 
 # The supervisor's closing line for one reload (omnipipe/local/rollout.py).
@@ -208,7 +209,7 @@ class ControlCalls:
         """Removes an adapter from the pipeline file and reloads it; False if it has none
         of that name."""
         file = await self._adapters_file()
-        spec = _spec_of(yaml.safe_load(await asyncio.to_thread(file.read_text)), file)
+        spec = _spec_of(load_yaml(await asyncio.to_thread(file.read_text)), file)
         if not any(a.get("name") == name for a in spec.get("adapters") or []):
             return False
 
@@ -269,7 +270,7 @@ def _write_change(file: Path, change: AdapterChange) -> str:
     from omnipipe.api.loading import load_pipeline
 
     before = file.read_text()
-    doc = yaml.safe_load(before)
+    doc = load_yaml(before)
     running = load_pipeline(file)
     change(_spec_of(doc, file), [s.name for s in running.stages if s.role in ADAPTER_ROLES])
     candidate = file.with_name(f".{file.name}.new")
