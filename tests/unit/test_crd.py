@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -8,6 +11,7 @@ import pytest
 import yaml
 
 from omnipipe.api.crd import build_crd, render_crd_yaml
+from omnipipe.api.families import installed_families
 from tests.harness.families import only_families, own_family_names
 
 REPO = Path(__file__).resolve().parents[2]
@@ -102,3 +106,23 @@ def test_bounds_are_openapi_v3_not_json_schema() -> None:
                 walk(value, f"{path}[{i}]")
 
     walk(build_crd(), "crd")
+
+
+def test_the_venvs_own_crd_is_the_committed_one_while_tests_have_their_plugin() -> None:
+    """The tests' outside family is on the path only while tests run
+    (tests/harness/plugin_path.py): `omnipipe crd` in the venv, as a user or `make serve`
+    runs it, with no OMNIPIPE_FAMILIES, prints the committed CRD."""
+    from omnipipe.api.families import FAMILIES_ENV
+    from tests.harness.plugin_path import TARGET
+
+    assert "sketch" in installed_families()  # this process has the plugin
+    env = {k: v for k, v in os.environ.items() if k not in {"PYTHONPATH", FAMILIES_ENV}}
+    crd = subprocess.run(
+        [sys.executable, "-m", "omnipipe.cli", "crd"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env=env,
+        cwd=TARGET.parent,
+    ).stdout
+    assert crd == COMMITTED.read_text(), "the venv itself has a family omnipipe does not ship"
