@@ -163,6 +163,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
     from omnipipe.worker.settings import WorkerSettings
     from omnipipe.worker.threads import (
         apply_thread_budget,
+        group_budget,
         group_teams,
         process_team,
         thread_budget,
@@ -181,7 +182,7 @@ def _cmd_worker(args: argparse.Namespace) -> int:
             raise SystemExit(f"omnipipe worker: no group {settings.group!r} (groups: {known})")
         # The process's budget, fixed now: the environment this sets next would else be
         # read back as the budget when the stages split it.
-        settings = settings.model_copy(update={"threads": thread_budget(settings.threads, None)})
+        settings = settings.model_copy(update={"threads": group_budget(settings.threads)})
         assert settings.threads is not None
         teams = group_teams(pipeline, groups[settings.group].stages, settings.threads)
         threads = process_team(pipeline, teams)

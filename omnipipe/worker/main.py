@@ -15,7 +15,7 @@ from omnipipe.api.placement import workloads
 from omnipipe.worker.group import build_group_app
 from omnipipe.worker.server import WorkerState, build_app
 from omnipipe.worker.settings import WorkerSettings
-from omnipipe.worker.threads import group_teams, thread_budget
+from omnipipe.worker.threads import group_budget, group_teams
 
 # Kubernetes' default terminationMessagePath; its size limit is 4096 bytes.
 TERMINATION_LOG = Path("/dev/termination-log")
@@ -40,7 +40,7 @@ def _build(settings: WorkerSettings) -> tuple[FastAPI, list[WorkerState]]:
     ports = settings.transfer_ports or tuple(
         settings.transfer_port + i for i in range(len(group.stages))
     )
-    total = thread_budget(settings.threads, None)
+    total = group_budget(settings.threads)
     app = build_group_app(
         pipeline, settings, group, ports, group_teams(pipeline, group.stages, total)
     )

@@ -72,6 +72,13 @@ def group_teams(pipeline: ResolvedPipeline, stages: tuple[str, ...], total: int)
     return split_group_threads(total, {s: pipeline.stage(s).cpu for s in stages})
 
 
+def group_budget(configured: int | None) -> int:
+    """A colocated group's process budget: the launcher's --threads, else (in a pod,
+    where none is given) OMP_NUM_THREADS or the CPUs the process may use; never a
+    stage's resources.cpu, which sizes that stage's team within it."""
+    return thread_budget(configured, None)
+
+
 def process_team(pipeline: ResolvedPipeline, teams: dict[str, int]) -> int:
     """The team a colocated group's process starts every thread with (the environment
     OpenMP reads): its vLLM stage's, where it has one, since vLLM sizes its pools from
