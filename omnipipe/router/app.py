@@ -34,6 +34,7 @@ from omnipipe.router.api.generate import GenerateRequest, generate_router
 from omnipipe.router.api.images import ImageGenerationRequest, images_router
 from omnipipe.router.api.models import model_ids, models_router
 from omnipipe.router.api.speech import SpeechRequest, speech_router
+from omnipipe.router.api.video_only import video_only_router
 from omnipipe.router.api.videos import VideoCreateRequest, videos_router
 from omnipipe.router.discovery import Discovery, DnsDiscovery, StaticDiscovery
 from omnipipe.router.errors import (
@@ -231,13 +232,15 @@ def build_app(pipeline: ResolvedPipeline, settings: RouterSettings) -> FastAPI:
         return model_ids(orchestrator.serving_pipeline())
 
     app.include_router(models_router(orchestrator.serving_pipeline, int(time.time())))
-    app.include_router(images_router(orchestrator, serving_ids))
-    app.include_router(edits_router(orchestrator, serving_ids))
-    app.include_router(chat_router(pipeline, orchestrator, serving_ids))
-    app.include_router(speech_router(pipeline, orchestrator, serving_ids))
-    app.include_router(generate_router(pipeline, orchestrator, serving_ids))
-    if videos is not None:
+    if videos is None:
+        app.include_router(images_router(orchestrator, serving_ids))
+        app.include_router(edits_router(orchestrator, serving_ids))
+        app.include_router(chat_router(pipeline, orchestrator, serving_ids))
+        app.include_router(speech_router(pipeline, orchestrator, serving_ids))
+        app.include_router(generate_router(pipeline, orchestrator, serving_ids))
+    else:
         app.include_router(videos_router(orchestrator, serving_ids, videos))
+        app.include_router(video_only_router(pipeline))
     credential = settings.pipeline_credential
     admin = AdminService(
         orchestrator.serving_pipeline,

@@ -228,3 +228,30 @@ def test_an_idempotency_key_makes_one_job_however_often_it_is_sent(
         refused = client.post("/v1/videos", json=SMALL, headers={"Idempotency-Key": bad})
         assert refused.status_code == 400, refused.text
         assert refused.json()["error"]["param"] == "Idempotency-Key"
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/v1/omni/generate", {"model": "v", "prompt": "x"}),
+        ("/v1/images/generations", {"model": "v", "prompt": "x", "size": "99999x99999"}),
+        ("/v1/chat/completions", {"model": "v", "messages": [{"role": "user", "content": "x"}]}),
+        ("/v1/audio/speech", {"model": "v", "input": "x"}),
+        ("/v1/images/edits", {}),
+    ],
+)
+def test_the_synchronous_endpoints_point_at_the_video_jobs(
+    api: tuple[TestClient, Path], path: str, body: dict[str, Any]
+) -> None:
+    """A video pipeline runs a video only as a job: a synchronous endpoint answers at once
+    with a 400 naming /v1/videos, and starts nothing (no job, no stage call)."""
+    client, _ = api
+    started = time.monotonic()
+    refused = client.post(path, json=body)
+    assert time.monotonic() - started < 5
+    assert refused.status_code == 400, refused.text
+    error = refused.json()["error"]
+    assert error["param"] == "model"
+    assert "POST /v1/videos" in error["message"]
+    assert client.get("/v1/videos").json()["data"] == []
+    assert path not in client.get("/openapi.json").json()["paths"]
