@@ -3,6 +3,7 @@ show readiness progress, and take them all down together."""
 
 from __future__ import annotations
 
+import shutil
 import signal
 import subprocess
 import sys
@@ -106,6 +107,8 @@ class Supervisor(RevisionReloads):
             # After the router, which gives its running jobs back to the store.
             self.video_store.terminate()
             self.video_store.wait()
+        # Its snapshots, replicas file and video store were this run's alone.
+        shutil.rmtree(self.state_dir, ignore_errors=True)
 
     def run_forever(self) -> None:
         while True:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import io
 import wave
+from pathlib import Path
 
 import numpy as np
 import openai
@@ -24,10 +25,13 @@ def test_make_serve_example_serves_an_image() -> None:
     assert served.proc.returncode == 0
 
 
-def test_serve_model_needs_no_file() -> None:
+def test_serve_model_needs_no_file(tmp_path: Path) -> None:
     """`omnipipe serve MODEL`, as `vllm serve MODEL`: the checkpoint says it is a
-    Qwen-Image pipeline, and clients name the model as they gave it."""
-    served = start_serve("tiny://qwen-image")
+    Qwen-Image pipeline, and clients name the model as they gave it. Stopped, it leaves
+    none of its state behind."""
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    served = start_serve("tiny://qwen-image", env={"TMPDIR": str(temporary)})
     try:
         assert any(
             "serving tiny://qwen-image as a qwen-image pipeline" in line for line in served.output
@@ -39,9 +43,11 @@ def test_serve_model_needs_no_file() -> None:
                 {"root": "tiny://qwen-image", "pipeline": "qwen-image"},
             )
         assert_serves_a_small_image(served.base_url, "tiny://qwen-image")
+        assert [p.name for p in temporary.glob("omnipipe-*")]  # its state, while it runs
     finally:
         served.stop()
     assert served.proc.returncode == 0
+    assert [p.name for p in temporary.glob("omnipipe-*")] == []
 
 
 def test_workers_never_outlive_a_killed_serve() -> None:
