@@ -25,6 +25,8 @@ def relayed_message(message: str) -> str:
 class OpenAIError(Exception):
     status = 500
     type = "server_error"
+    # Seconds a client should wait before trying again, where no error says otherwise.
+    default_retry_after: int | None = None
 
     def __init__(
         self,
@@ -42,8 +44,9 @@ class OpenAIError(Exception):
 
     def response(self, headers: dict[str, str] | None = None) -> JSONResponse:
         headers = dict(headers or {})
-        if self.retry_after:
-            headers["Retry-After"] = str(self.retry_after)
+        retry_after = self.retry_after or self.default_retry_after
+        if retry_after:
+            headers["Retry-After"] = str(retry_after)
         return JSONResponse({"error": self.body()}, status_code=self.status, headers=headers)
 
 
@@ -83,7 +86,11 @@ class Overloaded(OpenAIError):
 
 
 class StageUnavailable(OpenAIError):
+    """A stage that cannot take the request now (paused, its replica draining): every
+    such 503 tells the client when to try again."""
+
     status, type = 503, "service_unavailable"
+    default_retry_after = 5
 
 
 class GatewayTimeout(OpenAIError):

@@ -275,3 +275,23 @@ def test_a_data_url_type_that_is_not_its_content_is_a_400(url: str, message: str
 def test_a_data_url_whose_type_is_its_content_passes(url: str) -> None:
     [message] = thinker_messages(image_url(url))
     assert message["content"] == [{"type": "image", "data": url.partition(",")[2]}]
+
+
+def test_a_stage_that_is_unavailable_tells_the_client_when_to_retry() -> None:
+    """A paused stage aborts what it holds (a 503): the client learns when to come back."""
+    from omnipipe.router.errors import StageUnavailable
+    from omnipipe.router.stage_calls import _error_for
+
+    aborted = _error_for(
+        "thinker",
+        StageEvent(
+            type="error",
+            code="stage_unavailable",
+            message="thinker: request aborted: generation paused",
+        ),
+    )
+    response = aborted.response()
+    assert response.status_code == 503
+    assert response.headers["Retry-After"] == "5"
+    assert StageUnavailable("x", retry_after=1).response().headers["Retry-After"] == "1"
+    assert "Retry-After" not in BadRequest("x").response().headers

@@ -8,6 +8,7 @@ import asyncio
 import base64
 import json
 import os
+import re
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -393,3 +394,27 @@ def test_a_clients_traceparent_reaches_every_stage_as_a_header(
         assert worker.traceparents == [traceparent] * len(IMAGE.stages)
         generate(client)
     assert worker.traceparents[len(IMAGE.stages) :] == [None] * len(IMAGE.stages)
+
+
+def test_every_omni_generate_line_has_a_request_id_even_when_the_client_gave_none(
+    tmp_path: Path, serve_worker: Callable[[FakeWorker], str]
+) -> None:
+    """Unnamed, a request is named by the router (omni-<32 hex>), the same on every line,
+    and two such requests are told apart."""
+    url = serve_worker(FakeWorker(results({"b64_json": "AAAA"})))
+    with router(tmp_path, url) as client:
+        ids = []
+        for _ in range(2):
+            resp = client.post("/v1/omni/generate", json={"model": "tiny-image", "prompt": "a cat"})
+            assert resp.status_code == 200, resp.text
+            lines = [json.loads(line) for line in resp.text.splitlines()]
+            assert lines[-1]["type"] == "done"
+            [request_id] = {line["request_id"] for line in lines}
+            assert re.fullmatch(r"omni-[0-9a-f]{32}", request_id), request_id
+            ids.append(request_id)
+        assert ids[0] != ids[1]
+        named = client.post(
+            "/v1/omni/generate",
+            json={"model": "tiny-image", "prompt": "a cat", "request_id": "mine"},
+        )
+        assert {json.loads(line)["request_id"] for line in named.text.splitlines()} == {"mine"}

@@ -8,13 +8,15 @@ reads it; any HTTP client can. One JSON object a line:
   {"type": "error", "error": {"message", "type", "param", "code"}}    then the stream ends
   {"type": "done"}                                       every stage is done
 
-Every line also carries the request's request_id."""
+Every line also carries the request's request_id: the client's, or one the router made
+(omni-<32 hex>) when it sent none."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import logging
+import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any, Literal
 
@@ -140,12 +142,12 @@ def _plan(
     return {stage: params for stage in orchestrator.stages}, set(orchestrator.outputs)
 
 
-def _line(request_id: str | None, event: dict[str, Any]) -> bytes:
+def _line(request_id: str, event: dict[str, Any]) -> bytes:
     return json.dumps({**event, "request_id": request_id}).encode() + b"\n"
 
 
 async def _lines(
-    request_id: str | None,
+    request_id: str,
     first: Output | OutputPart | StageDone | None,
     rest: AsyncGenerator[Output | OutputPart | StageDone],
 ) -> AsyncIterator[bytes]:
@@ -195,8 +197,9 @@ def generate_router(
         outputs = orchestrator.stream_stages(params, emitters)
         # The first item before the status line: a request the stages refuse keeps its 4xx.
         first = await first_output(outputs)
+        request_id = body.request_id or f"omni-{uuid.uuid4().hex}"
         return StreamingResponse(
-            _lines(body.request_id, first, outputs), media_type="application/x-ndjson"
+            _lines(request_id, first, outputs), media_type="application/x-ndjson"
         )
 
     return router
