@@ -418,3 +418,30 @@ def test_every_omni_generate_line_has_a_request_id_even_when_the_client_gave_non
             json={"model": "tiny-image", "prompt": "a cat", "request_id": "mine"},
         )
         assert {json.loads(line)["request_id"] for line in named.text.splitlines()} == {"mine"}
+
+
+@pytest.mark.parametrize(
+    ("extra", "status", "param"),
+    [
+        ({"stream_format": "sse"}, 400, "stream_format"),
+        ({"stream_format": "ogg"}, 400, "stream_format"),
+        ({"stream_format": "audio"}, 200, None),
+    ],
+)
+def test_speech_refuses_a_stream_format_it_does_not_serve(
+    tmp_path: Path,
+    serve_worker: Callable[[FakeWorker], str],
+    extra: dict[str, str],
+    status: int,
+    param: str | None,
+) -> None:
+    """Asked for server-sent events, speech says it has none rather than answering with
+    raw audio the client's SSE reader cannot read."""
+    audio = {"audio": base64.b64encode(b"\0\0" * 240).decode(), "sample_rate": 24_000}
+    worker = FakeWorker(results(audio))
+    with router(tmp_path, serve_worker(worker), pipeline="omni") as client:
+        body = {"model": "tiny-omni", "input": "hi", "response_format": "pcm", **extra}
+        resp = client.post("/v1/audio/speech", json=body)
+    assert resp.status_code == status, resp.text
+    if param is not None:
+        assert openai_error(resp)["param"] == param

@@ -41,6 +41,9 @@ class SpeechRequest(BaseModel):
     voice: str | None = None
     response_format: Literal["wav", "pcm"] = "wav"
     speed: float = Field(default=1.0, ge=0.25, le=4.0)
+    stream_format: Literal["audio", "sse"] = "audio"
+    """audio: the body is the audio. sse (speech.audio.delta events) is not served yet,
+    and is refused rather than answered with what the client did not ask for."""
     seed: int | None = Field(default=None, ge=0, lt=2**63)
     sampling_params_list: list[dict[str, Any] | None] | dict[str, Any] | None = None
 
@@ -57,6 +60,12 @@ def speech_router(
             raise BadRequest(f"model {body.model!r} does not produce speech", param="model")
         if body.speed != 1.0:
             raise BadRequest("only speed=1.0 is supported", param="speed")
+        if body.stream_format != "audio":
+            raise BadRequest(
+                "stream_format 'sse' is not supported: omit it, and the body streams the "
+                "audio itself (stream_format 'audio')",
+                param="stream_format",
+            )
         overrides = sampling_overrides(pipeline, body.sampling_params_list)
         common = {
             "voice": body.voice,
