@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -37,6 +38,8 @@ class StubWorker(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
     def do_GET(self) -> None:
+        if f"{self.server.server_port}{self.path}" in getattr(self, "stuck", ()):
+            time.sleep(10)  # a replica whose control API is stuck (past the read limit)
         if self.path == "/ready":
             port = self.server.server_port
             status = {"pipeline": "p", "stage": "any", "ready": True, "draining": False}
@@ -216,3 +219,25 @@ def test_adapters_are_changed_in_the_file_or_the_resource_not_here(
         assert refused.status_code == 409
         assert "pipeline file's spec.adapters" in refused.json()["error"]["message"]
         assert client.delete("/admin/loras/ink").status_code == 409
+
+
+def test_a_stuck_replica_does_not_hold_the_state_of_the_others(
+    tmp_path: Path, workers: tuple[list[str], type[StubWorker]]
+) -> None:
+    """/admin/stages asks every replica at once, each for at most READ_TIMEOUT_SECONDS:
+    one that never answers is reported as such beside the others' states."""
+    from omnipipe.router.api.admin import READ_TIMEOUT_SECONDS
+
+    urls, handler = workers
+    stuck_port = urls[1].rsplit(":", 1)[1]
+    handler.stuck = {f"{stuck_port}/control"}  # type: ignore[attr-defined]
+    with app_over(tmp_path, urls, api_key=None) as client:
+        started = time.monotonic()
+        answer = client.get("/admin/stages")
+        took = time.monotonic() - started
+    assert answer.status_code == 200, answer.text
+    assert READ_TIMEOUT_SECONDS <= took < READ_TIMEOUT_SECONDS + 10
+    replicas = {r["replica"]: r for rs in answer.json()["stages"].values() for r in rs}
+    assert replicas[urls[1]]["error"] == f"no answer within {READ_TIMEOUT_SECONDS:g} s"
+    assert replicas[urls[0]]["paused"] is False
+    assert replicas[urls[2]]["paused"] is False

@@ -18,6 +18,9 @@ from omnipipe.router.replicas import ReplicaPool
 
 # Waking a stage from sleep level 2 reloads its model: minutes on a real one.
 CONTROL_TIMEOUT_SECONDS = 900.0
+# A read (a replica's state, its tokenizer) answers at once or is stuck: one stuck
+# replica is reported as such, and never holds the answer about the others.
+READ_TIMEOUT_SECONDS = 5.0
 
 # Admin action -> the worker's control call (path, body fields taken from the request).
 ACTIONS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -101,14 +104,13 @@ class AdminService:
     async def _call(
         self, method: str, url: str, path: str, body: dict[str, Any] | None
     ) -> tuple[int, Any]:
+        limit = READ_TIMEOUT_SECONDS if method == "GET" else CONTROL_TIMEOUT_SECONDS
         try:
             resp = await self._client.request(
-                method,
-                f"{url}{path}",
-                json=body,
-                headers=self._headers,
-                timeout=CONTROL_TIMEOUT_SECONDS,
+                method, f"{url}{path}", json=body, headers=self._headers, timeout=limit
             )
+        except httpx.TimeoutException:
+            return 0, f"no answer within {limit:g} s"
         except httpx.HTTPError as exc:
             return 0, f"no answer: {exc!r}"
         if resp.status_code == 200:
