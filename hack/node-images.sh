@@ -30,7 +30,9 @@ mkdir -p "$OUT"
 for target in "${targets[@]}"; do
   image="$REPO/$target:$TAG"
   id=$(hack/buildah images --no-trunc --format '{{.ID}}' "$image" | awk 'NR == 1')
-  if [[ -f "$OUT/$target.id" && "$(cat "$OUT/$target.id")" == "$id" && -s "$OUT/$target/index.json" ]]; then
+  # The image and the name its layout gives it: one image built under two tags is
+  # written again when the other tag asks for it.
+  if [[ -f "$OUT/$target.id" && "$(cat "$OUT/$target.id")" == "$id $image" && -s "$OUT/$target/index.json" ]]; then
     log "$image: layout up to date"
     continue
   fi
@@ -41,7 +43,7 @@ for target in "${targets[@]}"; do
   skopeo copy --quiet --dest-oci-accept-uncompressed-layers "$STORE@${id#sha256:}" \
     "oci:$OUT/$target:$image"
   log "$(python3 -m tests.harness.oci_layout prune "$OUT/$target")"
-  echo "$id" > "$OUT/$target.id"
+  echo "$id $image" > "$OUT/$target.id"
   log "$image: layout written in $((SECONDS - s)) s ($(du -sh "$OUT/$target" | cut -f1))"
 done
 log "images ready in $((SECONDS - start)) s: $OUT"
