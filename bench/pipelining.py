@@ -31,13 +31,15 @@ STAGES = ("s1", "s2", "s3")
 BODY = json.dumps({"model": "pipe", "prompt": "x", "size": "64x64"})
 
 
-def manifest(seconds: float) -> str:
+def manifest(seconds: float, model: Path) -> str:
+    """`model`: any existing directory; the sleeping stages load nothing from it (a name
+    that is neither a directory nor a Hub id is refused before a stage loads)."""
     args = f"engineArgs: {{seconds: {seconds}, nbytes: 65536}}"
     return f"""apiVersion: omnipipe.io/v1alpha1
 kind: OmniPipeline
 metadata: {{name: pipe}}
 spec:
-  model: fake
+  model: {model}
   pipeline: custom
   transfer: {{backend: tcp}}
   stages:
@@ -63,7 +65,7 @@ def run_all(
 ) -> dict[str, dict[int, float]]:
     here = Path(__file__).resolve().parent
     py = sys.executable
-    (work / "pipe.yaml").write_text(manifest(stage_s))
+    (work / "pipe.yaml").write_text(manifest(stage_s, work))
     results: dict[str, dict[int, float]] = {}
     mono = free_port()
     with running(

@@ -2,7 +2,8 @@
 # Debian packages the tests need: etcd (the API server's store), openssl (test certs),
 # prometheus and promtool (autoscaling and alert tests), curl (a test client), and the benchmarks' anchors and
 # load generator: ucx_perftest (ucx-utils) and wrk; buildah and mmdebstrap build the
-# container images from a local Debian base (hack/build-images.sh, hack/debian-base.sh);
+# container images from a local Debian base (hack/build-images.sh, hack/debian-base.sh)
+# and skopeo writes them as the real node's OCI layouts (hack/node-images.sh);
 # containerd, runc, the CNI plugins, iptables and conntrack run the test tier's real node
 # (tests/harness/node.py: kubelet's runtime, pod networking, kube-proxy's rules); redis-server
 # keeps the video jobs that router replicas share (tests/e2e/test_videos.py).
@@ -18,6 +19,7 @@ command -v curl >/dev/null || need+=(curl)
 command -v ucx_perftest >/dev/null || need+=(ucx-utils)
 command -v wrk >/dev/null || need+=(wrk)
 command -v buildah >/dev/null || need+=(buildah)
+command -v skopeo >/dev/null || need+=(skopeo)
 command -v mmdebstrap >/dev/null || need+=(mmdebstrap)
 command -v containerd >/dev/null || need+=(containerd)
 command -v runc >/dev/null || need+=(runc)
