@@ -16,12 +16,12 @@ import pytest
 from omnipipe.api.spec import Role
 from omnipipe.api.stage_spec import MediaLimits
 from omnipipe.checkpoints.tiny import resolve_model_path
-from omnipipe.families.qwen_omni.thinker import ThinkerStage
+from omnipipe.families.qwen_omni.transformers.thinker import ThinkerStage
+from omnipipe.stagekit import video as video_module
 from omnipipe.stagekit.chat_media import processor_media, smallest_video_patch
 from omnipipe.stagekit.media_limits import effective_media
 from omnipipe.stagekit.stage import StageInputError, StageJob
 from omnipipe.stagekit.video import VideoLimits, decode_video
-from omnipipe.stagekit import video as video_module
 from tests.unit.test_media_budget import audio, wav
 from tests.unit.test_media_limits import processor
 from tests.unit.test_omni_stages import spec

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from omnipipe.families.qwen_omni.checkpoint import load_qwen25_omni
 from omnipipe.families.qwen_omni.codec import (
     SAMPLE_RATE,
     ChunkedCode2WavSession,
@@ -23,9 +24,8 @@ from omnipipe.families.qwen_omni.codec import (
     Decode,
     seed_of,
 )
-from omnipipe.families.qwen_omni.engine import load_qwen25_omni
-from omnipipe.families.qwen_omni.thinker import layout_kwargs, pick_voice
-from omnipipe.families.qwen_omni.token2wav import starting_noise, synthesize
+from omnipipe.families.qwen_omni.qwen25_token2wav import starting_noise, synthesize
+from omnipipe.families.qwen_omni.transformers.thinker import layout_kwargs, pick_voice
 from omnipipe.stagekit.sampling import Sampling, next_token
 from omnipipe.stagekit.stage import (
     Session,

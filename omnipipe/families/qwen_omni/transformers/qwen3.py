@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from omnipipe.families.qwen_omni.checkpoint import load_qwen3_omni
 from omnipipe.families.qwen_omni.codec import (
     SAMPLE_RATE,
     ChunkedCode2WavSession,
@@ -28,9 +29,8 @@ from omnipipe.families.qwen_omni.codec import (
     CodecTalkerStage,
     Decode,
 )
-from omnipipe.families.qwen_omni.engine import load_qwen3_omni
-from omnipipe.families.qwen_omni.qwen3_prompt import project_text, talker_prompt
-from omnipipe.families.qwen_omni.thinker import (
+from omnipipe.families.qwen_omni.qwen3_talker_prompt import project_text, talker_prompt
+from omnipipe.families.qwen_omni.transformers.thinker import (
     HiddenStates,
     ThinkerStage,
     layout_kwargs,

@@ -6,8 +6,8 @@ advance every request) until its own request has something new, so N open sessio
 one engine step per round, not N. Prompts go through vLLM's own multimodal processing.
 
 What the talker gets is built by the transformers stage's own talker_prompt and reply_row
-(thinker.py, qwen3.py) from states read off vLLM's forward pass (the tap in
-engines/vllm_tap.py): the same package, from the same layers.
+(transformers/thinker.py, transformers/qwen3.py) from states read off vLLM's forward pass
+(the tap in stagekit/vllm/tap.py): the same package, from the same layers.
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from typing import Any
 import torch
 
 from omnipipe.api.adapters import Adapter
-from omnipipe.families.qwen_omni.qwen3 import Qwen3ThinkerStage
-from omnipipe.families.qwen_omni.thinker import (
+from omnipipe.families.qwen_omni.transformers.qwen3 import Qwen3ThinkerStage
+from omnipipe.families.qwen_omni.transformers.thinker import (
     LAYOUT_INPUTS,
     ThinkerStage,
     pick_voice,

@@ -1,5 +1,5 @@
 """The Qwen Omni code2wav stages on vLLM: each ready chunk of codes is one request to an
-in-process pooling engine (vllm_code2wav_model.py), and one engine step decodes every
+in-process pooling engine (code2wav_model.py), and one engine step decodes every
 chunk of the call, those of equal length and voice in one forward. Chunking, left
 context, voices and seeded noise are the transformers stages' (qwen25.Code2WavStage,
 qwen3.Qwen3Code2WavStage: the reference), so a request's audio matches theirs within
@@ -15,7 +15,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from omnipipe.families.qwen_omni import qwen3, qwen25
 from omnipipe.families.qwen_omni.codec import (
     ChunkedCode2WavSession,
     ChunkedCode2WavStage,
@@ -23,11 +22,12 @@ from omnipipe.families.qwen_omni.codec import (
     chunk_codes,
     seed_of,
 )
-from omnipipe.families.qwen_omni.thinker import pick_voice
+from omnipipe.families.qwen_omni.transformers import qwen3, qwen25
+from omnipipe.families.qwen_omni.transformers.thinker import pick_voice
 from omnipipe.stagekit.stage import Session, StageJob
 from omnipipe.stagekit.vllm.engine import VllmEngine
 
-MODELS = "omnipipe.families.qwen_omni.vllm_code2wav_model"
+MODELS = "omnipipe.families.qwen_omni.vllm.code2wav_model"
 # engineArgs this stage reads itself; the rest go to vLLM.
 OWN_ARGS = ("num_steps", "chunk_codes", "context_codes")
 MAX_NUM_SEQS = 16
@@ -171,7 +171,7 @@ class VllmQwen25Code2WavStage(VllmCode2WavBase):
     def load(self) -> None:
         from transformers import AutoConfig
 
-        from omnipipe.families.qwen_omni.vllm_code2wav_model import (
+        from omnipipe.families.qwen_omni.vllm.code2wav_model import (
             QWEN25_ARCHITECTURE,
             load_speakers,
         )
@@ -203,7 +203,7 @@ class VllmQwen3Code2WavStage(VllmCode2WavBase):
     def load(self) -> None:
         from transformers import AutoConfig
 
-        from omnipipe.families.qwen_omni.vllm_code2wav_model import QWEN3_ARCHITECTURE
+        from omnipipe.families.qwen_omni.vllm.code2wav_model import QWEN3_ARCHITECTURE
 
         config = AutoConfig.from_pretrained(self.model_path)
         self.voices = qwen3.voices(config)

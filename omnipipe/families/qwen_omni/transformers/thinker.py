@@ -3,7 +3,7 @@ and, per generated token, the hidden state the talker consumes. The first chunk 
 also carries the talker's prompt package (see talker_prompt).
 
 What the stage hands the talker depends only on `config`, `embed` (the thinker's input
-embedding table) and `speaker_map`, so another engine (families/qwen_omni/vllm_thinker.py) can
+embedding table) and `speaker_map`, so another engine (families/qwen_omni/vllm/thinker.py) can
 reuse talker_prompt and reply_row around its own forward pass.
 """
 
@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from omnipipe.families.qwen_omni.engine import load_qwen25_omni
+from omnipipe.families.qwen_omni.checkpoint import load_qwen25_omni
 from omnipipe.stagekit.chat_media import (
     ChatMedia,
     processor_media,
