@@ -14,7 +14,7 @@ import torch
 from omnipipe.api import ResolvedStage
 from omnipipe.api.spec import Engine, Role
 from omnipipe.checkpoints.tiny import resolve_model_path
-from omnipipe.families.qwen_omni.transformers.qwen25 import Code2WavStage, TalkerStage
+from omnipipe.families.qwen_omni.transformers.qwen25_talker import Code2WavStage, TalkerStage
 from omnipipe.families.qwen_omni.transformers.thinker import ThinkerStage
 from omnipipe.stagekit.stage import (
     Chunk,

@@ -14,7 +14,7 @@ import torch
 from omnipipe.api.spec import Role
 from omnipipe.checkpoints.tiny import resolve_model_path
 from omnipipe.families.qwen_omni.checkpoint import QWEN3_OMNI, omni_model_type
-from omnipipe.families.qwen_omni.transformers.qwen3 import (
+from omnipipe.families.qwen_omni.transformers.qwen3_talker import (
     Qwen3Code2WavStage,
     Qwen3TalkerStage,
     Qwen3ThinkerStage,

@@ -22,7 +22,7 @@ import torch
 
 from omnipipe.api.spec import Engine, Role
 from omnipipe.checkpoints.tiny import resolve_model_path
-from omnipipe.families.qwen_omni.transformers.qwen25 import TalkerStage
+from omnipipe.families.qwen_omni.transformers.qwen25_talker import TalkerStage
 from omnipipe.families.qwen_omni.transformers.thinker import ThinkerStage
 from omnipipe.families.qwen_omni.vllm.qwen25_talker import VllmTalkerStage
 from omnipipe.families.qwen_omni.vllm.talker import VllmTalkerBase, VllmTalkerSession
@@ -276,7 +276,7 @@ def test_each_codes_log_probability_equals_the_reference(
 ) -> None:
     """Stronger than equal argmaxes: the model's raw log-probability of every chosen code,
     so a wrong row, flag or rope position (the image prompt's are not 0..n) shows."""
-    import omnipipe.families.qwen_omni.transformers.qwen25 as qwen25
+    import omnipipe.families.qwen_omni.transformers.qwen25_talker as qwen25
     import omnipipe.families.qwen_omni.vllm.talker as vllm_talker
 
     reference, stage = stages

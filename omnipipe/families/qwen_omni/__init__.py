@@ -39,11 +39,11 @@ FAMILY = Family(
             "qwen2_5_omni",
             {
                 (Role.THINKER, Engine.TRANSFORMERS): f"{PACKAGE}.transformers.thinker:ThinkerStage",
-                (Role.TALKER, Engine.TRANSFORMERS): f"{PACKAGE}.transformers.qwen25:TalkerStage",
+                (Role.TALKER, Engine.TRANSFORMERS): f"{PACKAGE}.transformers.qwen25_talker:TalkerStage",
                 (
                     Role.CODE2WAV,
                     Engine.TRANSFORMERS,
-                ): f"{PACKAGE}.transformers.qwen25:Code2WavStage",
+                ): f"{PACKAGE}.transformers.qwen25_talker:Code2WavStage",
                 (Role.THINKER, Engine.VLLM): f"{PACKAGE}.vllm.thinker:VllmThinkerStage",
                 (Role.TALKER, Engine.VLLM): f"{PACKAGE}.vllm.qwen25_talker:VllmTalkerStage",
                 (Role.CODE2WAV, Engine.VLLM): f"{PACKAGE}.vllm.code2wav:VllmQwen25Code2WavStage",
@@ -58,15 +58,15 @@ FAMILY = Family(
                 (
                     Role.THINKER,
                     Engine.TRANSFORMERS,
-                ): f"{PACKAGE}.transformers.qwen3:Qwen3ThinkerStage",
+                ): f"{PACKAGE}.transformers.qwen3_talker:Qwen3ThinkerStage",
                 (
                     Role.TALKER,
                     Engine.TRANSFORMERS,
-                ): f"{PACKAGE}.transformers.qwen3:Qwen3TalkerStage",
+                ): f"{PACKAGE}.transformers.qwen3_talker:Qwen3TalkerStage",
                 (
                     Role.CODE2WAV,
                     Engine.TRANSFORMERS,
-                ): f"{PACKAGE}.transformers.qwen3:Qwen3Code2WavStage",
+                ): f"{PACKAGE}.transformers.qwen3_talker:Qwen3Code2WavStage",
                 (Role.THINKER, Engine.VLLM): f"{PACKAGE}.vllm.thinker:VllmQwen3ThinkerStage",
                 (Role.TALKER, Engine.VLLM): f"{PACKAGE}.vllm.qwen3_talker:VllmQwen3TalkerStage",
                 (Role.CODE2WAV, Engine.VLLM): f"{PACKAGE}.vllm.code2wav:VllmQwen3Code2WavStage",

@@ -22,7 +22,8 @@ from omnipipe.families.qwen_omni.codec import (
     chunk_codes,
     seed_of,
 )
-from omnipipe.families.qwen_omni.transformers import qwen3, qwen25
+from omnipipe.families.qwen_omni.transformers import qwen3_talker as qwen3
+from omnipipe.families.qwen_omni.transformers import qwen25_talker as qwen25
 from omnipipe.families.qwen_omni.transformers.thinker import pick_voice
 from omnipipe.stagekit.stage import Session, StageJob
 from omnipipe.stagekit.vllm.engine import VllmEngine

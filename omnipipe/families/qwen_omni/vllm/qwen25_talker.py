@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from omnipipe.families.qwen_omni.codec import SAMPLE_RATE, chunk_codes
-from omnipipe.families.qwen_omni.transformers.qwen25 import (
+from omnipipe.families.qwen_omni.transformers.qwen25_talker import (
     CHUNK_CODES,
     TALKER_SAMPLING,
     samples_per_code,

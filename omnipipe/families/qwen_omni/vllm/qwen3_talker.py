@@ -19,7 +19,7 @@ from torch import nn
 from omnipipe.families.qwen_omni.checkpoint import load_qwen3_omni
 from omnipipe.families.qwen_omni.codec import SAMPLE_RATE, chunk_codes
 from omnipipe.families.qwen_omni.qwen3_talker_prompt import project_text, talker_prompt
-from omnipipe.families.qwen_omni.transformers.qwen3 import (
+from omnipipe.families.qwen_omni.transformers.qwen3_talker import (
     CHUNK_FRAMES,
     PREDICTOR_SAMPLING,
     SPECIAL_CODES,

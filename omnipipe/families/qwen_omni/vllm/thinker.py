@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from omnipipe.api.adapters import Adapter
-from omnipipe.families.qwen_omni.transformers.qwen3 import Qwen3ThinkerStage
+from omnipipe.families.qwen_omni.transformers.qwen3_talker import Qwen3ThinkerStage
 from omnipipe.families.qwen_omni.transformers.thinker import (
     LAYOUT_INPUTS,
     ThinkerStage,
