@@ -20,8 +20,7 @@ import torch
 
 from omnipipe.api.spec import Engine, Role
 from omnipipe.checkpoints.tiny import resolve_model_path
-from omnipipe.families.qwen_omni.transformers.qwen3_talker import Qwen3Code2WavStage
-from omnipipe.families.qwen_omni.transformers.qwen25_talker import Code2WavStage
+from omnipipe.families.qwen_omni.transformers.code2wav import Code2WavStage, Qwen3Code2WavStage
 from omnipipe.families.qwen_omni.vllm.code2wav import (
     VllmCode2WavBase,
     VllmQwen3Code2WavStage,

@@ -1,55 +1,27 @@
-"""Qwen2.5-Omni as three streaming stages, reproducing
-Qwen2_5OmniForConditionalGeneration.generate: thinker -> talker -> code2wav.
-
-The thinker streams text to the router and, per generated token, the hidden state the
-talker consumes; the talker starts on the first of them and sends codec codes in chunks;
-code2wav turns each chunk into audio (re-decoding a little left context for continuity).
+"""Qwen2.5-Omni's talker on transformers, reproducing the talker part of
+Qwen2_5OmniForConditionalGeneration.generate: it starts on the thinker's prompt package
+and first reply row and sends codec codes in chunks, one request's forwards at a time.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
 import torch
 
 from omnipipe.families.qwen_omni.checkpoint import load_qwen25_omni
 from omnipipe.families.qwen_omni.codec import (
     SAMPLE_RATE,
-    ChunkedCode2WavSession,
-    ChunkedCode2WavStage,
     CodecTalkerSession,
     CodecTalkerStage,
-    Decode,
-    seed_of,
 )
-from omnipipe.families.qwen_omni.qwen25_token2wav import starting_noise, synthesize
-from omnipipe.families.qwen_omni.transformers.thinker import layout_kwargs, pick_voice
+from omnipipe.families.qwen_omni.handoff import layout_kwargs
+from omnipipe.families.qwen_omni.qwen25 import CHUNK_CODES, TALKER_SAMPLING, samples_per_code
 from omnipipe.stagekit.sampling import Sampling, next_token
 from omnipipe.stagekit.stage import (
     Session,
     StageJob,
 )
-
-# transformers' defaults (Qwen2_5OmniForConditionalGeneration.generate).
-TALKER_SAMPLING = Sampling(
-    temperature=0.9, top_p=0.8, top_k=40, max_tokens=4096, repetition_penalty=1.05
-)
-CHUNK_CODES = 25  # talker -> code2wav chunk: half a second of audio at 50 codes/s
-CONTEXT_CODES = 25  # left context code2wav decodes again so chunks join smoothly
-
-
-def samples_per_code(config: Any) -> int:
-    """Audio samples one codec code becomes: mel frames per code x vocoder upsampling."""
-    t2w = config.token2wav_config
-    samples = int(t2w.dit_config.repeats)
-    for rate in t2w.bigvgan_config.upsample_rates:
-        samples *= int(rate)
-    return samples
-
-
-# ---- talker ---------------------------------------------------------------------------
 
 
 class TalkerStage(CodecTalkerStage):
@@ -155,74 +127,3 @@ class TalkerSession(CodecTalkerSession):
         )
         logits: torch.Tensor = out.logits[0, -1]
         return logits
-
-
-# ---- code2wav -------------------------------------------------------------------------
-
-
-class Code2WavStage(ChunkedCode2WavStage):
-    def load(self) -> None:
-        self.model = load_qwen25_omni(self.model_path, self.device, "token2wav")
-        self.token2wav = self.model.token2wav
-        self.samples_per_code = samples_per_code(self.model.config)
-        args = self.spec.engine_args
-        self.num_steps = int(args.get("num_steps", 10))
-        self.chunk_codes = int(args.get("chunk_codes", CHUNK_CODES))
-        self.context_codes = int(args.get("context_codes", CONTEXT_CODES))
-
-    def open(self, job: StageJob) -> Session:
-        return Code2WavSession(self, job.params)
-
-    def decode_many(
-        self, sessions: Sequence[ChunkedCode2WavSession], decodes: Sequence[Decode]
-    ) -> list[np.ndarray]:
-        """Several requests' chunks through one DiT sampling and one vocoder pass: each
-        keeps its own voice and starting noise, so its audio is what it gets alone."""
-        own = [s for s in sessions if isinstance(s, Code2WavSession)]
-        assert len(own) == len(sessions), "sessions of another stage"
-        if len(decodes) == 1 or len({s.reference_mel.shape for s in own}) > 1:
-            # Alone, or voices whose reference mels differ in length (no shipped pair
-            # does): transformers' own path, one at a time.
-            return super().decode_many(sessions, decodes)
-        codes = torch.stack([d.codes for d in decodes])
-        waveforms = synthesize(
-            self.token2wav,
-            torch.cat([s.conditioning for s in own]),
-            torch.cat([s.reference_mel for s in own]),
-            codes,
-            torch.cat([s.noise(len(d.codes)) for s, d in zip(own, decodes, strict=True)]),
-            self.num_steps,
-        )
-        new = (codes.shape[1] - decodes[0].context) * self.samples_per_code
-        return [w[-new:].float().cpu().numpy() for w in waveforms]
-
-
-class Code2WavSession(ChunkedCode2WavSession):
-    def __init__(self, stage: Code2WavStage, params: dict[str, Any]) -> None:
-        super().__init__(stage)
-        self.stage = stage
-        speaker = stage.model.speaker_map[pick_voice(params, list(stage.model.speaker_map))]
-        self.conditioning = speaker["cond"].to(stage.device).float()
-        self.reference_mel = speaker["ref_mel"].to(stage.device).float()
-        self.seed = seed_of(params)
-
-    def noise(self, codes: int) -> torch.Tensor:
-        """This chunk's starting noise, from the seed _decode sets."""
-        seed = None if self.seed is None else self.seed + self.decoded
-        return starting_noise(
-            self.stage.token2wav.code2wav_dit_model, codes, seed, self.stage.device
-        )
-
-    def _decode(self, codes: torch.Tensor, context: int) -> np.ndarray:
-        if self.seed is not None:
-            # token2wav starts from noise: the same codes and seed give the same audio.
-            torch.manual_seed(self.seed + self.decoded)
-        waveform = self.stage.token2wav(
-            codes[None],
-            conditioning=self.conditioning,
-            reference_mel=self.reference_mel,
-            num_steps=self.stage.num_steps,
-        ).reshape(-1)
-        new = (len(codes) - context) * self.stage.samples_per_code
-        audio: np.ndarray = waveform[-new:].float().cpu().numpy()
-        return audio

@@ -1,109 +1,36 @@
-"""Qwen3-Omni-MoE as three streaming stages, reproducing
-Qwen3OmniMoeForConditionalGeneration.generate: thinker -> talker -> code2wav.
-
-Differences from Qwen2.5-Omni that shape the hand-offs:
-- The talker projects the thinker's states itself (text_projection, hidden_projection), so
-  the thinker sends raw embeddings, plus one mid-layer hidden state for media positions.
-- The talker's prompt is the user turns and the first reply token; every later reply token
-  is one "trailing text" row, consumed one per codec frame, then tts_eos, then tts_pad.
-- A codec frame is num_code_groups codes: the talker picks the first, its code predictor
-  the rest. code2wav is causal and deterministic.
+"""Qwen3-Omni-MoE's talker on transformers, reproducing the talker part of
+Qwen3OmniMoeForConditionalGeneration.generate: a frame per step, its first code the
+talker's and the rest its code predictor's, one request's forwards at a time. How the
+hand-offs differ from Qwen2.5-Omni's: qwen3.py.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections import deque
-from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
 import torch
 
 from omnipipe.families.qwen_omni.checkpoint import load_qwen3_omni
 from omnipipe.families.qwen_omni.codec import (
     SAMPLE_RATE,
-    ChunkedCode2WavSession,
-    ChunkedCode2WavStage,
     CodecTalkerSession,
     CodecTalkerStage,
-    Decode,
+)
+from omnipipe.families.qwen_omni.handoff import layout_kwargs
+from omnipipe.families.qwen_omni.qwen3 import (
+    CHUNK_FRAMES,
+    SPECIAL_CODES,
+    TALKER_SAMPLING,
+    predictor_sampling,
+    samples_per_frame,
 )
 from omnipipe.families.qwen_omni.qwen3_talker_prompt import project_text, talker_prompt
-from omnipipe.families.qwen_omni.transformers.thinker import (
-    HiddenStates,
-    ThinkerStage,
-    layout_kwargs,
-    media_layout,
-    pick_voice,
-)
 from omnipipe.stagekit.sampling import Sampling, next_token
 from omnipipe.stagekit.stage import (
     Session,
     StageJob,
-    Tensors,
 )
-
-# transformers' defaults (Qwen3OmniMoeForConditionalGeneration.generate).
-TALKER_SAMPLING = Sampling(
-    temperature=0.9, top_p=1.0, top_k=50, max_tokens=4096, repetition_penalty=1.05
-)
-# The code predictor samples with fixed top-k/top-p, greedy when the talker is greedy.
-PREDICTOR_SAMPLING = Sampling(temperature=1.0, top_p=0.8, top_k=50)
-CHUNK_FRAMES = 25  # talker -> code2wav chunk: 2 s of audio at 12.5 frames/s
-CONTEXT_FRAMES = 25  # as transformers' chunked_decode: left context decoded again
-# generate() suppresses the top 1024 ids of the talker's vocabulary (codec specials).
-SPECIAL_CODES = 1024
-
-
-def samples_per_frame(config: Any) -> int:
-    c2w = config.code2wav_config
-    samples = 1
-    for rate in (*c2w.upsample_rates, *c2w.upsampling_ratios):
-        samples *= int(rate)
-    return samples
-
-
-def voices(config: Any) -> list[str]:
-    """Speaker names; the checkpoint keys them in lower case."""
-    return [name.capitalize() for name in config.talker_config.speaker_id]
-
-
-# ---- thinker --------------------------------------------------------------------------
-
-
-class Qwen3ThinkerStage(ThinkerStage):
-    def load_model(self) -> Any:
-        return load_qwen3_omni(self.model_path, self.device, "thinker")
-
-    @property
-    def speaker_map(self) -> dict[str, Any]:
-        return {}  # Qwen3-Omni keeps speakers in the config, not in a separate file
-
-    @property
-    def voices(self) -> list[str]:
-        return voices(self.config)
-
-    def talker_prompt(self, inputs: Tensors, hidden: HiddenStates, voice: str) -> Tensors:
-        config = self.config
-        specials = torch.tensor(
-            [[config.tts_bos_token_id, config.tts_eos_token_id, config.tts_pad_token_id]],
-            device=inputs["input_ids"].device,
-        )
-        prompt: Tensors = {
-            "input_ids": inputs["input_ids"][0],
-            "prompt_embeds": hidden[0][0],
-            "prompt_hidden": hidden[config.talker_config.accept_hidden_layer][0],
-            "tts_embeds": self.embed(specials)[0],
-            "speaker_id": torch.tensor([config.talker_config.speaker_id[voice.lower()]]),
-        }
-        return {**prompt, **media_layout(inputs)}
-
-    def reply_row(self, hidden: HiddenStates) -> torch.Tensor:
-        return hidden[0][0, -1:]
-
-
-# ---- talker ---------------------------------------------------------------------------
 
 
 class Qwen3TalkerStage(CodecTalkerStage):
@@ -135,11 +62,7 @@ class Qwen3TalkerSession(CodecTalkerSession):
     def __init__(self, stage: Qwen3TalkerStage, params: dict[str, Any]) -> None:
         super().__init__(stage, params)
         self.stage = stage
-        self.predictor_sampling = (
-            dataclasses.replace(PREDICTOR_SAMPLING, temperature=0.0)
-            if self.sampling.temperature == 0
-            else PREDICTOR_SAMPLING
-        )
+        self.predictor_sampling = predictor_sampling(self.sampling)
         self.ahead: deque[torch.Tensor] = deque()  # projected rows the prefill took early
         self.eos_sent = False
         self.past_hidden: torch.Tensor | None = None
@@ -269,47 +192,3 @@ class Qwen3TalkerSession(CodecTalkerSession):
             generation_step=len(self.frames) - 1,  # only echoed back by the forward
         )
         return self._after(out)
-
-
-# ---- code2wav -------------------------------------------------------------------------
-
-
-class Qwen3Code2WavStage(ChunkedCode2WavStage):
-    def load(self) -> None:
-        self.model = load_qwen3_omni(self.model_path, self.device, "code2wav")
-        self.code2wav = self.model.code2wav
-        self.samples_per_frame = samples_per_frame(self.model.config)
-        self.voices = voices(self.model.config)
-        args = self.spec.engine_args
-        self.chunk_codes = int(args.get("chunk_codes", CHUNK_FRAMES))
-        self.context_codes = int(args.get("context_codes", CONTEXT_FRAMES))
-
-    def open(self, job: StageJob) -> Session:
-        pick_voice(job.params, self.voices)  # the talker speaks it; a bad one fails early
-        return Qwen3Code2WavSession(self)
-
-    def decode_many(
-        self, sessions: Sequence[ChunkedCode2WavSession], decodes: Sequence[Decode]
-    ) -> list[np.ndarray]:
-        """Several requests' chunks as one batch through the (deterministic) decoder."""
-        if len(decodes) == 1:
-            return super().decode_many(sessions, decodes)
-        # frames x groups each -> batch x groups x frames
-        waveforms = self.code2wav(torch.stack([d.codes.T for d in decodes]))
-        skip = decodes[0].context * self.samples_per_frame
-        audio = waveforms[..., skip:].reshape(len(decodes), -1).float().cpu()
-        return [row.numpy() for row in audio]
-
-
-class Qwen3Code2WavSession(ChunkedCode2WavSession):
-    """Decodes as transformers' chunked_decode does, so the audio equals its output."""
-
-    def __init__(self, stage: Qwen3Code2WavStage) -> None:
-        super().__init__(stage)
-        self.stage = stage
-
-    def _decode(self, codes: torch.Tensor, context: int) -> np.ndarray:
-        waveform = self.stage.code2wav(codes.T[None])  # frames x groups -> 1 x groups x frames
-        audio = waveform[..., context * self.stage.samples_per_frame :].reshape(-1)
-        decoded: np.ndarray = audio.float().cpu().numpy()
-        return decoded

@@ -1,8 +1,8 @@
 """The Qwen Omni code2wav stages on vLLM: each ready chunk of codes is one request to an
 in-process pooling engine (code2wav_model.py), and one engine step decodes every
 chunk of the call, those of equal length and voice in one forward. Chunking, left
-context, voices and seeded noise are the transformers stages' (qwen25.Code2WavStage,
-qwen3.Qwen3Code2WavStage: the reference), so a request's audio matches theirs within
+context, voices and seeded noise are the transformers stages' (transformers/code2wav.py:
+the reference), so a request's audio matches theirs within
 float tolerance (tests/unit/test_vllm_code2wav.py)."""
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from omnipipe.families.qwen_omni import qwen3, qwen25
 from omnipipe.families.qwen_omni.codec import (
     ChunkedCode2WavSession,
     ChunkedCode2WavStage,
@@ -22,9 +23,7 @@ from omnipipe.families.qwen_omni.codec import (
     chunk_codes,
     seed_of,
 )
-from omnipipe.families.qwen_omni.transformers import qwen3_talker as qwen3
-from omnipipe.families.qwen_omni.transformers import qwen25_talker as qwen25
-from omnipipe.families.qwen_omni.transformers.thinker import pick_voice
+from omnipipe.families.qwen_omni.handoff import pick_voice
 from omnipipe.stagekit.stage import Session, StageJob
 from omnipipe.stagekit.vllm.engine import VllmEngine
 

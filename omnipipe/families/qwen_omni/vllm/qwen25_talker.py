@@ -10,12 +10,12 @@ from typing import Any
 import torch
 
 from omnipipe.families.qwen_omni.codec import SAMPLE_RATE, chunk_codes
-from omnipipe.families.qwen_omni.transformers.qwen25_talker import (
+from omnipipe.families.qwen_omni.handoff import layout_kwargs
+from omnipipe.families.qwen_omni.qwen25 import (
     CHUNK_CODES,
     TALKER_SAMPLING,
     samples_per_code,
 )
-from omnipipe.families.qwen_omni.transformers.thinker import layout_kwargs
 from omnipipe.families.qwen_omni.vllm.talker import VllmTalkerBase, VllmTalkerSession
 from omnipipe.stagekit.sampling import Sampling
 from omnipipe.stagekit.stage import Session, StageJob

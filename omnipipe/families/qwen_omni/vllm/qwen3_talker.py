@@ -10,7 +10,6 @@ rows) and its rope index; the talker's decoder layers are dropped from that copy
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import torch
@@ -18,15 +17,15 @@ from torch import nn
 
 from omnipipe.families.qwen_omni.checkpoint import load_qwen3_omni
 from omnipipe.families.qwen_omni.codec import SAMPLE_RATE, chunk_codes
-from omnipipe.families.qwen_omni.qwen3_talker_prompt import project_text, talker_prompt
-from omnipipe.families.qwen_omni.transformers.qwen3_talker import (
+from omnipipe.families.qwen_omni.handoff import layout_kwargs
+from omnipipe.families.qwen_omni.qwen3 import (
     CHUNK_FRAMES,
-    PREDICTOR_SAMPLING,
     SPECIAL_CODES,
     TALKER_SAMPLING,
+    predictor_sampling,
     samples_per_frame,
 )
-from omnipipe.families.qwen_omni.transformers.thinker import layout_kwargs
+from omnipipe.families.qwen_omni.qwen3_talker_prompt import project_text, talker_prompt
 from omnipipe.families.qwen_omni.vllm.qwen3_frames import FrameFeed, FrameState
 from omnipipe.families.qwen_omni.vllm.talker import VllmTalkerBase, VllmTalkerSession
 from omnipipe.stagekit.sampling import Sampling
@@ -71,11 +70,7 @@ class Qwen3TalkerSession(VllmTalkerSession):
 
     def __init__(self, stage: VllmQwen3TalkerStage, params: dict[str, Any]) -> None:
         super().__init__(stage, params)
-        predictor = (
-            dataclasses.replace(PREDICTOR_SAMPLING, temperature=0.0)
-            if self.sampling.temperature == 0
-            else PREDICTOR_SAMPLING
-        )
+        predictor = predictor_sampling(self.sampling)
         self.frames = FrameState(0, predictor, self.sampling.generator(stage.device))
 
     @property
