@@ -17,7 +17,7 @@ import pytest_asyncio
 
 from omnipipe import AsyncOmni
 from omnipipe.client import OmniError
-from omnipipe.families.qwen_omni.tiny_lora import save_tiny_thinker_lora
+from omnipipe.families.qwen_omni.tiny.qwen25_thinker_lora import save_tiny_thinker_lora
 from tests.e2e.conftest import REPO
 from tests.e2e.test_python_api import workers_of
 

@@ -18,7 +18,7 @@ from omnipipe.api.stage_spec import MediaLimits
 from omnipipe.checkpoints.tiny import resolve_model_path
 from omnipipe.families.bagel.config import understanding_image_tokens
 from omnipipe.families.bagel.think import conversation
-from omnipipe.families.qwen_omni.thinker import ThinkerStage
+from omnipipe.families.qwen_omni.transformers.thinker import ThinkerStage
 from omnipipe.stagekit.chat_media import processor_media, smallest_image_tokens
 from omnipipe.stagekit.media import charge_media
 from omnipipe.stagekit.media_limits import ModelMedia, effective_media

@@ -14,8 +14,9 @@ import torch
 from omnipipe.api import ResolvedStage
 from omnipipe.api.spec import Engine, Role
 from omnipipe.checkpoints.tiny import resolve_model_path
-from omnipipe.families.qwen_omni.qwen25 import Code2WavStage, TalkerStage
-from omnipipe.families.qwen_omni.thinker import ThinkerStage
+from omnipipe.families.qwen_omni.transformers.code2wav import Code2WavStage
+from omnipipe.families.qwen_omni.transformers.qwen25_talker import TalkerStage
+from omnipipe.families.qwen_omni.transformers.thinker import ThinkerStage
 from omnipipe.stagekit.stage import (
     Chunk,
     Session,

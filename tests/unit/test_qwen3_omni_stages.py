@@ -13,12 +13,10 @@ import torch
 
 from omnipipe.api.spec import Role
 from omnipipe.checkpoints.tiny import resolve_model_path
-from omnipipe.families.qwen_omni.engine import QWEN3_OMNI, omni_model_type
-from omnipipe.families.qwen_omni.qwen3 import (
-    Qwen3Code2WavStage,
-    Qwen3TalkerStage,
-    Qwen3ThinkerStage,
-)
+from omnipipe.families.qwen_omni.checkpoint import QWEN3_OMNI, omni_model_type
+from omnipipe.families.qwen_omni.transformers.code2wav import Qwen3Code2WavStage
+from omnipipe.families.qwen_omni.transformers.qwen3_talker import Qwen3TalkerStage
+from omnipipe.families.qwen_omni.transformers.thinker import Qwen3ThinkerStage
 from omnipipe.stagekit.media import pcm16
 from omnipipe.stagekit.stage import Chunk, StageInputError, StageJob
 from omnipipe.worker.stage_classes import stage_class

@@ -16,7 +16,7 @@ import pytest
 from omnipipe.api.spec import Role
 from omnipipe.api.stage_spec import MediaLimits
 from omnipipe.checkpoints.tiny import resolve_model_path
-from omnipipe.families.qwen_omni.thinker import ThinkerStage
+from omnipipe.families.qwen_omni.transformers.thinker import ThinkerStage
 from omnipipe.stagekit import video as video_module
 from omnipipe.stagekit.chat_media import processor_media, smallest_video_patch
 from omnipipe.stagekit.media_limits import effective_media

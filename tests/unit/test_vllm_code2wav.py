@@ -20,9 +20,8 @@ import torch
 
 from omnipipe.api.spec import Engine, Role
 from omnipipe.checkpoints.tiny import resolve_model_path
-from omnipipe.families.qwen_omni.qwen3 import Qwen3Code2WavStage
-from omnipipe.families.qwen_omni.qwen25 import Code2WavStage
-from omnipipe.families.qwen_omni.vllm_code2wav import (
+from omnipipe.families.qwen_omni.transformers.code2wav import Code2WavStage, Qwen3Code2WavStage
+from omnipipe.families.qwen_omni.vllm.code2wav import (
     VllmCode2WavBase,
     VllmQwen3Code2WavStage,
     VllmQwen25Code2WavStage,

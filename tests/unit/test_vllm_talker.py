@@ -22,10 +22,10 @@ import torch
 
 from omnipipe.api.spec import Engine, Role
 from omnipipe.checkpoints.tiny import resolve_model_path
-from omnipipe.families.qwen_omni.qwen25 import TalkerStage
-from omnipipe.families.qwen_omni.thinker import ThinkerStage
-from omnipipe.families.qwen_omni.vllm_qwen25_talker import VllmTalkerStage
-from omnipipe.families.qwen_omni.vllm_talker import VllmTalkerBase, VllmTalkerSession
+from omnipipe.families.qwen_omni.transformers.qwen25_talker import TalkerStage
+from omnipipe.families.qwen_omni.transformers.thinker import ThinkerStage
+from omnipipe.families.qwen_omni.vllm.qwen25_talker import VllmTalkerStage
+from omnipipe.families.qwen_omni.vllm.talker import VllmTalkerBase, VllmTalkerSession
 from omnipipe.stagekit.stage import Chunk, Session, StageInputError, StageJob
 from omnipipe.stagekit.vllm.feed import FedRequest, RowFeed, StepFeed
 from omnipipe.worker.stage_classes import stage_class
@@ -276,8 +276,8 @@ def test_each_codes_log_probability_equals_the_reference(
 ) -> None:
     """Stronger than equal argmaxes: the model's raw log-probability of every chosen code,
     so a wrong row, flag or rope position (the image prompt's are not 0..n) shows."""
-    import omnipipe.families.qwen_omni.qwen25 as qwen25
-    import omnipipe.families.qwen_omni.vllm_talker as vllm_talker
+    import omnipipe.families.qwen_omni.transformers.qwen25_talker as qwen25
+    import omnipipe.families.qwen_omni.vllm.talker as vllm_talker
 
     reference, stage = stages
     want: list[float] = []

@@ -20,8 +20,8 @@ import torch
 
 from omnipipe.api.spec import Engine, Role
 from omnipipe.checkpoints.tiny import resolve_model_path
-from omnipipe.families.qwen_omni.thinker import ThinkerStage
-from omnipipe.families.qwen_omni.vllm_thinker import VllmThinkerMixin
+from omnipipe.families.qwen_omni.transformers.thinker import ThinkerStage
+from omnipipe.families.qwen_omni.vllm.thinker import VllmThinkerBase as VllmThinkerMixin
 from omnipipe.stagekit.stage import Chunk, Session, StageInputError, StageJob, StepResult
 from omnipipe.worker.stage_classes import stage_class
 from tests.unit.test_omni_stages import spec

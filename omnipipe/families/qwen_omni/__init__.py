@@ -5,6 +5,9 @@ from omnipipe.api.families import Family, PipelineType, StageDefaults
 from omnipipe.api.roles import Engine, Role
 
 PACKAGE = "omnipipe.families.qwen_omni"
+# Each engine's stages: transformers/ (the reference) and vllm/.
+TRANSFORMERS = f"{PACKAGE}.transformers"
+VLLM = f"{PACKAGE}.vllm"
 
 
 def _omni(
@@ -38,12 +41,12 @@ FAMILY = Family(
             ("Qwen/Qwen2.5-Omni-7B", "tiny://qwen2.5-omni"),
             "qwen2_5_omni",
             {
-                (Role.THINKER, Engine.TRANSFORMERS): f"{PACKAGE}.thinker:ThinkerStage",
-                (Role.TALKER, Engine.TRANSFORMERS): f"{PACKAGE}.qwen25:TalkerStage",
-                (Role.CODE2WAV, Engine.TRANSFORMERS): f"{PACKAGE}.qwen25:Code2WavStage",
-                (Role.THINKER, Engine.VLLM): f"{PACKAGE}.vllm_thinker:VllmThinkerStage",
-                (Role.TALKER, Engine.VLLM): f"{PACKAGE}.vllm_qwen25_talker:VllmTalkerStage",
-                (Role.CODE2WAV, Engine.VLLM): f"{PACKAGE}.vllm_code2wav:VllmQwen25Code2WavStage",
+                (Role.THINKER, Engine.TRANSFORMERS): f"{TRANSFORMERS}.thinker:ThinkerStage",
+                (Role.TALKER, Engine.TRANSFORMERS): f"{TRANSFORMERS}.qwen25_talker:TalkerStage",
+                (Role.CODE2WAV, Engine.TRANSFORMERS): f"{TRANSFORMERS}.code2wav:Code2WavStage",
+                (Role.THINKER, Engine.VLLM): f"{VLLM}.thinker:VllmThinkerStage",
+                (Role.TALKER, Engine.VLLM): f"{VLLM}.qwen25_talker:VllmTalkerStage",
+                (Role.CODE2WAV, Engine.VLLM): f"{VLLM}.code2wav:VllmQwen25Code2WavStage",
             },
         ),
         _omni(
@@ -52,18 +55,18 @@ FAMILY = Family(
             ("Qwen/Qwen3-Omni-30B-A3B-Instruct", "tiny://qwen3-omni"),
             "qwen3_omni_moe",
             {
-                (Role.THINKER, Engine.TRANSFORMERS): f"{PACKAGE}.qwen3:Qwen3ThinkerStage",
-                (Role.TALKER, Engine.TRANSFORMERS): f"{PACKAGE}.qwen3:Qwen3TalkerStage",
-                (Role.CODE2WAV, Engine.TRANSFORMERS): f"{PACKAGE}.qwen3:Qwen3Code2WavStage",
-                (Role.THINKER, Engine.VLLM): f"{PACKAGE}.vllm_thinker:VllmQwen3ThinkerStage",
-                (Role.TALKER, Engine.VLLM): f"{PACKAGE}.vllm_qwen3_talker:VllmQwen3TalkerStage",
-                (Role.CODE2WAV, Engine.VLLM): f"{PACKAGE}.vllm_code2wav:VllmQwen3Code2WavStage",
+                (Role.THINKER, Engine.TRANSFORMERS): f"{TRANSFORMERS}.thinker:Qwen3ThinkerStage",
+                (Role.TALKER, Engine.TRANSFORMERS): f"{TRANSFORMERS}.qwen3_talker:Qwen3TalkerStage",
+                (Role.CODE2WAV, Engine.TRANSFORMERS): f"{TRANSFORMERS}.code2wav:Qwen3Code2WavStage",
+                (Role.THINKER, Engine.VLLM): f"{VLLM}.thinker:VllmQwen3ThinkerStage",
+                (Role.TALKER, Engine.VLLM): f"{VLLM}.qwen3_talker:VllmQwen3TalkerStage",
+                (Role.CODE2WAV, Engine.VLLM): f"{VLLM}.code2wav:VllmQwen3Code2WavStage",
             },
         ),
     ),
     tiny_models={
-        "qwen2.5-omni": "omnipipe.families.qwen_omni.tiny:build_qwen25_omni",
-        "qwen3-omni": "omnipipe.families.qwen_omni.tiny_qwen3:build_qwen3_omni",
-        "qwen2.5-omni-lora": "omnipipe.families.qwen_omni.tiny_lora:build_thinker_lora",
+        "qwen2.5-omni": f"{PACKAGE}.tiny.qwen25:build_qwen25_omni",
+        "qwen3-omni": f"{PACKAGE}.tiny.qwen3:build_qwen3_omni",
+        "qwen2.5-omni-lora": f"{PACKAGE}.tiny.qwen25_thinker_lora:build_thinker_lora",
     },
 )

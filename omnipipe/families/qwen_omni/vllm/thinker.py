@@ -5,9 +5,10 @@ Each session adds its request to the engine; a session's step runs engine steps 
 advance every request) until its own request has something new, so N open sessions cost
 one engine step per round, not N. Prompts go through vLLM's own multimodal processing.
 
-What the talker gets is built by the transformers stage's own talker_prompt and reply_row
-(thinker.py, qwen3.py) from states read off vLLM's forward pass (the tap in
-engines/vllm_tap.py): the same package, from the same layers.
+What the talker gets is built by the model version's Handoff (qwen25.py, qwen3.py), the
+same object the transformers thinker owns, from the layers it names read off vLLM's
+forward pass (the tap in stagekit/vllm/tap.py): the same package, from the same layers.
+The prompt is the ChatPrompt's (chat_prompt.py), as on transformers.
 """
 
 from __future__ import annotations
@@ -20,13 +21,12 @@ from typing import Any
 import torch
 
 from omnipipe.api.adapters import Adapter
-from omnipipe.families.qwen_omni.qwen3 import Qwen3ThinkerStage
-from omnipipe.families.qwen_omni.thinker import (
-    LAYOUT_INPUTS,
-    ThinkerStage,
-    pick_voice,
-)
+from omnipipe.families.qwen_omni.chat_prompt import ChatPrompt
+from omnipipe.families.qwen_omni.handoff import LAYOUT_INPUTS, Handoff, pick_voice
+from omnipipe.families.qwen_omni.qwen3 import Qwen3Handoff
+from omnipipe.families.qwen_omni.qwen25 import Qwen25Handoff, read_speakers
 from omnipipe.stagekit.chat_media import processor_warnings_silenced
+from omnipipe.stagekit.media_limits import EffectiveMedia
 from omnipipe.stagekit.replies import THINKER_SAMPLING, ReplyText, sampling_params
 from omnipipe.stagekit.sampling import Sampling
 from omnipipe.stagekit.stage import (
@@ -35,31 +35,29 @@ from omnipipe.stagekit.stage import (
     StageInputError,
     StageJob,
     StepResult,
+    StreamingStage,
     refusal_message,
 )
 from omnipipe.stagekit.vllm.engine import VllmEngine
 from omnipipe.stagekit.vllm.lora import VllmAdapters, lora_engine_args
-from omnipipe.stagekit.vllm.tap import FINAL
 
 
-class VllmThinkerMixin(ThinkerStage):
-    """load() and open() on vLLM; talker_prompt/reply_row come from the family class."""
+class VllmThinkerBase(StreamingStage):
+    """A Qwen Omni thinker on vLLM; a version's stage names its Handoff and its speakers."""
 
     engine: VllmEngine
     sessions: dict[str, VllmThinkerSession]
     takes_adapters = True
-
-    def handoff_layers(self) -> list[int]:
-        return [0, FINAL]
+    handoff_class: type[Handoff]
 
     def load(self) -> None:
         from transformers import AutoConfig, AutoProcessor, GenerationConfig
 
         self.config = AutoConfig.from_pretrained(self.model_path)
         self.sampling = Sampling.from_params(THINKER_SAMPLING, self.spec.sampling)
-        self.processor = AutoProcessor.from_pretrained(self.model_path)
-        self.tokenizer = self.processor.tokenizer
-        self._speakers = self.load_speakers()
+        processor = AutoProcessor.from_pretrained(self.model_path)
+        self.tokenizer = processor.tokenizer
+        speakers = self.speakers()
         eos: Any = None
         with contextlib.suppress(OSError):
             eos = GenerationConfig.from_pretrained(self.model_path).eos_token_id
@@ -67,12 +65,29 @@ class VllmThinkerMixin(ThinkerStage):
             eos = self.config.thinker_config.text_config.eos_token_id
         self.eos = frozenset([eos] if isinstance(eos, int) else eos)
         args = lora_engine_args(self.spec.adapters, self.spec.engine_args)
-        self.engine = VllmEngine(self.model_path, args, self.device, self.handoff_layers())
+        layers = self.handoff_class.hidden_layers(self.config)
+        self.engine = VllmEngine(self.model_path, args, self.device, layers)
         self.adapters = VllmAdapters(self.engine.llm, enabled=bool(args.get("enable_lora")))
         self.adapters.update(self.spec.adapters)
-        self.embed = self.engine.embed
+        self.handoff = self.handoff_class(self.config, self.engine.embed, speakers)
         self.sessions = {}
-        self.media_limits = self.settle_media_limits()
+        self.chat = ChatPrompt(processor, self.spec.media, self.context_length)
+
+    def speakers(self) -> dict[str, Any]:
+        """The checkpoint's speaker map; none by default."""
+        return {}
+
+    def text_tokenizer(self) -> Any:
+        return self.tokenizer
+
+    @property
+    def processor(self) -> Any:
+        return self.chat.processor
+
+    @property
+    def media_limits(self) -> EffectiveMedia:
+        """The request budget: the spec's limits, else what the processor and context take."""
+        return self.chat.media_limits
 
     @property
     def context_length(self) -> int:
@@ -85,12 +100,8 @@ class VllmThinkerMixin(ThinkerStage):
     def set_adapters(self, adapters: Sequence[Adapter]) -> list[str]:
         return self.adapters.update(adapters)
 
-    def load_speakers(self) -> dict[str, Any]:
-        return {}
-
-    @property
-    def speaker_map(self) -> dict[str, Any]:
-        return self._speakers
+    def prepare(self, job: StageJob) -> None:
+        self.chat.prepare(job)
 
     def open(self, job: StageJob) -> Session:
         return VllmThinkerSession(self, job)
@@ -109,28 +120,19 @@ class VllmThinkerMixin(ThinkerStage):
         return outputs
 
 
-class VllmThinkerStage(VllmThinkerMixin):
+class VllmThinkerStage(VllmThinkerBase):
     """Qwen2.5-Omni's thinker on vLLM."""
 
-    def load_speakers(self) -> dict[str, Any]:
-        from transformers.utils.hub import cached_file
+    handoff_class = Qwen25Handoff
 
-        path = cached_file(self.model_path, "spk_dict.pt")
-        if path is None:
-            raise FileNotFoundError(f"{self.model_path}: no spk_dict.pt (the speaker file)")
-        speakers: dict[str, Any] = torch.load(path, weights_only=True)
-        return speakers
+    def speakers(self) -> dict[str, Any]:
+        return read_speakers(self.model_path)
 
 
-class VllmQwen3ThinkerStage(VllmThinkerMixin, Qwen3ThinkerStage):
+class VllmQwen3ThinkerStage(VllmThinkerBase):
     """Qwen3-Omni's thinker on vLLM; the talker also takes one mid-layer state."""
 
-    def handoff_layers(self) -> list[int]:
-        return [0, int(self.config.talker_config.accept_hidden_layer), FINAL]
-
-    @property
-    def speaker_map(self) -> dict[str, Any]:
-        return {}
+    handoff_class = Qwen3Handoff
 
 
 class VllmThinkerSession(Session):
@@ -139,25 +141,25 @@ class VllmThinkerSession(Session):
     reply token fed to the model (so one token behind the text, as vLLM computes a
     token's state in the step that samples the next)."""
 
-    def __init__(self, stage: VllmThinkerMixin, job: StageJob) -> None:
+    def __init__(self, stage: VllmThinkerBase, job: StageJob) -> None:
         params = job.params
         self.stage = stage
         self.want_audio = bool(params.get("audio"))
         if self.want_audio:
-            self.voice = pick_voice(params, stage.voices)
+            self.voice = pick_voice(params, stage.handoff.voices)
         self.sampling = Sampling.from_params(stage.sampling, params.get("sampling"))
-        conversation, chat_media = stage.prepared_conversation(job)
-        text = stage.prompt_text(conversation)
+        conversation, chat_media = stage.chat.prepared(job)
+        text = stage.chat.prompt_text(conversation)
         self.media_inputs: dict[str, torch.Tensor] = {}
         if self.want_audio and chat_media:
             # The talker's rope index needs the image and video grids and audio lengths,
             # which vLLM keeps to itself: the processor works them out again for audio
             # requests.
-            processed = stage.process(text, chat_media)
+            processed = stage.chat.model_inputs(text, chat_media)
             self.media_inputs = {
                 k: processed[k] for k in LAYOUT_INPUTS if processed.get(k) is not None
             }
-        rate = stage.processor.feature_extractor.sampling_rate
+        rate = stage.chat.sampling_rate
         media: dict[str, Any] = {}
         self.media = media
         if chat_media.images:
@@ -299,7 +301,7 @@ class VllmThinkerSession(Session):
         count = next(iter(rows.values())).shape[0]
         return torch.cat(
             [
-                self.stage.reply_row({k: v[None, : i + 1] for k, v in rows.items()})
+                self.stage.handoff.reply_row({k: v[None, : i + 1] for k, v in rows.items()})
                 for i in range(count)
             ]
         )
@@ -315,7 +317,7 @@ class VllmThinkerSession(Session):
         ids = self.prompt_ids[:n]
         inputs = {"input_ids": torch.tensor([ids]), **self.media_inputs}
         hidden = {k: v[None, :n] for k, v in self.prompt_rows.items()}
-        package = self.stage.talker_prompt(inputs, hidden, self.voice)
+        package = self.stage.handoff.talker_prompt(inputs, hidden, self.voice)
         return {**package, "first_token_id": torch.tensor([self._first_token()])}
 
     def _first_row_alone(self) -> torch.Tensor:

@@ -5,7 +5,7 @@ The talker config (not the whole omni config) is vLLM's model config, through an
 input is the thinker's row (embedding_size wide) plus, from the codec prompt's pad and
 bos positions on, the codec embedding of its token id, then thinker_to_talker_proj into
 the decoder, as transformers' Qwen2_5OmniTalkerForConditionalGeneration does. Rows and
-3-D positions come from the stage through engines/vllm_feed.py.
+3-D positions come from the stage through the row feed (stagekit/vllm/feed.py).
 
 vLLM's Qwen2 attention takes head_dim as hidden_size / heads; the released talker's is
 not (896 / 12 heads, head_dim 64), so the attention here reads the config's head_dim.
@@ -24,7 +24,6 @@ from vllm.model_executor.layers.attention import Attention
 from vllm.model_executor.layers.layernorm import RMSNorm
 from vllm.model_executor.layers.linear import QKVParallelLinear, RowParallelLinear
 from vllm.model_executor.layers.rotary_embedding import get_rope
-from vllm.model_executor.models.interfaces import SupportsMRoPE
 from vllm.model_executor.models.qwen2 import (
     Qwen2Attention,
     Qwen2DecoderLayer,
@@ -33,6 +32,7 @@ from vllm.model_executor.models.qwen2 import (
 )
 from vllm.model_executor.models.utils import PPMissingLayer, maybe_prefix
 
+from omnipipe.families.qwen_omni.vllm.talker_model import FedTalker
 from omnipipe.stagekit.vllm.feed import StepFeed
 
 
@@ -101,29 +101,6 @@ class TalkerDecoderLayer(Qwen2DecoderLayer):
         )
         self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-
-
-class FedTalker(nn.Module, SupportsMRoPE):
-    """What both Qwen Omni talker models share: token ids are codec ids, the positions
-    come from the row feed, the logits from the codec head."""
-
-    codec_embedding: nn.Embedding
-    codec_head: nn.Linear
-
-    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
-        embeds: torch.Tensor = self.codec_embedding(input_ids)
-        return embeds
-
-    def get_mrope_input_positions(
-        self, input_tokens: list[int], mm_features: list[Any]
-    ) -> tuple[torch.Tensor, int]:
-        # Placeholders: the feed carries the real positions (the thinker's media layout
-        # is not visible here), and replaces these in every forward.
-        return torch.arange(len(input_tokens)).expand(3, -1).clone(), 0
-
-    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        logits: torch.Tensor = self.codec_head(hidden_states)
-        return logits
 
 
 class Qwen25OmniTalkerForVllm(FedTalker):

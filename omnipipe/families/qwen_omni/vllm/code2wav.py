@@ -1,8 +1,8 @@
 """The Qwen Omni code2wav stages on vLLM: each ready chunk of codes is one request to an
-in-process pooling engine (vllm_code2wav_model.py), and one engine step decodes every
+in-process pooling engine (code2wav_model.py), and one engine step decodes every
 chunk of the call, those of equal length and voice in one forward. Chunking, left
-context, voices and seeded noise are the transformers stages' (qwen25.Code2WavStage,
-qwen3.Qwen3Code2WavStage: the reference), so a request's audio matches theirs within
+context, voices and seeded noise are the transformers stages' (transformers/code2wav.py:
+the reference), so a request's audio matches theirs within
 float tolerance (tests/unit/test_vllm_code2wav.py)."""
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ from omnipipe.families.qwen_omni.codec import (
     chunk_codes,
     seed_of,
 )
-from omnipipe.families.qwen_omni.thinker import pick_voice
+from omnipipe.families.qwen_omni.handoff import pick_voice
 from omnipipe.stagekit.stage import Session, StageJob
 from omnipipe.stagekit.vllm.engine import VllmEngine
 
-MODELS = "omnipipe.families.qwen_omni.vllm_code2wav_model"
+MODELS = "omnipipe.families.qwen_omni.vllm.code2wav_model"
 # engineArgs this stage reads itself; the rest go to vLLM.
 OWN_ARGS = ("num_steps", "chunk_codes", "context_codes")
 MAX_NUM_SEQS = 16
@@ -171,7 +171,7 @@ class VllmQwen25Code2WavStage(VllmCode2WavBase):
     def load(self) -> None:
         from transformers import AutoConfig
 
-        from omnipipe.families.qwen_omni.vllm_code2wav_model import (
+        from omnipipe.families.qwen_omni.vllm.code2wav_model import (
             QWEN25_ARCHITECTURE,
             load_speakers,
         )
@@ -203,7 +203,7 @@ class VllmQwen3Code2WavStage(VllmCode2WavBase):
     def load(self) -> None:
         from transformers import AutoConfig
 
-        from omnipipe.families.qwen_omni.vllm_code2wav_model import QWEN3_ARCHITECTURE
+        from omnipipe.families.qwen_omni.vllm.code2wav_model import QWEN3_ARCHITECTURE
 
         config = AutoConfig.from_pretrained(self.model_path)
         self.voices = qwen3.voices(config)

@@ -1,7 +1,7 @@
 """Qwen3-Omni's talker on vLLM: the MoE talker in vLLM's continuous batch, its code
 predictor run inside the forward for every answer that feeds a first code back
-(vllm_frames.py). The prompt, its rows and rope positions are built by the same code as
-the transformers talker's (qwen3_prompt.talker_prompt), which stays the reference
+(qwen3_frames.py). The prompt, its rows and rope positions are built by the same code as
+the transformers talker's (qwen3_talker_prompt.talker_prompt), which stays the reference
 (tests/unit/test_vllm_talker.py holds the frames equal).
 
 The stage keeps transformers' text and hidden projections (the feed's rows are talker
@@ -10,25 +10,24 @@ rows) and its rope index; the talker's decoder layers are dropped from that copy
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import torch
 from torch import nn
 
+from omnipipe.families.qwen_omni.checkpoint import load_qwen3_omni
 from omnipipe.families.qwen_omni.codec import SAMPLE_RATE, chunk_codes
-from omnipipe.families.qwen_omni.engine import load_qwen3_omni
+from omnipipe.families.qwen_omni.handoff import layout_kwargs
 from omnipipe.families.qwen_omni.qwen3 import (
     CHUNK_FRAMES,
-    PREDICTOR_SAMPLING,
     SPECIAL_CODES,
     TALKER_SAMPLING,
+    predictor_sampling,
     samples_per_frame,
 )
-from omnipipe.families.qwen_omni.qwen3_prompt import project_text, talker_prompt
-from omnipipe.families.qwen_omni.thinker import layout_kwargs
-from omnipipe.families.qwen_omni.vllm_frames import FrameFeed, FrameState
-from omnipipe.families.qwen_omni.vllm_talker import VllmTalkerBase, VllmTalkerSession
+from omnipipe.families.qwen_omni.qwen3_talker_prompt import project_text, talker_prompt
+from omnipipe.families.qwen_omni.vllm.qwen3_frames import FrameFeed, FrameState
+from omnipipe.families.qwen_omni.vllm.talker import VllmTalkerBase, VllmTalkerSession
 from omnipipe.stagekit.sampling import Sampling
 from omnipipe.stagekit.stage import Session, StageJob
 from omnipipe.stagekit.vllm.feed import RowFeed
@@ -36,7 +35,7 @@ from omnipipe.stagekit.vllm.feed import RowFeed
 
 class VllmQwen3TalkerStage(VllmTalkerBase):
     architecture = "OmnipipeQwen3OmniTalker"
-    model_class = "omnipipe.families.qwen_omni.vllm_qwen3_talker_model:Qwen3OmniTalkerForVllm"
+    model_class = "omnipipe.families.qwen_omni.vllm.qwen3_talker_model:Qwen3OmniTalkerForVllm"
     feed: FrameFeed
 
     def configure(self, config: Any) -> None:
@@ -71,11 +70,7 @@ class Qwen3TalkerSession(VllmTalkerSession):
 
     def __init__(self, stage: VllmQwen3TalkerStage, params: dict[str, Any]) -> None:
         super().__init__(stage, params)
-        predictor = (
-            dataclasses.replace(PREDICTOR_SAMPLING, temperature=0.0)
-            if self.sampling.temperature == 0
-            else PREDICTOR_SAMPLING
-        )
+        predictor = predictor_sampling(self.sampling)
         self.frames = FrameState(0, predictor, self.sampling.generator(stage.device))
 
     @property

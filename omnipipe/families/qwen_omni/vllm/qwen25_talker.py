@@ -1,5 +1,5 @@
-"""Qwen2.5-Omni's talker on vLLM (the model: vllm_talker_model.py; what every Qwen Omni
-talker on vLLM shares: vllm_talker.py). Its codec prompt is mask ids over the thinker's
+"""Qwen2.5-Omni's talker on vLLM (the model: qwen25_talker_model.py; what every Qwen Omni
+talker on vLLM shares: talker.py). Its codec prompt is mask ids over the thinker's
 prompt rows, then pad and bos over text-bos and the first reply row; a reply row is the
 thinker's, as sent; after the reply come text-eos once and text-pad for ever."""
 
@@ -10,9 +10,13 @@ from typing import Any
 import torch
 
 from omnipipe.families.qwen_omni.codec import SAMPLE_RATE, chunk_codes
-from omnipipe.families.qwen_omni.qwen25 import CHUNK_CODES, TALKER_SAMPLING, samples_per_code
-from omnipipe.families.qwen_omni.thinker import layout_kwargs
-from omnipipe.families.qwen_omni.vllm_talker import VllmTalkerBase, VllmTalkerSession
+from omnipipe.families.qwen_omni.handoff import layout_kwargs
+from omnipipe.families.qwen_omni.qwen25 import (
+    CHUNK_CODES,
+    TALKER_SAMPLING,
+    samples_per_code,
+)
+from omnipipe.families.qwen_omni.vllm.talker import VllmTalkerBase, VllmTalkerSession
 from omnipipe.stagekit.sampling import Sampling
 from omnipipe.stagekit.stage import Session, StageJob
 
@@ -48,7 +52,7 @@ class VllmTalkerStage(VllmTalkerBase):
     """Qwen2.5-Omni's talker on vLLM."""
 
     architecture = "OmnipipeQwen25OmniTalker"
-    model_class = "omnipipe.families.qwen_omni.vllm_talker_model:Qwen25OmniTalkerForVllm"
+    model_class = "omnipipe.families.qwen_omni.vllm.qwen25_talker_model:Qwen25OmniTalkerForVllm"
 
     def configure(self, config: Any) -> None:
         self.config = config.talker_config

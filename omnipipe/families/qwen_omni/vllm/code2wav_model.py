@@ -25,7 +25,7 @@ from vllm.model_executor.models.interfaces import IsAttentionFree
 from vllm.model_executor.models.interfaces_base import attn_type
 from vllm.v1.pool.metadata import PoolingMetadata
 
-from omnipipe.families.qwen_omni.token2wav import starting_noise, synthesize
+from omnipipe.families.qwen_omni.qwen25_token2wav import starting_noise, synthesize
 
 QWEN25_ARCHITECTURE = "OmnipipeQwen25Code2Wav"
 QWEN3_ARCHITECTURE = "OmnipipeQwen3Code2Wav"

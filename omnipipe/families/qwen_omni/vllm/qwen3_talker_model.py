@@ -6,7 +6,7 @@ M-RoPE as transformers' talker always rotates) and a sparse MoE block with a gat
 shared expert, as Qwen2-MoE's. Each position's input is its row from the stage (the
 projected text, or for the prompt the user turns' rows) plus, from the codec prompt on,
 the codec embedding, or where a first code is fed back, its whole frame's embedding
-(vllm_frames.py runs the code predictor for it).
+(qwen3_frames.py runs the code predictor for it).
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from vllm.model_executor.models.qwen3_moe import (
 )
 from vllm.model_executor.models.utils import PPMissingLayer, maybe_prefix
 
-from omnipipe.families.qwen_omni.vllm_frames import FrameFeed
-from omnipipe.families.qwen_omni.vllm_talker_model import FedTalker
+from omnipipe.families.qwen_omni.vllm.qwen3_frames import FrameFeed
+from omnipipe.families.qwen_omni.vllm.talker_model import FedTalker
 from omnipipe.stagekit.vllm.feed import StepFeed
 
 

@@ -1,7 +1,8 @@
 """Qwen3-Omni's talker prompt, as Qwen3OmniMoeForConditionalGeneration.generate builds
 it: the user turns' rows (media positions from the thinker's mid-layer state, text from
 its embeddings, both projected), then nine assistant rows over the codec prompt. The
-transformers talker (qwen3.py) and the vLLM talker (vllm_qwen3_talker.py) both use it."""
+transformers talker (transformers/qwen3_talker.py) and the vLLM talker
+(vllm/qwen3_talker.py) both use it."""
 
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
-"""What the Qwen Omni talkers on vLLM share (vllm_qwen25_talker.py, vllm_qwen3_talker.py):
+"""What the Qwen Omni talkers on vLLM share (qwen25_talker.py, qwen3_talker.py):
 every open answer of the stage in one continuous batch with paged KV, where the
 transformers talkers step one answer at a time.
 
 A request's rows (prompt, reply, and once the thinker is done the two rows after it) are
-in the row feed (engines/vllm_feed.py) with the 3-D rope positions transformers' talker
+in the row feed (stagekit/vllm/feed.py) with the 3-D rope positions transformers' talker
 would use. One engine step advances every running request by one code. vLLM 0.32 cannot
 make a running request wait for its next row, so an answer runs as engine requests that
 each make as many codes as there are rows: the first once chunk_codes rows are in (or

@@ -1,0 +1,1 @@
+"""tiny:// Qwen Omni checkpoints: the real architectures with tiny random weights."""

@@ -1,0 +1,1 @@
+"""The Qwen Omni stages on vLLM, and the models they register in its engines."""
