@@ -151,13 +151,27 @@ def start_serve(
     served.pump = threading.Thread(target=pump, daemon=True)
     served.pump.start()
     deadline = time.monotonic() + timeout
-    while not ready.wait(0.2):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            served.stop()
-            raise AssertionError(
-                "omnipipe serve did not become ready:\n" + "".join(served.output[-60:])
-            )
+    try:
+        while not ready.wait(0.2):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(
+                    "omnipipe serve did not become ready:\n" + "".join(served.output[-60:])
+                )
+    except BaseException:
+        # Not ready, or interrupted while it starts (pytest-timeout, Ctrl-C): a serve
+        # nobody holds would go on loading its models beside the tests after it.
+        served.stop()
+        raise
     return served
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Every fixture has stopped its serves by now: one still running was lost by a test
+    (interrupted between its start and its stop), and must not outlive the session (an
+    xdist worker's, whose serves would otherwise run on beside the other worker's)."""
+    for served in list(RUNNING):
+        print(f"\nomnipipe serve at {served.base_url} was still running: stopping it")
+        served.stop()
 
 
 def rss_kib(pid: int) -> int:
