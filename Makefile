@@ -9,6 +9,9 @@ VENV_INPUTS := pyproject.toml hack/install-venv.sh hack/constraints-cpu.txt hack
 EXTRAS ?= models,test
 VENV_KEY := $(shell (cat $(VENV_INPUTS); echo "$(EXTRAS) $$($(PYTHON) -V 2>&1)") | sha1sum | cut -c1-12)
 PYTEST_ARGS ?=
+# pytest-xdist workers for the e2e tier (0: one process). Two on CI's two cores: its
+# serves wait on process start-up and on purpose much of the time (docs/test-times.md).
+E2E_WORKERS ?= 2
 
 .PHONY: serve setup test unit e2e integration realnode node node-images lint manifests bench venv system-deps k8s-binaries clean \
 	images test-worker-image sbom gitops-tools grafana-tools otel-collector
@@ -69,13 +72,13 @@ test:
 	@mkdir -p build/test-report && rm -f build/test-report/setup.tsv
 	@$(MAKE) --no-print-directory -j3 --output-sync=line $(FIRST_SETUP)
 	@$(BIN)/python $(TIERS) --setup "$(MAKE) --no-print-directory -j2 --output-sync=line setup" \
-	  $(PYTEST_ARGS)
+	  --e2e-workers $(E2E_WORKERS) $(PYTEST_ARGS)
 
 unit: venv
 	$(BIN)/python $(TIERS) --tiers unit $(PYTEST_ARGS)
 
 e2e: venv otel-collector
-	$(BIN)/python $(TIERS) --tiers e2e $(PYTEST_ARGS)
+	$(BIN)/python $(TIERS) --tiers e2e --e2e-workers $(E2E_WORKERS) $(PYTEST_ARGS)
 
 integration: venv system-deps k8s-binaries gitops-tools grafana-tools otel-collector
 	$(BIN)/python $(TIERS) --tiers integration $(PYTEST_ARGS)

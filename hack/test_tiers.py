@@ -2,12 +2,16 @@
 then one table of what each took.
 
     .venv/bin/python hack/test_tiers.py [--tiers lint,unit,e2e,integration,realnode]
-        [--setup "make setup"] [PYTEST_ARGS...]
+        [--setup "make setup"] [--e2e-workers N] [PYTEST_ARGS...]
 
 --setup runs a set-up command in the background from the start: lint, unit and e2e need
 only the venv, so on a fresh machine they run while the Kubernetes binaries, the node and
 the images build; the integration and real-node tiers wait for it (its output is printed
 when it ends, and a failed set-up stops the run there).
+
+--e2e-workers N runs the e2e tier's modules on N pytest-xdist workers (`-n N --dist
+loadgroup`; tests/e2e/conftest.py keeps the modules that share a serve on one worker); 0,
+the default here, runs it in one process. The other tiers run in one process.
 
 Each pytest tier runs in its own process with OMNIPIPE_TEST_TIER and OMNIPIPE_TEST_REPORT
 set, and tests/tier_report.py writes what it saw to build/test-report/<tier>.json. The
@@ -65,6 +69,13 @@ def run_lint() -> tuple[int, float, list[list[object]]]:
         if rc != PASSED:
             return rc, time.monotonic() - started, steps
     return PASSED, time.monotonic() - started, steps
+
+
+def tier_args(tier: str, e2e_workers: int) -> list[str]:
+    """The tier's own pytest flags, before PYTEST_ARGS (which may override them)."""
+    if tier == "e2e" and e2e_workers > 0:
+        return ["-n", str(e2e_workers), "--dist", "loadgroup"]
+    return []
 
 
 def run_tier(tier: str, pytest_args: list[str]) -> tuple[int, float]:
@@ -174,8 +185,10 @@ def table(
         report = json.loads(report_file.read_text())
         o = report["outcomes"]
         total_tests += report["collected"]
+        workers = report.get("workers", 0)
+        name = f"{tier} ({workers} workers)" if workers else tier
         lines.append(
-            f"| {tier} | {result} | {clock(wall)} | {report['collected']} | {o.get('passed', 0)}"
+            f"| {name} | {result} | {clock(wall)} | {report['collected']} | {o.get('passed', 0)}"
             f" | {o.get('failed', 0)} | {o.get('skipped', 0)} | {o.get('xfailed', 0)}"
             f" | {o.get('errors', 0)} |"
         )
@@ -190,6 +203,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("--tiers", default=",".join(TIERS), help="comma-separated, in order")
     parser.add_argument("--setup", help="a shell command to run in the background (see above)")
+    parser.add_argument(
+        "--e2e-workers", type=int, default=0, help="pytest-xdist workers for e2e (see above)"
+    )
     args, pytest_args = parser.parse_known_args()
     # A SIGTERM unwinds like Ctrl-C, so the tier and the background set-up stop too.
     signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
@@ -216,7 +232,7 @@ def main() -> int:
             if tier == "lint":
                 rc, wall, lint_steps = run_lint()
             else:
-                rc, wall = run_tier(tier, pytest_args)
+                rc, wall = run_tier(tier, [*tier_args(tier, args.e2e_workers), *pytest_args])
             results[tier] = (rc, wall)
             if rc != PASSED:
                 print(f"[test] tier {tier} failed (exit {rc}): the tiers after it were not run")

@@ -1,9 +1,10 @@
 """What `make test` reports about each tier, and the rule that no tier may skip under CI.
 
 Loaded by tests/conftest.py. With OMNIPIPE_TEST_REPORT set (a folder; hack/test_tiers.py
-sets it), a run writes `<folder>/<tier>.json`: its wall time, its outcomes and its ten
-slowest items (setup, call and teardown together), which hack/test_tiers.py turns into
-the table at the end of `make test`.
+sets it), a run writes `<folder>/<tier>.json`: its wall time, its outcomes, its
+pytest-xdist workers and its ten slowest items (setup, call and teardown together), which
+hack/test_tiers.py turns into the table at the end of `make test`. Under pytest-xdist
+only the controller writes it, from the reports its workers send.
 
 With CI=true, a skipped e2e, integration or real-node test fails, naming what was
 missing: a broken install must not hide behind a green run. Tests marked `gpu` (no CUDA
@@ -66,6 +67,14 @@ def pytest_runtest_makereport(
     )
 
 
+def item_id(nodeid: str) -> str:
+    """The test's id without the `@group` pytest-xdist's loadgroup appends to it (the
+    rule xdist splits it by: an @ after the parameters' closing bracket)."""
+    if nodeid.rfind("@") > nodeid.rfind("]"):
+        return nodeid.rsplit("@", 1)[0]
+    return nodeid
+
+
 class TierRecorder:
     def __init__(self, folder: Path, tier: str) -> None:
         self.folder, self.tier = folder, tier
@@ -73,7 +82,7 @@ class TierRecorder:
         self.seconds: dict[str, float] = defaultdict(float)
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        self.seconds[report.nodeid] += report.duration
+        self.seconds[item_id(report.nodeid)] += report.duration
 
     def counts(self, config: pytest.Config) -> tuple[dict[str, int], int]:
         """The outcomes as pytest's own summary line counts them (a plugin's sub-reports,
@@ -100,6 +109,8 @@ class TierRecorder:
                     "wall_s": round(time.monotonic() - self.started, 1),
                     "exitstatus": int(exitstatus),
                     "collected": tests,
+                    # pytest-xdist's workers (-n): 0 when the tier ran in this process.
+                    "workers": int(getattr(session.config.option, "numprocesses", 0) or 0),
                     "outcomes": outcomes,
                     "slowest": [[nodeid, round(s, 1)] for nodeid, s in slowest],
                 },

@@ -26,6 +26,7 @@ from omnipipe.local.ports import free_port
 from tests.e2e.omni_variants import VARIANTS, Variant
 
 REPO = Path(__file__).resolve().parents[2]
+E2E = Path(__file__).resolve().parent
 READY_LINE = re.compile(r"\[\d+/\d+\] (\S+) ready at (\S+) \(pid (\d+)\)")
 RESTART_LINE = re.compile(r"omnipipe: (\S+) exited with code \S+; restarting as pid (\d+)")
 # How much of a running serve's output a failed test's report carries.
@@ -150,13 +151,27 @@ def start_serve(
     served.pump = threading.Thread(target=pump, daemon=True)
     served.pump.start()
     deadline = time.monotonic() + timeout
-    while not ready.wait(0.2):
-        if proc.poll() is not None or time.monotonic() > deadline:
-            served.stop()
-            raise AssertionError(
-                "omnipipe serve did not become ready:\n" + "".join(served.output[-60:])
-            )
+    try:
+        while not ready.wait(0.2):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(
+                    "omnipipe serve did not become ready:\n" + "".join(served.output[-60:])
+                )
+    except BaseException:
+        # Not ready, or interrupted while it starts (pytest-timeout, Ctrl-C): a serve
+        # nobody holds would go on loading its models beside the tests after it.
+        served.stop()
+        raise
     return served
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Every fixture has stopped its serves by now: one still running was lost by a test
+    (interrupted between its start and its stop), and must not outlive the session (an
+    xdist worker's, whose serves would otherwise run on beside the other worker's)."""
+    for served in list(RUNNING):
+        print(f"\nomnipipe serve at {served.base_url} was still running: stopping it")
+        served.stop()
 
 
 def rss_kib(pid: int) -> int:
@@ -184,6 +199,24 @@ def stop_cleanly(served: Served) -> None:
     assert served.proc.returncode == 0, "".join(served.output[-30:])
     time.sleep(0.5)
     assert pids_alive(pids) == [], "omnipipe serve left orphan processes"
+
+
+SHARED_SERVE_GROUP = "omni_served"
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the marks (its hook appends @group)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under `pytest -n N --dist loadgroup` (make e2e), each xdist worker is a session of
+    its own, and a module's fixtures are set up on every worker that runs one of its
+    tests. So every test is in its module's group, and the modules that share the
+    session's omni_served serves are in one group: a module's serve starts once, and each
+    Qwen-Omni variant's once, as in a serial run. Without xdist the marks change nothing."""
+    here = [item for item in items if item.path.is_relative_to(E2E)]  # `pytest tests` too
+    shared = {item.path for item in here if "omni_served" in getattr(item, "fixturenames", ())}
+    for item in here:
+        if item.get_closest_marker("xdist_group") is None:
+            group = SHARED_SERVE_GROUP if item.path in shared else item.path.stem
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture(scope="session", params=list(VARIANTS), ids=list(VARIANTS))

@@ -146,15 +146,65 @@ def test_stream_sends_text_first_and_audio_last(client: openai.OpenAI, variant: 
     assert first_audio < events[-1][0]
 
 
-def test_talker_and_code2wav_start_before_the_thinker_ends(client: openai.OpenAI) -> None:
-    # 300 text tokens, but the first 25 codes need only the first ~26 of them: when the
-    # stages stream to each other, audio arrives while the text is still coming.
-    events = stream_events(
-        client, extra_body={"sampling_params_list": [{"max_tokens": 300, "min_tokens": 300}]}
-    )
-    kinds = [kind for _, kind, _ in events]
-    last_text = len(kinds) - 1 - kinds[::-1].index("text")
-    assert kinds.index("audio") < last_text, kinds
+# A thinker reply that takes ~25 s alone, against a first audio of under a second alone
+# and ~2 s on two loaded cores: the talker and code2wav must stream to be heard before it
+# ends, whatever the load. (300 tokens, ~2 s, lost that race under pytest-xdist's load.)
+LONG_REPLY = {"max_tokens": 4000, "min_tokens": 4000}
+STAGES = ("thinker", "talker", "code2wav")
+
+
+def stage_load(served: Served) -> list[float]:
+    """Requests each of STAGES runs or holds waiting."""
+    return [
+        metric(served, s, "omnipipe_stage_requests_running")
+        + metric(served, s, "omnipipe_stage_requests_waiting")
+        for s in STAGES
+    ]
+
+
+def wait_idle(served: Served, timeout: float = 10) -> list[float]:
+    """stage_load once every stage is idle, or as it stands after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while (load := stage_load(served)) != [0, 0, 0] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return load
+
+
+def runs(kinds: list[str]) -> str:
+    """'text x27, audio x1, text x1': what a stream sent, in order, without 4000 entries."""
+    counted: list[list[Any]] = []
+    for kind in kinds:
+        if counted and counted[-1][0] == kind:
+            counted[-1][1] += 1
+        else:
+            counted.append([kind, 1])
+    return ", ".join(f"{kind} x{n}" for kind, n in counted)
+
+
+def test_talker_and_code2wav_start_before_the_thinker_ends(
+    served: Served, client: openai.OpenAI
+) -> None:
+    """The first 25 codes need only the first ~26 of the thinker's tokens: when the stages
+    stream to each other, audio reaches the client while the text is still coming. The
+    client reads until text follows audio (the router relays events in the order they
+    reach it), then cancels the rest of the reply."""
+    kinds: list[str] = []
+    with audio_stream(client, extra_body={"sampling_params_list": [LONG_REPLY]}) as stream:
+        for chunk in stream:
+            choice = chunk.choices[0]
+            # Text first: text sent with the audio in one chunk is not text after it.
+            if choice.delta.content:
+                kinds.append("text")
+            audio = getattr(choice.delta, "audio", None)
+            if audio is not None and audio.data:
+                kinds.append("audio")
+            if choice.finish_reason:
+                kinds.append("finish")
+            if "audio" in kinds and kinds[-1] == "text":
+                break  # the thinker was still making text after code2wav's first audio
+    assert "audio" in kinds, runs(kinds)
+    assert "text" in kinds[kinds.index("audio") :], runs(kinds)
+    assert wait_idle(served) == [0, 0, 0], "the stages still hold the cancelled request"
 
 
 def test_speech_returns_wav(client: openai.OpenAI, variant: Variant) -> None:
@@ -446,31 +496,20 @@ def test_audio_metrics(served: Served, client: openai.OpenAI) -> None:
 
 
 def test_cancelling_mid_stream_frees_every_stage(served: Served, client: openai.OpenAI) -> None:
-    stages = ("thinker", "talker", "code2wav")
-    done_before = {s: completions(served, s) for s in stages}
-    long = [{"max_tokens": 4000, "min_tokens": 4000}, {"max_tokens": 4000, "min_tokens": 4000}]
-    stream = audio_stream(client, extra_body={"sampling_params_list": long})
+    done_before = {s: completions(served, s) for s in STAGES}
+    stream = audio_stream(client, extra_body={"sampling_params_list": [LONG_REPLY, LONG_REPLY]})
     for chunk in stream:
         audio = getattr(chunk.choices[0].delta, "audio", None)
         if audio is not None and audio.data:
             break  # every stage is busy now
-    assert all(metric(served, s, "omnipipe_stage_requests_running") == 1 for s in stages), (
+    assert all(metric(served, s, "omnipipe_stage_requests_running") == 1 for s in STAGES), (
         "expected all three stages to hold the request"
     )
     stream.close()
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        load = [
-            metric(served, s, "omnipipe_stage_requests_running")
-            + metric(served, s, "omnipipe_stage_requests_waiting")
-            for s in stages
-        ]
-        if load == [0, 0, 0]:
-            break
-        time.sleep(0.1)
+    load = wait_idle(served)
     assert load == [0, 0, 0], f"stages still hold the cancelled request: {load}"
     # Aborted, not finished: no stage recorded a completed request.
-    assert {s: completions(served, s) for s in stages} == done_before
+    assert {s: completions(served, s) for s in STAGES} == done_before
 
 
 TEXT_ONLY = """apiVersion: omnipipe.io/v1alpha1

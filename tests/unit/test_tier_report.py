@@ -51,6 +51,7 @@ import pytest
 def test_unit_may_skip():
     pytest.skip("unit tests may skip")
 
+@pytest.mark.xdist_group("slow")
 def test_slow():
     time.sleep(0.3)
 """,
@@ -60,7 +61,7 @@ def test_slow():
 Run = tuple[subprocess.CompletedProcess[str], dict[str, object]]
 
 
-def run_suite(tmp_path: Path, ci: bool) -> Run:
+def run_suite(tmp_path: Path, ci: bool, args: tuple[str, ...] = ()) -> Run:
     suite = tmp_path / "tests"
     for name, text in SUITE.items():
         (suite / name).parent.mkdir(parents=True, exist_ok=True)
@@ -87,6 +88,7 @@ def run_suite(tmp_path: Path, ci: bool) -> Run:
             "-o",
             "markers=gpu\n opt_in",
             "-rs",
+            *args,
             str(suite),
         ],
         cwd=tmp_path,
@@ -109,8 +111,22 @@ def outside_ci(tmp_path_factory: pytest.TempPathFactory) -> Run:
     return run_suite(tmp_path_factory.mktemp("dev"), ci=False)
 
 
-def test_under_ci_a_skip_in_a_tier_that_may_not_skip_fails_and_says_why(under_ci: Run) -> None:
-    proc, report = under_ci
+@pytest.fixture(scope="module")
+def under_ci_on_workers(tmp_path_factory: pytest.TempPathFactory) -> Run:
+    """As `make e2e` runs: pytest-xdist's workers, by group (tests/e2e/conftest.py)."""
+    return run_suite(tmp_path_factory.mktemp("xdist"), ci=True, args=XDIST)
+
+
+XDIST = ("-n", "2", "--dist", "loadgroup")
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_under_ci_a_skip_in_a_tier_that_may_not_skip_fails_and_says_why(
+    request: pytest.FixtureRequest, workers: int
+) -> None:
+    """The same on pytest-xdist's workers: the rule runs in each worker, and the
+    controller alone writes the report, from the reports its workers send."""
+    proc, report = request.getfixturevalue("under_ci_on_workers" if workers else "under_ci")
     assert proc.returncode == 1, proc.stdout
     assert "skipped under CI=true, which no e2e test may: no widget on this machine" in proc.stdout
     assert "skipped under CI=true, which no e2e test may: no widget fixture" in proc.stdout
@@ -123,6 +139,7 @@ def test_under_ci_a_skip_in_a_tier_that_may_not_skip_fails_and_says_why(under_ci
     }
     assert report["collected"] == 8
     assert report["exitstatus"] == 1
+    assert report["workers"] == workers
 
 
 def test_outside_ci_skips_stay_skips(outside_ci: Run) -> None:
@@ -139,3 +156,15 @@ def test_the_report_names_the_slowest_items_first(outside_ci: Run) -> None:
     assert slowest[0][1] >= 0.3
     assert len(slowest) == 8
     assert [s for _, s in slowest] == sorted((s for _, s in slowest), reverse=True)
+
+
+def test_on_workers_the_slowest_items_are_named_without_their_group(
+    under_ci_on_workers: Run,
+) -> None:
+    """loadgroup appends `@group` to a grouped test's id; the table names the test."""
+    _, report = under_ci_on_workers
+    slowest = report["slowest"]
+    assert isinstance(slowest, list)
+    assert slowest[0][0].endswith("test_unit_skip.py::test_slow"), slowest
+    assert slowest[0][1] >= 0.3
+    assert not [nodeid for nodeid, _ in slowest if "@" in nodeid], slowest
