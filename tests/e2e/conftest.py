@@ -22,7 +22,7 @@ import openai
 import pytest
 from PIL import Image
 
-from omnipipe.local.ports import free_port
+from omnipipe.local.ports import PORT_RANGE_ENV, free_port, port_range
 from tests.e2e.omni_variants import VARIANTS, Variant
 
 REPO = Path(__file__).resolve().parents[2]
@@ -202,6 +202,21 @@ def stop_cleanly(served: Served) -> None:
 
 
 SHARED_SERVE_GROUP = "omni_served"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist each worker's serves pick their ports from a share of the range
+    of their own (OMNIPIPE_PORT_RANGE, which every serve and worker inherits): a port is
+    picked free and bound seconds later, so two workers' serves starting at once could
+    pick the same one (seen: a worker's control port bound first by another serve's
+    transfer listener; omnipipe/local/ports.py)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    if worker is None:
+        return
+    index, count = int(worker.removeprefix("gw")), int(os.environ["PYTEST_XDIST_WORKER_COUNT"])
+    low, high = port_range()
+    share = (high - low + 1) // count
+    os.environ[PORT_RANGE_ENV] = f"{low + index * share}-{low + (index + 1) * share - 1}"
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the marks (its hook appends @group)

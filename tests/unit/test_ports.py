@@ -42,6 +42,35 @@ def test_without_a_range_to_pick_from_the_kernel_picks(
     assert 1024 <= port <= 65535
 
 
+def test_a_range_given_is_the_one_picked_from(monkeypatch: pytest.MonkeyPatch) -> None:
+    """OMNIPIPE_PORT_RANGE: what the e2e tier gives each pytest-xdist worker, so that two
+    workers' serves never pick the same port (tests/e2e/conftest.py)."""
+    monkeypatch.setenv(ports.PORT_RANGE_ENV, "20000-20049")
+    assert ports.port_range() == (20000, 20049)
+    picked = {ports.free_port() for _ in range(40)}
+    assert picked <= set(range(20000, 20050))
+    assert len(picked) > 1
+
+
+def test_a_range_with_no_free_port_is_an_error_naming_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        taken = held.getsockname()[1]
+        monkeypatch.setenv(ports.PORT_RANGE_ENV, f"{taken}-{taken}")
+        with pytest.raises(OSError, match=f"in OMNIPIPE_PORT_RANGE={taken}-{taken}"):
+            ports.free_port()
+
+
+@pytest.mark.parametrize("given", ["20000", "20000-", "-20000", "a-b", "0-10", "30000-20000"])
+def test_a_range_that_is_no_range_is_refused_naming_the_variable(
+    given: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(ports.PORT_RANGE_ENV, given)
+    with pytest.raises(OSError, match=r"OMNIPIPE_PORT_RANGE=.*give LOW-HIGH"):
+        ports.free_port()
+
+
 def test_a_port_already_handed_out_is_not_picked_again(monkeypatch: pytest.MonkeyPatch) -> None:
     """Seen in CI: two children of one `omnipipe serve` given the same port (a worker's
     and the router's), since neither had bound it yet; the router answered the worker's
