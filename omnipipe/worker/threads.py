@@ -89,7 +89,12 @@ def process_team(pipeline: ResolvedPipeline, teams: dict[str, int]) -> int:
 
 def set_thread_team(threads: int) -> None:
     """On the calling thread: size its torch/OpenMP team. With torch's OpenMP backend the
-    team size is per thread, so colocated stages' engine threads each keep their share."""
+    team size is per thread, so colocated stages' engine threads each keep their share.
+
+    torch._C's own setter, not `torch.set_num_threads`: a vLLM stage's CPU worker replaces
+    that module attribute process-wide with a no-op once it binds its threads, which would
+    leave every stage loaded after it in the group on the process's team. The call sizes
+    only the calling thread, so the vLLM engine thread's binding stays as it is."""
     import torch
 
-    torch.set_num_threads(threads)
+    torch._C.set_num_threads(threads)

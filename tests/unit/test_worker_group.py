@@ -64,7 +64,15 @@ def test_the_launchers_threads_flag_is_the_groups_budget(monkeypatch: pytest.Mon
     assert threads.group_budget(None) == 6
 
 
-def test_each_stage_of_a_running_group_keeps_its_own_team() -> None:
+@pytest.mark.parametrize("after_vllm", [False, True], ids=["alone", "after-a-vllm-stage"])
+def test_each_stage_of_a_running_group_keeps_its_own_team(
+    after_vllm: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if after_vllm:
+        # What vLLM's CPU worker does to the whole process once it binds its threads
+        # (vllm/v1/worker/cpu_worker.py, init_device): stages loaded after it in the same
+        # group must still get their own team.
+        monkeypatch.setattr(torch, "set_num_threads", lambda n: None)
     pipeline = resolve(load_file(GROUPED))
     [group] = [w for w in workloads(pipeline) if w.group == "pixels"]
     teams = {"denoise": 2, "decode": 1}
