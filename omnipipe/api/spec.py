@@ -107,6 +107,10 @@ class Videos(SpecModel):
 
     ttl_seconds: Annotated[int, Field(ge=60, le=30 * 86400)] = 86400
     """How long a finished video job and its MP4 are kept (a day by default, at most 30)."""
+    max_unfinished_jobs: Annotated[int, Field(ge=1, le=1_000_000)] = 1000
+    """Jobs queued or running at once, across the router's replicas: a create past it is
+    a 429 with Retry-After, so a flood of creates cannot grow the queue (and Redis)
+    without end."""
     store_secret_ref: StoreSecretRef | None = None
     """The Redis the routers keep the jobs in, as a URL (redis://[:password@]host:6379/0,
     rediss:// with TLS) in a Secret: a password stays out of the pod spec. Unset: the

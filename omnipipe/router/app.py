@@ -100,7 +100,12 @@ def _video_runner(
             "pipeline's spec.videos.storeSecretRef or the chart's operator.videoStore)"
         )
     return VideoRunner(
-        VideoStore(settings.video_store, pipeline.namespace, pipeline.name),
+        VideoStore(
+            settings.video_store,
+            pipeline.namespace,
+            pipeline.name,
+            max_unfinished=pipeline.videos.max_unfinished_jobs,
+        ),
         orchestrator,
         metrics,
         ttl_seconds=pipeline.videos.ttl_seconds,
@@ -170,6 +175,7 @@ def build_app(pipeline: ResolvedPipeline, settings: RouterSettings) -> FastAPI:
             await asyncio.to_thread(tracer.close)
 
     app = FastAPI(title=f"omnipipe router: {pipeline.name}", lifespan=lifespan)
+    app.state.videos = videos
     app.add_exception_handler(OpenAIError, openai_error_handler)
     app.add_exception_handler(HTTPException, http_error_handler)
     app.add_exception_handler(Exception, internal_error_handler)

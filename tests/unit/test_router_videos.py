@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -255,3 +256,101 @@ def test_the_synchronous_endpoints_point_at_the_video_jobs(
     assert "POST /v1/videos" in error["message"]
     assert client.get("/v1/videos").json()["data"] == []
     assert path not in client.get("/openapi.json").json()["paths"]
+
+
+def _router(
+    tmp_path: Path, videos: dict[str, Any]
+) -> tuple[TestClient, str, subprocess.Popen[bytes]]:
+    """A router of a pipeline with these spec.videos, taking no jobs, whose sweep waits
+    minutes (a test calls it), on a redis-server of its own."""
+    pipeline = resolve(
+        parse_resource(
+            {
+                "apiVersion": "omnipipe.io/v1alpha1",
+                "kind": "OmniPipeline",
+                "metadata": {"name": "v"},
+                "spec": {"model": "tiny://wan", "pipeline": "wan", "videos": videos},
+            }
+        )
+    )
+    server, url = start_redis(tmp_path / "redis")
+    replicas = tmp_path / "replicas.json"
+    replicas.write_text(json.dumps({"stages": {s.name: [] for s in pipeline.stages}}))
+    settings = RouterSettings(
+        replicas_file=str(replicas),
+        video_store=url,
+        video_jobs_per_replica=0,
+        video_lease_seconds=600,
+    )
+    return TestClient(build_app(pipeline, settings)), url, server
+
+
+def test_creates_past_the_unfinished_limit_are_429_with_retry_after(tmp_path: Path) -> None:
+    """spec.videos.maxUnfinishedJobs bounds the queue across routers: a create past it
+    is refused in OpenAI's shape, makes nothing, and a retry with the key of a job it made
+    still finds that job; a job finished or deleted makes room."""
+    client, _, server = _router(tmp_path, {"maxUnfinishedJobs": 3})
+    try:
+        with client:
+            once = {"Idempotency-Key": "first"}
+            made = [client.post("/v1/videos", json=SMALL, headers=once)]
+            made += [client.post("/v1/videos", json=SMALL) for _ in range(2)]
+            assert [m.status_code for m in made] == [200, 200, 200]
+            for _ in range(3):
+                full = client.post("/v1/videos", json=SMALL)
+                assert full.status_code == 429, full.text
+                assert full.headers["Retry-After"] == "60"
+                assert full.json()["error"]["type"] == "rate_limit_error"
+                assert "3 video jobs are queued or running" in full.json()["error"]["message"]
+            retried = client.post("/v1/videos", json=SMALL, headers=once)
+            assert retried.status_code == 200, retried.text
+            assert retried.json()["id"] == made[0].json()["id"]
+            listed = client.get("/v1/videos", params={"limit": 100}).json()["data"]
+            assert len(listed) == 3
+            assert client.delete(f"/v1/videos/{made[1].json()['id']}").status_code == 200
+            assert client.post("/v1/videos", json=SMALL).status_code == 200
+            assert client.post("/v1/videos", json=SMALL).status_code == 429
+    finally:
+        server.terminate()
+        server.wait(10)
+
+
+def test_a_sweep_costs_a_few_round_trips_however_long_the_queue(tmp_path: Path) -> None:
+    """60,000 queued jobs once made each sweep claim each job in turn, scanning the whole
+    queue each time (quadratic). Now a sweep of thousands of queued jobs is a handful of
+    Redis commands, and one that lost its runner is still found and queued again."""
+    queued = 3000
+    client, url, server = _router(tmp_path, {"maxUnfinishedJobs": queued + 10})
+    try:
+        with client:
+            runner = client.app.state.videos  # type: ignore[attr-defined]
+            store = runner.store
+            for i in range(queued):
+                job = {"id": f"video_{i:032x}", "status": "queued", "created_at": int(time.time())}
+                client.portal.call(store.create, job, {})
+            raw = redis.Redis.from_url(url)
+            key = "omnipipe:videos:{default/v}:"
+            # Two jobs a runner took and lost (off the queue, no lease), one it still holds.
+            lost = [f"video_{i:032x}" for i in (7, 1500)]
+            held = f"video_{2999:032x}"
+            for video_id in (*lost, held):
+                raw.lrem(f"{key}queue", 0, video_id)
+                raw.srem(f"{key}queued", video_id)
+            raw.set(f"{key}lease:{held}", "another-runner", px=600_000)
+            raw.config_resetstat()
+            client.portal.call(runner.sweep)
+            stats = raw.info("commandstats")
+            calls = sum(int(v["calls"]) for k, v in stats.items() if k != "cmdstat_config")
+            # A few commands for the whole set, and a few (with those the scripts run)
+            # per lost job; the sweep before made a claim per job: 3,000 scripts.
+            assert calls < 60, stats
+            assert int(stats["cmdstat_evalsha"]["calls"]) <= 6 * len(lost), stats
+            assert "cmdstat_lpos" not in stats
+            waiting = [v.decode() for v in raw.lrange(f"{key}queue", 0, -1)]
+            assert len(waiting) == queued - 1
+            assert waiting[-2:] == lost
+            assert held not in waiting
+            assert raw.scard(f"{key}queued") == queued - 1
+    finally:
+        server.terminate()
+        server.wait(10)

@@ -28,14 +28,16 @@ from omnipipe.router.api.common import (
     request_fields,
     with_family_checks,
 )
-from omnipipe.router.errors import BadRequest, Conflict, ModelNotFound
+from omnipipe.router.errors import BadRequest, Conflict, ModelNotFound, Overloaded
 from omnipipe.router.orchestrator import Orchestrator
 from omnipipe.router.videos.runner import UNFINISHED, VideoRunner, public
-from omnipipe.router.videos.store import KeyReused
+from omnipipe.router.videos.store import KeyReused, QueueFull
 
 VIDEO_ID = re.compile(r"video_[0-9a-f]{32}")
 MAX_FORM_FIELDS = 32
 MAX_IDEMPOTENCY_KEY = 255
+# A full queue drains at the pace of whole videos: a client retries in a minute, not at once.
+QUEUE_FULL_RETRY_SECONDS = 60
 
 
 class VideoCreateRequest(BaseModel):
@@ -162,6 +164,12 @@ def videos_router(
         }
         try:
             made = await store.create(job, params, idempotency(request, model, params, body))
+        except QueueFull:
+            raise Overloaded(
+                f"{store.max_unfinished} video jobs are queued or running, as many as this "
+                "pipeline takes (spec.videos.maxUnfinishedJobs); retry later",
+                retry_after=QUEUE_FULL_RETRY_SECONDS,
+            ) from None
         except KeyReused as exc:
             raise Conflict(
                 f"this Idempotency-Key made video {exc.video_id!r} from another request",

@@ -279,6 +279,7 @@ class VideoRunner:
         gone, now = [], time.time()
         counts = {s: 0 for s in UNFINISHED}
         oldest = {s: 0.0 for s in UNFINISHED}
+        live = []
         for video_id, job in zip(ids, jobs, strict=True):
             if job is None:
                 gone.append(video_id)
@@ -288,9 +289,12 @@ class VideoRunner:
                 continue
             counts[status] += 1
             oldest[status] = max(oldest[status], now - job["created_at"])
-            if video_id not in self._running and await self.store.claim(
-                video_id, self.owner, self.lease_ms
-            ):
+            if video_id not in self._running:
+                live.append(video_id)
+        # A few round trips whatever the queue's length; a claim only for a job that
+        # looked unheld, which the claim itself checks again atomically.
+        for video_id in await self.store.orphan_candidates(live):
+            if await self.store.claim(video_id, self.owner, self.lease_ms):
                 try:
                     await self._recover(video_id)
                 finally:

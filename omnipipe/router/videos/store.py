@@ -10,8 +10,10 @@ keys share a Redis Cluster slot, so its scripts may touch them all):
 
 - `job:<id>`: the OpenAI video object (JSON); `params:<id>`: what the stages are given;
 - `content:<id>`: the MP4, expiring with the job;
-- `queue`: ids waiting for a runner (a list, an id at most once); `jobs`: every id by
-  creation (a sorted set); `active`: the ids of unfinished jobs (a set), what a sweep reads;
+- `queue`: ids waiting for a runner (a list, an id at most once), and `queued`, the same
+  ids as a set: whether an id waits is one O(1) lookup, so a sweep stays linear in the
+  jobs however long the queue; `jobs`: every id by creation (a sorted set); `active`: the
+  ids of unfinished jobs (a set), what a sweep reads and the admission limit counts;
 - `lease:<id>`: held by the replica running the job, renewed while it runs: a job whose
   lease is gone while it is not finished lost its runner, and is queued again;
 - `cancel:<id>`: asks the job's runner to stop;
@@ -63,18 +65,19 @@ def _reported(call: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
 _TAKE = """
 local id = redis.call('LPOP', KEYS[1])
 if not id then return false end
+redis.call('SREM', KEYS[3], id)
 if redis.call('SET', KEYS[2] .. id, ARGV[1], 'NX', 'PX', ARGV[2]) then return id end
 return false
 """
 # Claims the lease of a job that is neither queued nor leased (its runner went away).
 _CLAIM = """
-if redis.call('LPOS', KEYS[1], ARGV[1]) then return 0 end
+if redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 1 then return 0 end
 if redis.call('SET', KEYS[2], ARGV[2], 'NX', 'PX', ARGV[3]) then return 1 end
 return 0
 """
 # Queues an id unless it is queued already.
 _REQUEUE = """
-if redis.call('LPOS', KEYS[1], ARGV[1]) then return 0 end
+if redis.call('SADD', KEYS[2], ARGV[1]) == 0 then return 0 end
 return redis.call('RPUSH', KEYS[1], ARGV[1])
 """
 # Renews a lease only while this runner still holds it.
@@ -99,6 +102,7 @@ return 1
 # hold (taken from the queue, leased) also gets the flag that tells the runner to stop.
 _CANCEL = """
 local removed = redis.call('LREM', KEYS[1], 0, ARGV[1])
+redis.call('SREM', KEYS[9], ARGV[1])
 redis.call('DEL', KEYS[3], KEYS[4], KEYS[5])
 redis.call('ZREM', KEYS[6], ARGV[1])
 redis.call('SREM', KEYS[7], ARGV[1])
@@ -110,7 +114,8 @@ return 0
 """
 # Queues a new job (2). Under an Idempotency-Key (a fingerprint in ARGV[1]; KEYS[1] the
 # key's record): the job the key made instead, if it still exists and the request is the
-# same (1), or a refusal if the request differs (0).
+# same (1), or a refusal if the request differs (0). With ARGV[8] jobs unfinished already,
+# none is made (3): a retried create still finds the job its key made.
 _CREATE = """
 if ARGV[1] ~= '' then
   local held = redis.call('GET', KEYS[1])
@@ -119,6 +124,9 @@ if ARGV[1] ~= '' then
     if fingerprint ~= ARGV[1] then return {0, id} end
     if redis.call('EXISTS', ARGV[7] .. id) == 1 then return {1, id} end
   end
+end
+if redis.call('SCARD', KEYS[5]) >= tonumber(ARGV[8]) then return {3, ''} end
+if ARGV[1] ~= '' then
   redis.call('SET', KEYS[1], ARGV[1] .. ' ' .. ARGV[2], 'EX', ARGV[6])
 end
 redis.call('SET', KEYS[2], ARGV[3])
@@ -126,6 +134,7 @@ redis.call('SET', KEYS[3], ARGV[4])
 redis.call('ZADD', KEYS[4], ARGV[5], ARGV[2])
 redis.call('SADD', KEYS[5], ARGV[2])
 redis.call('RPUSH', KEYS[6], ARGV[2])
+redis.call('SADD', KEYS[7], ARGV[2])
 return {2, ARGV[2]}
 """
 _RELEASE = """
@@ -136,6 +145,10 @@ return 0
 SOCKET_TIMEOUT_SECONDS = 5.0
 # How long an Idempotency-Key names its job (Stripe's and OpenAI's day).
 IDEMPOTENCY_SECONDS = 24 * 3600
+
+
+class QueueFull(Exception):
+    """The pipeline has as many unfinished jobs as it takes."""
 
 
 class KeyReused(Exception):
@@ -153,7 +166,8 @@ def _text(raw: Any) -> str:
 class VideoStore:
     """One pipeline's jobs. Every method is one or a few round trips."""
 
-    def __init__(self, url: str, namespace: str, pipeline: str) -> None:
+    def __init__(self, url: str, namespace: str, pipeline: str, max_unfinished: int = 1000) -> None:
+        self.max_unfinished = max_unfinished
         self.redis = aioredis.Redis.from_url(
             url,
             decode_responses=False,
@@ -187,14 +201,15 @@ class VideoStore:
     ) -> str:
         """Queues the job; its id. With `once`, (the digest of an Idempotency-Key, the
         request's fingerprint): the id of the job that key made instead, if it still
-        exists; KeyReused if that key made one from another request."""
+        exists; KeyReused if that key made one from another request; QueueFull when
+        `max_unfinished` jobs are unfinished already."""
         video_id = job["id"]
         digest, fingerprint = once or ("", "")
         keys = [
             self._key("once", digest) if digest else self._key("once"),
             self._key("job", video_id),
             self._key("params", video_id),
-            *(self._key(k) for k in ("jobs", "active", "queue")),
+            *(self._key(k) for k in ("jobs", "active", "queue", "queued")),
         ]
         args = [
             fingerprint,
@@ -204,10 +219,13 @@ class VideoStore:
             job["created_at"],
             IDEMPOTENCY_SECONDS,
             f"{self.prefix}job:",
+            self.max_unfinished,
         ]
         outcome, made = await self._create(keys=keys, args=args)
         if int(outcome) == 0:
             raise KeyReused(_text(made))
+        if int(outcome) == 3:
+            raise QueueFull()
         return _text(made)
 
     @_reported
@@ -257,6 +275,7 @@ class VideoStore:
             tx.zrem(self._key("jobs"), video_id)
             tx.srem(self._key("active"), video_id)
             tx.lrem(self._key("queue"), 0, video_id)
+            tx.srem(self._key("queued"), video_id)
             await tx.execute()
 
     @_reported
@@ -290,6 +309,22 @@ class VideoStore:
         return sorted(_text(r) for r in await self.redis.smembers(self._key("active")))
 
     @_reported
+    async def orphan_candidates(self, video_ids: list[str]) -> list[str]:
+        """Those of `video_ids` neither queued nor leased now, in two round trips and
+        one lookup per id; a claim decides for each, atomically."""
+        if not video_ids:
+            return []
+        waiting = await self.redis.smismember(self._key("queued"), video_ids)
+        unqueued = [v for v, w in zip(video_ids, waiting, strict=True) if not w]
+        if not unqueued:
+            return []
+        async with self.redis.pipeline(transaction=False) as batch:
+            for video_id in unqueued:
+                batch.exists(self._key("lease", video_id))
+            leased = await batch.execute()
+        return [v for v, held in zip(unqueued, leased, strict=True) if not held]
+
+    @_reported
     async def forget(self, video_ids: list[str]) -> None:
         """Drops ids whose jobs expired from the index and the unfinished set."""
         if video_ids:
@@ -301,14 +336,15 @@ class VideoStore:
     @_reported
     async def requeue(self, video_id: str) -> None:
         """Queues the job again, unless it is queued already."""
-        await self._requeue(keys=[self._key("queue")], args=[video_id])
+        await self._requeue(keys=[self._key("queue"), self._key("queued")], args=[video_id])
 
     @_reported
     async def take(self, owner: str, lease_ms: int) -> str | None:
         """The next queued job's id, leased to `owner`; None when the queue is empty (or
         its head is another's to queue again)."""
         got = await self._take(
-            keys=[self._key("queue"), f"{self.prefix}lease:"], args=[owner, lease_ms]
+            keys=[self._key("queue"), f"{self.prefix}lease:", self._key("queued")],
+            args=[owner, lease_ms],
         )
         return None if not got else _text(got)
 
@@ -316,7 +352,7 @@ class VideoStore:
     async def claim(self, video_id: str, owner: str, lease_ms: int) -> bool:
         """The lease of a job that is neither queued nor leased, for `owner`."""
         claimed = await self._claim(
-            keys=[self._key("queue"), self._key("lease", video_id)],
+            keys=[self._key("queued"), self._key("lease", video_id)],
             args=[video_id, owner, lease_ms],
         )
         return bool(claimed)
@@ -341,6 +377,7 @@ class VideoStore:
             self._key("jobs"),
             self._key("active"),
             self._key("cancel", video_id),
+            self._key("queued"),
         ]
         await self._cancel(keys=keys, args=[video_id, ttl_seconds])
 
