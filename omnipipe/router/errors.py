@@ -11,6 +11,23 @@ from starlette.exceptions import HTTPException
 # `<PIL.Image.Image image mode=RGB size=1x8000 at 0x7f...>`: no message shows one.
 _OBJECT_REPR = re.compile(r"<[^<>\n]*? at 0x[0-9a-fA-F]+>")
 MAX_RELAYED_CHARS = 1000
+# No message is longer: one that quotes a client's value cut short keeps its two ends.
+MAX_MESSAGE_CHARS = 2000
+SHOWN_CHARS = 64
+
+
+def shown(value: object, limit: int = SHOWN_CHARS) -> str:
+    """A client's value as a message quotes it: its repr, cut to `limit` characters (a
+    1 MB model name is not echoed back whole)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def bounded(message: str) -> str:
+    if len(message) <= MAX_MESSAGE_CHARS:
+        return message
+    half = MAX_MESSAGE_CHARS // 2 - 8
+    return f"{message[:half]} [...] {message[-half:]}"
 
 
 def relayed_message(message: str) -> str:
@@ -35,6 +52,7 @@ class OpenAIError(Exception):
         code: str | None = None,
         retry_after: int | None = None,
     ) -> None:
+        message = bounded(message)
         super().__init__(message)
         self.message, self.param, self.code, self.retry_after = message, param, code, retry_after
 

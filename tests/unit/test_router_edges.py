@@ -269,3 +269,51 @@ def test_idle_connections_close_on_the_client_side_first() -> None:
     assert openai_client_expiry < SERVER_KEEP_ALIVE_SECONDS
     load_balancer_idle_seconds = 60  # a cloud load balancer's default (AWS's ALB)
     assert load_balancer_idle_seconds < SERVER_KEEP_ALIVE_SECONDS
+
+
+BIG = "m" * 1_000_000
+NAME = "@name"  # the pipeline's own name, filled in per case
+
+
+CHAT = "/v1/chat/completions"
+ECHOES = [
+    ("image", CHAT, {"model": BIG, "messages": [{"role": "user", "content": "x"}]}),
+    ("omni", CHAT, {"model": BIG, "messages": [{"role": "user", "content": "x"}]}),
+    ("omni", CHAT, {"model": NAME, "messages": [{"role": BIG, "content": "x"}]}),
+    ("omni", CHAT, {"model": NAME, "messages": [{"role": "user", "content": [{"type": BIG}]}]}),
+    ("image", "/v1/images/generations", {"model": BIG, "prompt": "x"}),
+    ("image", "/v1/images/generations", {"model": NAME, "prompt": "x", "size": BIG}),
+    ("omni", "/v1/audio/speech", {"model": BIG, "input": "x"}),
+    ("image", "/v1/omni/generate", {"model": BIG, "prompt": "x"}),
+    ("omni", "/v1/omni/generate", {"model": BIG, "prompt": "x"}),
+]
+
+
+@pytest.mark.parametrize(
+    ("pipeline", "path", "body"),
+    ECHOES,
+    ids=[
+        "chat-model-image",
+        "chat-model-omni",
+        "chat-role",
+        "chat-part",
+        "image-model",
+        "image-size",
+        "speech",
+        "generate-image",
+        "generate-omni",
+    ],
+)
+def test_a_megabyte_value_is_not_echoed_back(
+    tmp_path: Path, pipeline: str, path: str, body: dict[str, Any]
+) -> None:
+    """A client's value quoted in an error is cut short: a 1 MB model name answers in
+    under 2 KB, still naming the field and starting with the value."""
+    name = IMAGE.name if pipeline == "image" else OMNI.name
+    body = json.loads(json.dumps(body).replace('"@name"', json.dumps(name)))
+    app = app_for(tmp_path, pipeline, max_body_bytes=4 * 1024 * 1024)
+    with TestClient(app, raise_server_exceptions=False) as c:
+        resp = c.post(path, json=body)
+    assert 400 <= resp.status_code < 500, resp.text[:500]
+    assert len(resp.content) < 2500, resp.text[:500]
+    assert "mmmm" in openai_error(resp, resp.status_code)["message"]

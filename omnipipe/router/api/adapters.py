@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from omnipipe.api import ResolvedPipeline
 from omnipipe.api.adapters import MAX_SCALE
 from omnipipe.api.roles import Role
-from omnipipe.router.errors import BadRequest
+from omnipipe.router.errors import BadRequest, shown
 
 
 class LoraRequest(BaseModel):
@@ -34,12 +34,12 @@ def lora_param(
     if lora.name not in adapters:
         have = ", ".join(sorted(adapters)) or "none"
         raise BadRequest(
-            f"lora.name: this pipeline has no adapter {lora.name!r} (it has: {have})",
+            f"lora.name: this pipeline has no adapter {shown(lora.name)} (it has: {have})",
             param="lora.name",
         )
     if named is not None and named.name != lora.name:
         raise BadRequest(
-            f"model names adapter {named.name!r} and lora.name {lora.name!r}: name one",
+            f"model names adapter {shown(named.name)} and lora.name {shown(lora.name)}: name one",
             param="lora.name",
         )
     chosen = adapters[lora.name]

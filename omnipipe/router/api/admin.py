@@ -13,7 +13,7 @@ from fastapi import APIRouter, Query
 from pydantic import BaseModel, ConfigDict, Field
 
 from omnipipe.api import ResolvedPipeline
-from omnipipe.router.errors import BadRequest, Conflict, StageUnavailable
+from omnipipe.router.errors import BadRequest, Conflict, StageUnavailable, shown
 from omnipipe.router.replicas import ReplicaPool
 
 # Waking a stage from sleep level 2 reloads its model: minutes on a real one.
@@ -96,7 +96,7 @@ class AdminService:
         for i, name in enumerate(named):
             if name not in known:
                 raise BadRequest(
-                    f"stages[{i}]: no stage {name!r}; the pipeline's: {', '.join(known)}",
+                    f"stages[{i}]: no stage {shown(name)}; the pipeline's: {', '.join(known)}",
                     param=f"stages[{i}]",
                 )
         return list(dict.fromkeys(named))

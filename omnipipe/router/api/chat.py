@@ -38,7 +38,7 @@ from omnipipe.router.api.common import (
 from omnipipe.router.api.images import parse_size
 from omnipipe.router.api.inputs import check_processor_kwargs, check_sampling, check_token_range
 from omnipipe.router.api.messages import MESSAGE_SCHEMA, thinker_messages
-from omnipipe.router.errors import BadRequest, OpenAIError
+from omnipipe.router.errors import BadRequest, OpenAIError, shown
 from omnipipe.router.orchestrator import Orchestrator
 from omnipipe.router.outputs import Output
 
@@ -96,7 +96,7 @@ class ChatPlan:
         thinker = stage_with_role(pipeline, Role.THINKER)
         if thinker is None:
             raise BadRequest(
-                f"model {body.model!r} ({pipeline.pipeline}) does not serve chat completions",
+                f"model {shown(body.model)} ({pipeline.pipeline}) does not serve chat completions",
                 param="model",
             )
         self.thinker = thinker
@@ -106,13 +106,15 @@ class ChatPlan:
         makes_images = chat_makes_images(extensions)
         if self.want_image and not makes_images:
             raise BadRequest(
-                f"model {body.model!r} ({pipeline.pipeline}) makes no images in chat",
+                f"model {shown(body.model)} ({pipeline.pipeline}) makes no images in chat",
                 param="modalities",
             )
         self.audio = body.audio or AudioOptions()
         code2wav = stage_with_role(pipeline, Role.CODE2WAV)
         if self.want_audio and code2wav is None:
-            raise BadRequest(f"model {body.model!r} has no audio output stage", param="modalities")
+            raise BadRequest(
+                f"model {shown(body.model)} has no audio output stage", param="modalities"
+            )
         if body.stream and self.want_audio and self.audio.format != "pcm16":
             raise BadRequest(
                 "streamed audio is sent as pcm16 chunks: set audio.format to pcm16",
@@ -171,7 +173,9 @@ class ChatPlan:
             return
         decode = stage_with_role(pipeline, Role.VAE_DECODER)
         if decode is None:
-            raise BadRequest(f"model {body.model!r} has no image output stage", param="modalities")
+            raise BadRequest(
+                f"model {shown(body.model)} has no image output stage", param="modalities"
+            )
         self.emitters.add(decode)
         fields = request_fields(body)
         image = {

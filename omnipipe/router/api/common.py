@@ -18,7 +18,7 @@ from omnipipe.api.families import RequestExtensions, RequestProblem, family_of, 
 from omnipipe.api.spec import Role
 from omnipipe.api.stage_spec import Sampling
 from omnipipe.router.api.inputs import check_sampling, check_token_range
-from omnipipe.router.errors import BadRequest, ModelNotFound
+from omnipipe.router.errors import BadRequest, ModelNotFound, shown
 
 log = logging.getLogger(__name__)
 Body = TypeVar("Body", bound=BaseModel)
@@ -86,7 +86,7 @@ def json_body(model: type[BaseModel]) -> dict[str, Any]:
 def check_model(model: str, model_ids: set[str]) -> None:
     if model not in model_ids:
         raise ModelNotFound(
-            f"model {model!r} does not exist", param="model", code="model_not_found"
+            f"model {shown(model)} does not exist", param="model", code="model_not_found"
         )
 
 
@@ -142,7 +142,7 @@ def sampling_overrides(
     for stage, entry in keyed.items():
         param = f"sampling_params_list.{stage}"
         if stage not in names:
-            raise BadRequest(f"{param}: the pipeline has no stage {stage!r}", param=param)
+            raise BadRequest(f"{param}: the pipeline has no stage {shown(stage)}", param=param)
         try:
             parsed = Sampling.model_validate(entry)
         except ValidationError as exc:

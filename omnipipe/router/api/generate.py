@@ -39,7 +39,7 @@ from omnipipe.router.api.common import (
 )
 from omnipipe.router.api.images import ImageGenerationRequest, image_params
 from omnipipe.router.api.messages import MESSAGE_SCHEMA
-from omnipipe.router.errors import BadRequest, OpenAIError
+from omnipipe.router.errors import BadRequest, OpenAIError, shown
 from omnipipe.router.orchestrator import Orchestrator
 from omnipipe.router.outputs import Output, OutputPart, StageDone
 
@@ -91,7 +91,7 @@ def _plan(
     if stage_with_role(pipeline, Role.THINKER) is not None:
         if "image" in wanted:
             raise BadRequest(
-                f"model {body.model!r} ({pipeline.pipeline}) makes no images",
+                f"model {shown(body.model)} ({pipeline.pipeline}) makes no images",
                 param="output_modalities",
             )
         if (body.prompt is None) == (body.messages is None):
@@ -115,11 +115,11 @@ def _plan(
         return plan.params, plan.emitters
     if wanted - {"image"}:
         raise BadRequest(
-            f"model {body.model!r} ({pipeline.pipeline}) makes images only",
+            f"model {shown(body.model)} ({pipeline.pipeline}) makes images only",
             param="output_modalities",
         )
     if body.prompt is None:
-        raise BadRequest(f"model {body.model!r} needs a text prompt", param="prompt")
+        raise BadRequest(f"model {shown(body.model)} needs a text prompt", param="prompt")
     if body.sampling_params_list is not None:
         raise BadRequest(
             "sampling_params_list applies to AR stages; this graph has none",

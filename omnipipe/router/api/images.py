@@ -28,7 +28,7 @@ from omnipipe.router.api.common import (
     unless_disconnected,
     with_family_checks,
 )
-from omnipipe.router.errors import BadRequest, OpenAIError
+from omnipipe.router.errors import BadRequest, OpenAIError, shown
 from omnipipe.router.orchestrator import Orchestrator
 from omnipipe.router.outputs import Output, OutputPart
 
@@ -62,13 +62,13 @@ class ImageGenerationRequest(BaseModel):
 def parse_size(size: str) -> tuple[int, int]:
     m = SIZE.fullmatch(size)
     if not m:
-        raise BadRequest(f"size must look like 1024x1024, got {size!r}", param="size")
+        raise BadRequest(f"size must look like 1024x1024, got {shown(size)}", param="size")
     width, height = int(m[1]), int(m[2])
     for side in (width, height):
         if not SIZE_MULTIPLE <= side <= MAX_SIDE or side % SIZE_MULTIPLE:
             raise BadRequest(
                 f"size sides must be multiples of {SIZE_MULTIPLE} between "
-                f"{SIZE_MULTIPLE} and {MAX_SIDE}, got {size!r}",
+                f"{SIZE_MULTIPLE} and {MAX_SIDE}, got {shown(size)}",
                 param="size",
             )
     return width, height

@@ -13,7 +13,7 @@ import warnings
 import wave
 from typing import Any
 
-from omnipipe.router.errors import BadRequest
+from omnipipe.router.errors import BadRequest, shown
 
 # The thinker's limit on an input clip (stagekit/media.py holds the same).
 MAX_AUDIO_SECONDS = 300
@@ -123,7 +123,7 @@ def video_part(part: dict[str, Any], param: str) -> dict[str, Any]:
     mime = header.removeprefix("data:").split(";")[0].lower()
     if mime not in VIDEO_TYPES:
         raise BadRequest(
-            f"{where}: only {' and '.join(VIDEO_TYPES)} are supported, got {mime or 'none'!r}",
+            f"{where}: only {' and '.join(VIDEO_TYPES)} are supported, got {shown(mime or 'none')}",
             param=param,
         )
     if not header.endswith(";base64"):
@@ -195,7 +195,7 @@ def audio_part(part: dict[str, Any], param: str) -> dict[str, Any]:
         raise BadRequest(f"{param}.input_audio: expected {{data, format}}", param=param)
     if clip.get("format") != "wav":
         raise BadRequest(
-            f"{param}.input_audio.format: only wav is supported, got {clip.get('format')!r}",
+            f"{param}.input_audio.format: only wav is supported, got {shown(clip.get('format'))}",
             param=param,
         )
     where = f"{param}.input_audio.data"

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from omnipipe.router.api.inputs import MAX_VIDEOS, audio_part, image_part, video_part
-from omnipipe.router.errors import BadRequest
+from omnipipe.router.errors import BadRequest, shown
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 
@@ -54,7 +54,8 @@ def thinker_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         role = ROLES.get(str(message.get("role")))
         if role is None:
             raise BadRequest(
-                f"{param}.role: expected one of {', '.join(ROLES)}, got {message.get('role')!r}",
+                f"{param}.role: expected one of {', '.join(ROLES)}, "
+                f"got {shown(message.get('role'))}",
                 param=param,
             )
         content = message.get("content")
@@ -81,6 +82,8 @@ def thinker_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     )
                 parts.append(video_part(part, where))
             else:
-                raise BadRequest(f"{where}.type: unsupported content part {kind!r}", param=where)
+                raise BadRequest(
+                    f"{where}.type: unsupported content part {shown(kind)}", param=where
+                )
         converted.append({"role": role, "content": parts})
     return converted

@@ -25,7 +25,7 @@ from omnipipe.router.api.common import (
     stage_with_role,
     unless_disconnected,
 )
-from omnipipe.router.errors import BadRequest
+from omnipipe.router.errors import BadRequest, shown
 from omnipipe.router.orchestrator import Orchestrator
 
 DEFAULT_SAMPLE_RATE = 24_000
@@ -57,7 +57,7 @@ def speech_router(
         thinker = stage_with_role(pipeline, Role.THINKER)
         code2wav = stage_with_role(pipeline, Role.CODE2WAV)
         if thinker is None or code2wav is None:
-            raise BadRequest(f"model {body.model!r} does not produce speech", param="model")
+            raise BadRequest(f"model {shown(body.model)} does not produce speech", param="model")
         if body.speed != 1.0:
             raise BadRequest("only speed=1.0 is supported", param="speed")
         if body.stream_format != "audio":

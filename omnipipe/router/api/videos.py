@@ -28,7 +28,7 @@ from omnipipe.router.api.common import (
     request_fields,
     with_family_checks,
 )
-from omnipipe.router.errors import BadRequest, Conflict, ModelNotFound, Overloaded
+from omnipipe.router.errors import BadRequest, Conflict, ModelNotFound, Overloaded, shown
 from omnipipe.router.orchestrator import Orchestrator
 from omnipipe.router.videos.runner import UNFINISHED, VideoRunner, public
 from omnipipe.router.videos.store import KeyReused, QueueFull
@@ -128,7 +128,7 @@ def videos_router(
     async def found(video_id: str) -> dict[str, Any]:
         job = await store.get(_video_id(video_id))
         if job is None:
-            raise VideoNotFound(f"video {video_id!r} does not exist", param="video_id")
+            raise VideoNotFound(f"video {shown(video_id)} does not exist", param="video_id")
         return job
 
     @router.post("/v1/videos", response_model=None, openapi_extra=json_body(VideoCreateRequest))
@@ -143,7 +143,7 @@ def videos_router(
         extensions = family_requests(orchestrator.pipeline)
         video_params = getattr(extensions, "video_params", None)
         if video_params is None:
-            raise BadRequest(f"model {model!r} does not make videos", param="model")
+            raise BadRequest(f"model {shown(model)} does not make videos", param="model")
         params = with_family_checks(lambda: video_params(request_fields(body)))
         seed = body.seed if body.seed is not None else random.randrange(2**31)
         params.update(prompt=body.prompt, seed=seed)
@@ -187,7 +187,7 @@ def videos_router(
     ) -> Response:
         job = await found(video_id)
         if variant != "video":
-            raise BadRequest(f"variant {variant!r} is not made; only video", param="variant")
+            raise BadRequest(f"variant {shown(variant)} is not made; only video", param="variant")
         if job["status"] != "completed":
             raise Conflict(
                 f"video {video_id} is {job['status']}: its content is there once completed"
@@ -207,7 +207,7 @@ def videos_router(
         # they are met, so a page may hold fewer than `limit` while more follow.
         ids = await store.page(after, limit + 1, newest_first=order == "desc")
         if ids is None:
-            raise BadRequest(f"after: no video {after!r}", param="after")
+            raise BadRequest(f"after: no video {shown(after)}", param="after")
         jobs = await store.jobs(ids)
         await store.forget([v for v, job in zip(ids, jobs, strict=True) if job is None])
         data = [public(job) for job in jobs if job is not None]
