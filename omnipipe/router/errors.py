@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import re
-
 from fastapi import Request
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-# `<PIL.Image.Image image mode=RGB size=1x8000 at 0x7f...>`: no message shows one.
-_OBJECT_REPR = re.compile(r"<[^<>\n]*? at 0x[0-9a-fA-F]+>")
+from omnipipe.api.plain_text import plain_message
+
 MAX_RELAYED_CHARS = 1000
 # No message is longer: one that quotes a client's value cut short keeps its two ends.
 MAX_MESSAGE_CHARS = 2000
@@ -33,10 +31,7 @@ def bounded(message: str) -> str:
 def relayed_message(message: str) -> str:
     """A worker's message as the client may see it: no object reprs, and bounded (a
     stage names its limits; it never needs a page)."""
-    message = _OBJECT_REPR.sub("an object", message)
-    if len(message) > MAX_RELAYED_CHARS:
-        message = message[: MAX_RELAYED_CHARS - 3] + "..."
-    return message
+    return plain_message(message, MAX_RELAYED_CHARS)
 
 
 class OpenAIError(Exception):

@@ -13,6 +13,7 @@ import torch
 
 from omnipipe.api import ResolvedStage
 from omnipipe.api.adapters import Adapter
+from omnipipe.api.plain_text import plain_message
 from omnipipe.api.wire import StageEvent
 from omnipipe.transfer import BlockTable
 
@@ -46,8 +47,6 @@ class StageInputError(ValueError):
         )
 
 
-# `<PIL.Image.Image image mode=RGB size=1x8000 at 0x7f...>`: no message shows one.
-_OBJECT_REPR = re.compile(r"<[^<>\n]*? at 0x[0-9a-fA-F]+>")
 MAX_REFUSAL_CHARS = 500
 
 
@@ -55,14 +54,11 @@ def refusal_message(exc: BaseException) -> str:
     """What a processor's or an engine's refusal says, fit for the client: the innermost
     cause's own message (vLLM wraps a processor's error in one that quotes the whole
     input, "Failed to apply ... on data={...}", and appends "(parameter=..., value=...)"
-    to its own), with no object reprs, and short."""
+    to its own), with no object or array reprs, and short."""
     while exc.__cause__ is not None:
         exc = exc.__cause__
     message = exc.args[0] if exc.args and isinstance(exc.args[0], str) else str(exc)
-    message = _OBJECT_REPR.sub("an object", message)
-    if len(message) > MAX_REFUSAL_CHARS:
-        message = message[: MAX_REFUSAL_CHARS - 3] + "..."
-    return message
+    return plain_message(message, MAX_REFUSAL_CHARS)
 
 
 @dataclass

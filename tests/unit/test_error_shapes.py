@@ -14,7 +14,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
+import torch
 from fastapi.testclient import TestClient
 from PIL import Image
 
@@ -116,6 +118,10 @@ def test_an_engines_refusal_keeps_the_cause_and_drops_reprs() -> None:
     assert refusal_message(ValidationError("too long")) == "too long"
     assert refusal_message(ValueError(f"bad image {REPR}")) == "bad image an object"
     assert len(refusal_message(ValueError("x" * 10_000))) == 500
+    # A feature extractor's or a resampler's words about the samples it was given.
+    samples = np.linspace(-1, 1, 48_000, dtype=np.float32).reshape(2, -1)
+    about = ValueError(f"audio {samples!r} of shape (2, 24000) is not mono; got {torch.ones(3)!r}")
+    assert refusal_message(about) == "audio an array of shape (2, 24000) is not mono; got an array"
 
 
 @pytest.mark.parametrize(
@@ -155,7 +161,7 @@ def emit_error(**fields: str) -> Callable[[SubmitRequest], Iterator[bytes]]:
 def test_a_workers_400_has_the_routers_shape_and_its_param(
     tmp_path: Path, serve_worker: Callable[[FakeWorker], str]
 ) -> None:
-    message = f"messages[0].content[0]: the processor rejected {REPR}"
+    message = f"messages[0].content[0]: the processor rejected {REPR} ({np.zeros(9)!r})"
     worker = FakeWorker(
         emit_error(code="invalid_request", message=message, param="messages[0].content[0]")
     )
@@ -169,7 +175,9 @@ def test_a_workers_400_has_the_routers_shape_and_its_param(
     assert set(relayed) == set(mine)
     assert (relayed["type"], relayed["code"]) == (mine["type"], mine["code"])
     assert relayed["param"] == "messages[0].content[0]"
-    assert relayed["message"] == "messages[0].content[0]: the processor rejected an object"
+    assert relayed["message"] == (
+        "messages[0].content[0]: the processor rejected an object (an array)"
+    )
 
 
 @pytest.mark.parametrize(
