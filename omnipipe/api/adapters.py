@@ -12,6 +12,9 @@ from omnipipe.api.spec_base import DnsLabel, SpecModel
 
 MAX_ADAPTERS = 64
 MAX_SCALE = 8.0
+# The largest LoRA rank a stage loads (vLLM's own largest max_lora_rank): vLLM sizes its
+# buffers for every slot by the largest rank, so one rank-100000 file would take them all.
+MAX_LORA_RANK = 512
 # The roles whose stages load adapters.
 ADAPTER_ROLES = frozenset({Role.DENOISER, Role.THINKER})
 

@@ -5,13 +5,16 @@ adapter the stage lacks is a client error."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
 import torch
 
+from omnipipe.api.adapters import Adapter
 from omnipipe.families.qwen_image.tiny_lora import save_tiny_lora
 from omnipipe.stagekit.stage import StageInputError, StageJob
+from omnipipe.stagekit.vllm.lora import lora_engine_args
 from tests.unit.denoisers import encoded, loaded, pipeline
 
 BASE = {"width": 64, "height": 64, "num_inference_steps": 4, "guidance_scale": 4.0}
@@ -111,3 +114,44 @@ def test_the_step_cache_at_threshold_zero_keeps_the_adapters_image(
     cached = loaded(pipeline(exact, adapters=adapters).stage("denoise"))
     lora = {"name": "ink", "scale": 1.0}
     assert torch.equal(run(cached, job, lora), run(stage, job, lora))
+
+
+@pytest.mark.parametrize(
+    ("source", "refusal"),
+    [
+        # Qwen2.5-Omni's thinker adapter: a real PEFT adapter, of a language model.
+        ("tiny://qwen2.5-omni-lora", "name no layer of this model's DiT"),
+        ("rank-520", "LoRA rank 520; a stage loads ranks 1 to 512"),
+    ],
+)
+def test_an_adapter_this_dit_cannot_use_is_refused_by_name_and_nothing_changes(
+    stage: Any,
+    adapters: list[dict[str, Any]],
+    tmp_path: Any,
+    job: StageJob,
+    source: str,
+    refusal: str,
+) -> None:
+    """diffusers loads an adapter whose weights name none of the DiT's layers with a
+    warning, and it changes nothing: the stage refuses it by name instead, all or nothing."""
+    if source == "rank-520":
+        source = str(save_tiny_lora(tmp_path / "wide", seed=5, rank=520))
+    before = run(stage, job, {"name": "ink", "scale": 1.0})
+    foreign = Adapter(name="foreign", source=source, stage="denoise")
+    with pytest.raises(ValueError, match="adapter foreign: ") as refused:
+        stage.set_adapters([*(Adapter(**a) for a in adapters), foreign])
+    assert refusal in str(refused.value)
+    assert stage.adapters.names == {"ink", "neon"}
+    assert torch.equal(run(stage, job, {"name": "ink", "scale": 1.0}), before)
+
+
+@pytest.mark.parametrize("rank", [0, 513, 100_000])
+def test_a_vllm_stage_sizes_no_engine_for_a_rank_past_the_bound(tmp_path: Any, rank: int) -> None:
+    """vLLM sizes every slot's buffers by max_lora_rank, taken from the adapters' own
+    adapter_config.json: a rank past vLLM's largest is refused before an engine starts."""
+    (tmp_path / "adapter_config.json").write_text(json.dumps({"r": rank}))
+    thinker = Adapter(name="wide", source=str(tmp_path), stage="thinker")
+    with pytest.raises(ValueError, match=f"LoRA rank {rank}; a stage loads ranks 1 to 512"):
+        lora_engine_args([thinker], {})
+    (tmp_path / "adapter_config.json").write_text(json.dumps({"r": 24}))
+    assert lora_engine_args([thinker], {})["max_lora_rank"] == 32

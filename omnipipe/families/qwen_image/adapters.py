@@ -8,7 +8,7 @@ import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from omnipipe.api.adapters import MAX_SCALE, Adapter
+from omnipipe.api.adapters import MAX_LORA_RANK, MAX_SCALE, Adapter
 from omnipipe.checkpoints.tiny import resolve_model_path
 from omnipipe.stagekit.stage import StageInputError
 
@@ -96,6 +96,7 @@ class LoadedAdapters:
         # The pipeline's loader reads every LoRA file layout diffusers knows, and
         # converts other trainers' key names.
         layers = QwenImagePipeline.lora_state_dict(resolve_model_path(source))
+        check_fits(name, layers, self._transformers[0])
         for transformer in self._transformers:
             with warnings.catch_warnings():
                 # PEFT warns of each adapter after the first: several are the point.
@@ -112,3 +113,32 @@ class LoadedAdapters:
                 transformer.enable_lora()
                 transformer.set_adapters([choice[0]], weights=[choice[1]])
         self._active = choice
+
+
+def check_fits(name: str, layers: Mapping[str, Any], transformer: Any) -> None:
+    """Refuses an adapter made for another model: diffusers loads one whose weights name
+    no layer of this DiT without a word (a warning at most), and it then changes nothing.
+    Every LoRA weight must name a layer this DiT has, and its rank be one a stage loads."""
+    prefix = "transformer."
+    targets, elsewhere, ranks = set(), [], []
+    for key, weight in layers.items():
+        if not key.startswith(prefix) or ".lora_" not in key:
+            elsewhere.append(key)
+            continue
+        targets.add(key[len(prefix) :].split(".lora_")[0])
+        if ".lora_A." in key or ".lora_down." in key:
+            ranks.append(int(weight.shape[0]))
+    if not layers:
+        raise ValueError(f"adapter {name}: no LoRA weights in it")
+    modules = {n for n, _ in transformer.named_modules()}
+    missing = sorted(t for t in targets if t not in modules)
+    if elsewhere or missing:
+        example = (elsewhere + missing)[0]
+        raise ValueError(
+            f"adapter {name}: {len(elsewhere) + len(missing)} of its weights name no layer "
+            f"of this model's DiT (first: {example!r}): made for another model?"
+        )
+    if max(ranks, default=0) > MAX_LORA_RANK:
+        raise ValueError(
+            f"adapter {name}: LoRA rank {max(ranks)}; a stage loads ranks 1 to {MAX_LORA_RANK}"
+        )

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from omnipipe.api.adapters import MAX_ADAPTERS, Adapter
+from omnipipe.api.adapters import MAX_ADAPTERS, MAX_LORA_RANK, Adapter
 from omnipipe.checkpoints.tiny import resolve_model_path
 from omnipipe.stagekit.stage import StageInputError
 
@@ -32,9 +32,12 @@ SPARE_SLOTS_ON_CPU = 1
 def _rank(path: str) -> int:
     config = Path(path) / "adapter_config.json"
     try:
-        return int(json.loads(config.read_text())["r"])
+        rank = int(json.loads(config.read_text())["r"])
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ValueError(f"{path}: no PEFT adapter_config.json with a rank r ({exc})") from None
+    if not 1 <= rank <= MAX_LORA_RANK:
+        raise ValueError(f"{path}: LoRA rank {rank}; a stage loads ranks 1 to {MAX_LORA_RANK}")
+    return rank
 
 
 def lora_engine_args(adapters: Sequence[Adapter], engine_args: Mapping[str, Any]) -> dict[str, Any]:
