@@ -11,9 +11,7 @@ import ctypes
 import gc
 import logging
 import os
-import socket
 import tempfile
-import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any, Literal
@@ -23,16 +21,15 @@ from fastapi import APIRouter, HTTPException
 from pydantic import BaseModel, Field
 
 from omnipipe.stagekit.stage import Stage
+from omnipipe.worker.profiler import ControlRefused, ProfileLimits, StageProfiler
 from omnipipe.worker.runtime import StageRuntime
+
+__all__ = ["ControlRefused", "StageControl", "control_router"]
 
 log = logging.getLogger(__name__)
 
 PauseMode = Literal["abort", "wait"]
 ABORTED = "request aborted: generation paused"
-
-
-class ControlRefused(Exception):
-    """The stage cannot do this now, or at all: the reason goes to the caller (409)."""
 
 
 class PauseBody(BaseModel):
@@ -97,16 +94,15 @@ class StageControl:
         reload: Callable[[], Awaitable[Stage]],
         settle_seconds: float,
         profile_dir: Path,
+        profile_limits: ProfileLimits | None = None,
     ) -> None:
         self.stage = stage
         self._runtime = runtime
         self._reload = reload
         self._settle_seconds = settle_seconds
-        self._profile_dir = profile_dir
+        self.profiler = StageProfiler(stage, profile_dir, profile_limits or ProfileLimits())
         self.paused: PauseMode | None = None
         self.sleep_level = 0
-        self._profiler: torch.profiler.profile | None = None
-        self._profiling_since = 0.0
         self._lock = asyncio.Lock()
         self._waking: asyncio.Task[dict[str, Any]] | None = None
         self._homes: list[tuple[torch.nn.Module, torch.device]] = []  # level 1's
@@ -127,7 +123,7 @@ class StageControl:
             "pause_mode": self.paused,
             "sleeping": self.sleep_level > 0,
             "sleep_level": self.sleep_level,
-            "profiling": self._profiler is not None,
+            "profiling": self.profiler.profiling,
         }
 
     async def _settled(self, runtime: StageRuntime, action: str) -> None:
@@ -234,34 +230,11 @@ class StageControl:
 
     # ---- the profiler ------------------------------------------------------------------
     async def start_profile(self) -> dict[str, Any]:
-        runtime = self._loaded()
-        async with self._lock:
-            if self._profiler is not None:
-                raise ControlRefused(f"stage {self.stage} is profiling already")
-            activities = [torch.profiler.ProfilerActivity.CPU]
-            if torch.cuda.is_available():
-                activities.append(torch.profiler.ProfilerActivity.CUDA)
-            profiler = torch.profiler.profile(activities=activities)
-            # Started on the engine thread, whose work the trace records.
-            await runtime.between_batches(profiler.start)
-            self._profiler, self._profiling_since = profiler, time.time()
+        await self.profiler.start(self._loaded())
         return self.state()
 
     async def stop_profile(self) -> dict[str, Any]:
-        runtime = self._loaded()
-        async with self._lock:
-            profiler = self._profiler
-            if profiler is None:
-                raise ControlRefused(f"stage {self.stage} is not profiling: start_profile first")
-            await runtime.between_batches(profiler.stop)
-            self._profiler = None
-            self._profile_dir.mkdir(parents=True, exist_ok=True)
-            stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(self._profiling_since))
-            name = f"{self.stage}-{socket.gethostname()}-{os.getpid()}-{stamp}.json"
-            trace = self._profile_dir / name
-            await asyncio.to_thread(profiler.export_chrome_trace, str(trace))
-        log.info("stage %s: profile written to %s", self.stage, trace)
-        return {**self.state(), "trace": str(trace)}
+        return {**self.state(), **await self.profiler.stop(self._loaded())}
 
     # ---- the tokenizer and the caches --------------------------------------------------
     async def tokenizer_files(self) -> dict[str, str]:

@@ -41,6 +41,7 @@ from omnipipe.transfer.local import LocalExchange, LocalFirstSender
 from omnipipe.worker.adapters import AdapterControl, adapters_router, follow_pipeline_file
 from omnipipe.worker.control import StageControl, control_router
 from omnipipe.worker.metrics import WorkerMetrics
+from omnipipe.worker.profiler import ProfileLimits
 from omnipipe.worker.runtime import DuplicateRequest, StageRuntime
 from omnipipe.worker.settings import WorkerSettings
 from omnipipe.worker.stage_classes import stage_class, unimplemented_stages
@@ -287,6 +288,7 @@ def build_app(
             loader.cancel()
             sweeper.cancel()
             follower.cancel()
+            await control.profiler.close()
             await state.runtime.close()
             if colocation is not None:
                 colocation.exchange.unregister(state.receiver.address)
@@ -312,6 +314,7 @@ def build_app(
         reload_stage,
         settings.drain_timeout_seconds,
         Path(settings.profile_dir),
+        ProfileLimits(settings.profile_max_seconds, settings.profile_max_megabytes << 20),
     )
     app = FastAPI(title=f"omnipipe worker: {pipeline.name}/{spec.name}", lifespan=lifespan)
     app.state.worker = state

@@ -55,6 +55,12 @@ class WorkerSettings(BaseSettings):
     profile_dir: str = "/tmp/omnipipe-profiles"
     """Where stop_profile writes the torch profiler's trace (a Chrome trace JSON file
     per call, named in the response)."""
+    profile_max_seconds: float = Field(default=60.0, gt=0, le=3600)
+    """A profile stops by itself after this long (its trace written; the next
+    stop_profile answers it, saying why)."""
+    profile_max_megabytes: int = Field(default=512, ge=1, le=65536)
+    """... or once the process has grown by this many MiB since it started: the profiler
+    keeps every event in host memory until it stops."""
     stall_seconds: float = 300.0
     """An engine call that makes no progress for this long marks the worker not ready
     (the router stops sending it work) until it moves again."""

@@ -22,6 +22,7 @@ from omnipipe.transfer import Mailbox, Message, make_sender
 from omnipipe.worker.control import ControlRefused, StageControl
 from omnipipe.worker.jobs import Job
 from omnipipe.worker.metrics import WorkerMetrics
+from omnipipe.worker.profiler import ProfileLimits
 from omnipipe.worker.runtime import StageRuntime
 from tests.unit.test_batching import until
 from tests.unit.test_omni_stages import spec
@@ -259,4 +260,41 @@ async def test_what_a_stage_cannot_do_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ControlRefused, match="has no tokenizer"):
         await scene.control.tokenizer_files()
     assert scene.rt.admitting.is_set()
+    await scene.rt.close()
+
+
+@pytest.mark.parametrize(
+    ("limits", "reason"),
+    [
+        (ProfileLimits(max_seconds=0.5), "its time limit (0.5 s)"),
+        (ProfileLimits(max_bytes=64 << 20), "its memory limit (64 MiB of growth)"),
+    ],
+    ids=["time", "memory"],
+)
+async def test_a_profile_left_running_stops_by_itself_and_keeps_its_trace(
+    tmp_path: Path, limits: ProfileLimits, reason: str
+) -> None:
+    """A profile no one stops ends at its time limit, or once the process has grown by
+    its memory limit (the profiler holds its events in host memory): its trace is written
+    then, and the next stop call answers it with the reason."""
+    scene = Scene(tmp_path)
+    scene.control.profiler.limits = limits
+    await scene.control.start_profile()
+    job = scene.submit("a", 3)
+    await scene.deliver("a")
+    assert (await last_event(job)).type == "done"
+    grown = bytearray(0)
+    if limits.max_bytes < ProfileLimits().max_bytes:
+        grown = bytearray(b"\1" * (96 << 20))  # the process grows; RSS shows it
+    started = time.monotonic()
+    while scene.control.state()["profiling"]:
+        assert time.monotonic() - started < 20, "the profile did not stop by itself"
+        await asyncio.sleep(0.05)
+    del grown
+    answer = await scene.control.stop_profile()
+    assert answer["stopped_by"] == reason
+    events = json.loads(await asyncio.to_thread(Path(answer["trace"]).read_text))["traceEvents"]
+    assert "aten::linear" in {event.get("name") for event in events}
+    with pytest.raises(ControlRefused, match="not profiling"):
+        await scene.control.stop_profile()  # collected once
     await scene.rt.close()
