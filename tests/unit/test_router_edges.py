@@ -317,3 +317,44 @@ def test_a_megabyte_value_is_not_echoed_back(
     assert 400 <= resp.status_code < 500, resp.text[:500]
     assert len(resp.content) < 2500, resp.text[:500]
     assert "mmmm" in openai_error(resp, resp.status_code)["message"]
+
+
+@pytest.mark.parametrize(
+    ("pipeline", "path", "field", "value"),
+    [
+        ("omni", CHAT, "max_tokens", "10"),
+        ("omni", CHAT, "max_tokens", True),
+        ("omni", CHAT, "temperature", "0.5"),
+        ("omni", CHAT, "seed", 1.5),
+        ("image", "/v1/images/generations", "n", "2"),
+        ("image", "/v1/images/generations", "num_inference_steps", True),
+        ("image", "/v1/images/generations", "guidance_scale", "4"),
+        ("image", "/v1/omni/generate", "seed", "7"),
+    ],
+)
+def test_a_number_sent_as_text_or_a_boolean_is_a_400_naming_the_field(
+    tmp_path: Path, pipeline: str, path: str, field: str, value: Any
+) -> None:
+    """OpenAI's API refuses "10" and true where a number belongs; so does the router,
+    instead of reading them as 10 and 1."""
+    name = IMAGE.name if pipeline == "image" else OMNI.name
+    body: dict[str, Any] = {"model": name, field: value}
+    if path == CHAT:
+        body["messages"] = [{"role": "user", "content": "x"}]
+    else:
+        body["prompt"] = "x"
+    with TestClient(app_for(tmp_path, pipeline, max_body_bytes=1 << 20)) as c:
+        error = openai_error(c.post(path, json=body), 400)
+    assert error["param"] == field, error
+    assert "valid" in error["message"], error
+
+
+def test_sampling_overrides_take_numbers_only(tmp_path: Path) -> None:
+    body = {
+        "model": OMNI.name,
+        "messages": [{"role": "user", "content": "x"}],
+        "sampling_params_list": {"thinker": {"max_tokens": "8"}},
+    }
+    with TestClient(app_for(tmp_path, "omni", max_body_bytes=1 << 20)) as c:
+        error = openai_error(c.post(CHAT, json=body), 400)
+    assert error["param"] == "sampling_params_list.thinker.max_tokens", error

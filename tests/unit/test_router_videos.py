@@ -354,3 +354,14 @@ def test_a_sweep_costs_a_few_round_trips_however_long_the_queue(tmp_path: Path) 
     finally:
         server.terminate()
         server.wait(10)
+
+
+def test_a_json_number_sent_as_text_is_a_400_and_a_forms_text_is_read(
+    api: tuple[TestClient, Path],
+) -> None:
+    client, _ = api
+    refused = client.post("/v1/videos", json={**SMALL, "seed": "7"})
+    assert refused.status_code == 400, refused.text
+    assert refused.json()["error"]["param"] == "seed"
+    form = {k: (None, str(v)) for k, v in {**SMALL, "seed": 7}.items()}
+    assert client.post("/v1/videos", files=form).status_code == 200

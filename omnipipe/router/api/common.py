@@ -64,7 +64,8 @@ def bad_request(exc: ValidationError, doc: Any = _NO_DOC) -> BadRequest:
 async def parse_body(model: type[Body], request: Request) -> Body:
     raw = await request.body()
     try:
-        body = model.model_validate_json(raw)
+        # Strict: "10" or true is no number in a JSON body (OpenAI's API refuses both).
+        body = model.model_validate_json(raw, strict=True)
     except ValidationError as exc:
         try:
             doc = json.loads(raw)
@@ -144,7 +145,7 @@ def sampling_overrides(
         if stage not in names:
             raise BadRequest(f"{param}: the pipeline has no stage {shown(stage)}", param=param)
         try:
-            parsed = Sampling.model_validate(entry)
+            parsed = Sampling.model_validate(entry, strict=True)
         except ValidationError as exc:
             err = exc.errors(include_input=False)[0]
             where = error_param(err["loc"], err["type"] == "missing", entry)

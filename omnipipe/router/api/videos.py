@@ -86,7 +86,8 @@ def _no_reference() -> BadRequest:
     )
 
 
-async def _fields(request: Request) -> dict[str, Any]:
+async def _fields(request: Request) -> tuple[dict[str, Any], bool]:
+    """The body's fields, and whether they came as a form (whose values are all text)."""
     if request.headers.get("content-type", "").lower().startswith("multipart/form-data"):
         try:
             form = await request.form(max_files=2, max_fields=MAX_FORM_FIELDS)
@@ -98,7 +99,7 @@ async def _fields(request: Request) -> dict[str, Any]:
                     raise _no_reference()
                 if isinstance(value, UploadFile):
                     raise BadRequest(f"{key}: a file where a text field belongs", param=key)
-            return {k: v for k, v in form.multi_items() if isinstance(v, str)}
+            return {k: v for k, v in form.multi_items() if isinstance(v, str)}, True
         finally:
             await form.close()
     try:
@@ -109,7 +110,7 @@ async def _fields(request: Request) -> dict[str, Any]:
         raise BadRequest("the body must be a JSON object")
     if doc.get("input_reference") is not None:
         raise _no_reference()
-    return doc
+    return doc, False
 
 
 def _video_id(video_id: str) -> str:
@@ -133,9 +134,10 @@ def videos_router(
 
     @router.post("/v1/videos", response_model=None, openapi_extra=json_body(VideoCreateRequest))
     async def create(request: Request) -> dict[str, Any]:
-        fields = await _fields(request)
+        fields, as_form = await _fields(request)
         try:
-            body = VideoCreateRequest.model_validate(fields)
+            # A JSON body's numbers are numbers: "10" or true is refused, as OpenAI does.
+            body = VideoCreateRequest.model_validate(fields, strict=not as_form)
         except ValidationError as exc:
             raise bad_request(exc, fields) from None
         model = body.model or orchestrator.pipeline.name
