@@ -5,8 +5,9 @@ sample() draws one noise tensor for its whole batch, so a batch of requests coul
 each start from its own seed's noise, and a request's audio would depend on its
 batch-mates. This copy takes the noise; everything else is sample() as it was read from
 PINNED_TRANSFORMERS (its defaults too: guidance 0.5, sway -1, classifier-free guidance
-always on). tests/unit/test_omni_stages.py checks batched audio against transformers' own
-sample() for each request alone and fails the day sample() changes.
+always on). tests/unit/test_qwen25_token2wav.py checks one request, and a batch, against
+transformers' own Qwen2_5OmniToken2WavModel (sample() and the vocoder) for each request
+alone with the same noise, and PINNED_TRANSFORMERS against the version installed.
 """
 
 from __future__ import annotations
