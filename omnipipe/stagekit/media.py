@@ -22,6 +22,13 @@ MAX_IMAGE_PIXELS = 64_000_000
 # The vision processors' limit (Qwen2-VL's smart_resize takes less than 200:1); a longer
 # strip is refused here, with its size, before any processor sees it.
 MAX_ASPECT_RATIO = 200
+# A progressive JPEG decodes its coefficients once a scan: 5 MB of many small scans took
+# 144 s, within every pixel limit. Encoders write 1 (baseline) to about 12 (progressive);
+# libjpeg-turbo's tools advise a cap of 100 for untrusted files (djpeg -maxscans).
+MAX_JPEG_SCANS = 100
+# Start of Scan: inside a scan's entropy-coded data every 0xFF byte is stuffed (FF 00), so
+# each occurrence starts a scan (or sits in a metadata segment: an upper bound either way).
+_JPEG_SOS = b"\xff\xda"
 
 
 class MediaBudget:
@@ -136,6 +143,12 @@ def _open_image(raw: bytes, where: str) -> Image.Image:
         raise StageInputError(
             f"{where}: {width}x{height} is past the aspect-ratio limit: the longer side "
             f"must be less than {MAX_ASPECT_RATIO} times the shorter"
+        )
+    if image.format == "JPEG" and (scans := raw.count(_JPEG_SOS)) > MAX_JPEG_SCANS:
+        image.close()
+        raise StageInputError(
+            f"{where}: a JPEG of {scans} scans is past the limit of {MAX_JPEG_SCANS} (each "
+            "scan is decoded in turn; save it as a baseline or standard progressive JPEG)"
         )
     return image
 

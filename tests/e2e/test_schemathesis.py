@@ -1,6 +1,8 @@
 """schemathesis against the router's own OpenAPI document, on a running tiny pipeline:
 whatever it sends (valid by the schema, or just off it), the router never answers 5xx,
-and every error is in OpenAI's shape. The example budget is fixed, so the run is bounded
+and every error is in OpenAI's shape. Every `model` it sends is the served one, so its
+requests reach the stages (a free string would be a 404 at the router's first check),
+and hypothesis' health checks stay on. The example budget is fixed, so the run is bounded
 and repeatable (derandomized)."""
 
 from __future__ import annotations
@@ -9,9 +11,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import schemathesis
-from hypothesis import HealthCheck, settings
+from hypothesis import settings
 
 from tests.e2e.conftest import Served, start_serve, stop_cleanly, write_pipeline
 
@@ -27,9 +30,30 @@ def served(tmp_module: Path) -> Iterator[Served]:
     stop_cleanly(s)
 
 
+def pinned_to(doc: Any, model: str) -> Any:
+    """The document with every request body's `model` the one id served."""
+    if isinstance(doc, dict):
+        properties = doc.get("properties")
+        if isinstance(properties, dict) and "model" in properties:
+            properties["model"] = {"type": "string", "enum": [model]}
+        for value in doc.values():
+            pinned_to(value, model)
+    elif isinstance(doc, list):
+        for value in doc:
+            pinned_to(value, model)
+    return doc
+
+
 @pytest.fixture(scope="module")
-def api(served: Served) -> Any:
-    return schemathesis.openapi.from_url(served.base_url.removesuffix("/v1") + "/openapi.json")
+def root(served: Served) -> str:
+    return served.base_url.removesuffix("/v1")
+
+
+@pytest.fixture(scope="module")
+def api(root: str) -> Any:
+    doc = httpx.get(f"{root}/openapi.json", timeout=30).json()
+    [served_id] = [m["id"] for m in httpx.get(f"{root}/v1/models", timeout=30).json()["data"]]
+    return schemathesis.openapi.from_dict(pinned_to(doc, served_id))
 
 
 schema = schemathesis.pytest.from_fixture("api")
@@ -46,14 +70,9 @@ def assert_openai_shaped(body: Any) -> None:
 
 
 @schema.parametrize()
-@settings(
-    max_examples=EXAMPLES_PER_OPERATION,
-    derandomize=True,
-    deadline=None,
-    suppress_health_check=list(HealthCheck),
-)
-def test_router_never_fails_and_errors_are_openai_shaped(case: Any) -> None:
-    response = case.call(timeout=60)
+@settings(max_examples=EXAMPLES_PER_OPERATION, derandomize=True, deadline=None)
+def test_router_never_fails_and_errors_are_openai_shaped(case: Any, root: str) -> None:
+    response = case.call(base_url=root, timeout=60)
     assert response.status_code < 500, (case.as_curl_command(), response.text[:500])
     if response.status_code >= 400:
         assert_openai_shaped(response.json())
@@ -67,3 +86,18 @@ def test_the_document_lists_every_v1_route(api: Any) -> None:
         ("POST", "/v1/chat/completions"),
         ("POST", "/v1/audio/speech"),
     } <= operations
+
+
+def test_the_fuzzed_requests_reach_the_stages(root: str) -> None:
+    """What the pin is for (this runs after the fuzzing, in the module's order): requests
+    the fuzzer sent with the served id were answered with images by the pipeline, not
+    refused at the router's model check."""
+    metrics = httpx.get(f"{root}/metrics", timeout=30).text
+    made = [
+        float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if line.startswith("omnipipe_router_requests_total{")
+        and 'code="200"' in line
+        and 'route="/v1/images/generations"' in line
+    ]
+    assert sum(made) > 0, "no fuzzed request got an image: the fuzzer never reached a stage"
