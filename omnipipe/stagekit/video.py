@@ -3,12 +3,12 @@
 track when the request asks for it.
 
 Memory stays bounded whatever the file says about itself: the byte size is checked before
-the container is opened, the frame size and the duration are checked on the demuxed
-packets before any frame is decoded, and kept frames are scaled down by the decoder as
-they arrive (one full-resolution frame at a time, never the whole clip), at most
-max_frames of them within a total pixel budget. With a request's media budget, the frames
-the clip keeps and its sound track's length (from its demuxed packets) are charged to it
-before any frame or sample is decoded.
+the container is opened; the frame size, the duration and the decoding work (frames
+times their pixels) are checked on the demuxed packets before any frame is decoded; and
+kept frames are scaled down by the decoder as they arrive (one full-resolution frame at
+a time, never the whole clip), at most max_frames of them within a total pixel budget.
+With a request's media budget, the frames the clip keeps and its sound track's length
+(from its demuxed packets) are charged to it before any frame or sample is decoded.
 """
 
 from __future__ import annotations
@@ -47,6 +47,10 @@ MAX_SAMPLING_FPS = 8.0
 # frames a second (20,000 in 0.2 s) is no video a camera made.
 MAX_SOURCE_FRAMES = 18_000
 MAX_SOURCE_FPS = 240.0
+# ... and frames times their size is the decoder's work: an 8K clip of 18,000 frames, inside
+# each limit above, took 219 s to decode. 2**32 pixels is a minute of 1080p at 30 frames a
+# second, or five of 480p: about 10 to 20 s of decoding on one core.
+MAX_DECODE_PIXELS = 2**32
 
 
 @dataclass(frozen=True)
@@ -60,6 +64,7 @@ class VideoLimits:
     max_bytes: int = MAX_VIDEO_BYTES
     max_source_frames: int = MAX_SOURCE_FRAMES
     max_source_fps: float = MAX_SOURCE_FPS
+    max_decode_pixels: int = MAX_DECODE_PIXELS
 
 
 @dataclass(frozen=True)
@@ -178,6 +183,12 @@ def _decode(
         raise StageInputError(
             f"{where}: {total} frames in {seconds:.2f}s, more than "
             f"{limits.max_source_fps:g} frames a second"
+        )
+    if total * width * height > limits.max_decode_pixels:
+        raise StageInputError(
+            f"{where}: decoding {total} frames of {width}x{height} is "
+            f"{total * width * height} pixels of work, past the limit of "
+            f"{limits.max_decode_pixels} (send a shorter clip, or one of smaller frames)"
         )
     count = frame_count(total, seconds, limits)
     budget.take_video(count, seconds, where)

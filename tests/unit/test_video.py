@@ -4,6 +4,7 @@ size and memory). Each refusal names its limit."""
 
 from __future__ import annotations
 
+import time
 import tracemalloc
 from typing import Any
 
@@ -206,6 +207,27 @@ def test_frames_past_the_count_or_the_rate_are_refused_before_decoding() -> None
     packed = make_video(seconds=0.2, width=16, height=16, fps=5000, audio=False)
     with pytest.raises(StageInputError, match=r"1000 frames in 0\.20s, more than 240 frames a"):
         decode_video(b64(packed), "v", VideoLimits())
+
+
+def test_frames_times_their_size_past_the_work_limit_are_refused_before_decoding() -> None:
+    """Each frame within the size limit and the count within its own: their product, the
+    decoder's work, is bounded too (an 8K clip of 18,000 frames took 219 s). The limit is
+    lowered to a clip a test encodes quickly; the refusal decodes nothing."""
+    clip = b64(make_video(seconds=10, width=320, height=240, fps=30, audio=False))
+    work = 300 * 320 * 240
+    started = time.perf_counter()
+    with pytest.raises(
+        StageInputError,
+        match=f"decoding 300 frames of 320x240 is {work} pixels of work, past the limit of "
+        f"{work - 1} ",
+    ):
+        decode_video(clip, "v", VideoLimits(max_decode_pixels=work - 1))
+    refused = time.perf_counter() - started
+    started = time.perf_counter()
+    decode_video(clip, "v", VideoLimits(max_decode_pixels=work))
+    decoded = time.perf_counter() - started
+    assert refused < decoded, (refused, decoded)
+    assert VideoLimits().max_decode_pixels < 18_000 * 7680 * 4320 // 100
 
 
 def test_every_decoded_frame_is_held_to_the_size_limit(monkeypatch: pytest.MonkeyPatch) -> None:
