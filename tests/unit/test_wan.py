@@ -124,3 +124,39 @@ def test_a_bad_frame_count_or_prompt_is_the_clients_error() -> None:
         encode.run(StageJob({**BASE, "prompt": ""}, {}))
     with pytest.raises(StageInputError, match="num_frames must be an integer"):
         encode.run(StageJob({**BASE, "prompt": "x", "num_frames": "9"}, {}))
+
+
+@pytest.mark.parametrize(
+    ("change", "refusal"),
+    [
+        ({"width": 1040}, "size 1040x48: this model's DiT places at most 1024 pixels a side"),
+        ({"height": 1280}, "size 64x1280: this model's DiT places at most 1024 pixels a side"),
+        ({"num_frames": 257}, "257 frames: this model's DiT places at most 253"),
+    ],
+)
+def test_a_size_or_length_past_the_dits_positions_is_refused_with_its_limit(
+    change: dict[str, int], refusal: str
+) -> None:
+    """tiny://wan's DiT has rotary positions for 64 patches an axis (rope_max_seq_len),
+    fewer than the API's 1280 pixels and 257 frames: a request past them is refused with
+    the model's limit before any latent is made, not with torch's words from deep inside."""
+    denoise = loaded("denoise")
+    embeds = {"prompt_embeds": torch.zeros(1, 4, 16)}
+    with pytest.raises(StageInputError, match=refusal):
+        denoise.begin(StageJob({**REQUESTS[0], **change}, {"encode": embeds}))
+    # At the limit itself the DiT runs.
+    [result] = denoise.run_batch(
+        [
+            StageJob(
+                {
+                    **REQUESTS[0],
+                    "num_frames": 253,
+                    "num_inference_steps": 1,
+                    "width": 16,
+                    "height": 16,
+                },
+                {"encode": embeds},
+            )
+        ]
+    )
+    assert result.tensors["latents"].shape[2] == 64

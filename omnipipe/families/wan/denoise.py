@@ -16,9 +16,9 @@ from typing import Any
 
 import torch
 
-from omnipipe.families.wan.loading import load_wan
+from omnipipe.families.wan.loading import geometry_limits, load_wan
 from omnipipe.families.wan.params import MAX_SEQUENCE_LENGTH, video_params
-from omnipipe.stagekit.stage import StageJob, StageResult, SteppedStage
+from omnipipe.stagekit.stage import StageInputError, StageJob, StageResult, SteppedStage
 
 
 @dataclass
@@ -44,6 +44,7 @@ class WanDenoiseStage(SteppedStage):
 
     def load(self) -> None:
         self.pipe = load_wan(self.model_path, self.device, {"transformer", "scheduler"})
+        self.max_side, self.max_frames = geometry_limits(self.pipe)
 
     def batch_key(self, job: StageJob) -> Hashable | None:
         video = video_params(job.params)
@@ -52,6 +53,7 @@ class WanDenoiseStage(SteppedStage):
     def begin(self, job: StageJob) -> Denoising:
         pipe, device = self.pipe, self.device
         video = video_params(job.params)
+        self._check_geometry(video.width, video.height, video.num_frames)
         enc = job.inputs["encode"]
         dtype = pipe.transformer.dtype
         scheduler = copy.deepcopy(pipe.scheduler)
@@ -77,6 +79,17 @@ class WanDenoiseStage(SteppedStage):
             scheduler=scheduler,
             timesteps=scheduler.timesteps,
         )
+
+    def _check_geometry(self, width: int, height: int, frames: int) -> None:
+        """A size or length past the DiT's positions is the client's 400, said with the
+        model's limit, before any tensor is made (torch's own words otherwise)."""
+        why = "this model's DiT places"
+        if max(width, height) > self.max_side:
+            raise StageInputError(
+                f"size {width}x{height}: {why} at most {self.max_side} pixels a side", "size"
+            )
+        if frames > self.max_frames:
+            raise StageInputError(f"{frames} frames: {why} at most {self.max_frames}", "seconds")
 
     def step_count(self, state: Denoising) -> tuple[int, int]:
         return state.index, len(state.timesteps)

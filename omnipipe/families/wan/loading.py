@@ -60,3 +60,15 @@ def load_wan(model_path: str, device: torch.device, keep: set[str]) -> Any:
         pipe.vae_scale_factor_temporal = config.get("scale_factor_temporal", 4)
         pipe.vae_scale_factor_spatial = config.get("scale_factor_spatial", 8)
     return pipe
+
+
+def geometry_limits(pipe: Any) -> tuple[int, int]:
+    """The largest side (pixels) and frame count this checkpoint's DiT can place: its rotary
+    positions reach rope_max_seq_len patches along each axis, a patch being patch_size
+    latents, a latent vae_scale_factor pixels (or frames, the first frame alone)."""
+    config = pipe.transformer.config
+    reach = int(config.rope_max_seq_len)
+    patch_t, patch_h, patch_w = (int(p) for p in config.patch_size)
+    side = reach * min(patch_h, patch_w) * int(pipe.vae_scale_factor_spatial)
+    frames = (reach * patch_t - 1) * int(pipe.vae_scale_factor_temporal) + 1
+    return side, frames
