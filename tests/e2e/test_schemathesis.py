@@ -30,12 +30,27 @@ def served(tmp_module: Path) -> Iterator[Served]:
     stop_cleanly(s)
 
 
+# What a fuzzed request may ask the stages for: a tiny image in a step or two. Left to the
+# defaults (1024x1024, 50 steps) each one that reaches the stages takes 20 s here; the
+# router's own bounds on these fields are checked in tests/unit/test_router_edges.py.
+SMALL_WORK = {
+    "size": {"type": "string", "enum": ["64x64", "32x16"]},
+    "num_inference_steps": {"type": "integer", "minimum": 1, "maximum": 2},
+    "n": {"type": "integer", "minimum": 1, "maximum": 2},
+}
+
+
 def pinned_to(doc: Any, model: str) -> Any:
-    """The document with every request body's `model` the one id served."""
+    """The document with every request body's `model` the one id served, and the work it
+    asks for small."""
     if isinstance(doc, dict):
         properties = doc.get("properties")
         if isinstance(properties, dict) and "model" in properties:
             properties["model"] = {"type": "string", "enum": [model]}
+            for name, small in SMALL_WORK.items():
+                if name in properties:
+                    properties[name] = small
+                    doc["required"] = sorted({*doc.get("required", []), name})
         for value in doc.values():
             pinned_to(value, model)
     elif isinstance(doc, list):
