@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import json
 import logging
-import subprocess
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -16,46 +16,57 @@ import pytest
 import redis
 from fastapi.testclient import TestClient
 
-from omnipipe.api import parse_resource, resolve
+from omnipipe.api import ResolvedPipeline, parse_resource, resolve
 from omnipipe.local.video_store import start_redis
 from omnipipe.router.app import build_app
 from omnipipe.router.settings import RouterSettings
 
 pytestmark = pytest.mark.timeout(60)
-# The resource's TTL is what the router keeps things for.
-PIPELINE = resolve(
-    parse_resource(
-        {
-            "apiVersion": "omnipipe.io/v1alpha1",
-            "kind": "OmniPipeline",
-            "metadata": {"name": "v"},
-            "spec": {"model": "tiny://wan", "pipeline": "wan", "videos": {"ttlSeconds": 120}},
-        }
+
+
+def wan(videos: dict[str, Any]) -> ResolvedPipeline:
+    return resolve(
+        parse_resource(
+            {
+                "apiVersion": "omnipipe.io/v1alpha1",
+                "kind": "OmniPipeline",
+                "metadata": {"name": "v"},
+                "spec": {"model": "tiny://wan", "pipeline": "wan", "videos": videos},
+            }
+        )
     )
-)
+
+
+# The resource's TTL is what the router keeps things for.
+PIPELINE = wan({"ttlSeconds": 120})
 SMALL = {"prompt": "x", "size": "64x48", "num_frames": 9, "num_inference_steps": 2}
+
+
+@contextmanager
+def running_router(
+    tmp_path: Path, pipeline: ResolvedPipeline, **settings: Any
+) -> Iterator[tuple[TestClient, str]]:
+    """The pipeline's router (no stage replicas) on a redis-server of its own, and the
+    server's URL."""
+    server, url = start_redis(tmp_path / "redis")
+    replicas = tmp_path / "replicas.json"
+    replicas.write_text(json.dumps({"stages": {s.name: [] for s in pipeline.stages}}))
+    config = RouterSettings(replicas_file=str(replicas), video_store=url, **settings)
+    try:
+        with TestClient(build_app(pipeline, config)) as client:
+            yield client, url
+    finally:
+        server.terminate()
+        server.wait(10)
 
 
 @pytest.fixture
 def api(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[tuple[TestClient, Path]]:
-    """The router (no stage replicas; as many job takers as the test's parameter says,
-    none by default) on a redis-server of its own."""
+    """The router, as many job takers as the test's parameter says (none by default)."""
     takers = getattr(request, "param", 0)
-    server, url = start_redis(tmp_path / "redis")
-    replicas = tmp_path / "replicas.json"
-    replicas.write_text(json.dumps({"stages": {s.name: [] for s in PIPELINE.stages}}))
-    settings = RouterSettings(
-        replicas_file=str(replicas),
-        video_store=url,
-        video_jobs_per_replica=takers,
-        wake_wait_seconds=0.2,
-    )
-    try:
-        with TestClient(build_app(PIPELINE, settings)) as client:
-            yield client, tmp_path / "redis"
-    finally:
-        server.terminate()
-        server.wait(10)
+    settings = {"video_jobs_per_replica": takers, "wake_wait_seconds": 0.2}
+    with running_router(tmp_path, PIPELINE, **settings) as (client, _):
+        yield client, tmp_path / "redis"
 
 
 def test_a_store_that_stops_answering_is_a_503_and_the_job_outlives_it(
@@ -258,61 +269,33 @@ def test_the_synchronous_endpoints_point_at_the_video_jobs(
     assert path not in client.get("/openapi.json").json()["paths"]
 
 
-def _router(
-    tmp_path: Path, videos: dict[str, Any]
-) -> tuple[TestClient, str, subprocess.Popen[bytes]]:
-    """A router of a pipeline with these spec.videos, taking no jobs, whose sweep waits
-    minutes (a test calls it), on a redis-server of its own."""
-    pipeline = resolve(
-        parse_resource(
-            {
-                "apiVersion": "omnipipe.io/v1alpha1",
-                "kind": "OmniPipeline",
-                "metadata": {"name": "v"},
-                "spec": {"model": "tiny://wan", "pipeline": "wan", "videos": videos},
-            }
-        )
-    )
-    server, url = start_redis(tmp_path / "redis")
-    replicas = tmp_path / "replicas.json"
-    replicas.write_text(json.dumps({"stages": {s.name: [] for s in pipeline.stages}}))
-    settings = RouterSettings(
-        replicas_file=str(replicas),
-        video_store=url,
-        video_jobs_per_replica=0,
-        video_lease_seconds=600,
-    )
-    return TestClient(build_app(pipeline, settings)), url, server
+# Takes no jobs, and its sweep waits minutes: a test calls it.
+QUIET = {"video_jobs_per_replica": 0, "video_lease_seconds": 600}
 
 
 def test_creates_past_the_unfinished_limit_are_429_with_retry_after(tmp_path: Path) -> None:
     """spec.videos.maxUnfinishedJobs bounds the queue across routers: a create past it
     is refused in OpenAI's shape, makes nothing, and a retry with the key of a job it made
     still finds that job; a job finished or deleted makes room."""
-    client, _, server = _router(tmp_path, {"maxUnfinishedJobs": 3})
-    try:
-        with client:
-            once = {"Idempotency-Key": "first"}
-            made = [client.post("/v1/videos", json=SMALL, headers=once)]
-            made += [client.post("/v1/videos", json=SMALL) for _ in range(2)]
-            assert [m.status_code for m in made] == [200, 200, 200]
-            for _ in range(3):
-                full = client.post("/v1/videos", json=SMALL)
-                assert full.status_code == 429, full.text
-                assert full.headers["Retry-After"] == "60"
-                assert full.json()["error"]["type"] == "rate_limit_error"
-                assert "3 video jobs are queued or running" in full.json()["error"]["message"]
-            retried = client.post("/v1/videos", json=SMALL, headers=once)
-            assert retried.status_code == 200, retried.text
-            assert retried.json()["id"] == made[0].json()["id"]
-            listed = client.get("/v1/videos", params={"limit": 100}).json()["data"]
-            assert len(listed) == 3
-            assert client.delete(f"/v1/videos/{made[1].json()['id']}").status_code == 200
-            assert client.post("/v1/videos", json=SMALL).status_code == 200
-            assert client.post("/v1/videos", json=SMALL).status_code == 429
-    finally:
-        server.terminate()
-        server.wait(10)
+    with running_router(tmp_path, wan({"maxUnfinishedJobs": 3}), **QUIET) as (client, _):
+        once = {"Idempotency-Key": "first"}
+        made = [client.post("/v1/videos", json=SMALL, headers=once)]
+        made += [client.post("/v1/videos", json=SMALL) for _ in range(2)]
+        assert [m.status_code for m in made] == [200, 200, 200]
+        for _ in range(3):
+            full = client.post("/v1/videos", json=SMALL)
+            assert full.status_code == 429, full.text
+            assert full.headers["Retry-After"] == "60"
+            assert full.json()["error"]["type"] == "rate_limit_error"
+            assert "3 video jobs are queued or running" in full.json()["error"]["message"]
+        retried = client.post("/v1/videos", json=SMALL, headers=once)
+        assert retried.status_code == 200, retried.text
+        assert retried.json()["id"] == made[0].json()["id"]
+        listed = client.get("/v1/videos", params={"limit": 100}).json()["data"]
+        assert len(listed) == 3
+        assert client.delete(f"/v1/videos/{made[1].json()['id']}").status_code == 200
+        assert client.post("/v1/videos", json=SMALL).status_code == 200
+        assert client.post("/v1/videos", json=SMALL).status_code == 429
 
 
 def test_a_sweep_costs_a_few_round_trips_however_long_the_queue(tmp_path: Path) -> None:
@@ -320,40 +303,36 @@ def test_a_sweep_costs_a_few_round_trips_however_long_the_queue(tmp_path: Path) 
     queue each time (quadratic). Now a sweep of thousands of queued jobs is a handful of
     Redis commands, and one that lost its runner is still found and queued again."""
     queued = 3000
-    client, url, server = _router(tmp_path, {"maxUnfinishedJobs": queued + 10})
-    try:
-        with client:
-            runner = client.app.state.videos  # type: ignore[attr-defined]
-            store = runner.store
-            for i in range(queued):
-                job = {"id": f"video_{i:032x}", "status": "queued", "created_at": int(time.time())}
-                client.portal.call(store.create, job, {})
-            raw = redis.Redis.from_url(url)
-            key = "omnipipe:videos:{default/v}:"
-            # Two jobs a runner took and lost (off the queue, no lease), one it still holds.
-            lost = [f"video_{i:032x}" for i in (7, 1500)]
-            held = f"video_{2999:032x}"
-            for video_id in (*lost, held):
-                raw.lrem(f"{key}queue", 0, video_id)
-                raw.srem(f"{key}queued", video_id)
-            raw.set(f"{key}lease:{held}", "another-runner", px=600_000)
-            raw.config_resetstat()
-            client.portal.call(runner.sweep)
-            stats = raw.info("commandstats")
-            calls = sum(int(v["calls"]) for k, v in stats.items() if k != "cmdstat_config")
-            # A few commands for the whole set, and a few (with those the scripts run)
-            # per lost job; the sweep before made a claim per job: 3,000 scripts.
-            assert calls < 60, stats
-            assert int(stats["cmdstat_evalsha"]["calls"]) <= 6 * len(lost), stats
-            assert "cmdstat_lpos" not in stats
-            waiting = [v.decode() for v in raw.lrange(f"{key}queue", 0, -1)]
-            assert len(waiting) == queued - 1
-            assert waiting[-2:] == lost
-            assert held not in waiting
-            assert raw.scard(f"{key}queued") == queued - 1
-    finally:
-        server.terminate()
-        server.wait(10)
+    pipeline = wan({"maxUnfinishedJobs": queued + 10})
+    with running_router(tmp_path, pipeline, **QUIET) as (client, url):
+        runner = client.app.state.videos  # type: ignore[attr-defined]
+        store = runner.store
+        for i in range(queued):
+            job = {"id": f"video_{i:032x}", "status": "queued", "created_at": int(time.time())}
+            client.portal.call(store.create, job, {})
+        raw = redis.Redis.from_url(url)
+        key = "omnipipe:videos:{default/v}:"
+        # Two jobs a runner took and lost (off the queue, no lease), one it still holds.
+        lost = [f"video_{i:032x}" for i in (7, 1500)]
+        held = f"video_{2999:032x}"
+        for video_id in (*lost, held):
+            raw.lrem(f"{key}queue", 0, video_id)
+            raw.srem(f"{key}queued", video_id)
+        raw.set(f"{key}lease:{held}", "another-runner", px=600_000)
+        raw.config_resetstat()
+        client.portal.call(runner.sweep)
+        stats = raw.info("commandstats")
+        calls = sum(int(v["calls"]) for k, v in stats.items() if k != "cmdstat_config")
+        # A few commands for the whole set, and a few (with those the scripts run)
+        # per lost job; the sweep before made a claim per job: 3,000 scripts.
+        assert calls < 60, stats
+        assert int(stats["cmdstat_evalsha"]["calls"]) <= 6 * len(lost), stats
+        assert "cmdstat_lpos" not in stats
+        waiting = [v.decode() for v in raw.lrange(f"{key}queue", 0, -1)]
+        assert len(waiting) == queued - 1
+        assert waiting[-2:] == lost
+        assert held not in waiting
+        assert raw.scard(f"{key}queued") == queued - 1
 
 
 def test_a_json_number_sent_as_text_is_a_400_and_a_forms_text_is_read(
