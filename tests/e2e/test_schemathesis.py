@@ -22,19 +22,46 @@ pytestmark = pytest.mark.timeout(600)
 EXAMPLES_PER_OPERATION = 60
 
 
+OMNI = """apiVersion: omnipipe.io/v1alpha1
+kind: OmniPipeline
+metadata: {name: fuzzed-omni}
+spec:
+  model: tiny://qwen2.5-omni
+  pipeline: qwen2.5-omni
+  transfer: {backend: tcp}
+  stages:
+    - {name: thinker, sampling: {maxTokens: 8}}
+    - {name: talker, sampling: {maxTokens: 30}}
+"""
+# The route whose 200s show the fuzzer reached the stages, by the pipeline fuzzed.
+MAKES = {"image": "/v1/images/generations", "omni": "/v1/chat/completions"}
+
+
+@pytest.fixture(scope="module", params=list(MAKES))
+def kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
 @pytest.fixture(scope="module")
-def served(tmp_module: Path) -> Iterator[Served]:
-    # A short timeout: a generated request that is valid and slow must not hold the run.
-    s = start_serve(write_pipeline(tmp_module, "fuzzed", transfer="tcp"))
+def served(kind: str, tmp_module: Path) -> Iterator[Served]:
+    if kind == "image":
+        manifest = write_pipeline(tmp_module, "fuzzed", transfer="tcp")
+    else:
+        manifest = tmp_module / "fuzzed-omni.yaml"
+        manifest.write_text(OMNI)
+    s = start_serve(manifest)
     yield s
     stop_cleanly(s)
 
 
-# What a fuzzed request may ask the stages for: a tiny image in a step or two. Left to the
-# defaults (1024x1024, 50 steps) each one that reaches the stages takes 20 s here; the
-# router's own bounds on these fields are checked in tests/unit/test_router_edges.py.
+# What a fuzzed request may ask the stages for: a tiny image in a step or two, a few
+# tokens. Left to the defaults (1024x1024, 50 steps) each image that reaches the stages
+# takes 20 s here; the router's own bounds on these fields are checked in
+# tests/unit/test_router_edges.py.
 SMALL_WORK = {
     "size": {"type": "string", "enum": ["64x64", "32x16"]},
+    "max_tokens": {"type": "integer", "minimum": 1, "maximum": 8},
+    "max_completion_tokens": {"type": "integer", "minimum": 1, "maximum": 8},
     "num_inference_steps": {"type": "integer", "minimum": 1, "maximum": 2},
     "n": {"type": "integer", "minimum": 1, "maximum": 2},
 }
@@ -103,7 +130,7 @@ def test_the_document_lists_every_v1_route(api: Any) -> None:
     } <= operations
 
 
-def test_the_fuzzed_requests_reach_the_stages(root: str) -> None:
+def test_the_fuzzed_requests_reach_the_stages(root: str, kind: str) -> None:
     """What the pin is for (this runs after the fuzzing, in the module's order): requests
     the fuzzer sent with the served id were answered with images by the pipeline, not
     refused at the router's model check."""
@@ -113,6 +140,6 @@ def test_the_fuzzed_requests_reach_the_stages(root: str) -> None:
         for line in metrics.splitlines()
         if line.startswith("omnipipe_router_requests_total{")
         and 'code="200"' in line
-        and 'route="/v1/images/generations"' in line
+        and f'route="{MAKES[kind]}"' in line
     ]
-    assert sum(made) > 0, "no fuzzed request got an image: the fuzzer never reached a stage"
+    assert sum(made) > 0, "no fuzzed request was answered: the fuzzer never reached a stage"
