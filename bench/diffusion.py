@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from _common import record, table
-from _serves import serving
+from _serves import release, serving
 
 if TYPE_CHECKING:
     from throughput import Level
@@ -151,7 +151,7 @@ def main() -> None:
         return
     from throughput import percentile
 
-    from tests.e2e.conftest import start_serve, stop_cleanly
+    from tests.e2e.conftest import start_serve
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -188,7 +188,7 @@ def main() -> None:
                     results[name] = measure(served_call(served), levels, requests, repeats)
                     reused[name] = reused_share(served)
                 finally:
-                    stop_cleanly(served)
+                    release(served)
     rows, recorded = [], {}
     for name, by_level in results.items():
         for c, level in by_level.items():
