@@ -1,8 +1,9 @@
 """Each benchmark's --quick mode runs end to end (no timing is asserted): it prints its
 table and a last `name: key=value ...` line, and appends one JSON line with the machine.
 
-The pipelines that several benchmarks run are started once, for the class of tests that
-share them (TestSharedServes; bench/_serves.py says how a benchmark borrows one)."""
+The pipelines that several benchmarks run (SHARED) are started once, beside the last
+benchmarks that run on one core, and lent to the tests of TestSharedServes, which run last
+(bench/_serves.py says how a benchmark borrows one)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import pytest
 
@@ -125,6 +126,51 @@ def test_reconcile_quick(tmp_path: Path) -> None:
         assert results["direct"][n]["ready_s"] > 0  # type: ignore[index]
 
 
+def test_diffusion_real_size_path_runs_on_the_cpu_at_a_tiny_size(tmp_path: Path) -> None:
+    """The GPU side's code, at a tiny size on the CPU: the monolith, the stages sharing
+    its modules, the step probe, and the step cache forced to reuse."""
+    out, results = run_quick("diffusion_real_size", tmp_path, "--device", "cpu", "--size", "tiny")
+    assert "split_c1_time_vs_monolith_c1=" in out
+    rows = results["results"]
+    for name in ("split_c1", "split_c4", "split_cache_c1", "split_cache_forced_all_c1"):
+        assert rows[name]["latents_finite"] is True  # type: ignore[index]
+    assert rows["split_c4"]["request_steps"] == {"computed": 16, "reused": 0}  # type: ignore[index]
+    forced = rows["split_cache_forced_all_c1"]["request_steps"]  # type: ignore[index]
+    assert forced["reused"] > 0  # type: ignore[index]
+    assert rows["monolith_c4"]["s_per_image"] > 0  # type: ignore[index]
+
+
+def test_local_handoff_quick(tmp_path: Path) -> None:
+    out, results = run_quick("local_handoff", tmp_path, "--device", "cpu")
+    assert "by reference" in out
+    assert results["device"] == "cpu"
+    for size in ("4096", "1048576"):
+        row = results[size]  # type: ignore[index]
+        assert row["local_us"] > 0
+        assert row["copy_us"] > 0
+
+
+# One torch thread each: the shared serves start on the other core meanwhile.
+@pytest.mark.usefixtures("shared_serves_starting")
+@pytest.mark.parametrize(
+    ("name", "extra", "rate"),
+    [
+        ("talker_engines", (), "codes_per_s"),
+        ("code2wav_engines", ("--codes", "50"), "audio_s_per_s"),
+    ],
+)
+def test_engine_benches_quick(name: str, extra: tuple[str, ...], rate: str, tmp_path: Path) -> None:
+    out, results = run_quick(name, tmp_path, *extra)
+    assert "vLLM/transformers" in out
+    for family in ("qwen2.5-omni", "qwen3-omni"):
+        for engine in ("vllm", "transformers"):
+            levels = results[family][engine]  # type: ignore[index]
+            assert set(levels) == {"1", "4"}
+            for r in levels.values():
+                assert r[rate] > 0
+                assert r["round_s"] > 0
+
+
 def bench_serves() -> ModuleType:
     """bench/_serves.py, as the benchmarks import it."""
     if str(REPO / "bench") not in sys.path:
@@ -132,38 +178,65 @@ def bench_serves() -> ModuleType:
     return importlib.import_module("_serves")
 
 
-@pytest.fixture(scope="class")
-def shared_serves(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
-    """SHARED's serves, started together, and the environment that lends them to the
-    benchmarks. After the class's last test each is stopped cleanly (exit code 0, no
-    worker left behind), as a benchmark stops a serve of its own."""
-    serves = bench_serves()
-    work = tmp_path_factory.mktemp("shared-serves")
-    started = serves.Together(work, SHARED).take_all()
-    try:
-        listing = work / "serves.json"
+class SharedServes:
+    """SHARED's serves, started together in the background when made (bench/_serves.py's
+    Together); env() waits until they are ready and gives the environment that lends them
+    to the benchmarks; stop() stops each cleanly (exit code 0, no worker left behind), as
+    a benchmark stops a serve of its own."""
+
+    def __init__(self, work: Path) -> None:
+        self.work = work
+        self.serves = bench_serves()
+        self.starting = self.serves.Together(work, SHARED)
+        self.ready: dict[str, Any] | None = None
+
+    def env(self) -> dict[str, str]:
+        if self.ready is None:
+            self.ready = self.starting.take_all()
+        listing = self.work / "serves.json"
         listing.write_text(
             json.dumps(
                 [
                     {
-                        "pipeline": serves.resolved(SHARED[name]),
+                        "pipeline": self.serves.resolved(SHARED[name]),
                         "base_url": served.base_url,
                         "pid": served.proc.pid,
                         "workers": {w: [url, pid] for w, (url, pid) in served.workers.items()},
                     }
-                    for name, served in started.items()
+                    for name, served in self.ready.items()
                 ]
             )
         )
-        yield {serves.SHARED_SERVES: str(listing)}
-    finally:
+        return {self.serves.SHARED_SERVES: str(listing)}
+
+    def stop(self) -> None:
+        ready = self.starting.take_all() if self.ready is None else self.ready
         failures = []
-        for served in started.values():
+        for served in ready.values():
             try:
                 stop_cleanly(served)
             except AssertionError as exc:
                 failures.append(str(exc))
         assert not failures, failures
+
+
+@pytest.fixture(scope="module")
+def shared_serves_starting(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SharedServes]:
+    """SHARED's serves, starting from the first test that asks: a test that leaves a core
+    idle (a benchmark on one torch thread) asks for it so that they start beside it.
+    Stopped after the module's last test."""
+    shared = SharedServes(tmp_path_factory.mktemp("shared-serves"))
+    try:
+        yield shared
+    finally:
+        shared.stop()
+
+
+@pytest.fixture(scope="module")
+def shared_serves(shared_serves_starting: SharedServes) -> dict[str, str]:
+    """The environment that lends SHARED's serves, once they are ready, to the benchmarks
+    (bench/_serves.py borrow())."""
+    return shared_serves_starting.env()
 
 
 def borrowed(out: str) -> int:
@@ -243,46 +316,3 @@ class TestSharedServes:
         shares = results["steps_reused_share"]
         assert shares["split graph"] == 0  # type: ignore[index]
         assert shares["split graph + step cache"] > 0  # type: ignore[index]
-
-
-def test_diffusion_real_size_path_runs_on_the_cpu_at_a_tiny_size(tmp_path: Path) -> None:
-    """The GPU side's code, at a tiny size on the CPU: the monolith, the stages sharing
-    its modules, the step probe, and the step cache forced to reuse."""
-    out, results = run_quick("diffusion_real_size", tmp_path, "--device", "cpu", "--size", "tiny")
-    assert "split_c1_time_vs_monolith_c1=" in out
-    rows = results["results"]
-    for name in ("split_c1", "split_c4", "split_cache_c1", "split_cache_forced_all_c1"):
-        assert rows[name]["latents_finite"] is True  # type: ignore[index]
-    assert rows["split_c4"]["request_steps"] == {"computed": 16, "reused": 0}  # type: ignore[index]
-    forced = rows["split_cache_forced_all_c1"]["request_steps"]  # type: ignore[index]
-    assert forced["reused"] > 0  # type: ignore[index]
-    assert rows["monolith_c4"]["s_per_image"] > 0  # type: ignore[index]
-
-
-def test_local_handoff_quick(tmp_path: Path) -> None:
-    out, results = run_quick("local_handoff", tmp_path, "--device", "cpu")
-    assert "by reference" in out
-    assert results["device"] == "cpu"
-    for size in ("4096", "1048576"):
-        row = results[size]  # type: ignore[index]
-        assert row["local_us"] > 0
-        assert row["copy_us"] > 0
-
-
-@pytest.mark.parametrize(
-    ("name", "extra", "rate"),
-    [
-        ("talker_engines", (), "codes_per_s"),
-        ("code2wav_engines", ("--codes", "50"), "audio_s_per_s"),
-    ],
-)
-def test_engine_benches_quick(name: str, extra: tuple[str, ...], rate: str, tmp_path: Path) -> None:
-    out, results = run_quick(name, tmp_path, *extra)
-    assert "vLLM/transformers" in out
-    for family in ("qwen2.5-omni", "qwen3-omni"):
-        for engine in ("vllm", "transformers"):
-            levels = results[family][engine]  # type: ignore[index]
-            assert set(levels) == {"1", "4"}
-            for r in levels.values():
-                assert r[rate] > 0
-                assert r["round_s"] > 0
