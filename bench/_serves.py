@@ -1,14 +1,24 @@
-"""`omnipipe serve`s for the benchmarks: several started together (--quick), and a
-baseline commit's worktree to serve from.
+"""`omnipipe serve`s for the benchmarks: several started together (--quick), serves that
+a smoke run shares between benchmarks, and a baseline commit's worktree to serve from.
 
 A serve's start is most of a smoke run, and on a 2-core machine one start leaves a core
 idle much of the time (a vLLM engine starts on one core). A --quick run starts the serves
 it needs at once, then measures them one at a time as a full run does; each is stopped
 after its own measurement, so those not yet measured sit idle beside it.
+
+Several benchmarks run the same pipeline (tiny://qwen-image as it comes; tiny://qwen2.5-omni
+with its thinker on vLLM). The smoke tests (tests/integration/test_bench_smoke.py) start
+each of those once and name them in $OMNIPIPE_BENCH_SHARED_SERVES, a JSON list of
+{"pipeline": the resolved pipeline's YAML, "base_url", "pid", "workers": {name: [url,
+pid]}}. A benchmark about to start a serve of a pipeline listed there, as omnipipe
+resolves it, borrows that one instead and leaves it running; the smoke test stops it,
+cleanly, after the last benchmark that borrows it. A full run (no such file) starts its own.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
 import subprocess
 import tempfile
@@ -17,10 +27,66 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any, cast
 
 from _common import REPO
 
-from tests.e2e.conftest import Served, start_serve
+from tests.e2e.conftest import Served, start_serve, stop_cleanly
+
+SHARED_SERVES = "OMNIPIPE_BENCH_SHARED_SERVES"
+
+
+def resolved(text: str) -> str:
+    """The pipeline a manifest runs, as omnipipe resolves it (defaults filled in): two
+    manifests that differ only in what they spell out resolve alike."""
+    from omnipipe.api.loading import load_pipeline, pipeline_yaml
+
+    with tempfile.TemporaryDirectory(prefix="omnipipe-bench-") as tmp:
+        path = Path(tmp) / "pipeline.yaml"
+        path.write_text(text)
+        return pipeline_yaml(load_pipeline(path))
+
+
+class _Elsewhere:
+    """A shared serve's process as a borrower sees it: its pid, and running. It is the
+    smoke test's child, not the borrower's, so the borrower neither waits for nor stops it."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+
+    def poll(self) -> int | None:
+        return None
+
+
+class Borrowed(Served):
+    """A serve that the smoke test shares: measured like one's own, left running."""
+
+    def stop(self) -> None:
+        pass
+
+
+def borrow(text: str) -> Borrowed | None:
+    """The shared serve of `text`'s pipeline, if the smoke test started one."""
+    listing = os.environ.get(SHARED_SERVES)
+    if not listing:
+        return None
+    entries = json.loads(Path(listing).read_text())
+    want = resolved(text)
+    for entry in entries:
+        if entry["pipeline"] == want:
+            workers = {name: (url, int(pid)) for name, (url, pid) in entry["workers"].items()}
+            proc = cast(Any, _Elsewhere(int(entry["pid"])))
+            print(f"borrowing the shared serve at {entry['base_url']}", flush=True)
+            return Borrowed(proc, str(entry["base_url"]), workers)
+    return None
+
+
+def release(served: Served) -> None:
+    """stop_cleanly() a serve of one's own (exit code 0, no worker left behind); a
+    borrowed one stays up for the next benchmark and is checked so when the smoke test
+    stops it."""
+    if not isinstance(served, Borrowed):
+        stop_cleanly(served)
 
 
 class Together:
@@ -28,15 +94,19 @@ class Together:
     the caller does before its first take() overlaps their start. take(name) waits until
     every one is ready and hands that one over, for the caller to measure and stop;
     close() stops those not taken. If one does not start, the others are stopped and its
-    error raised."""
+    error raised. A serve borrowed from the smoke test is not started, and take() hands it
+    over at once: measuring it overlaps the others' start."""
 
     def __init__(self, work: Path, texts: dict[str, str], timeout: float = 300) -> None:
         self.started = time.monotonic()
-        self.pool = ThreadPoolExecutor(max(1, len(texts)))
+        shared = {name: b for name, text in texts.items() if (b := borrow(text)) is not None}
+        own = {name: text for name, text in texts.items() if name not in shared}
+        self.pool = ThreadPoolExecutor(max(1, len(own)))
         self.futures = {
             name: self.pool.submit(_start, path, timeout)
-            for name, path in write_manifests(work, texts).items()
+            for name, path in write_manifests(work, own).items()
         }
+        self.shared: dict[str, Served] = dict(shared)
         self.ready: dict[str, Served] | None = None
 
     def _wait(self) -> dict[str, Served]:
@@ -54,16 +124,19 @@ class Together:
         return self.ready
 
     def take(self, name: str) -> Served | None:
+        if name in self.shared:
+            return self.shared.pop(name)
         return self._wait().pop(name, None) if name in self.futures else None
 
     def take_all(self) -> dict[str, Served]:
         ready, self.ready = self._wait(), {}
-        return ready
+        shared, self.shared = self.shared, {}
+        return {**shared, **ready}
 
     def close(self) -> None:
         for served in self._wait().values():
             served.stop()
-        self.ready = {}
+        self.ready, self.shared = {}, {}
 
 
 def _start(path: Path, timeout: float) -> Served:

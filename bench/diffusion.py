@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from _common import record, table
-from _serves import serving
+from _serves import release, serving
 
 if TYPE_CHECKING:
     from throughput import Level
@@ -126,11 +126,12 @@ def reused_share(served: Served) -> float:
 
 
 def measure(
-    call: Callable[[int], None], levels: list[int], requests: int, repeats: int
+    call: Callable[[int], None], levels: list[int], requests: int, repeats: int, warm: bool
 ) -> dict[int, Level]:
     from throughput import drive
 
-    call(0)  # warm: first-call allocations and lazy imports stay out of the figures
+    if warm:  # first-call allocations and lazy imports stay out of the figures
+        call(0)
     runs: dict[int, list[Level]] = {c: [] for c in levels}
     for _ in range(repeats):
         for c in levels:
@@ -151,7 +152,7 @@ def main() -> None:
         return
     from throughput import percentile
 
-    from tests.e2e.conftest import start_serve, stop_cleanly
+    from tests.e2e.conftest import start_serve
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -160,11 +161,12 @@ def main() -> None:
         default="cpu",
         help="cuda: the GPU side, bench/diffusion_real_size.py (its arguments follow)",
     )
-    parser.add_argument("--quick", action="store_true", help="one repeat, few requests")
+    parser.add_argument("--quick", action="store_true", help="one repeat, few requests, no warm-up")
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     repeats = 1 if args.quick else args.repeats
     requests = 1 if args.quick else 6
+    warm = not args.quick
     levels = [1, 4]
     results: dict[str, dict[int, Level]] = {}
     reused: dict[str, float] = {}
@@ -176,7 +178,7 @@ def main() -> None:
                 f"monolith (diffusers QwenImagePipeline, {SIZE}x{SIZE}, {STEPS} steps, CFG)",
                 flush=True,
             )
-            results["monolith"] = measure(monolith_call(), levels, requests, repeats)
+            results["monolith"] = measure(monolith_call(), levels, requests, repeats, warm)
             for name, acceleration in VARIANTS.items():
                 print(name, flush=True)
                 served = servers.take(name)
@@ -185,10 +187,10 @@ def main() -> None:
                     path.write_text(manifest(acceleration))
                     served = start_serve(path, timeout=300)
                 try:
-                    results[name] = measure(served_call(served), levels, requests, repeats)
+                    results[name] = measure(served_call(served), levels, requests, repeats, warm)
                     reused[name] = reused_share(served)
                 finally:
-                    stop_cleanly(served)
+                    release(served)
     rows, recorded = [], {}
     for name, by_level in results.items():
         for c, level in by_level.items():

@@ -36,6 +36,8 @@ LEVELS = (1, 4, 16)
 MODEL = "tiny-omni"
 THINKER_TOKENS = 64
 TALKER_CODES = 50  # two 25-code chunks from talker to code2wav
+# --quick: the thinker's answers short; the talker's still two chunks.
+QUICK_THINKER_TOKENS = 16
 MESSAGES = [{"role": "user", "content": "Tell me about the weather in Paris in spring."}]
 AUDIO = {"voice": "Chelsie", "format": "wav"}
 STREAM_AUDIO = {"voice": "Chelsie", "format": "pcm16"}
@@ -45,10 +47,17 @@ def greedy(tokens: int) -> dict[str, Any]:
     return {"temperature": 0, "max_tokens": tokens, "min_tokens": tokens, "seed": 0}
 
 
-TEXT_ONLY = {"sampling_params_list": {"thinker": greedy(THINKER_TOKENS)}}
-WITH_AUDIO = {
-    "sampling_params_list": {"thinker": greedy(THINKER_TOKENS), "talker": greedy(TALKER_CODES)}
-}
+def text_only(thinker_tokens: int) -> dict[str, Any]:
+    return {"sampling_params_list": {"thinker": greedy(thinker_tokens)}}
+
+
+def with_audio(thinker_tokens: int) -> dict[str, Any]:
+    return {
+        "sampling_params_list": {
+            "thinker": greedy(thinker_tokens),
+            "talker": greedy(TALKER_CODES),
+        }
+    }
 
 
 def manifest(engine: str) -> str:
@@ -78,13 +87,14 @@ class Plan:
 @dataclass(frozen=True)
 class Run:
     """Concurrency levels; text-only requests (repeated, the median kept) and audio ones;
-    whether a request of each kind goes first, unmeasured."""
+    whether a request of each kind goes first, unmeasured; the thinker's tokens a request."""
 
     levels: tuple[int, ...]
     text: Plan
     audio: Plan
     repeats: int
     warm_up: bool = True
+    thinker_tokens: int = THINKER_TOKENS
 
 
 @dataclass(frozen=True)
@@ -130,20 +140,22 @@ def drive(call: Callable[[], float], concurrency: int, plan: Plan) -> Level:
     return Level(values, time.monotonic() - started, errors[0])
 
 
-def text_tokens(client: openai.OpenAI) -> float:
-    r = client.chat.completions.create(model=MODEL, messages=MESSAGES, extra_body=TEXT_ONLY)
+def text_tokens(client: openai.OpenAI, thinker_tokens: int) -> float:
+    r = client.chat.completions.create(
+        model=MODEL, messages=MESSAGES, extra_body=text_only(thinker_tokens)
+    )
     if r.usage is None:
         raise openai.OpenAIError("a chat completion came back without usage")
     return float(r.usage.completion_tokens)
 
 
-def pipeline_request(client: openai.OpenAI) -> float:
+def pipeline_request(client: openai.OpenAI, thinker_tokens: int) -> float:
     r = client.chat.completions.create(
         model=MODEL,
         messages=MESSAGES,
         modalities=["text", "audio"],
         audio=AUDIO,
-        extra_body=WITH_AUDIO,
+        extra_body=with_audio(thinker_tokens),
     )
     audio = r.choices[0].message.audio
     if audio is None or not base64.b64decode(audio.data):
@@ -151,7 +163,7 @@ def pipeline_request(client: openai.OpenAI) -> float:
     return 1.0
 
 
-def first_audio_s(client: openai.OpenAI) -> float:
+def first_audio_s(client: openai.OpenAI, thinker_tokens: int) -> float:
     started = time.monotonic()
     stream = client.chat.completions.create(
         model=MODEL,
@@ -159,7 +171,7 @@ def first_audio_s(client: openai.OpenAI) -> float:
         modalities=["text", "audio"],
         audio=STREAM_AUDIO,
         stream=True,
-        extra_body=WITH_AUDIO,
+        extra_body=with_audio(thinker_tokens),
     )
     first = None
     with stream:
@@ -198,12 +210,13 @@ def measure_engine(
         )
         if run.warm_up:
             # The first request of each kind pays one-time costs (lazy imports, allocator).
-            text_tokens(client)
-            first_audio_s(client)
+            text_tokens(client, run.thinker_tokens)
+            first_audio_s(client, run.thinker_tokens)
+        n = run.thinker_tokens
         for c in run.levels:
-            toks = [drive(lambda: text_tokens(client), c, run.text) for _ in range(run.repeats)]
-            rps = drive(lambda: pipeline_request(client), c, run.audio)
-            tfa = drive(lambda: first_audio_s(client), c, run.audio)
+            toks = [drive(lambda: text_tokens(client, n), c, run.text) for _ in range(run.repeats)]
+            rps = drive(lambda: pipeline_request(client, n), c, run.audio)
+            tfa = drive(lambda: first_audio_s(client, n), c, run.audio)
             out[str(c)] = {
                 "thinker_tokens_per_s": median([sum(t.values) / t.wall_s for t in toks]),
                 "pipeline_rps": len(rps.values) / rps.wall_s,
@@ -276,8 +289,8 @@ def report(
     print()
     print(table(["metric", "conc", "vllm", "transformers", "vllm/transformers"], rows))
     print(
-        f"(tiny://qwen2.5-omni; {THINKER_TOKENS} greedy thinker tokens and {TALKER_CODES} talker "
-        f"codes per request;\n per level, text-only: max({run.text.min_requests}, "
+        f"(tiny://qwen2.5-omni; {run.thinker_tokens} greedy thinker tokens and {TALKER_CODES} "
+        f"talker codes per request;\n per level, text-only: max({run.text.min_requests}, "
         f"{run.text.requests_per_conn} x conc) requests, median of {run.repeats} runs; "
         f"with audio: max({run.audio.min_requests}, {run.audio.requests_per_conn} x conc) "
         f"requests; none started after {run.text.cap_s:g}/{run.audio.cap_s:g}s;\n"
@@ -291,7 +304,7 @@ def report(
         {
             "versions": versions(),
             "load_average_1m": load,
-            "thinker_tokens": THINKER_TOKENS,
+            "thinker_tokens": run.thinker_tokens,
             "talker_codes": TALKER_CODES,
             **results,
         },
@@ -314,8 +327,16 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="levels 1 and 4, few requests")
     args = parser.parse_args()
     if args.quick:
-        # A request per client at each level, no warm-up: the serves' start is most of it.
-        run = Run((1, 4), text=Plan(1, 1, 10.0), audio=Plan(1, 1, 5.0), repeats=1, warm_up=False)
+        # A request per client at each level, no warm-up, short answers: the serves' start
+        # is most of it.
+        run = Run(
+            (1, 4),
+            text=Plan(1, 1, 10.0),
+            audio=Plan(1, 1, 5.0),
+            repeats=1,
+            warm_up=False,
+            thinker_tokens=QUICK_THINKER_TOKENS,
+        )
     else:
         run = Run(levels=LEVELS, text=Plan(4, 8, 20.0), audio=Plan(2, 6, 20.0), repeats=3)
     results: dict[str, dict[str, dict[str, float]]] = {}

@@ -42,7 +42,8 @@ for target in "${targets[@]}"; do
   rm -f "$OUT/$target/index.json" "$OUT/$target.id"
   skopeo copy --quiet --dest-oci-accept-uncompressed-layers "$STORE@${id#sha256:}" \
     "oci:$OUT/$target:$image"
-  log "$(python3 -m tests.harness.oci_layout prune "$OUT/$target")"
+  pruned=$(python3 -m tests.harness.oci_layout prune "$OUT/$target")
+  log "$pruned"
   echo "$id $image" > "$OUT/$target.id"
   log "$image: layout written in $((SECONDS - s)) s ($(du -sh "$OUT/$target" | cut -f1))"
 done

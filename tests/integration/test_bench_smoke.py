@@ -1,34 +1,65 @@
 """Each benchmark's --quick mode runs end to end (no timing is asserted): it prints its
-table and a last `name: key=value ...` line, and appends one JSON line with the machine."""
+table and a last `name: key=value ...` line, and appends one JSON line with the machine.
+
+The pipelines that several benchmarks run (SHARED) are started once, beside the last
+benchmarks that run on one core, and lent to the tests of TestSharedServes, which run last
+(bench/_serves.py says how a benchmark borrows one)."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
-from typing import NoReturn
+from types import ModuleType
+from typing import Any, NoReturn
 
 import pytest
 
+from tests.e2e.conftest import stop_cleanly
 from tests.integration.conftest import REPO
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+
+# tiny://qwen-image as it comes: throughput's and colocation's image workload, diffusion's
+# split graph without acceleration, soak's images. tiny://qwen2.5-omni as it comes (its
+# thinker on vLLM): throughput's speech workload, engines' vLLM thinker, soak's chats.
+SHARED = {
+    "image": """apiVersion: omnipipe.io/v1alpha1
+kind: OmniPipeline
+metadata: {name: tiny-image}
+spec:
+  model: tiny://qwen-image
+  pipeline: qwen-image
+""",
+    "omni": """apiVersion: omnipipe.io/v1alpha1
+kind: OmniPipeline
+metadata: {name: tiny-omni}
+spec:
+  model: tiny://qwen2.5-omni
+  pipeline: qwen2.5-omni
+""",
+}
+BORROWED = "borrowing the shared serve at "
 
 
 def not_json(token: str) -> NoReturn:
     raise ValueError(f"{token} is not JSON")
 
 
-def run_quick(name: str, tmp_path: Path, *extra: str) -> tuple[str, dict[str, object]]:
+def run_quick(
+    name: str, tmp_path: Path, *extra: str, env: dict[str, str] | None = None
+) -> tuple[str, dict[str, object]]:
     proc = subprocess.run(
         [sys.executable, str(REPO / f"bench/{name}.py"), "--quick", *extra],
         capture_output=True,
         text=True,
         cwd=REPO,
         timeout=540,
-        env={**os.environ, "OMNIPIPE_BENCH_RESULTS": str(tmp_path)},
+        env={**os.environ, "OMNIPIPE_BENCH_RESULTS": str(tmp_path), **(env or {})},
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     last = proc.stdout.strip().splitlines()[-1]
@@ -95,75 +126,6 @@ def test_reconcile_quick(tmp_path: Path) -> None:
         assert results["direct"][n]["ready_s"] > 0  # type: ignore[index]
 
 
-def test_engines_quick(tmp_path: Path) -> None:
-    out, results = run_quick("engines", tmp_path)
-    assert "vllm/transformers" in out
-    assert set(results["versions"]) == {"vllm", "torch", "transformers"}  # type: ignore[arg-type]
-    for engine in ("vllm", "transformers"):
-        levels = results[engine]
-        assert set(levels) == {"1", "4"}  # type: ignore[arg-type]
-        for r in levels.values():  # type: ignore[attr-defined]
-            assert r["thinker_tokens_per_s"] > 0
-            assert r["pipeline_rps"] > 0
-            assert 0 < r["first_audio_p50_s"] <= r["first_audio_p90_s"]
-
-
-def test_soak_quick(tmp_path: Path) -> None:
-    out, results = run_quick("soak", tmp_path)
-    assert "open fds start -> end" in out
-    kinds = results["kinds"]
-    assert set(kinds) == {"image", "text_chat", "audio_chat", "speech"}  # type: ignore[arg-type]
-    for r in kinds.values():  # type: ignore[attr-defined]
-        assert r["ok"] > 0
-        assert r["errors"] == {}
-        assert 0 < r["p50_s"] <= r["p99_s"]
-    assert results["restarted"] == []
-    procs = results["processes"]
-    assert {"image/router", "image/denoise-0", "omni/router", "omni/thinker-0"} <= set(procs)  # type: ignore[arg-type]
-    for p in procs.values():  # type: ignore[attr-defined]
-        assert p["rss_mib_end"] > 0
-        assert p["fds_end"] > 0
-
-
-def test_throughput_quick(tmp_path: Path) -> None:
-    # No baseline: a clean clone may be shallow, without the baseline commit.
-    out, results = run_quick("throughput", tmp_path, "--no-baseline")
-    assert "targets (issue 25)" in out
-    assert results["baseline"] is None
-    for workload in ("image", "speech"):
-        levels = results["ours"][workload]  # type: ignore[index]
-        assert set(levels) == {"1", "4", "1+busy", "4+busy"}
-        for r in levels.values():
-            assert r["throughput"] > 0
-            assert 0 < r["p50_ms"] <= r["p99_ms"]
-
-
-def test_colocation_quick(tmp_path: Path) -> None:
-    # Image only: the speech pair costs minutes, and the image pair runs the same code.
-    out, results = run_quick("colocation", tmp_path, "--workloads", "image")
-    assert "thrpt ratio" in out
-    pair = results["pairs"]["image"]  # type: ignore[index]
-    for placement in ("disaggregated", "colocated"):
-        assert set(pair[placement]) == {"1", "4", "1+busy", "4+busy"}
-        for r in pair[placement].values():
-            assert r["throughput"] > 0
-            assert 0 < r["p50_ms"] <= r["p99_ms"]
-
-
-def test_diffusion_quick(tmp_path: Path) -> None:
-    out, results = run_quick("diffusion", tmp_path)
-    assert "vs monolith" in out
-    servers = ["monolith", "split_graph", "split_graph_step_cache", "split_graph_cfg_parallel"]
-    for server in [*servers, "split_graph_int8_weights"]:
-        for c in (1, 4):
-            row = results[f"{server}_c{c}"]
-            assert row["errors"] == 0  # type: ignore[index]
-            assert row["img_per_s"] > 0  # type: ignore[index]
-    shares = results["steps_reused_share"]
-    assert shares["split graph"] == 0  # type: ignore[index]
-    assert shares["split graph + step cache"] > 0  # type: ignore[index]
-
-
 def test_diffusion_real_size_path_runs_on_the_cpu_at_a_tiny_size(tmp_path: Path) -> None:
     """The GPU side's code, at a tiny size on the CPU: the monolith, the stages sharing
     its modules, the step probe, and the step cache forced to reuse."""
@@ -188,6 +150,8 @@ def test_local_handoff_quick(tmp_path: Path) -> None:
         assert row["copy_us"] > 0
 
 
+# One torch thread each: the shared serves start on the other core meanwhile.
+@pytest.mark.usefixtures("shared_serves_starting")
 @pytest.mark.parametrize(
     ("name", "extra", "rate"),
     [
@@ -205,3 +169,150 @@ def test_engine_benches_quick(name: str, extra: tuple[str, ...], rate: str, tmp_
             for r in levels.values():
                 assert r[rate] > 0
                 assert r["round_s"] > 0
+
+
+def bench_serves() -> ModuleType:
+    """bench/_serves.py, as the benchmarks import it."""
+    if str(REPO / "bench") not in sys.path:
+        sys.path.insert(0, str(REPO / "bench"))
+    return importlib.import_module("_serves")
+
+
+class SharedServes:
+    """SHARED's serves, started together in the background when made (bench/_serves.py's
+    Together); env() waits until they are ready and gives the environment that lends them
+    to the benchmarks; stop() stops each cleanly (exit code 0, no worker left behind), as
+    a benchmark stops a serve of its own."""
+
+    def __init__(self, work: Path) -> None:
+        self.work = work
+        self.serves = bench_serves()
+        self.starting = self.serves.Together(work, SHARED)
+        self.ready: dict[str, Any] | None = None
+
+    def env(self) -> dict[str, str]:
+        if self.ready is None:
+            self.ready = self.starting.take_all()
+        listing = self.work / "serves.json"
+        listing.write_text(
+            json.dumps(
+                [
+                    {
+                        "pipeline": self.serves.resolved(SHARED[name]),
+                        "base_url": served.base_url,
+                        "pid": served.proc.pid,
+                        "workers": {w: [url, pid] for w, (url, pid) in served.workers.items()},
+                    }
+                    for name, served in self.ready.items()
+                ]
+            )
+        )
+        return {self.serves.SHARED_SERVES: str(listing)}
+
+    def stop(self) -> None:
+        ready = self.starting.take_all() if self.ready is None else self.ready
+        failures = []
+        for served in ready.values():
+            try:
+                stop_cleanly(served)
+            except AssertionError as exc:
+                failures.append(str(exc))
+        assert not failures, failures
+
+
+@pytest.fixture(scope="module")
+def shared_serves_starting(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SharedServes]:
+    """SHARED's serves, starting from the first test that asks: a test that leaves a core
+    idle (a benchmark on one torch thread) asks for it so that they start beside it.
+    Stopped after the module's last test."""
+    shared = SharedServes(tmp_path_factory.mktemp("shared-serves"))
+    try:
+        yield shared
+    finally:
+        shared.stop()
+
+
+@pytest.fixture(scope="module")
+def shared_serves(shared_serves_starting: SharedServes) -> dict[str, str]:
+    """The environment that lends SHARED's serves, once they are ready, to the benchmarks
+    (bench/_serves.py borrow())."""
+    return shared_serves_starting.env()
+
+
+def borrowed(out: str) -> int:
+    """How many shared serves a benchmark's run borrowed instead of starting its own."""
+    return sum(line.startswith(BORROWED) for line in out.splitlines())
+
+
+class TestSharedServes:
+    """The benchmarks that run SHARED's pipelines, each borrowing those serves (a shared
+    serve that a benchmark stopped borrowing would cost the smoke run its start again)."""
+
+    def test_engines_quick(self, tmp_path: Path, shared_serves: dict[str, str]) -> None:
+        out, results = run_quick("engines", tmp_path, env=shared_serves)
+        assert borrowed(out) == 1  # the vLLM thinker's
+        assert "vllm/transformers" in out
+        assert set(results["versions"]) == {"vllm", "torch", "transformers"}  # type: ignore[arg-type]
+        for engine in ("vllm", "transformers"):
+            levels = results[engine]
+            assert set(levels) == {"1", "4"}  # type: ignore[arg-type]
+            for r in levels.values():  # type: ignore[attr-defined]
+                assert r["thinker_tokens_per_s"] > 0
+                assert r["pipeline_rps"] > 0
+                assert 0 < r["first_audio_p50_s"] <= r["first_audio_p90_s"]
+
+    def test_soak_quick(self, tmp_path: Path, shared_serves: dict[str, str]) -> None:
+        out, results = run_quick("soak", tmp_path, env=shared_serves)
+        assert borrowed(out) == 2  # the image and the omni pipeline's
+        assert "open fds start -> end" in out
+        kinds = results["kinds"]
+        assert set(kinds) == {"image", "text_chat", "audio_chat", "speech"}  # type: ignore[arg-type]
+        for r in kinds.values():  # type: ignore[attr-defined]
+            assert r["ok"] > 0
+            assert r["errors"] == {}
+            assert 0 < r["p50_s"] <= r["p99_s"]
+        assert results["restarted"] == []
+        procs = results["processes"]
+        assert {"image/router", "image/denoise-0", "omni/router", "omni/thinker-0"} <= set(procs)  # type: ignore[arg-type]
+        for p in procs.values():  # type: ignore[attr-defined]
+            assert p["rss_mib_end"] > 0
+            assert p["fds_end"] > 0
+
+    def test_throughput_quick(self, tmp_path: Path, shared_serves: dict[str, str]) -> None:
+        # No baseline: a clean clone may be shallow, without the baseline commit.
+        out, results = run_quick("throughput", tmp_path, "--no-baseline", env=shared_serves)
+        assert borrowed(out) == 2  # image and speech
+        assert "targets (issue 25)" in out
+        assert results["baseline"] is None
+        for workload in ("image", "speech"):
+            levels = results["ours"][workload]  # type: ignore[index]
+            assert set(levels) == {"1", "4", "1+busy", "4+busy"}
+            for r in levels.values():
+                assert r["throughput"] > 0
+                assert 0 < r["p50_ms"] <= r["p99_ms"]
+
+    def test_colocation_quick(self, tmp_path: Path, shared_serves: dict[str, str]) -> None:
+        # Image only: the speech pair costs minutes, and the image pair runs the same code.
+        out, results = run_quick("colocation", tmp_path, "--workloads", "image", env=shared_serves)
+        assert borrowed(out) == 1  # the disaggregated one
+        assert "thrpt ratio" in out
+        pair = results["pairs"]["image"]  # type: ignore[index]
+        for placement in ("disaggregated", "colocated"):
+            assert set(pair[placement]) == {"1", "4", "1+busy", "4+busy"}
+            for r in pair[placement].values():
+                assert r["throughput"] > 0
+                assert 0 < r["p50_ms"] <= r["p99_ms"]
+
+    def test_diffusion_quick(self, tmp_path: Path, shared_serves: dict[str, str]) -> None:
+        out, results = run_quick("diffusion", tmp_path, env=shared_serves)
+        assert borrowed(out) == 1  # the split graph without acceleration
+        assert "vs monolith" in out
+        servers = ["monolith", "split_graph", "split_graph_step_cache", "split_graph_cfg_parallel"]
+        for server in [*servers, "split_graph_int8_weights"]:
+            for c in (1, 4):
+                row = results[f"{server}_c{c}"]
+                assert row["errors"] == 0  # type: ignore[index]
+                assert row["img_per_s"] > 0  # type: ignore[index]
+        shares = results["steps_reused_share"]
+        assert shares["split graph"] == 0  # type: ignore[index]
+        assert shares["split graph + step cache"] > 0  # type: ignore[index]
