@@ -262,7 +262,9 @@ class StreamingStage(Stage):
     def prepare(self, job: StageJob) -> None:
         """Work a request needs before its session opens that does not touch the engine
         (decoding its media), kept in job.prepared. The runtime runs it off the engine
-        thread, so the open sessions' steps go on meanwhile."""
+        thread, so the open sessions' steps go on meanwhile, and beside other requests'
+        preparation, so a long decode holds none of them: it must be safe to run on
+        several threads at once (no tokenizer; a processor's tokenizer is not)."""
 
     @abstractmethod
     def open(self, job: StageJob) -> Session: ...

@@ -1,4 +1,5 @@
-"""The stage's engine thread and the preparation thread beside it.
+"""The stage's engine thread, the preparation thread beside it, and the threads that
+prepare requests (decode their media).
 
 Every engine call runs on the one engine thread, so the event loop keeps serving
 transfers and health checks meanwhile; the watchdog reads how long the call now running
@@ -16,6 +17,9 @@ from typing import Any, TypeVar
 from omnipipe.worker.threads import set_thread_team
 
 T = TypeVar("T")
+# Requests preparing at once: a long decode (a large clip, within its limits) holds one
+# thread, and the requests after it prepare on the others instead of queueing behind it.
+PREPARE_THREADS = 4
 
 
 class EngineThread:
@@ -24,9 +28,10 @@ class EngineThread:
         # alone in its process, the process-wide budget already fits it.
         team = (set_thread_team, (threads,)) if threads is not None else (None, ())
         self._engine = ThreadPoolExecutor(1, "engine", *team)
-        # Requests' preparation (decoding media) beside the engine, one at a time: the
-        # processors' tokenizers are not safe to share between threads.
-        self._preparer = ThreadPoolExecutor(1, "prepare", *team)
+        # The one thread beside the engine that may use the stage's processors: their
+        # tokenizers are not safe to share between threads.
+        self._preparer = ThreadPoolExecutor(1, "beside", *team)
+        self._decoders = ThreadPoolExecutor(PREPARE_THREADS, "prepare", *team)
         # The watchdog's view of the engine thread: when the call now running last made
         # progress (None: the thread is idle). Written on that thread, read on the loop.
         self._progress_at: float | None = None
@@ -58,6 +63,11 @@ class EngineThread:
         processors (their tokenizers are not safe to share between threads)."""
         return await asyncio.get_running_loop().run_in_executor(self._preparer, fn, *args)
 
+    async def prepare(self, fn: Callable[..., T], *args: Any) -> T:
+        """Runs fn, a request's preparation (StreamingStage.prepare: decoding its media,
+        no tokenizer), on one of the preparing threads, beside other requests'."""
+        return await asyncio.get_running_loop().run_in_executor(self._decoders, fn, *args)
+
     def seconds_without_progress(self) -> float:
         """How long the engine call now running has gone without progress; 0 when idle."""
         since = self._progress_at
@@ -66,3 +76,4 @@ class EngineThread:
     def shutdown(self) -> None:
         self._engine.shutdown(wait=False, cancel_futures=True)
         self._preparer.shutdown(wait=False, cancel_futures=True)
+        self._decoders.shutdown(wait=False, cancel_futures=True)

@@ -403,7 +403,36 @@ async def test_a_request_prepares_beside_the_engine_while_others_step() -> None:
     await finish(rt, ["light", "heavy"])
     await rt.close()
     assert stage.light_stepped.is_set(), "the light request's steps stopped while heavy prepared"
-    assert set(stage.prepared_on) == {"prepare_0"}
+    assert all(name.startswith("prepare_") for name in stage.prepared_on), stage.prepared_on
+
+
+class SlowDecode(Preparing):
+    """The "heavy" request's prepare (a long decode) lasts until the "light" request,
+    sent after it, has stepped, or 5 s."""
+
+    def prepare(self, job: StageJob) -> None:
+        self.prepared_on.append(threading.current_thread().name)
+        if job.params["id"] == "heavy":
+            self.steps_at_prepare = 0
+            self.light_stepped.wait(5)
+        job.prepared = job.params["id"]
+
+
+async def test_a_request_sent_after_a_long_decode_prepares_and_steps_meanwhile() -> None:
+    """A chat sent while another request's media decodes (a large clip, within its
+    limits) prepares on another thread and gets its steps: it does not queue behind it."""
+    stage = SlowDecode()
+    rt = runtime(stage, wait_s=0.0)
+    started = time.monotonic()
+    submit(rt, SubmitRequest(request_id="heavy", params={"id": "heavy"}, timeout_seconds=20))
+    await until("heavy to start preparing", lambda: stage.steps_at_prepare is not None)
+    submit(rt, SubmitRequest(request_id="light", params={"id": "light"}, timeout_seconds=20))
+    await until("light to step 5 times", lambda: stage.light_stepped.is_set())
+    assert time.monotonic() - started < 4, "the light request waited for the heavy decode"
+    assert "heavy" not in stage.steps  # still preparing when light stepped
+    await finish(rt, ["light", "heavy"])
+    await rt.close()
+    assert len(set(stage.prepared_on)) == 2, stage.prepared_on
 
 
 class Gathering(StreamingStage):

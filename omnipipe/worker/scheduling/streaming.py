@@ -72,7 +72,7 @@ class StreamingScheduler(Scheduler):
         job.stage_job = StageJob(request.params, {})
         job.queued = time.monotonic()
         job.timeline.mark(tracing.QUEUED)
-        await self.host.engine.beside(stage.prepare, job.stage_job)
+        await self.host.engine.prepare(stage.prepare, job.stage_job)
         session: Session = await self.host.engine.run(stage.open, job.stage_job)
         self._start([job])
         inbox = Inbox()
