@@ -303,3 +303,38 @@ def test_a_stage_that_is_unavailable_tells_the_client_when_to_retry() -> None:
     assert response.headers["Retry-After"] == "5"
     assert StageUnavailable("x", retry_after=1).response().headers["Retry-After"] == "1"
     assert "Retry-After" not in BadRequest("x").response().headers
+
+
+def test_vllms_encoder_cache_refusal_names_what_the_client_can_change() -> None:
+    """vLLM refuses a media item past its encoder cache naming a server flag; the client
+    reads how many tokens its item makes, the most there is room for, and what to send."""
+    from vllm.exceptions import VLLMValidationError
+
+    from omnipipe.stagekit.vllm.refusals import engine_refusal
+
+    # vLLM 0.32's words (vllm/v1/engine/input_processor.py), as it raises them.
+    said = VLLMValidationError(
+        "The decoder prompt contains a(n) video item with 9216 embedding tokens, which "
+        "exceeds the pre-allocated encoder cache size 8192. Please reduce the input size or "
+        "increase the encoder cache size by setting --limit-mm-per-prompt at startup."
+    )
+    message = engine_refusal(said)
+    assert message == (
+        "the video makes 9216 tokens, more than the 8192 the engine's encoder holds for one "
+        "item: send a shorter clip, or fewer frames with a lower mm_processor_kwargs.fps"
+    )
+    assert "--" not in message
+    other = VLLMValidationError("too long", parameter="input_text", value=10)
+    assert engine_refusal(other) == "too long"
+    # The words above are the installed vLLM's: the day they change, this fails.
+    import inspect
+
+    from vllm.v1.engine import input_processor
+
+    source = inspect.getsource(input_processor)
+    for words in (
+        "contains a(n) {modality} item ",
+        "with {num_embeds} embedding tokens, which exceeds the ",
+        "pre-allocated encoder cache size ",
+    ):
+        assert words in source, words

@@ -41,10 +41,10 @@ from omnipipe.stagekit.stage import (
     StageJob,
     StepResult,
     StreamingStage,
-    refusal_message,
 )
 from omnipipe.stagekit.vllm.engine import VllmEngine
 from omnipipe.stagekit.vllm.kv import EXPORT_PREFIX, kv_transfer_config, take_exported
+from omnipipe.stagekit.vllm.refusals import engine_refusal
 
 MAX_IMAGES = 4
 MEDIA_KINDS = ("image",)  # an audio part gets its own refusal below
@@ -143,7 +143,7 @@ class BagelThinkStage(StreamingStage):
             engine_id = self.engine.llm.add_request(request_id, inputs, params)  # type: ignore[arg-type]
         except (ValueError, TypeError, VLLMClientError) as exc:
             raise StageInputError(
-                f"the think stage refused the input: {refusal_message(exc)}", param="messages"
+                f"the think stage refused the input: {engine_refusal(exc)}", param="messages"
             ) from None
         self.sessions[request_id] = session
         return request_id, str(engine_id)

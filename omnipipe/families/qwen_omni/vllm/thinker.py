@@ -36,10 +36,10 @@ from omnipipe.stagekit.stage import (
     StageJob,
     StepResult,
     StreamingStage,
-    refusal_message,
 )
 from omnipipe.stagekit.vllm.engine import VllmEngine
 from omnipipe.stagekit.vllm.lora import VllmAdapters, lora_engine_args
+from omnipipe.stagekit.vllm.refusals import engine_refusal
 
 
 class VllmThinkerBase(StreamingStage):
@@ -211,7 +211,7 @@ class VllmThinkerSession(Session):
             # Too long for the context, an image or clip the processor rejects: vLLM
             # refuses before the request takes any engine time.
             raise StageInputError(
-                f"the thinker refused the input: {refusal_message(exc)}", param="messages"
+                f"the thinker refused the input: {engine_refusal(exc)}", param="messages"
             ) from None
         stage.sessions[self.request_id] = self
         if self.want_audio:
