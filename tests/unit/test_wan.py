@@ -160,3 +160,19 @@ def test_a_size_or_length_past_the_dits_positions_is_refused_with_its_limit(
         ]
     )
     assert result.tensors["latents"].shape[2] == 64
+
+
+def test_the_decode_stages_bytes_are_the_pipelines_frames_rounded() -> None:
+    """The decode stage turns the VAE's output into bytes a few frames at a time; they are
+    what WanPipeline's own post-processing (frames in [0, 1]) gives, times 255, rounded."""
+    from omnipipe.families.wan.stages import FRAMES_AT_A_TIME, rgb_frames
+
+    decode = loaded("decode")
+    latents = torch.randn(1, 4, 5, 6, 8, generator=torch.Generator().manual_seed(3))
+    video = decode.decoded(latents)
+    assert video.shape[2] > FRAMES_AT_A_TIME  # more than one piece
+    whole = decode.pipe.video_processor.postprocess_video(video, output_type="np")[0]
+    expected = (np.asarray(whole) * 255).round().clip(0, 255).astype(np.uint8)
+    got = rgb_frames(video)
+    assert got.dtype == np.uint8
+    np.testing.assert_array_equal(got, expected)
