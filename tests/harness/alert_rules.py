@@ -19,6 +19,7 @@ THRESHOLDS = {
     "OmnipipeEngineStalled": ("engineStallSeconds", "300"),
     "OmnipipeQueueWaitHigh": ("queueWaitObjectiveSeconds", "10"),
     "OmnipipeErrorRatioHigh": ("errorRatio", "0.05"),
+    "OmnipipeVideoJobsWaiting": ("videoJobWaitSeconds", "1800"),
 }
 
 

@@ -53,7 +53,12 @@ def test_chart_carries_exactly_the_tested_rules(tmp_path: Path) -> None:
 
 
 def test_chart_takes_thresholds_labels_and_runbook_url_from_values(tmp_path: Path) -> None:
-    thresholds = {"engineStallSeconds": 600, "queueWaitObjectiveSeconds": 2.5, "errorRatio": 0.2}
+    thresholds = {
+        "engineStallSeconds": 600,
+        "queueWaitObjectiveSeconds": 2.5,
+        "errorRatio": 0.2,
+        "videoJobWaitSeconds": 900,
+    }
     base = "https://example.com/omnipipe/docs/runbooks.md"
     values = tmp_path / "values.yaml"
     values.write_text(

@@ -45,6 +45,7 @@ def exported_labels() -> dict[str, set[str]]:
     router.requests.labels("p", "/v1/x", "200").inc()
     router.duration.labels("p", "/v1/x").observe(1)
     router.pending.labels("p", "s").set(0)
+    router.video_job_age.labels("p", "queued").set(0)
     operator = OperatorMetrics.create()
     operator.reconciles.labels("create", "success").inc()
     operator.reconcile_errors.labels("E").inc()
@@ -130,9 +131,13 @@ def test_every_alert_is_labelled_and_has_a_runbook_section() -> None:
         assert rule["labels"]["severity"] in {"critical", "warning"}, name
         notes = rule["annotations"]
         assert "{{ $labels.pipeline }}" in notes["summary"], name
-        # The router's counter has no stage label, and a model's fetch is every stage's
-        # that uses the model.
-        if name not in ("OmnipipeErrorRatioHigh", "OmnipipeWeightsFetchFailing"):
+        # The router's counter has no stage label, a model's fetch is every stage's that
+        # uses the model, and a video job waits for the pipeline, not one stage.
+        if name not in (
+            "OmnipipeErrorRatioHigh",
+            "OmnipipeWeightsFetchFailing",
+            "OmnipipeVideoJobsWaiting",
+        ):
             assert "{{ $labels.stage }}" in notes["summary"], name
         assert notes["runbook"] == f"docs/runbooks.md#{name.lower()}", name
         assert name.lower() in headings, f"docs/runbooks.md has no section {name}"
