@@ -156,7 +156,9 @@ def audio_tokens(processor: Any, seconds: float) -> int:
     return int((inputs["input_ids"] == token).sum())
 
 
-def processor_media(processor: Any, context: int) -> ModelMedia:
+def processor_media(
+    processor: Any, context: int, encoder_cache_tokens: int | None = None
+) -> ModelMedia:
     """What the thinker's processor makes of media, measured on it: the fewest tokens of
     an image and of a video's temporal patch; the tokens a second of audio over one of the
     feature extractor's chunks; and whether a clip a second longer than that chunk gets
@@ -165,7 +167,10 @@ def processor_media(processor: Any, context: int) -> ModelMedia:
     images = getattr(processor, "image_processor", None)
     image = smallest_image_tokens(images) if images is not None else None
     patch = smallest_video_patch(processor)
-    video = {"video_patch_tokens": patch[0], "video_patch_frames": patch[1]} if patch else {}
+    video: dict[str, Any] = (
+        {"video_patch_tokens": patch[0], "video_patch_frames": patch[1]} if patch else {}
+    )
+    video["encoder_cache_tokens"] = encoder_cache_tokens
     try:
         extractor = processor.feature_extractor
         chunk = extractor.n_samples / extractor.sampling_rate

@@ -10,7 +10,9 @@ What a model takes, where it can be known:
 - maxAudioClipSeconds: where the processor keeps only the start of a longer clip (the
   Whisper feature extractor's chunk_length, when it truncates), that length.
 - maxVideoFrames: sampled frames of the smallest token cost (the video processor's least
-  tokens a temporal patch, over its frames) that fit the context beside one reply token.
+  tokens a temporal patch, over its frames) that fit the context beside one reply token,
+  and, on an engine whose encoder caches one item's tokens at most (vLLM's encoder cache),
+  that fit that cache: a clip past it is refused before a frame is decoded, not after.
 Not derived, and why: maxImagePixels (the processors resize every image down to their
 max_pixels, so pixels cost decoding memory here, not context), maxAudioClips (a clip of
 a few milliseconds is one token or none, so the context bounds seconds, not clips), and
@@ -33,7 +35,7 @@ from omnipipe.stagekit.media import MediaBudget
 
 log = logging.getLogger(__name__)
 
-Source = Literal["spec", "processor", "context", "default"]
+Source = Literal["spec", "processor", "context", "encoder cache", "default"]
 IMAGE_LIMITS = ("max_images", "max_image_pixels")
 AUDIO_LIMITS = (
     "max_audio_clips",
@@ -56,6 +58,8 @@ class ModelMedia:
     # The fewest tokens a temporal patch of a video takes, and its frames.
     video_patch_tokens: int | None = None
     video_patch_frames: int = 2
+    # The most tokens the engine's encoder holds for one media item (None: no such bound).
+    encoder_cache_tokens: int | None = None
 
     def bounds(self) -> dict[str, tuple[float, Source, str]]:
         """Limit -> (the most the model takes, its source, why), for the derivable ones."""
@@ -91,6 +95,15 @@ class ModelMedia:
                 f"its {self.context} tokens hold at most {frames} frames of video at "
                 f"{self._per_frame()} tokens a frame or more",
             )
+            cache = self.encoder_cache_tokens
+            cached = cache // self.video_patch_tokens * self.video_patch_frames if cache else None
+            if cached is not None and cached < frames:
+                bounds["max_video_frames"] = (
+                    cached,
+                    "encoder cache",
+                    f"its encoder holds {cache} tokens of one item, at most {cached} frames "
+                    f"of video at {self._per_frame()} tokens a frame or more",
+                )
         return bounds
 
     def _per_frame(self) -> str:
@@ -106,6 +119,8 @@ class ModelMedia:
             parts.append(f"clips cut at {_number(self.clip_seconds)}s")
         if self.video_patch_tokens:
             parts.append(f"video {self._per_frame()} tokens a frame or more")
+        if self.encoder_cache_tokens:
+            parts.append(f"encoder cache {self.encoder_cache_tokens} tokens an item")
         return ", ".join(parts)
 
 
@@ -146,6 +161,7 @@ def _tokens(count: int) -> str:
 # What becomes of a request past a limit the spec sets higher than the model takes.
 PAST_THE_MODEL: Mapping[Source, str] = {
     "context": "a request past it cannot fit and is refused for its length, once decoded",
+    "encoder cache": "a clip past it is refused by the engine, once decoded",
     "processor": "the processor drops what is past it",
 }
 

@@ -242,3 +242,29 @@ def test_a_written_pipeline_carries_only_the_limits_the_spec_sets() -> None:
     assert read.stage("thinker").media.model_fields_set == {"max_images"}
     assert read.stage("talker").media.model_fields_set == set()
     assert read == resolve(resource)
+
+
+@pytest.mark.parametrize(
+    ("cache", "frames", "source"),
+    [(8192, 256, "encoder cache"), (None, 624, "context"), (1_000_000, 624, "context")],
+)
+def test_an_engines_encoder_cache_bounds_the_frames_where_it_is_tighter(
+    cache: int | None, frames: int, source: str
+) -> None:
+    """vLLM refuses a media item of more tokens than its encoder cache holds, once it is
+    decoded: where that bound is tighter than the context's, maxVideoFrames is it, and a
+    clip past it is refused before any frame is decoded, naming the cache."""
+    model = ModelMedia(
+        20_000,
+        video_patch_tokens=64,
+        video_patch_frames=2,
+        **({"encoder_cache_tokens": cache} if cache else {}),
+    )
+    effective = effective_media(MediaLimits(), model, ("image", "audio", "video"))
+    assert effective.limits.max_video_frames == frames
+    assert effective.sources["max_video_frames"] == source
+    if source == "encoder cache":
+        budget = effective.budget()
+        with pytest.raises(StageInputError, match="its encoder holds 8192 tokens of one item"):
+            budget.take_video(258, 129.0, "messages[0].content[0]")
+        budget.take_video(256, 128.0, "messages[0].content[0]")

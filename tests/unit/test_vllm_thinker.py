@@ -22,6 +22,7 @@ from omnipipe.api.spec import Engine, Role
 from omnipipe.checkpoints.tiny import resolve_model_path
 from omnipipe.families.qwen_omni.transformers.thinker import ThinkerStage
 from omnipipe.families.qwen_omni.vllm.thinker import VllmThinkerBase as VllmThinkerMixin
+from omnipipe.stagekit.chat_media import smallest_video_patch
 from omnipipe.stagekit.stage import Chunk, Session, StageInputError, StageJob, StepResult
 from omnipipe.worker.stage_classes import stage_class
 from tests.unit.test_omni_stages import spec
@@ -357,3 +358,20 @@ def test_the_whole_chain_speaks_the_same_audio(
     assert codes == want_codes
     assert len(pcm) > 0
     assert pcm == want_pcm
+
+
+def test_the_engines_encoder_cache_reaches_the_media_limits(
+    engines: tuple[ThinkerStage, VllmThinkerMixin],
+) -> None:
+    """The thinker reads how many tokens of one media item vLLM's encoder cache holds
+    (what vLLM refuses an item past) and its maxVideoFrames keeps within it: the frames
+    it lets through at their smallest token cost fit the cache."""
+    _, vllm_stage = engines
+    cache = vllm_stage.engine.encoder_cache_tokens
+    assert isinstance(cache, int)
+    assert cache > 0
+    patch = smallest_video_patch(vllm_stage.processor)
+    assert patch is not None
+    tokens, frames = patch
+    allowed = vllm_stage.media_limits.limits.max_video_frames
+    assert allowed // frames * tokens <= cache, (allowed, patch, cache)

@@ -31,11 +31,16 @@ class ChatPrompt:
     """The checkpoint's `processor` and the request budget it settles at construction:
     the stage spec's `media` limits, else what the processor and `context_length` take."""
 
-    def __init__(self, processor: Any, media: MediaLimits, context_length: int) -> None:
+    def __init__(
+        self,
+        processor: Any,
+        media: MediaLimits,
+        context_length: int,
+        encoder_cache_tokens: int | None = None,
+    ) -> None:
         self.processor = processor
-        self.media_limits: EffectiveMedia = effective_media(
-            media, processor_media(processor, context_length), MEDIA_KINDS
-        )
+        model = processor_media(processor, context_length, encoder_cache_tokens)
+        self.media_limits: EffectiveMedia = effective_media(media, model, MEDIA_KINDS)
 
     @property
     def sampling_rate(self) -> int:

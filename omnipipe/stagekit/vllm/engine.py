@@ -101,6 +101,10 @@ class VllmEngine:
                 "(VLLM_USE_V2_MODEL_RUNNER=0 must be set before the process's first engine)"
             )
         self.max_model_len = int(self.llm.model_config.max_model_len)
+        # The most tokens vLLM's encoder cache holds for one media item: an item past it
+        # is refused (vllm/v1/engine/input_processor.py); 0 where the model takes none.
+        cache = getattr(getattr(self.llm, "input_processor", None), "mm_encoder_cache_size", 0)
+        self.encoder_cache_tokens: int | None = int(cache) or None
         self.tap = HiddenStateTap(layers)
         if layers:
             self.llm.collective_rpc(install, args=(self.tap,))  # type: ignore[arg-type]

@@ -71,7 +71,9 @@ class VllmThinkerBase(StreamingStage):
         self.adapters.update(self.spec.adapters)
         self.handoff = self.handoff_class(self.config, self.engine.embed, speakers)
         self.sessions = {}
-        self.chat = ChatPrompt(processor, self.spec.media, self.context_length)
+        self.chat = ChatPrompt(
+            processor, self.spec.media, self.context_length, self.engine.encoder_cache_tokens
+        )
 
     def speakers(self) -> dict[str, Any]:
         """The checkpoint's speaker map; none by default."""
