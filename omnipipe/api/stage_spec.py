@@ -99,8 +99,8 @@ class MediaLimits(SpecModel):
     max_video_frames: Annotated[int, Field(ge=0, le=768)] = 768
     """Most frames a request's video keeps once sampled (at the request's fps, 2 a second
     by default); a video that keeps more is refused before its frames are decoded. Unset:
-    768 (the sampler's own cap), or fewer where the model's context cannot hold more
-    frames at their smallest token cost."""
+    768 (the sampler's own cap), or fewer where the model's context, or a vLLM engine's
+    encoder cache of one item, cannot hold more frames at their smallest token cost."""
     min_sample_rate: Annotated[int, Field(ge=1, le=384_000)] = 8_000
     """Lowest sample rate of a clip: a lower one is resampled into many more samples than
     its bytes suggest (a 1 Hz clip of 350 bytes became 16,000 floats a byte)."""
