@@ -102,12 +102,15 @@ class StoreSecretRef(SecretKeyRef):
     """Key inside the Secret."""
 
 
+MAX_UNFINISHED_JOBS = 1000
+
+
 class Videos(SpecModel):
     """A video pipeline's jobs (/v1/videos), which its routers keep in Redis."""
 
     ttl_seconds: Annotated[int, Field(ge=60, le=30 * 86400)] = 86400
     """How long a finished video job and its MP4 are kept (a day by default, at most 30)."""
-    max_unfinished_jobs: Annotated[int, Field(ge=1, le=1_000_000)] = 1000
+    max_unfinished_jobs: Annotated[int, Field(ge=1, le=1_000_000)] = MAX_UNFINISHED_JOBS
     """Jobs queued or running at once, across the router's replicas: a create past it is
     a 429 with Retry-After, so a flood of creates cannot grow the queue (and Redis)
     without end."""
@@ -119,10 +122,12 @@ class Videos(SpecModel):
     def as_config(self) -> dict[str, Any]:
         """As the pipeline file and the router's hash carry it: empty at the default, and
         an unset store left out, so that pipelines' files and router pods stay what they
-        were before either existed."""
+        were before either existed (maxUnfinishedJobs too, at its default)."""
         if self == Videos():
             return {}
-        return {"videos": self.model_dump(mode="json", exclude_none=True)}
+        at_default = self.max_unfinished_jobs == MAX_UNFINISHED_JOBS
+        later = {"max_unfinished_jobs"} if at_default else set()
+        return {"videos": self.model_dump(mode="json", exclude_none=True, exclude=later)}
 
 
 class Images(SpecModel):

@@ -344,3 +344,12 @@ def test_a_json_number_sent_as_text_is_a_400_and_a_forms_text_is_read(
     assert refused.json()["error"]["param"] == "seed"
     form = {k: (None, str(v)) for k, v in {**SMALL, "seed": 7}.items()}
     assert client.post("/v1/videos", files=form).status_code == 200
+
+
+def test_the_limit_reaches_the_routers_file_only_when_set() -> None:
+    """The pipeline file the operator writes for the routers carries maxUnfinishedJobs
+    when the resource sets it; at its default the file is what it was before the field
+    existed, so no router pod rolls for it."""
+    assert wan({"maxUnfinishedJobs": 3}).videos.as_config()["videos"]["max_unfinished_jobs"] == 3
+    assert "max_unfinished_jobs" not in wan({"ttlSeconds": 120}).videos.as_config()["videos"]
+    assert wan({}).videos.as_config() == {}
