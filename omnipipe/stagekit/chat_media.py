@@ -167,21 +167,19 @@ def processor_media(
     images = getattr(processor, "image_processor", None)
     image = smallest_image_tokens(images) if images is not None else None
     patch = smallest_video_patch(processor)
-    video: dict[str, Any] = (
-        {"video_patch_tokens": patch[0], "video_patch_frames": patch[1]} if patch else {}
-    )
-    video["encoder_cache_tokens"] = encoder_cache_tokens
+    video = {"video_patch_tokens": patch[0], "video_patch_frames": patch[1]} if patch else {}
     try:
         extractor = processor.feature_extractor
         chunk = extractor.n_samples / extractor.sampling_rate
         in_chunk, past_chunk = audio_tokens(processor, chunk), audio_tokens(processor, chunk + 1)
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
         log.warning("audio limits not derived: the processor's audio tokens unknown (%s)", exc)
-        return ModelMedia(context, image, **video)
+        return ModelMedia(context, image, encoder_cache_tokens=encoder_cache_tokens, **video)
     return ModelMedia(
         context,
         image,
         audio_tokens_per_second=in_chunk / chunk if in_chunk else None,
         clip_seconds=chunk if past_chunk <= in_chunk else None,
+        encoder_cache_tokens=encoder_cache_tokens,
         **video,
     )

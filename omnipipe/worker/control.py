@@ -10,7 +10,6 @@ import contextlib
 import ctypes
 import gc
 import logging
-import os
 import tempfile
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -21,7 +20,7 @@ from fastapi import APIRouter, HTTPException
 from pydantic import BaseModel, Field
 
 from omnipipe.stagekit.stage import Stage
-from omnipipe.worker.profiler import ControlRefused, ProfileLimits, StageProfiler
+from omnipipe.worker.profiler import ControlRefused, ProfileLimits, StageProfiler, resident_bytes
 from omnipipe.worker.runtime import StageRuntime
 
 __all__ = ["ControlRefused", "StageControl", "control_router"]
@@ -51,8 +50,7 @@ def _memory_bytes(device: torch.device) -> int:
     """What the stage's device holds: CUDA's allocated bytes, or this process's RSS."""
     if device.type == "cuda":
         return int(torch.cuda.memory_allocated(device))
-    with open("/proc/self/statm") as statm:
-        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    return resident_bytes()
 
 
 def _give_back_memory(device: torch.device) -> None:

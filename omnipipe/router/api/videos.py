@@ -115,8 +115,7 @@ async def _fields(request: Request) -> tuple[dict[str, Any], bool]:
 
 def _video_id(video_id: str) -> str:
     if not VIDEO_ID.fullmatch(video_id):
-        shown = video_id if len(video_id) <= 64 else video_id[:61] + "..."
-        raise VideoNotFound(f"video {shown!r} does not exist", param="video_id")
+        raise VideoNotFound(f"video {shown(video_id)} does not exist", param="video_id")
     return video_id
 
 
