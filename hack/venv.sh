@@ -52,7 +52,9 @@ fi
 ln -sfn "$target" .venv
 
 here="$(pwd -P)"
-origin=$(.venv/bin/python -c 'import importlib.util as u; print(u.find_spec("omnipipe").origin)' 2>/dev/null || true)
+# -I: asked from this checkout, `python -c` would find ./omnipipe on its own path and
+# never the install's target (a clone at another path kept the old one).
+origin=$(.venv/bin/python -I -c 'import importlib.util as u; print(u.find_spec("omnipipe").origin)' 2>/dev/null || true)
 if [[ "$origin" != "$here/omnipipe/__init__.py" ]]; then
   log "pointing the venv's editable install at this checkout ($here)"
   .venv/bin/python -m pip install --quiet --progress-bar off --no-deps -e .
