@@ -39,6 +39,9 @@ if TYPE_CHECKING:
     from tests.e2e.conftest import Served
 
 SIZE, STEPS, GUIDANCE = 128, 20, 4.0
+# --quick (the smoke run) proves each server runs end to end: fewer steps, still past the
+# step cache's warm-up so that it reuses some.
+QUICK_STEPS = 8
 # The tiny model's random weights move its residuals far more per step than a trained
 # model's: 0.4 reuses about 9 of its 20 steps here (0.2 reuses none); a real model's
 # threshold is cache-dit's usual 0.05-0.2.
@@ -67,7 +70,7 @@ def manifest(acceleration: dict[str, Any] | None) -> str:
     )
 
 
-def monolith_call() -> Callable[[int], None]:
+def monolith_call(steps: int) -> Callable[[int], None]:
     """diffusers' whole pipeline behind one lock: requests run one at a time."""
     import torch
     from diffusers import QwenImagePipeline
@@ -86,14 +89,14 @@ def monolith_call() -> Callable[[int], None]:
                 true_cfg_scale=GUIDANCE,
                 height=SIZE,
                 width=SIZE,
-                num_inference_steps=STEPS,
+                num_inference_steps=steps,
                 generator=torch.Generator().manual_seed(i),
             )
 
     return call
 
 
-def served_call(served: Served) -> Callable[[int], None]:
+def served_call(served: Served, steps: int) -> Callable[[int], None]:
     import openai
 
     client = openai.OpenAI(base_url=served.base_url, api_key="any", max_retries=0)
@@ -106,7 +109,7 @@ def served_call(served: Served) -> Callable[[int], None]:
             extra_body={
                 "negative_prompt": "blurry",
                 "guidance_scale": GUIDANCE,
-                "num_inference_steps": STEPS,
+                "num_inference_steps": steps,
                 "seed": i,
             },
         )
@@ -167,6 +170,7 @@ def main() -> None:
     repeats = 1 if args.quick else args.repeats
     requests = 1 if args.quick else 6
     warm = not args.quick
+    steps = QUICK_STEPS if args.quick else STEPS
     levels = [1, 4]
     results: dict[str, dict[int, Level]] = {}
     reused: dict[str, float] = {}
@@ -175,10 +179,10 @@ def main() -> None:
         texts = {name: manifest(acceleration) for name, acceleration in VARIANTS.items()}
         with serving(Path(directory), texts if args.quick else {}) as servers:
             print(
-                f"monolith (diffusers QwenImagePipeline, {SIZE}x{SIZE}, {STEPS} steps, CFG)",
+                f"monolith (diffusers QwenImagePipeline, {SIZE}x{SIZE}, {steps} steps, CFG)",
                 flush=True,
             )
-            results["monolith"] = measure(monolith_call(), levels, requests, repeats, warm)
+            results["monolith"] = measure(monolith_call(steps), levels, requests, repeats, warm)
             for name, acceleration in VARIANTS.items():
                 print(name, flush=True)
                 served = servers.take(name)
@@ -187,7 +191,9 @@ def main() -> None:
                     path.write_text(manifest(acceleration))
                     served = start_serve(path, timeout=300)
                 try:
-                    results[name] = measure(served_call(served), levels, requests, repeats, warm)
+                    results[name] = measure(
+                        served_call(served, steps), levels, requests, repeats, warm
+                    )
                     reused[name] = reused_share(served)
                 finally:
                     release(served)
