@@ -49,6 +49,7 @@ from omnipipe.router.middleware import GuardMiddleware
 from omnipipe.router.orchestrator import Orchestrator
 from omnipipe.router.replicas import ReplicaPool
 from omnipipe.router.settings import RouterSettings
+from omnipipe.router.stage_limits import KnownLimits
 from omnipipe.router.videos.runner import VideoRunner
 from omnipipe.router.videos.store import VideoStore
 
@@ -238,6 +239,7 @@ def build_app(pipeline: ResolvedPipeline, settings: RouterSettings) -> FastAPI:
         return model_ids(orchestrator.serving_pipeline())
 
     app.include_router(models_router(orchestrator.serving_pipeline, int(time.time())))
+    credential = settings.pipeline_credential
     if videos is None:
         app.include_router(images_router(orchestrator, serving_ids))
         app.include_router(edits_router(orchestrator, serving_ids))
@@ -245,9 +247,9 @@ def build_app(pipeline: ResolvedPipeline, settings: RouterSettings) -> FastAPI:
         app.include_router(speech_router(pipeline, orchestrator, serving_ids))
         app.include_router(generate_router(pipeline, orchestrator, serving_ids))
     else:
-        app.include_router(videos_router(orchestrator, serving_ids, videos))
+        known = KnownLimits(pool, client, {CREDENTIAL_HEADER: credential} if credential else {})
+        app.include_router(videos_router(orchestrator, serving_ids, videos, known))
         app.include_router(video_only_router(pipeline))
-    credential = settings.pipeline_credential
     admin = AdminService(
         orchestrator.serving_pipeline,
         pool,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -13,6 +13,7 @@ import torch
 
 from omnipipe.api import ResolvedStage
 from omnipipe.api.adapters import Adapter
+from omnipipe.api.param_limits import ParamLimit, exceeded
 from omnipipe.api.plain_text import plain_message
 from omnipipe.api.wire import StageEvent
 from omnipipe.transfer import BlockTable
@@ -45,6 +46,13 @@ class StageInputError(ValueError):
         return StageEvent(
             type="error", code="invalid_request", message=self.message, param=self.param or ""
         )
+
+
+def check_param_limits(params: Mapping[str, Any], limits: Sequence[ParamLimit]) -> None:
+    """The request's 400 when a parameter goes past a limit the stage published: the
+    words the router used, had it known the limit when the request came."""
+    if (limit := exceeded(params, limits)) is not None:
+        raise StageInputError(limit.refusal(params[limit.param]), limit.field)
 
 
 MAX_REFUSAL_CHARS = 500
@@ -135,6 +143,11 @@ class Stage(ABC):
         that are not there (run on the engine thread, between batches); the names now
         loaded. A stage that takes none refuses."""
         raise NotImplementedError(f"{type(self).__name__} takes no LoRA adapters")
+
+    def param_limits(self) -> Sequence[ParamLimit]:
+        """The bounds the loaded model puts on request parameters (api/param_limits.py),
+        which the router checks before it takes a request; read once, after load()."""
+        return ()
 
     def text_tokenizer(self) -> Any | None:
         """The tokenizer of the stage's text model (a transformers tokenizer, saved whole

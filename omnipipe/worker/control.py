@@ -19,6 +19,7 @@ import torch
 from fastapi import APIRouter, HTTPException
 from pydantic import BaseModel, Field
 
+from omnipipe.api.param_limits import StageLimits
 from omnipipe.stagekit.stage import Stage
 from omnipipe.worker.profiler import ControlRefused, ProfileLimits, StageProfiler, resident_bytes
 from omnipipe.worker.runtime import StageRuntime
@@ -235,6 +236,11 @@ class StageControl:
         return {**self.state(), **await self.profiler.stop(self._loaded())}
 
     # ---- the tokenizer and the caches --------------------------------------------------
+    async def limits(self) -> dict[str, Any]:
+        """The bounds the loaded model puts on request parameters, for the router."""
+        runtime = self._loaded()
+        return StageLimits(stage=self.stage, limits=runtime.param_limits).model_dump()
+
     async def tokenizer_files(self) -> dict[str, str]:
         """The tokenizer, as save_pretrained writes it: file name -> base64 content."""
         runtime = self._loaded()
@@ -317,6 +323,10 @@ def control_router(control: StageControl) -> APIRouter:
     @router.post("/profile/stop")
     async def stop_profile() -> dict[str, Any]:
         return await answer(control.stop_profile())  # type: ignore[no-any-return]
+
+    @router.get("/limits")
+    async def limits() -> dict[str, Any]:
+        return await answer(control.limits())  # type: ignore[no-any-return]
 
     @router.get("/tokenizer")
     async def tokenizer() -> dict[str, Any]:

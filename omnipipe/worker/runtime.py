@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 from opentelemetry import trace
 
+from omnipipe.api.param_limits import ParamLimit
 from omnipipe.api.wire import StageEvent, SubmitRequest
 from omnipipe.stagekit.stage import Stage, StageInputError, SteppedStage, StreamingStage
 from omnipipe.transfer import Mailbox, Sender, TransferRefused
@@ -81,6 +82,7 @@ class StageRuntime:
         self.handoffs = HandOffs(sender)
         self.metrics = metrics
         self.jobs: dict[str, Job] = {}
+        self.param_limits: tuple[ParamLimit, ...] = ()
         self._engine = EngineThread(threads)
         self._inputs = StageInputs(mailbox, self._engine)
         self._host = Host(
@@ -200,6 +202,8 @@ class StageRuntime:
     def load(self, stage: Stage) -> None:
         """Runs a stage loaded after the runtime was made (or reloaded on waking)."""
         self._stage = stage
+        # Kept past a sleep at level 2, which lets the stage go: the model is the same.
+        self.param_limits = tuple(stage.param_limits())
         self.start()
 
     async def unload(self) -> None:

@@ -201,6 +201,41 @@ def test_bad_requests_are_openai_shaped_4xx(cluster: Cluster, second: openai.Ope
         r = httpx.post(f"{base}/videos", json=body, timeout=30)
         assert r.status_code == status, (body, r.text)
         assert r.json()["error"]["param"] == param, (body, r.text)
+    # Inside the API's bounds, past tiny://wan's DiT (its rotary positions reach 1024
+    # pixels a side and 253 frames): the model's limit, named at create, and no job made.
+    before = {v.id for v in second.videos.list()}
+    model_limits = [
+        (
+            {"prompt": "x", "size": "1040x48"},
+            "size",
+            "width 1040: this model's DiT places at most 1024 pixels a side",
+        ),
+        (
+            {"prompt": "x", "size": "48x1280"},
+            "size",
+            "height 1280: this model's DiT places at most 1024 pixels a side",
+        ),
+        (
+            {"prompt": "x", "num_frames": 257},
+            "num_frames",
+            "num_frames 257: this model's DiT places at most 253 frames",
+        ),
+        (
+            {"prompt": "x", "seconds": "32", "fps": 8},
+            "seconds",
+            "num_frames 257: this model's DiT places at most 253 frames",
+        ),
+    ]
+    for body, param, message in model_limits:
+        r = httpx.post(f"{base}/videos", json=body, timeout=30)
+        assert r.status_code == 400, (body, r.text)
+        assert r.json()["error"] == {
+            "message": message,
+            "type": "invalid_request_error",
+            "param": param,
+            "code": None,
+        }, body
+    assert {v.id for v in second.videos.list()} == before
     unknown = httpx.get(f"{base}/videos/video_{'0' * 32}", timeout=30)
     assert unknown.status_code == 404
     assert unknown.json()["error"]["param"] == "video_id"

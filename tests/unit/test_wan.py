@@ -127,23 +127,42 @@ def test_a_bad_frame_count_or_prompt_is_the_clients_error() -> None:
 
 
 @pytest.mark.parametrize(
-    ("change", "refusal"),
+    ("change", "refusal", "field"),
     [
-        ({"width": 1040}, "size 1040x48: this model's DiT places at most 1024 pixels a side"),
-        ({"height": 1280}, "size 64x1280: this model's DiT places at most 1024 pixels a side"),
-        ({"num_frames": 257}, "257 frames: this model's DiT places at most 253"),
+        (
+            {"width": 1040},
+            "width 1040: this model's DiT places at most 1024 pixels a side",
+            "size",
+        ),
+        (
+            {"height": 1280},
+            "height 1280: this model's DiT places at most 1024 pixels a side",
+            "size",
+        ),
+        (
+            {"num_frames": 257},
+            "num_frames 257: this model's DiT places at most 253 frames",
+            "seconds",
+        ),
     ],
 )
 def test_a_size_or_length_past_the_dits_positions_is_refused_with_its_limit(
-    change: dict[str, int], refusal: str
+    change: dict[str, int], refusal: str, field: str
 ) -> None:
     """tiny://wan's DiT has rotary positions for 64 patches an axis (rope_max_seq_len),
     fewer than the API's 1280 pixels and 257 frames: a request past them is refused with
-    the model's limit before any latent is made, not with torch's words from deep inside."""
+    the model's limit before any latent is made, not with torch's words from deep inside.
+    The stage publishes the same limits, for the router to check at create."""
     denoise = loaded("denoise")
+    assert {(p.param, p.maximum) for p in denoise.param_limits()} == {
+        ("width", 1024),
+        ("height", 1024),
+        ("num_frames", 253),
+    }
     embeds = {"prompt_embeds": torch.zeros(1, 4, 16)}
-    with pytest.raises(StageInputError, match=refusal):
+    with pytest.raises(StageInputError, match=refusal) as refused:
         denoise.begin(StageJob({**REQUESTS[0], **change}, {"encode": embeds}))
+    assert refused.value.param == field
     # At the limit itself the DiT runs.
     [result] = denoise.run_batch(
         [

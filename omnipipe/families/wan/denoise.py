@@ -16,9 +16,10 @@ from typing import Any
 
 import torch
 
+from omnipipe.api.param_limits import ParamLimit
 from omnipipe.families.wan.loading import geometry_limits, load_wan
 from omnipipe.families.wan.params import MAX_SEQUENCE_LENGTH, video_params
-from omnipipe.stagekit.stage import StageInputError, StageJob, StageResult, SteppedStage
+from omnipipe.stagekit.stage import StageJob, StageResult, SteppedStage, check_param_limits
 
 
 @dataclass
@@ -53,7 +54,10 @@ class WanDenoiseStage(SteppedStage):
     def begin(self, job: StageJob) -> Denoising:
         pipe, device = self.pipe, self.device
         video = video_params(job.params)
-        self._check_geometry(video.width, video.height, video.num_frames)
+        check_param_limits(
+            {"width": video.width, "height": video.height, "num_frames": video.num_frames},
+            self.param_limits(),
+        )
         enc = job.inputs["encode"]
         dtype = pipe.transformer.dtype
         scheduler = copy.deepcopy(pipe.scheduler)
@@ -80,16 +84,22 @@ class WanDenoiseStage(SteppedStage):
             timesteps=scheduler.timesteps,
         )
 
-    def _check_geometry(self, width: int, height: int, frames: int) -> None:
-        """A size or length past the DiT's positions is the client's 400, said with the
-        model's limit, before any tensor is made (torch's own words otherwise)."""
-        why = "this model's DiT places"
-        if max(width, height) > self.max_side:
-            raise StageInputError(
-                f"size {width}x{height}: {why} at most {self.max_side} pixels a side", "size"
-            )
-        if frames > self.max_frames:
-            raise StageInputError(f"{frames} frames: {why} at most {self.max_frames}", "seconds")
+    def param_limits(self) -> tuple[ParamLimit, ...]:
+        """A size or length past the DiT's rotary positions: the client's 400 with the
+        model's limit, from the router at once (and here, before any tensor is made),
+        never torch's words from deep inside."""
+        why = "this model's DiT places at most"
+        side = f"{why} {self.max_side} pixels a side"
+        return (
+            ParamLimit(param="width", maximum=self.max_side, field="size", why=side),
+            ParamLimit(param="height", maximum=self.max_side, field="size", why=side),
+            ParamLimit(
+                param="num_frames",
+                maximum=self.max_frames,
+                field="seconds",
+                why=f"{why} {self.max_frames} frames",
+            ),
+        )
 
     def step_count(self, state: Denoising) -> tuple[int, int]:
         return state.index, len(state.timesteps)

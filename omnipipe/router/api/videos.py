@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException
 
+from omnipipe.api.param_limits import exceeded
 from omnipipe.router.api.common import (
     bad_request,
     check_model,
@@ -30,6 +31,7 @@ from omnipipe.router.api.common import (
 )
 from omnipipe.router.errors import BadRequest, Conflict, ModelNotFound, Overloaded, shown
 from omnipipe.router.orchestrator import Orchestrator
+from omnipipe.router.stage_limits import KnownLimits
 from omnipipe.router.videos.runner import UNFINISHED, VideoRunner, public
 from omnipipe.router.videos.store import KeyReused, QueueFull
 
@@ -120,7 +122,10 @@ def _video_id(video_id: str) -> str:
 
 
 def videos_router(
-    orchestrator: Orchestrator, model_ids: Callable[[], set[str]], runner: VideoRunner
+    orchestrator: Orchestrator,
+    model_ids: Callable[[], set[str]],
+    runner: VideoRunner,
+    limits: KnownLimits,
 ) -> APIRouter:
     router = APIRouter()
     store = runner.store
@@ -148,6 +153,12 @@ def videos_router(
         params = with_family_checks(lambda: video_params(request_fields(body)))
         seed = body.seed if body.seed is not None else random.randrange(2**31)
         params.update(prompt=body.prompt, seed=seed)
+        # The loaded model's own bounds (a DiT's positions), before the job is queued.
+        stages = [s.name for s in orchestrator.serving_pipeline().stages]
+        if (limit := exceeded(params, await limits.of(stages))) is not None:
+            # The field the client set: num_frames itself, or seconds that made it.
+            field = limit.param if limit.param in fields else limit.field
+            raise BadRequest(limit.refusal(params[limit.param]), param=field)
         job = {
             "id": f"video_{uuid.uuid4().hex}",
             "object": "video",
