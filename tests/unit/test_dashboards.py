@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 from pathlib import Path
@@ -16,7 +17,7 @@ from omnipipe.worker.metrics import WorkerMetrics
 DASHBOARDS = sorted(
     (Path(__file__).resolve().parents[2] / "charts/omnipipe/files/dashboards").glob("*.json")
 )
-METRIC = re.compile(r"\bomnipipe_[a-z0-9_]+")
+METRIC = re.compile(r"\bomnipipe_[a-z0-9_]+|\bvllm:[a-z0-9_]+")
 HISTOGRAM_SUFFIXES = ("_bucket", "_sum", "_count")
 # The operator's reconciles are its own, not a pipeline's: they carry no `namespace` label
 # of their own, only the scrape's (the operator's namespace), so a filter on the pipelines'
@@ -39,11 +40,25 @@ def _exported(registry: CollectorRegistry) -> set[str]:
     return names
 
 
+def vllm_metric_names() -> set[str]:
+    """What the installed vLLM registers (its v1 stat logger's source, read without
+    starting an engine), as Prometheus exposes it: a counter with _total, a histogram
+    with its series. The worker re-exports them with its labels (EngineMetrics)."""
+    spec = importlib.util.find_spec("vllm")
+    assert spec is not None and spec.origin is not None
+    source = (Path(spec.origin).parent / "v1/metrics/loggers.py").read_text()
+    names = set(re.findall(r'"(vllm:[a-z0-9_]+)"', source))
+    assert "vllm:kv_cache_usage_perc" in names  # the autoscaler's kv-cache signal
+    suffixes = ("", "_total", *HISTOGRAM_SUFFIXES)
+    return {name + suffix for name in names for suffix in suffixes}
+
+
 def exported_metric_names() -> set[str]:
     return (
         _exported(WorkerMetrics.create("p", "s").registry)
         | _exported(RouterMetrics.create().registry)
         | _exported(OperatorMetrics.create().registry)
+        | vllm_metric_names()
     )
 
 
@@ -100,5 +115,9 @@ def test_overview_covers_what_operators_need() -> None:
         "omnipipe_stage_replicas_ready",
         "omnipipe_transfer_bytes_total",
         "omnipipe_transfer_duration_seconds_bucket",
+        "omnipipe_stage_time_to_first_audio_seconds_bucket",
+        "omnipipe_stage_denoise_steps_total",
+        "vllm:kv_cache_usage_perc",
+        "vllm:generation_tokens_total",
     ):
         assert metric in text, metric
