@@ -188,8 +188,15 @@ def test_the_decode_stages_bytes_are_the_pipelines_frames_rounded() -> None:
 
     decode = loaded("decode")
     latents = torch.randn(1, 4, 5, 6, 8, generator=torch.Generator().manual_seed(3))
-    video = decode.decoded(latents)
-    assert video.shape[2] > FRAMES_AT_A_TIME  # more than one piece
+    # The VAE's output comes a latent frame at a time (the first frame, then 4 a piece),
+    # never whole; together, exactly what AutoencoderKLWan.decode gives.
+    pieces = list(decode.pieces(latents))
+    assert [p.shape[2] for p in pieces] == [1, 4, 4, 4, 4]
+    video = torch.cat(pieces, dim=2)
+    with torch.inference_mode():
+        whole = decode.pipe.vae.decode(latents, return_dict=False)[0]  # tiny: mean 0, std 1
+    assert torch.equal(video, whole)
+    assert video.shape[2] > FRAMES_AT_A_TIME  # more than one piece of rgb_frames
     whole = decode.pipe.video_processor.postprocess_video(video, output_type="np")[0]
     expected = (np.asarray(whole) * 255).round().clip(0, 255).astype(np.uint8)
     got = rgb_frames(video)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import io
+from collections.abc import Iterable, Iterator
 from fractions import Fraction
 from typing import Any
 
@@ -57,21 +58,24 @@ class WanEncodeStage(Stage):
         return StageResult(tensors=out)
 
 
-def encode_mp4(frames: np.ndarray, fps: int) -> bytes:
-    """(frames, height, width, 3) uint8 -> an H.264 MP4 (yuv420p, which every player
-    plays), made in memory."""
+def encode_mp4(frames: Iterable[np.ndarray], fps: int) -> tuple[bytes, int]:
+    """(height, width, 3) uint8 frames, taken one piece at a time -> an H.264 MP4
+    (yuv420p, which every player plays) made in memory, and its frame count."""
     buf = io.BytesIO()
+    count = 0
     with av_open(buf) as container:
         stream = container.add_stream(MP4_CODEC, rate=Fraction(fps))
-        stream.width, stream.height = int(frames.shape[2]), int(frames.shape[1])
         stream.pix_fmt = "yuv420p"
         stream.options = {"crf": MP4_CRF}
         for frame in frames:
+            if count == 0:
+                stream.width, stream.height = int(frame.shape[1]), int(frame.shape[0])
+            count += 1
             for packet in stream.encode(av_frame(frame)):
                 container.mux(packet)
         for packet in stream.encode():
             container.mux(packet)
-    return buf.getvalue()
+    return buf.getvalue(), count
 
 
 def av_open(buf: io.BytesIO) -> Any:
@@ -92,16 +96,20 @@ class WanDecodeStage(Stage):
     def load(self) -> None:
         self.pipe = load_wan(self.model_path, self.device, {"vae"})
 
-    def decoded(self, latents: torch.Tensor) -> torch.Tensor:
-        """The VAE's output for the latents: (1, 3, frames, height, width) in [-1, 1]."""
+    def pieces(self, latents: torch.Tensor) -> Iterator[torch.Tensor]:
+        """The VAE's output for the latents, (1, 3, frames, height, width) in [-1, 1],
+        a latent frame's worth at a time (the first frame, then 4 a piece)."""
         vae = self.pipe.vae
         z = vae.config.z_dim
         latents = latents.to(self.device, vae.dtype)
         mean = torch.tensor(vae.config.latents_mean).view(1, z, 1, 1, 1).to(latents)
         inverse_std = 1.0 / torch.tensor(vae.config.latents_std).view(1, z, 1, 1, 1).to(latents)
         with torch.inference_mode():
-            video: torch.Tensor = vae.decode(latents / inverse_std + mean, return_dict=False)[0]
-        return video
+            yield from vae_pieces(vae, latents / inverse_std + mean)
+
+    def decoded(self, latents: torch.Tensor) -> torch.Tensor:
+        """The whole video, as vae.decode returns it (for the equality tests)."""
+        return torch.cat(list(self.pieces(latents)), dim=2)
 
     def frames(self, latents: torch.Tensor) -> np.ndarray:
         """The video's frames, (frames, height, width, 3) floats in [0, 1], as
@@ -112,26 +120,66 @@ class WanDecodeStage(Stage):
 
     def run(self, job: StageJob) -> StageResult:
         video = video_params(job.params)
-        rgb = rgb_frames(self.decoded(job.inputs["denoise"]["latents"]))
-        self.progress()
+        shape: list[tuple[int, int]] = []
+
+        def frames() -> Iterator[np.ndarray]:
+            # Each piece is made, turned to bytes and encoded before the next is made:
+            # the float32 video is never held whole (18 GB at the API's largest).
+            for piece in self.pieces(job.inputs["denoise"]["latents"]):
+                self.progress()
+                if job.cancelled.is_set():
+                    return
+                rgb = rgb_frames(piece)
+                shape[:] = [(int(rgb.shape[2]), int(rgb.shape[1]))]
+                yield from rgb
+
+        mp4, count = encode_mp4(frames(), video.fps)
         if job.cancelled.is_set():
             return StageResult()
-        mp4 = encode_mp4(rgb, video.fps)
+        [(width, height)] = shape
         return StageResult(
             outputs=[
                 {
                     "b64_mp4": base64.b64encode(mp4).decode(),
-                    "frames": int(rgb.shape[0]),
-                    "width": int(rgb.shape[2]),
-                    "height": int(rgb.shape[1]),
+                    "frames": count,
+                    "width": width,
+                    "height": height,
                     "fps": video.fps,
                 }
             ]
         )
 
 
-# Frames converted at a time: the VAE's float32 video is held once, not copied whole by
-# each of the post-processing steps (it was several times over: 1.2 GB more for 65
+def vae_pieces(vae: Any, z: torch.Tensor) -> Iterator[torch.Tensor]:
+    """AutoencoderKLWan.decode(z), one latent frame at a time: its own loop (the causal
+    convolutions' cache carried from frame to frame), giving each piece as it is made
+    where decode() concatenates every piece into one float32 video, copying it anew for
+    each piece. Tiled decoding keeps its own loop, whole."""
+    from diffusers.models.autoencoders.autoencoder_kl_wan import unpatchify
+
+    if vae.use_tiling:
+        yield vae.decode(z, return_dict=False)[0]
+        return
+    vae.clear_cache()
+    try:
+        x = vae.post_quant_conv(z)
+        for i in range(x.shape[2]):
+            vae._conv_idx = [0]
+            out = vae.decoder(
+                x[:, :, i : i + 1],
+                feat_cache=vae._feat_map,
+                feat_idx=vae._conv_idx,
+                first_chunk=i == 0,
+            )
+            if vae.config.patch_size is not None:
+                out = unpatchify(out, patch_size=vae.config.patch_size)
+            yield torch.clamp(out, min=-1.0, max=1.0)
+    finally:
+        vae.clear_cache()
+
+
+# Frames converted at a time: a piece's float32 frames are held once, not copied whole by
+# each of the post-processing steps (they were several times over: 1.2 GB more for 65
 # frames at 640x640).
 FRAMES_AT_A_TIME = 8
 
