@@ -151,8 +151,10 @@ class ReplicaPool:
         return sorted(u for u, r in self._replicas[stage].items() if r.ready or not ready_only)
 
     def ready_revisions(self, stage: str) -> list[tuple[str, str]]:
-        """(control URL, revision) of the stage's ready replicas."""
-        return sorted((u, r.revision) for u, r in self._replicas[stage].items() if r.ready)
+        """(control URL, revision) of the stage's ready replicas (none for a stage this
+        router's pipeline does not have: a reload may name new ones)."""
+        known = self._replicas.get(stage, {})
+        return sorted((u, r.revision) for u, r in known.items() if r.ready)
 
     def stage_ready(self, stage: str, revision: str | None = None) -> bool:
         """At least one replica of the stage (of that revision) is ready; it may be full."""
