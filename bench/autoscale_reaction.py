@@ -114,10 +114,11 @@ def main() -> int:
     args = parser.parse_args()
     interval = args.interval or (2.0 if args.quick else 15.0)
     rounds = args.rounds or (1 if args.quick else 3)
-    # --quick keeps a load step past the replayed HPA's 15 s sync period, so that a sync
-    # from every phase sees it, and shortens the operator's scale-down window instead.
+    # --quick keeps a load step past the replayed HPA's 15 s sync period and two of the
+    # operator's intervals (the signal's lag), so that a sync from every phase sees it,
+    # and shortens the operator's scale-down window instead.
     down_window = 5 if args.quick else 60
-    load_seconds = HPA_SYNC + 2 if args.quick else 60
+    load_seconds = HPA_SYNC + 2 * interval if args.quick else 60
     work = Path(tempfile.mkdtemp(prefix="omnipipe-bench-"))
 
     log(f"starting control plane, prometheus and workers in {work}")

@@ -19,7 +19,7 @@ from omnipipe.router.replicas import ReplicaPool
 log = logging.getLogger(__name__)
 
 # A ready replica answers from memory: one that takes longer is busy or stuck, and the
-# request is not held for it.
+# request does not wait longer for it.
 ASK_TIMEOUT_SECONDS = 2.0
 # Revisions a long-lived router has seen: enough for any rollout, bounded for all.
 MAX_KEPT = 64
@@ -32,20 +32,26 @@ class KnownLimits:
         self._headers = headers
         self._kept: dict[tuple[str, str], tuple[ParamLimit, ...]] = {}
 
-    async def of(self, stages: Sequence[str]) -> list[ParamLimit]:
-        found = await asyncio.gather(*(self._stage(s) for s in stages))
+    async def of(self, stages: Sequence[str], revision: str | None) -> list[ParamLimit]:
+        """The limits of `stages`, from replicas of `revision` (the one the request will
+        start on) when one is ready, else of another."""
+        found = await asyncio.gather(*(self._stage(s, revision) for s in stages))
         return [limit for limits in found for limit in limits]
 
-    async def _stage(self, stage: str) -> tuple[ParamLimit, ...]:
-        for url, revision in self._pool.ready_revisions(stage)[:2]:
-            if (kept := self._kept.get((stage, revision))) is not None:
+    async def _stage(self, stage: str, revision: str | None) -> tuple[ParamLimit, ...]:
+        ready = sorted(self._pool.ready_revisions(stage), key=lambda r: r[1] != revision)
+        # Two tries at most, so that a stuck replica holds a request ASK_TIMEOUT_SECONDS
+        # twice at worst.
+        for url, its_revision in ready[:2]:
+            if (kept := self._kept.get((stage, its_revision))) is not None:
                 return kept
             limits = await self._ask(url)
-            if limits is not None:
-                if len(self._kept) >= MAX_KEPT:
-                    self._kept.clear()
-                self._kept[(stage, revision)] = limits
-                return limits
+            if limits is None:
+                continue
+            if len(self._kept) >= MAX_KEPT:
+                self._kept.clear()
+            self._kept[(stage, its_revision)] = limits
+            return limits
         return ()
 
     async def _ask(self, url: str) -> tuple[ParamLimit, ...] | None:
@@ -56,8 +62,8 @@ class KnownLimits:
         except httpx.HTTPError as exc:
             log.info("no limits from %s: %r", url, exc)
             return None
-        if resp.status_code == 404:  # a worker from before the route: it has none to give
-            return ()
+        # Not 200: a replica that cannot say now, or a worker from before the route (404),
+        # which an upgrade in place may replace under the same revision: asked again.
         if resp.status_code != 200:
             return None
         try:

@@ -45,7 +45,8 @@ def vllm_metric_names() -> set[str]:
     starting an engine), as Prometheus exposes it: a counter with _total, a histogram
     with its series. The worker re-exports them with its labels (EngineMetrics)."""
     spec = importlib.util.find_spec("vllm")
-    assert spec is not None and spec.origin is not None
+    if spec is None or spec.origin is None:
+        pytest.skip("vLLM is not installed (make test installs it): its metric names unknown")
     source = (Path(spec.origin).parent / "v1/metrics/loggers.py").read_text()
     names = set(re.findall(r'"(vllm:[a-z0-9_]+)"', source))
     assert "vllm:kv_cache_usage_perc" in names  # the autoscaler's kv-cache signal

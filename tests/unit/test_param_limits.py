@@ -88,10 +88,20 @@ def test_the_router_asks_one_replica_a_revision_and_keeps_its_answer() -> None:
     known, asked = known_limits(published, {"http://a": "r1", "http://b": "r1"})
 
     async def twice() -> list[list[ParamLimit]]:
-        return [await known.of(["encode", "denoise", "gone"]), await known.of(["denoise"])]
+        first = await known.of(["encode", "denoise", "gone"], "r1")
+        return [first, await known.of(["denoise"], "r1")]
 
     assert asyncio.run(twice()) == [[SIDE], [SIDE]]
     assert asked == ["http://a/control/limits"]
+
+
+def test_the_revision_the_request_starts_on_is_asked_first() -> None:
+    known, asked = known_limits(published, {"http://a": "old", "http://b": "new"})
+    assert asyncio.run(known.of(["denoise"], "new")) == [SIDE]
+    assert asked == ["http://b/control/limits"]
+    # The old revision's answer is its own: kept apart, asked of its own replica.
+    assert asyncio.run(known.of(["denoise"], "old")) == [SIDE]
+    assert asked == ["http://b/control/limits", "http://a/control/limits"]
 
 
 def test_a_replica_that_cannot_say_is_passed_over_and_none_holds_the_request() -> None:
@@ -101,15 +111,20 @@ def test_a_replica_that_cannot_say_is_passed_over_and_none_holds_the_request() -
         return published(request)
 
     known, asked = known_limits(stuck_then_published, {"http://a": "r1", "http://b": "r1"})
-    assert asyncio.run(known.of(["denoise"])) == [SIDE]
+    assert asyncio.run(known.of(["denoise"], "r1")) == [SIDE]
     assert asked == ["http://a/control/limits", "http://b/control/limits"]
-    # A worker from before the route has none: nothing is checked here, and it is kept.
+    # A worker from before the route (404) has none to give; an upgrade in place may
+    # replace it under the same revision, so it is asked again, not taken at its word.
     older, asked = known_limits(lambda r: httpx.Response(404), {"http://a": "r0"})
-    assert asyncio.run(older.of(["denoise"])) == []
-    assert asyncio.run(older.of(["denoise"])) == []
-    assert asked == ["http://a/control/limits"]
-    # Nothing ready, or an answer that is not StageLimits: no limits, and asked again.
+    assert asyncio.run(older.of(["denoise"], "r0")) == []
+    assert asyncio.run(older.of(["denoise"], "r0")) == []
+    assert asked == ["http://a/control/limits"] * 2
+    # An answer that is not StageLimits: no limits, and asked again.
     bad, asked = known_limits(lambda r: httpx.Response(200, json={"x": 1}), {"http://a": "r1"})
-    assert asyncio.run(bad.of(["denoise"])) == []
-    assert asyncio.run(bad.of(["denoise"])) == []
+    assert asyncio.run(bad.of(["denoise"], "r1")) == []
+    assert asyncio.run(bad.of(["denoise"], "r1")) == []
     assert len(asked) == 2
+    # No replica ready: nothing asked, no limits (the stage checks when the job reaches it).
+    idle, asked = known_limits(published, {})
+    assert asyncio.run(idle.of(["denoise"], None)) == []
+    assert asked == []

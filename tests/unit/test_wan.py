@@ -202,3 +202,33 @@ def test_the_decode_stages_bytes_are_the_pipelines_frames_rounded() -> None:
     got = rgb_frames(video)
     assert got.dtype == np.uint8
     np.testing.assert_array_equal(got, expected)
+
+
+@pytest.mark.parametrize("after_pieces", [0, 2])
+def test_a_cancelled_decode_stops_between_pieces_and_leaves_the_vae_clean(
+    after_pieces: int,
+) -> None:
+    """Cancelled before the first piece or between two: no result, no MP4 flushed, and
+    the VAE's frame cache cleared on the way out, so the next video decodes whole."""
+    decode = loaded("decode")
+    latents = torch.randn(1, 4, 5, 6, 8, generator=torch.Generator().manual_seed(5))
+    params = {**REQUESTS[0], "num_frames": 17}
+    job = StageJob(params, {"denoise": {"latents": latents}})
+    pieces: list[int] = []
+
+    def progress() -> None:
+        pieces.append(1)
+        if len(pieces) > after_pieces:
+            job.cancelled.set()
+
+    if after_pieces == 0:
+        job.cancelled.set()
+    decode.progress = progress
+    assert decode.run(job).outputs == []
+    assert len(pieces) == after_pieces + 1  # it stopped at the next piece, not the end
+    assert all(cached is None for cached in decode.pipe.vae._feat_map)
+    decode.progress = lambda: None
+    [after] = decode.run(StageJob(params, {"denoise": {"latents": latents}})).outputs
+    assert (after["frames"], after["width"], after["height"]) == (17, 64, 48)
+    with av.open(io.BytesIO(base64.b64decode(after["b64_mp4"]))) as container:
+        assert sum(1 for _ in container.decode(video=0)) == 17

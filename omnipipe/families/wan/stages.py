@@ -5,8 +5,9 @@ DiT with true CFG, denoise.py) -> decode (the Wan VAE, frames encoded to H.264 M
 from __future__ import annotations
 
 import base64
+import contextlib
 import io
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from fractions import Fraction
 from typing import Any
 
@@ -15,6 +16,7 @@ import torch
 
 from omnipipe.families.wan.loading import load_wan
 from omnipipe.families.wan.params import MAX_SEQUENCE_LENGTH, video_params
+from omnipipe.families.wan.vae_decode import vae_pieces
 from omnipipe.stagekit.stage import Stage, StageJob, StageResult, Tensors
 
 MP4_CODEC = "libx264"
@@ -58,9 +60,13 @@ class WanEncodeStage(Stage):
         return StageResult(tensors=out)
 
 
-def encode_mp4(frames: Iterable[np.ndarray], fps: int) -> tuple[bytes, int]:
+def encode_mp4(
+    frames: Iterable[np.ndarray], fps: int, stopped: Callable[[], bool] = lambda: False
+) -> tuple[bytes, int]:
     """(height, width, 3) uint8 frames, taken one piece at a time -> an H.264 MP4
-    (yuv420p, which every player plays) made in memory, and its frame count."""
+    (yuv420p, which every player plays) made in memory, and its frame count. No frame,
+    or stopped() once the frames end (a cancelled job): nothing is flushed or written,
+    and (b"", count) comes back."""
     buf = io.BytesIO()
     count = 0
     with av_open(buf) as container:
@@ -73,6 +79,8 @@ def encode_mp4(frames: Iterable[np.ndarray], fps: int) -> tuple[bytes, int]:
             count += 1
             for packet in stream.encode(av_frame(frame)):
                 container.mux(packet)
+        if count == 0 or stopped():
+            return b"", count
         for packet in stream.encode():
             container.mux(packet)
     return buf.getvalue(), count
@@ -96,7 +104,7 @@ class WanDecodeStage(Stage):
     def load(self) -> None:
         self.pipe = load_wan(self.model_path, self.device, {"vae"})
 
-    def pieces(self, latents: torch.Tensor) -> Iterator[torch.Tensor]:
+    def pieces(self, latents: torch.Tensor) -> Generator[torch.Tensor, None, None]:
         """The VAE's output for the latents, (1, 3, frames, height, width) in [-1, 1],
         a latent frame's worth at a time (the first frame, then 4 a piece)."""
         vae = self.pipe.vae
@@ -104,8 +112,7 @@ class WanDecodeStage(Stage):
         latents = latents.to(self.device, vae.dtype)
         mean = torch.tensor(vae.config.latents_mean).view(1, z, 1, 1, 1).to(latents)
         inverse_std = 1.0 / torch.tensor(vae.config.latents_std).view(1, z, 1, 1, 1).to(latents)
-        with torch.inference_mode():
-            yield from vae_pieces(vae, latents / inverse_std + mean)
+        yield from vae_pieces(vae, latents / inverse_std + mean)
 
     def decoded(self, latents: torch.Tensor) -> torch.Tensor:
         """The whole video, as vae.decode returns it (for the equality tests)."""
@@ -122,10 +129,10 @@ class WanDecodeStage(Stage):
         video = video_params(job.params)
         shape: list[tuple[int, int]] = []
 
-        def frames() -> Iterator[np.ndarray]:
+        def frames(pieces: Iterator[torch.Tensor]) -> Iterator[np.ndarray]:
             # Each piece is made, turned to bytes and encoded before the next is made:
             # the float32 video is never held whole (18 GB at the API's largest).
-            for piece in self.pieces(job.inputs["denoise"]["latents"]):
+            for piece in pieces:
                 self.progress()
                 if job.cancelled.is_set():
                     return
@@ -133,8 +140,11 @@ class WanDecodeStage(Stage):
                 shape[:] = [(int(rgb.shape[2]), int(rgb.shape[1]))]
                 yield from rgb
 
-        mp4, count = encode_mp4(frames(), video.fps)
-        if job.cancelled.is_set():
+        # Closed here, on the engine thread, however the encoding ends: the VAE's frame
+        # cache is cleared before the next job decodes, not later by the collector.
+        with contextlib.closing(self.pieces(job.inputs["denoise"]["latents"])) as pieces:
+            mp4, count = encode_mp4(frames(pieces), video.fps, job.cancelled.is_set)
+        if job.cancelled.is_set() or count == 0:
             return StageResult()
         [(width, height)] = shape
         return StageResult(
@@ -148,34 +158,6 @@ class WanDecodeStage(Stage):
                 }
             ]
         )
-
-
-def vae_pieces(vae: Any, z: torch.Tensor) -> Iterator[torch.Tensor]:
-    """AutoencoderKLWan.decode(z), one latent frame at a time: its own loop (the causal
-    convolutions' cache carried from frame to frame), giving each piece as it is made
-    where decode() concatenates every piece into one float32 video, copying it anew for
-    each piece. Tiled decoding keeps its own loop, whole."""
-    from diffusers.models.autoencoders.autoencoder_kl_wan import unpatchify
-
-    if vae.use_tiling:
-        yield vae.decode(z, return_dict=False)[0]
-        return
-    vae.clear_cache()
-    try:
-        x = vae.post_quant_conv(z)
-        for i in range(x.shape[2]):
-            vae._conv_idx = [0]
-            out = vae.decoder(
-                x[:, :, i : i + 1],
-                feat_cache=vae._feat_map,
-                feat_idx=vae._conv_idx,
-                first_chunk=i == 0,
-            )
-            if vae.config.patch_size is not None:
-                out = unpatchify(out, patch_size=vae.config.patch_size)
-            yield torch.clamp(out, min=-1.0, max=1.0)
-    finally:
-        vae.clear_cache()
 
 
 # Frames converted at a time: a piece's float32 frames are held once, not copied whole by
@@ -195,6 +177,11 @@ def rgb_frames(video: torch.Tensor) -> np.ndarray:
             part = video[0, :, start : start + FRAMES_AT_A_TIME].float()
             unit = (part / 2 + 0.5).clamp(0, 1)
             rgb[start : start + part.shape[1]] = (
-                (unit * 255).round().clamp(0, 255).to(torch.uint8).permute(1, 2, 3, 0).numpy()
+                (unit * 255)
+                .round()
+                .clamp(0, 255)
+                .to("cpu", torch.uint8)
+                .permute(1, 2, 3, 0)
+                .numpy()
             )
     return rgb

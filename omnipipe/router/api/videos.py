@@ -154,10 +154,11 @@ def videos_router(
         seed = body.seed if body.seed is not None else random.randrange(2**31)
         params.update(prompt=body.prompt, seed=seed)
         # The loaded model's own bounds (a DiT's positions), before the job is queued.
-        stages = [s.name for s in orchestrator.serving_pipeline().stages]
-        if (limit := exceeded(params, await limits.of(stages))) is not None:
+        stages = [s.name for s in orchestrator.pipeline.stages]
+        revision = orchestrator.serving_revision() or orchestrator.preferred[0]
+        if (limit := exceeded(params, await limits.of(stages, revision))) is not None:
             # The field the client set: num_frames itself, or seconds that made it.
-            field = limit.param if limit.param in fields else limit.field
+            field = limit.param if fields.get(limit.param) not in (None, "") else limit.field
             raise BadRequest(limit.refusal(params[limit.param]), param=field)
         job = {
             "id": f"video_{uuid.uuid4().hex}",
