@@ -167,10 +167,10 @@ def _refs(node: Any) -> Iterator[str]:
     ids=["wide", "tall", "zeros", "newline"],
 )
 def test_sizes_with_thousands_of_digits_are_400_at_once(size: str) -> None:
-    started = time.monotonic()
+    started = time.thread_time()  # CPU time: a loaded machine does not stretch it
     with pytest.raises(BadRequest, match="size"):
         parse_size(size)
-    assert time.monotonic() - started < 0.1
+    assert time.thread_time() - started < 0.1
 
 
 def chat(**fields: Any) -> ChatRequest:
