@@ -46,6 +46,7 @@ class WanDenoiseStage(SteppedStage):
     def load(self) -> None:
         self.pipe = load_wan(self.model_path, self.device, {"transformer", "scheduler"})
         self.max_side, self.max_frames = geometry_limits(self.pipe)
+        self.limits = self._limits()
 
     def batch_key(self, job: StageJob) -> Hashable | None:
         video = video_params(job.params)
@@ -56,7 +57,7 @@ class WanDenoiseStage(SteppedStage):
         video = video_params(job.params)
         check_param_limits(
             {"width": video.width, "height": video.height, "num_frames": video.num_frames},
-            self.param_limits(),
+            self.limits,
         )
         enc = job.inputs["encode"]
         dtype = pipe.transformer.dtype
@@ -85,9 +86,12 @@ class WanDenoiseStage(SteppedStage):
         )
 
     def param_limits(self) -> tuple[ParamLimit, ...]:
-        """A size or length past the DiT's rotary positions: the client's 400 with the
-        model's limit, from the router at once (and here, before any tensor is made),
-        never torch's words from deep inside."""
+        return self.limits
+
+    def _limits(self) -> tuple[ParamLimit, ...]:
+        """Made once, at load. A size or length past the DiT's rotary positions: the
+        client's 400 with the model's limit, from the router at once (and here, before
+        any tensor is made), never torch's words from deep inside."""
         why = "this model's DiT places at most"
         side = f"{why} {self.max_side} pixels a side"
         return (
