@@ -55,17 +55,20 @@ otel-collector:
 serve: venv
 	$(BIN)/omnipipe serve examples/tiny-text-to-image.yaml
 
-# Everything `make test` needs, in the order the dependencies above give. Run as parallel
-# jobs: the Go builds (CPU) overlap the downloads, the venv and the image builds (network
-# and disk), which on a fresh 2-core machine cuts the set-up by several minutes.
-setup: venv system-deps k8s-binaries node node-images gitops-tools grafana-tools otel-collector
+# Everything `make test` needs. Run as parallel jobs: the Go builds (CPU) overlap the
+# downloads, the venv and the image builds (network and disk), which on a fresh 2-core
+# machine cuts the set-up by several minutes. In this order: the image build (mostly
+# downloads, the longest step) beside the control plane's, then what the integration
+# tier needs, and last the node's binaries, which only the real-node tier waits for.
+setup: venv system-deps node-images k8s-binaries gitops-tools grafana-tools node otel-collector
 
 # The tiers in order of speed (lint, unit, e2e, integration, real node), stopping at the
 # first that fails, then a table of each set-up step's and tier's wall time, test counts
 # and slowest items (hack/test_tiers.py; also in build/test-report/table.md). Lint, unit
 # and e2e need only the venv, the Debian packages and the OpenTelemetry Collector: the
-# rest of the set-up (Kubernetes binaries, the node, the images) runs beside them and
-# the integration tier waits for it.
+# rest of the set-up (Kubernetes binaries, the node, the images) runs beside them at the
+# lowest priority (hack/background_setup.py); the integration tier waits for the steps it
+# uses, the real-node tier for all of it.
 TIERS = hack/test_tiers.py
 FIRST_SETUP = venv system-deps otel-collector
 

@@ -4,10 +4,12 @@ then one table of what each took.
     .venv/bin/python hack/test_tiers.py [--tiers lint,unit,e2e,integration,realnode]
         [--setup "make setup"] [--e2e-workers N] [PYTEST_ARGS...]
 
---setup runs a set-up command in the background from the start: lint, unit and e2e need
-only the venv, so on a fresh machine they run while the Kubernetes binaries, the node and
-the images build; the integration and real-node tiers wait for it (its output is printed
-when it ends, and a failed set-up stops the run there).
+--setup runs a set-up command in the background from the start, at the lowest CPU and I/O
+priority: lint, unit and e2e need only the venv, so on a fresh machine they run while the
+Kubernetes binaries, the node and the images build, and a compiler never holds a core that
+a tier's OpenMP barrier waits for. The integration tier waits only for the set-up steps it
+uses (NEEDS: the node's own binaries go on building beside it); the real-node tier waits
+for the whole set-up (its output is printed then, and a failed set-up stops the run).
 
 --e2e-workers N runs the e2e tier's modules on N pytest-xdist workers (`-n N --dist
 loadgroup`; tests/e2e/conftest.py keeps the modules that share a serve on one worker); 0,
@@ -22,21 +24,28 @@ end reads both, so a failed run shows how far it got and what the time went on.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
+
+from background_setup import BackgroundSetup, clock, setup_rows
 
 REPO = Path(__file__).resolve().parents[1]
 REPORT = REPO / "build" / "test-report"
 BIN = Path(sys.executable).parent
 TIERS = ("lint", "unit", "e2e", "integration", "realnode")
-NEED_SETUP = frozenset({"integration", "realnode"})
+# The set-up steps (the Makefile's targets, as hack/timed.sh names them in setup.tsv) a
+# tier waits for; None: the whole set-up. The integration tier runs the control plane,
+# kwok, helm, the GitOps and Grafana tools and the images (test_container_images builds
+# into the image store node-images writes); only the real node needs `node`.
+NEEDS: dict[str, frozenset[str] | None] = {
+    "integration": frozenset({"k8s-binaries", "gitops-tools", "grafana-tools", "node-images"}),
+    "realnode": None,
+}
 LINT = (
     ("ruff", [str(BIN / "ruff"), "check", "omnipipe", "tests", "bench", "hack"]),
     ("mypy", [str(BIN / "mypy")]),
@@ -44,11 +53,6 @@ LINT = (
 )
 # pytest's exit codes: 0 all passed, 5 nothing collected (a tier that ran no test fails).
 PASSED = 0
-
-
-def clock(seconds: float) -> str:
-    minutes, s = divmod(round(seconds), 60)
-    return f"{minutes}:{s:02d}"
 
 
 # mypy's cache, shared by every checkout: a fresh clone re-checks what changed, not the
@@ -78,14 +82,23 @@ def tier_args(tier: str, e2e_workers: int) -> list[str]:
     return []
 
 
-def run_tier(tier: str, pytest_args: list[str]) -> tuple[int, float]:
+def reap(proc: subprocess.Popen[bytes]) -> float:
+    """Wait for the process; the CPU seconds (user + system) it and the children it
+    waited for used. The exit code goes where Popen keeps it."""
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return usage.ru_utime + usage.ru_stime
+
+
+def run_tier(tier: str, pytest_args: list[str]) -> tuple[int, float, float]:
+    """(exit code, wall seconds, CPU seconds)"""
     env = {**os.environ, "OMNIPIPE_TEST_TIER": tier, "OMNIPIPE_TEST_REPORT": str(REPORT)}
     print(f"[test] tier {tier}: pytest tests/{tier} {' '.join(pytest_args)}", flush=True)
     started = time.monotonic()
     cmd = [str(BIN / "pytest"), f"tests/{tier}", *pytest_args]
     proc = subprocess.Popen(cmd, cwd=REPO, env=env)
     try:
-        rc = proc.wait()
+        cpu = reap(proc)
     finally:
         if proc.poll() is None:
             # The runner was stopped: so is its tier, as by Ctrl-C, so that its fixtures'
@@ -96,91 +109,68 @@ def run_tier(tier: str, pytest_args: list[str]) -> tuple[int, float]:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-    return rc, time.monotonic() - started
+    return proc.returncode, time.monotonic() - started, cpu
 
 
-class BackgroundSetup:
-    """The set-up command, started now and joined before the first tier that needs it."""
-
-    def __init__(self, command: str) -> None:
-        self.command = command
-        self.log = REPORT / "setup.log"
-        self.started = time.monotonic()
-        print(f"[test] set-up in the background: {command} (output: {self.log})", flush=True)
-        with self.log.open("wb") as out:
-            self.proc = subprocess.Popen(
-                command,
-                shell=True,
-                cwd=REPO,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # stop() ends make and every job it started
-            )
-        # When it ended, not when a tier first waited for it.
-        self.ended: float | None = None
-        self.waiter = threading.Thread(target=self._wait, daemon=True)
-        self.waiter.start()
-
-    def _wait(self) -> None:
-        self.proc.wait()
-        self.ended = time.monotonic()
-
-    def join(self) -> tuple[int, float]:
-        if self.proc.poll() is None:
-            print("[test] waiting for the background set-up ...", flush=True)
-        self.waiter.join()
-        rc = self.proc.returncode
-        wall = (self.ended or time.monotonic()) - self.started
-        print(f"[test] background set-up ended (exit {rc}) after {clock(wall)}; its output:")
-        print(self.log.read_text(errors="replace"), flush=True)
-        return rc, wall
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGTERM)
-            self.proc.wait()
+# (exit code, wall seconds, CPU seconds or None where not counted)
+Result = tuple[int, float, float | None]
 
 
-def setup_rows() -> list[list[str]]:
-    path = REPORT / "setup.tsv"
-    if not path.exists():
-        return []
-    return [line.split("\t") for line in path.read_text().splitlines() if line.strip()]
+def cpu_cell(cpu: float | None, wall: float) -> str:
+    """CPU time, and how many of the cores it kept busy on average."""
+    return "" if cpu is None else f"{clock(cpu)} ({cpu / max(wall, 1e-9):.1f} cores)"
+
+
+def setup_table(waits: dict[str, float]) -> list[str]:
+    lines = ["| set-up step | wall | CPU | result |", "|---|---|---|---|"]
+    for row in setup_rows(REPORT):
+        name, wall, status = row[0], float(row[1]), row[2]
+        cpu = cpu_cell(float(row[3]), wall) if len(row) > 3 else ""
+        lines.append(f"| {name} | {clock(wall)} | {cpu} | {status} |")
+    lines.append("")
+    for tier, waited in waits.items():
+        who = "The run's end" if tier == "last" else f"The {tier} tier"
+        lines.append(f"{who} waited {clock(waited)} for the set-up.")
+    return [*lines, ""] if waits else lines
 
 
 def table(
-    results: dict[str, tuple[int, float]], lint_steps: list[list[object]], wall_s: float
+    results: dict[str, Result],
+    lint_steps: list[list[object]],
+    waits: dict[str, float],
+    wall_s: float,
 ) -> str:
     lines = ["", "## make test: where the time went", ""]
-    steps = setup_rows()
-    if steps:
-        lines += ["| set-up step | wall | result |", "|---|---|---|"]
-        lines += [f"| {name} | {clock(float(s))} | {status} |" for name, s, status in steps]
-        lines.append("")
+    if setup_rows(REPORT):
+        lines += setup_table(waits)
     if "setup" in results:
-        rc, wall = results["setup"]
+        rc, wall, cpu = results["setup"]
         result = "ok" if rc == PASSED else f"FAILED (exit {rc})"
-        lines += [f"Background set-up: {result}, {clock(wall)} beside the tiers before it.", ""]
+        lines += [
+            f"Background set-up: {result}, {clock(wall)}, {cpu_cell(cpu, wall)} of CPU, "
+            "beside the tiers.",
+            "",
+        ]
     lines += [
-        "| tier | result | wall | tests | passed | failed | skipped | xfailed | errors |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| tier | result | wall | CPU | tests | passed | failed | skipped | xfailed | errors |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     total_tests = 0
     details: list[str] = []
     for tier in TIERS:
         if tier not in results:
-            lines.append(f"| {tier} | not run | | | | | | | |")
+            lines.append(f"| {tier} | not run | | | | | | | | |")
             continue
-        rc, wall = results[tier]
+        rc, wall, cpu = results[tier]
         result = "passed" if rc == PASSED else f"FAILED (exit {rc})"
+        took = f"{clock(wall)} | {cpu_cell(cpu, wall)}"
         if tier == "lint":
             steps_text = ", ".join(f"{n} {s} s" for n, s in lint_steps)
-            lines.append(f"| lint | {result} | {clock(wall)} | {steps_text} | | | | | |")
+            lines.append(f"| lint | {result} | {took} | {steps_text} | | | | | |")
             continue
         report_file = REPORT / f"{tier}.json"
         if not report_file.exists():
-            lines.append(f"| {tier} | {result} | {clock(wall)} | no report | | | | | |")
+            lines.append(f"| {tier} | {result} | {took} | no report | | | | | |")
             continue
         report = json.loads(report_file.read_text())
         o = report["outcomes"]
@@ -188,15 +178,30 @@ def table(
         workers = report.get("workers", 0)
         name = f"{tier} ({workers} workers)" if workers else tier
         lines.append(
-            f"| {name} | {result} | {clock(wall)} | {report['collected']} | {o.get('passed', 0)}"
+            f"| {name} | {result} | {took} | {report['collected']} | {o.get('passed', 0)}"
             f" | {o.get('failed', 0)} | {o.get('skipped', 0)} | {o.get('xfailed', 0)}"
             f" | {o.get('errors', 0)} |"
         )
         details += ["", f"{tier}, ten slowest items (setup + call + teardown):", ""]
         details += ["| s | item |", "|---|---|"]
         details += [f"| {s} | `{nodeid}` |" for nodeid, s in report["slowest"]]
-    lines.append(f"| **all tiers** | | **{clock(wall_s)}** | {total_tests} | | | | | |")
+    lines.append(f"| **all tiers** | | **{clock(wall_s)}** | | {total_tests} | | | | | |")
     return "\n".join(lines + details) + "\n"
+
+
+def join_setup(
+    setup: BackgroundSetup, tier: str, needs: frozenset[str] | None, waits: dict[str, float]
+) -> int:
+    """Wait for `needs` of the set-up (None: all of it) before `tier`; 0 to go on."""
+    waited = time.monotonic()
+    if needs is None:
+        rc, _ = setup.join()
+    elif needs:
+        rc, _ = setup.wait_for(needs, tier)
+    else:
+        return PASSED
+    waits[tier] = time.monotonic() - waited
+    return rc
 
 
 def main() -> int:
@@ -217,30 +222,35 @@ def main() -> int:
     REPORT.mkdir(parents=True, exist_ok=True)
     for tier in TIERS:
         (REPORT / f"{tier}.json").unlink(missing_ok=True)
-    results: dict[str, tuple[int, float]] = {}
+    results: dict[str, Result] = {}
+    waits: dict[str, float] = {}
     lint_steps: list[list[object]] = []
     rc = PASSED
-    setup = BackgroundSetup(args.setup) if args.setup else None
+    setup = BackgroundSetup(args.setup, REPO, REPORT) if args.setup else None
     try:
         for tier in tiers:
-            if setup is not None and tier in NEED_SETUP and "setup" not in results:
-                results["setup"] = setup.join()
-                rc = results["setup"][0]
-                if rc != PASSED:
-                    print(f"[test] the set-up failed (exit {rc}): {tier} and after not run")
-                    break
+            needs = NEEDS.get(tier, frozenset())
+            if setup is not None and (rc := join_setup(setup, tier, needs, waits)) != PASSED:
+                print(f"[test] the set-up failed (exit {rc}): {tier} and after not run")
+                break
             if tier == "lint":
                 rc, wall, lint_steps = run_lint()
+                results[tier] = (rc, wall, None)
             else:
-                rc, wall = run_tier(tier, [*tier_args(tier, args.e2e_workers), *pytest_args])
-            results[tier] = (rc, wall)
+                results[tier] = run_tier(tier, [*tier_args(tier, args.e2e_workers), *pytest_args])
+                rc = results[tier][0]
             if rc != PASSED:
                 print(f"[test] tier {tier} failed (exit {rc}): the tiers after it were not run")
                 break
+        if setup is not None and rc == PASSED and setup.result is None:
+            # The tiers asked for none or part of it: the set-up still ends, as it was asked to.
+            rc = join_setup(setup, "last", None, waits)
     finally:
         if setup is not None:
             setup.stop()
-    text = table(results, lint_steps, time.monotonic() - started)
+            if setup.result is not None:
+                results["setup"] = setup.result
+    text = table(results, lint_steps, waits, time.monotonic() - started)
     (REPORT / "table.md").write_text(text)
     print(text, flush=True)
     return 1 if rc != PASSED else 0

@@ -1,0 +1,92 @@
+"""`make test`'s background set-up (hack/background_setup.py): a tier waits for the steps
+it uses, not for the whole set-up, and the set-up runs at the lowest priority."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import time
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+HACK = Path(__file__).resolve().parents[2] / "hack"
+
+
+@pytest.fixture(scope="module")
+def bg() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("background_setup", HACK / "background_setup.py")
+    assert spec
+    assert spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["background_setup"] = module
+    spec.loader.exec_module(module)
+    module.POLL_SECONDS = 0.05
+    return module
+
+
+def step(name: str, status: str = "ok") -> str:
+    """A shell line that records a step's end as hack/timed.sh does."""
+    return f"printf '{name}\\t0.1\\t{status}\\t0.1\\n' >> setup.tsv"
+
+
+def test_a_tier_goes_on_once_its_steps_end_while_the_rest_runs(
+    bg: ModuleType, tmp_path: Path
+) -> None:
+    command = f"{step('a')}; {step('b')}; sleep 3; {step('c')}"
+    setup = bg.BackgroundSetup(command, tmp_path, tmp_path)
+    try:
+        rc, waited = setup.wait_for({"a", "b"}, "integration")
+        assert rc == 0
+        assert waited < 2.5
+        assert setup.proc.returncode is None, "the set-up was waited for whole"
+        rc, wall = setup.join()
+        assert rc == 0
+        assert wall >= 3
+        assert setup.result is not None
+        assert setup.result[0] == 0
+    finally:
+        setup.stop()
+
+
+def test_a_failed_step_that_a_tier_needs_stops_the_wait(bg: ModuleType, tmp_path: Path) -> None:
+    setup = bg.BackgroundSetup(f"{step('a', 'failed (exit 2)')}; exit 2", tmp_path, tmp_path)
+    try:
+        rc, _ = setup.wait_for({"a"}, "integration")
+        assert rc == 2
+    finally:
+        setup.stop()
+
+
+def test_a_set_up_that_ends_without_a_needed_step_fails_the_wait(
+    bg: ModuleType, tmp_path: Path
+) -> None:
+    started = time.monotonic()
+    setup = bg.BackgroundSetup(step("a"), tmp_path, tmp_path)
+    try:
+        rc, _ = setup.wait_for({"a", "typo"}, "integration")
+        assert rc != 0
+        assert time.monotonic() - started < 10
+    finally:
+        setup.stop()
+
+
+def test_the_set_up_runs_at_the_lowest_priority(bg: ModuleType, tmp_path: Path) -> None:
+    setup = bg.BackgroundSetup("nice; ionice", tmp_path, tmp_path)
+    try:
+        assert setup.join()[0] == 0
+    finally:
+        setup.stop()
+    niceness, io_class = (tmp_path / "setup.log").read_text().split("\n")[:2]
+    assert niceness == "19"
+    assert io_class == "best-effort: prio 7"
+
+
+def test_stop_ends_every_process_of_the_set_up(bg: ModuleType, tmp_path: Path) -> None:
+    setup = bg.BackgroundSetup("sleep 60 & sleep 60", tmp_path, tmp_path)
+    time.sleep(0.3)
+    started = time.monotonic()
+    setup.stop()
+    assert setup.proc.returncode is not None
+    assert time.monotonic() - started < 5
