@@ -8,8 +8,8 @@ import ctypes
 import os
 import secrets
 import signal
-import subprocess
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from omnipipe.api.constants import CREDENTIAL_ENV
 from omnipipe.api.placement import STAGE_PATH_PREFIX
@@ -32,10 +32,31 @@ def pipeline_credential() -> str:
     return os.environ.get(CREDENTIAL_ENV) or secrets.token_urlsafe(32)
 
 
+class Process(Protocol):
+    """What serve asks of a child process: a subprocess.Popen, or a forked worker
+    (local/forks.py ForkedProcess)."""
+
+    @property
+    def pid(self) -> int: ...
+
+    @property
+    def returncode(self) -> int | None: ...
+
+    def poll(self) -> int | None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+    def send_signal(self, signum: int) -> None: ...
+
+    def terminate(self) -> None: ...
+
+    def kill(self) -> None: ...
+
+
 @dataclass
 class Child:
     name: str
-    proc: subprocess.Popen[bytes]
+    proc: Process
     ready_url: str
     argv: list[str]
     # A crashed worker is restarted like a Deployment would; the router is not.

@@ -14,7 +14,8 @@ from omnipipe.api.constants import CREDENTIAL_ENV
 from omnipipe.api.cpus import split_cores, usable_cpus
 from omnipipe.api.placement import Workload, workloads
 from omnipipe.local import control
-from omnipipe.local.children import Child, die_with_parent
+from omnipipe.local.children import Child, Process, die_with_parent
+from omnipipe.local.forks import WorkerForks
 from omnipipe.local.ports import free_port
 from omnipipe.local.reload import workload_replicas
 
@@ -42,6 +43,7 @@ class ChildProcesses:
     started_per_stage: dict[str, int]
     ports_given: set[int]
     video_store: subprocess.Popen[bytes] | None
+    forks: WorkerForks
 
     def _free_port(self) -> int:
         port = free_port(self.host, avoid=self.ports_given | {self.port})
@@ -52,19 +54,27 @@ class ChildProcesses:
     def workers(self) -> list[Child]:
         return [c for c in self.children if c.stage is not None]
 
+    def _child_env(self, extra_env: dict[str, str] | None = None) -> dict[str, str]:
+        return {
+            **TORCH_ENV,
+            **(extra_env or {}),
+            **os.environ,
+            "PYTHONUNBUFFERED": "1",
+            # In the environment, not argv: other users can read a process's arguments.
+            CREDENTIAL_ENV: self.credential,
+        }
+
+    def _start_worker(self, argv: list[str]) -> Process:
+        """Forked from a fork server where one can take it (local/forks.py), else started."""
+        forked = self.forks.start(argv, self._child_env())
+        return forked if forked is not None else self._popen(argv)
+
     def _popen(
         self, argv: list[str], extra_env: dict[str, str] | None = None
     ) -> subprocess.Popen[bytes]:
         return subprocess.Popen(
             argv,
-            # In the environment, not argv: other users can read a process's arguments.
-            env={
-                **TORCH_ENV,
-                **(extra_env or {}),
-                **os.environ,
-                "PYTHONUNBUFFERED": "1",
-                CREDENTIAL_ENV: self.credential,
-            },
+            env=self._child_env(extra_env),
             preexec_fn=die_with_parent,
             # Children take signals from us, not from a terminal's Ctrl-C to the group,
             # so they stop in order: drain first, then exit.
@@ -114,7 +124,7 @@ class ChildProcesses:
         ]
         child = Child(
             f"{name}-{index}",
-            self._popen(argv),
+            self._start_worker(argv),
             f"{url}/ready",
             argv,
             restartable=True,
@@ -149,7 +159,7 @@ class ChildProcesses:
                     at = child.argv.index(flag) + 1
                     count = len(child.argv[at].split(","))
                     child.argv[at] = ",".join(str(self._free_port()) for _ in range(count))
-            child.proc = self._popen(child.argv)
+            child.proc = self._start_worker(child.argv)
             print(
                 f"omnipipe: {child.name} exited with code {code}; restarting as pid "
                 f"{child.proc.pid} ({len(child.restarts)}/{MAX_RESTARTS_IN_WINDOW} in "

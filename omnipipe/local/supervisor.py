@@ -16,6 +16,7 @@ from omnipipe.api import ResolvedPipeline
 from omnipipe.api.constants import VIDEO_STORE_ENV
 from omnipipe.api.placement import workloads
 from omnipipe.local.children import Child, pipeline_credential
+from omnipipe.local.forks import WorkerForks
 from omnipipe.local.ports import check_port_free
 from omnipipe.local.reload import workload_replicas
 from omnipipe.local.rollout import Loader, RevisionReloads
@@ -53,6 +54,7 @@ class Supervisor(RevisionReloads):
     ports_given: set[int] = field(default_factory=set)
     # The redis-server a video pipeline's router keeps its jobs in, when serve started it.
     video_store: subprocess.Popen[bytes] | None = None
+    forks: WorkerForks = field(default_factory=WorkerForks)
 
     def start(self) -> None:
         try:
@@ -103,6 +105,7 @@ class Supervisor(RevisionReloads):
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
         self._terminate(self.children)
+        self.forks.close()
         if self.video_store is not None:
             # After the router, which gives its running jobs back to the store.
             self.video_store.terminate()

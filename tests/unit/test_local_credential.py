@@ -11,6 +11,7 @@ import pytest
 from omnipipe.api import load_file, resolve
 from omnipipe.api.constants import CREDENTIAL_ENV
 from omnipipe.local import supervisor
+from omnipipe.local.forks import FORKS_ENV, WorkerForks
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -29,6 +30,9 @@ def _spawned(monkeypatch: pytest.MonkeyPatch) -> tuple[supervisor.Supervisor, li
         return spawned[-1]
 
     monkeypatch.setattr(subprocess, "Popen", popen)
+    # Every child started, none forked (test_worker_forks.py forks real ones): the
+    # environment a fork is given is the one checked here (the next test).
+    monkeypatch.setenv(FORKS_ENV, "0")
     example = REPO / "examples/tiny-text-to-image.yaml"
     sup = supervisor.Supervisor(resolve(load_file(example)), example)
     sup.start()
@@ -52,6 +56,24 @@ def test_router_and_every_worker_get_the_same_fresh_credential(
     # A second run draws a new one.
     again, _ = _spawned(monkeypatch)
     assert again.credential != sup.credential
+
+
+@pytest.mark.timeout(30)
+def test_a_forked_worker_is_given_the_environment_a_started_one_is(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    asked: list[tuple[list[str], dict[str, str]]] = []
+
+    def start(self: WorkerForks, argv: list[str], env: dict[str, str]) -> None:
+        asked.append((argv, env))  # and none forked: each is started as well
+
+    monkeypatch.setattr(WorkerForks, "start", start)
+    sup, spawned = _spawned(monkeypatch)
+    workers = [p for p in spawned if "worker" in p.argv]
+    assert len(asked) == len(workers) == 3
+    assert [argv for argv, _ in asked] == [p.argv for p in workers]
+    assert [env for _, env in asked] == [p.env for p in workers]
+    assert all(env[CREDENTIAL_ENV] == sup.credential for _, env in asked)
 
 
 @pytest.mark.timeout(30)
