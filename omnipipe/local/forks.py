@@ -22,6 +22,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import IO, Any
@@ -206,10 +207,14 @@ def serve_requests(sock: socket.socket) -> Job:
     sock.sendall(b'{"ready": true}\n')
     for line in requests:
         request = json.loads(line)
-        if (threads := len(os.listdir("/proc/self/task"))) != 1:
-            # A thread holds locks a fork would copy held, with no thread to free them.
-            sock.sendall(json.dumps({"error": f"{threads} threads; a fork needs one"}).encode())
-            sock.sendall(b"\n")
+        if (threads := threading.active_count()) != 1:
+            # A Python thread may hold a lock (the import lock, logging's) that the fork
+            # copies held, with no thread in the worker to free it. Native pools are let
+            # be: OpenBLAS's (numpy starts it at import with a budget over 1) stops
+            # itself around a fork (pthread_atfork), and OpenMP's starts at the first
+            # parallel region, which the fork server never runs.
+            error = f"{threads} Python threads; a fork needs one"
+            sock.sendall((json.dumps({"error": error}) + "\n").encode())
             continue
         job = Job(
             [str(a) for a in request["args"]], {str(k): str(v) for k, v in request["env"].items()}

@@ -13,6 +13,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 SERVE_SIDE = textwrap.dedent(
     """
     import json, os, sys, time
@@ -69,3 +71,62 @@ def test_off_by_the_environment_and_for_a_worker_without_a_thread_budget() -> No
         "fork_servers_left": [],
     }
     assert serve_side(*args)[0] == {"forked": False, "fork_servers_left": []}
+
+
+OPENMP_TEAM = textwrap.dedent(
+    """
+    import json, os, socket, sys, threading
+    from omnipipe.local.forks import become_subreaper, serve_requests
+    from omnipipe.worker.threads import budget_environment
+
+    budget = int(sys.argv[1])
+    assert become_subreaper()
+    ours, theirs = socket.socketpair()
+    if os.fork() == 0:  # the fork server, as omnipipe/fork_server.py starts it
+        ours.close()
+        os.environ.update(budget_environment(budget))
+        import numpy, torch  # numpy's OpenBLAS starts its pool at import (budget > 1)
+        job = serve_requests(theirs)
+        # The forked worker: the team of a thread it starts, as the engine thread is
+        # started, before anything sets it, and a parallel region on it.
+        seen = []
+        def engine():
+            seen.append(torch.get_num_threads())
+            x = torch.ones(512, 512)
+            seen.append(float((x @ x).sum()))
+            seen.append(float(numpy.ones((64, 64)).dot(numpy.ones((64, 64))).sum()))
+        t = threading.Thread(target=engine)
+        t.start()
+        t.join()
+        print(json.dumps(seen), flush=True)
+        os._exit(0)
+    theirs.close()
+    replies = ours.makefile("r")
+    assert json.loads(replies.readline()) == {"ready": True}
+    ours.sendall(json.dumps({"args": [], "env": dict(os.environ)}).encode() + b"\\n")
+    reply = json.loads(replies.readline())
+    assert "pid" in reply, reply
+    _, status = os.waitpid(reply["pid"], 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    replies.close()
+    ours.close()
+    """
+)
+
+
+@pytest.mark.parametrize("budget", [1, 2])
+def test_a_forked_worker_runs_the_openmp_team_of_its_budget(budget: int) -> None:
+    """OpenMP sized its teams when torch loaded in the fork server; a thread the forked
+    worker starts (its engine thread) runs a team of that size, and its BLAS works. With
+    a budget over 1, numpy's OpenBLAS pool is running at the fork: it is forked anyway."""
+    done = subprocess.run(
+        [sys.executable, "-c", OPENMP_TEAM, str(budget)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    team, torch_sum, numpy_sum = json.loads(done.stdout.strip().splitlines()[-1])
+    assert team == budget
+    assert torch_sum == 512.0**3
+    assert numpy_sum == 64.0**3
