@@ -81,6 +81,41 @@ def test_n_two_and_negative_prompt(served: Served) -> None:
     assert r.data[0].b64_json != r.data[1].b64_json
 
 
+def test_ten_jpegs_and_a_webp_in_the_formats_asked_for_and_the_response_says_so(
+    served: Served,
+) -> None:
+    c = client(served)
+    r = c.images.generate(
+        model="tiny-image",
+        prompt="a fox",
+        size="48x32",
+        n=10,
+        output_format="jpeg",
+        output_compression=60,
+        background="opaque",
+        extra_body={**FAST, "seed": 5},
+    )
+    assert (r.output_format, r.size, r.background) == ("jpeg", "48x32", "opaque")
+    assert len(r.data) == 10
+    images = [decode(d.b64_json) for d in r.data]
+    assert {(i.format, i.size) for i in images} == {("JPEG", (48, 32))}
+    assert len({d.b64_json for d in r.data}) == 10
+    webp = c.images.generate(
+        model="tiny-image", prompt="a fox", size="48x32", output_format="webp",
+        extra_body={**FAST, "seed": 5},
+    )  # fmt: skip
+    assert (webp.output_format, webp.size) == ("webp", "48x32")
+    png = c.images.generate(
+        model="tiny-image", prompt="a fox", size="48x32", extra_body={**FAST, "seed": 5}
+    )
+    assert png.output_format == "png"
+    # WebP at the default compression (100) is lossless: the PNG's pixels, the same seed.
+    assert decode(webp.data[0].b64_json).tobytes() == decode(png.data[0].b64_json).tobytes()
+    with pytest.raises(openai.BadRequestError) as refused:
+        c.images.generate(model="tiny-image", prompt="a fox", background="transparent")
+    assert refused.value.body["param"] == "background"  # type: ignore[index]
+
+
 def test_same_seed_same_image_other_seed_other_image(served: Served) -> None:
     c = client(served)
 

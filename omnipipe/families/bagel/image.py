@@ -3,8 +3,6 @@ KV caches) and decode stage (the FLUX VAE)."""
 
 from __future__ import annotations
 
-import base64
-
 import torch
 
 from omnipipe.families.bagel.context import FULL, NO_IMAGE, NO_TEXT, image_markers
@@ -19,9 +17,13 @@ from omnipipe.families.bagel.kv_blocks import (
 )
 from omnipipe.families.bagel.mot import ContextKV
 from omnipipe.families.bagel.params import flow_params, int_param
-from omnipipe.families.bagel.vae import decode_latents, load_vae, to_png, unpatchify
+from omnipipe.families.bagel.vae import decode_latents, load_vae, to_image, unpatchify
+from omnipipe.stagekit.image_output import encoded_image
 from omnipipe.stagekit.stage import Stage, StageInputError, StageJob, StageResult
 from omnipipe.transfer import BlockTable
+
+# OpenAI's n: each image is one flow, run one after the other.
+MAX_IMAGES = 10
 
 UPSTREAM = "think"
 
@@ -73,7 +75,7 @@ class BagelGenerateStage(Stage):
             raise StageInputError(f"the think stage's KV blocks do not fit: {exc}") from None
 
     def run(self, job: StageJob) -> StageResult:
-        n = int_param(job.params, "n", 1, 1, 4)
+        n = int_param(job.params, "n", 1, 1, MAX_IMAGES)
         caches: dict[str, ContextKV] | None = None
         latents = []
         for i in range(n):
@@ -108,7 +110,7 @@ class BagelDecodeStage(Stage):
             latents = unpatchify(
                 tokens, rows, cols, self.config.latent_patch_size, self.config.latent_channels
             )
-            png = to_png(decode_latents(self.vae, latents.to(self.device)))
-            outputs.append({"b64_json": base64.b64encode(png).decode()})
+            image = to_image(decode_latents(self.vae, latents.to(self.device)))
+            outputs.append(encoded_image(image, job.params))
             self.progress()
         return StageResult(outputs=outputs)

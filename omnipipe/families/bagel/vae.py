@@ -4,9 +4,12 @@ latent scale and shift in its config, and the p x p patching of latents into tok
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from PIL import Image
 
 VAE_SUBFOLDER = "vae"
 # The released checkpoint's FLUX autoencoder, in its original (not diffusers) layout.
@@ -41,12 +44,17 @@ def decode_latents(vae: Any, latents: torch.Tensor) -> torch.Tensor:
     return (image.float() * 0.5 + 0.5).clamp(0, 1)
 
 
-def to_png(image: torch.Tensor) -> bytes:
-    import io
-
+def to_image(image: torch.Tensor) -> Image.Image:
+    """The first image of a decoded batch (values 0-1) as 8-bit RGB."""
     from PIL import Image
 
     pixels = (image[0].permute(1, 2, 0) * 255).round().to(torch.uint8).cpu().numpy()
+    return Image.fromarray(pixels)
+
+
+def to_png(image: torch.Tensor) -> bytes:
+    import io
+
     buf = io.BytesIO()
-    Image.fromarray(pixels).save(buf, format="PNG")
+    to_image(image).save(buf, format="PNG")
     return buf.getvalue()

@@ -4,13 +4,12 @@ denoise.py) -> decode."""
 
 from __future__ import annotations
 
-import base64
-import io
 from typing import Any
 
 import torch
 
 from omnipipe.families.qwen_image.loading import load_qwen_image
+from omnipipe.stagekit.image_output import encoded_image
 from omnipipe.stagekit.stage import Stage, StageInputError, StageJob, StageResult, Tensors
 
 MAX_SEQUENCE_LENGTH = 512
@@ -93,7 +92,7 @@ def geometry(params: dict[str, Any]) -> tuple[int, int, int, int, float]:
 
 
 class DecodeStage(Stage):
-    """Latents -> VAE decode -> PNG images, base64 for the router."""
+    """Latents -> VAE decode -> images in the requested format, base64 for the router."""
 
     def load(self) -> None:
         self.pipe = load_qwen_image(self.model_path, self.device, {"vae"})
@@ -118,8 +117,6 @@ class DecodeStage(Stage):
             with torch.inference_mode():
                 image = pipe.vae.decode(one, return_dict=False)[0][:, :, 0]
                 [img] = pipe.image_processor.postprocess(image, output_type="pil")
-            buf = io.BytesIO()
-            img.save(buf, format="PNG")
-            outputs.append({"b64_json": base64.b64encode(buf.getvalue()).decode()})
+            outputs.append(encoded_image(img, job.params))
             self.progress()
         return StageResult(outputs=outputs)

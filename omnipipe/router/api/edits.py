@@ -18,13 +18,17 @@ from omnipipe.api.edit import condition_size
 from omnipipe.api.spec import Role
 from omnipipe.router.api.common import bad_request, check_model
 from omnipipe.router.api.images import (
+    MAX_IMAGES,
     MAX_SIDE,
     SIZE_MULTIPLE,
+    Background,
+    ImageFormat,
     ImageGenerationRequest,
     edits_images,
     image_params,
     parse_size,
     respond_with_images,
+    response_fields,
 )
 from omnipipe.router.api.inputs import MAX_EDIT_IMAGE_BYTES, check_edit_image
 from omnipipe.router.errors import BadRequest
@@ -47,11 +51,15 @@ class ImageEditRequest(BaseModel):
     image: bytes = Field(max_length=MAX_EDIT_IMAGE_BYTES)
     """The image to edit: one PNG, JPEG or WebP file, at most 4096x4096 pixels."""
     prompt: str = Field(min_length=1, max_length=32_000)
-    n: int = Field(default=1, ge=1, le=4)
+    n: int = Field(default=1, ge=1, le=MAX_IMAGES)
     size: str = Field(default="auto", examples=["auto", "1024x1024"])
     """WIDTHxHEIGHT (sides multiples of 16 from 16 to 2048), or auto: the input's aspect
     ratio at about a megapixel."""
     response_format: str = "b64_json"
+    output_format: ImageFormat = "png"
+    output_compression: int | None = Field(default=None, ge=0, le=100)
+    """0-100, for jpeg and webp: 100 (the default) compresses least."""
+    background: Background = "auto"
     negative_prompt: str | None = None
     seed: int | None = Field(default=None, ge=0, lt=2**63)
     num_inference_steps: int = Field(default=50, ge=1, le=200)
@@ -144,6 +152,7 @@ def edits_router(orchestrator: Orchestrator, model_ids: Callable[[], set[str]]) 
                 s.name: {**params, "image": image} if s.role in IMAGE_ROLES else params
                 for s in orchestrator.pipeline.stages
             },
+            response_fields(params),
         )
 
     return router

@@ -37,7 +37,7 @@ from omnipipe.router.api.common import (
     parse_body,
     stage_with_role,
 )
-from omnipipe.router.api.images import ImageGenerationRequest, image_params
+from omnipipe.router.api.images import MAX_IMAGES, ImageGenerationRequest, image_params
 from omnipipe.router.api.messages import MESSAGE_SCHEMA
 from omnipipe.router.errors import BadRequest, OpenAIError, shown
 from omnipipe.router.orchestrator import Orchestrator
@@ -69,7 +69,7 @@ class GenerateRequest(BaseModel):
     seed: int | None = Field(default=None, ge=0, lt=2**63)
     voice: str | None = Field(default=None, max_length=64)
     # Diffusion stages
-    n: int = Field(default=1, ge=1, le=4)
+    n: int = Field(default=1, ge=1, le=MAX_IMAGES)
     size: str = "1024x1024"
     negative_prompt: str | None = Field(default=None, max_length=32_000)
     num_inference_steps: int = Field(default=50, ge=1, le=200)

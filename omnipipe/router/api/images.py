@@ -9,6 +9,7 @@ import random
 import re
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from typing import Literal
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -37,6 +38,9 @@ log = logging.getLogger(__name__)
 SIZE = re.compile(r"(\d{1,6})x(\d{1,6})")
 SIZE_MULTIPLE = 16
 MAX_SIDE = 2048
+MAX_IMAGES = 10  # OpenAI's n
+ImageFormat = Literal["png", "jpeg", "webp"]
+Background = Literal["auto", "opaque", "transparent"]
 
 
 class ImageGenerationRequest(BaseModel):
@@ -46,10 +50,16 @@ class ImageGenerationRequest(BaseModel):
 
     model: str
     prompt: str = Field(min_length=1, max_length=32_000)
-    n: int = Field(default=1, ge=1, le=4)
+    n: int = Field(default=1, ge=1, le=MAX_IMAGES)
     size: str = Field(default="1024x1024", examples=["1024x1024"])
     """WIDTHxHEIGHT, each side a multiple of 16 from 16 to 2048."""
     response_format: str = "b64_json"
+    output_format: ImageFormat = "png"
+    output_compression: int | None = Field(default=None, ge=0, le=100)
+    """0-100, for jpeg and webp: 100 (the default) compresses least; webp at 100 is
+    lossless."""
+    background: Background = "auto"
+    """auto or opaque; these models draw no transparency, so transparent is refused."""
     negative_prompt: str | None = None
     seed: int | None = Field(default=None, ge=0, lt=2**63)
     num_inference_steps: int = Field(default=50, ge=1, le=200)
@@ -86,7 +96,8 @@ def image_params(
             f"{body.guidance_scale:g}",
             param="guidance_scale",
         )
-    return {
+    check_output_format(body)
+    params: dict[str, object] = {
         "prompt": body.prompt,
         "negative_prompt": body.negative_prompt,
         "n": body.n,
@@ -95,14 +106,44 @@ def image_params(
         "seed": body.seed if body.seed is not None else random.randrange(2**31),
         "num_inference_steps": body.num_inference_steps,
         "guidance_scale": body.guidance_scale,
+        "output_format": body.output_format,
+    }
+    if body.output_compression is not None:
+        params["output_compression"] = body.output_compression
+    return params
+
+
+def check_output_format(body: ImageGenerationRequest) -> None:
+    if body.output_compression is not None and body.output_format == "png":
+        raise BadRequest(
+            "output_compression applies to jpeg and webp; png is lossless, so leave it out",
+            param="output_compression",
+        )
+    if body.background == "transparent":
+        raise BadRequest(
+            "background: this pipeline draws opaque images; transparent is not supported "
+            "(auto or opaque)",
+            param="background",
+        )
+
+
+def response_fields(params: dict[str, object]) -> dict[str, object]:
+    """What the response says of its images besides them, as OpenAI's does."""
+    return {
+        "background": "opaque",
+        "output_format": params["output_format"],
+        "size": f"{params['width']}x{params['height']}",
     }
 
 
 async def image_json(
-    created: int, first: Output | OutputPart, rest: AsyncGenerator[Output | OutputPart]
+    created: int,
+    first: Output | OutputPart,
+    rest: AsyncGenerator[Output | OutputPart],
+    trailer: dict[str, object],
 ) -> AsyncIterator[bytes]:
-    """The response, {"created": ..., "data": [...]}, written as the images arrive, each
-    image's base64 piece by piece: the router never holds a whole image."""
+    """The response, {"created": ..., "data": [...], TRAILER}, written as the images
+    arrive, each image's base64 piece by piece: the router never holds a whole image."""
     yield b'{"created": %d, "data": [' % created
     count, open_key = 0, None
 
@@ -129,20 +170,27 @@ async def image_json(
             # The status line is gone: cut the body short, so the client sees a failure.
             log.warning("image response cut short: %s", exc.message)
             raise
-    yield b"]}"
+    yield b"]" + b"".join(b", " + json.dumps({k: v})[1:-1].encode() for k, v in trailer.items())
+    yield b"}"
 
 
 async def respond_with_images(
-    request: Request, orchestrator: Orchestrator, params: dict[str, dict[str, object]]
+    request: Request,
+    orchestrator: Orchestrator,
+    params: dict[str, dict[str, object]],
+    fields: dict[str, object],
 ) -> Response:
-    """Run every stage with its params; answer with the output stages' images."""
+    """Run every stage with its params; answer with the output stages' images, then
+    `fields` (response_fields)."""
     outputs = orchestrator.stream_parts(params, set(orchestrator.outputs))
     # Wait for the first piece before the status line, so errors keep their status.
     first = await unless_disconnected(request, first_output(outputs))
     created = int(time.time())
     if first is None:
-        return JSONResponse({"created": created, "data": []})
-    return StreamingResponse(image_json(created, first, outputs), media_type="application/json")
+        return JSONResponse({"created": created, "data": [], **fields})
+    return StreamingResponse(
+        image_json(created, first, outputs, fields), media_type="application/json"
+    )
 
 
 def edits_images(orchestrator: Orchestrator) -> bool:
@@ -173,7 +221,10 @@ def images_router(orchestrator: Orchestrator, model_ids: Callable[[], set[str]])
             fields = request_fields(body)
             params.update(with_family_checks(lambda: extensions.image_params(fields)))
         return await respond_with_images(
-            request, orchestrator, {stage: params for stage in orchestrator.stages}
+            request,
+            orchestrator,
+            {stage: params for stage in orchestrator.stages},
+            response_fields(params),
         )
 
     return router
