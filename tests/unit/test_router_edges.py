@@ -143,7 +143,10 @@ def test_openapi_describes_every_request_body(client: TestClient) -> None:
         assert ref.removeprefix("#/components/schemas/") in schemas, ref
     chat = schemas["ChatRequest"]["properties"]
     assert chat["messages"]["items"]["properties"]["role"]["enum"]
-    assert schemas["ImageGenerationRequest"]["properties"]["n"]["maximum"] == 4
+    image = schemas["ImageGenerationRequest"]["properties"]
+    assert image["n"]["maximum"] == 10
+    assert image["output_format"]["enum"] == ["png", "jpeg", "webp"]
+    assert image["background"]["enum"] == ["auto", "opaque", "transparent"]
     edit = schemas["ImageEditRequest"]
     assert edit["properties"]["image"]["format"] == "binary"
     assert {"model", "image", "prompt"} <= set(edit["required"])

@@ -89,7 +89,7 @@ def test_a_valid_edit_passes_every_check_and_waits_for_stages(client: TestClient
         ({**FORM, "prompt": ""}, None, "prompt", "at least 1 character"),
         ({**FORM, "size": "big"}, None, "size", "must look like 1024x1024"),
         ({**FORM, "size": "1000x1000"}, None, "size", "multiples of 16"),
-        ({**FORM, "n": "9"}, None, "n", "less than or equal to 4"),
+        ({**FORM, "n": "11"}, None, "n", "less than or equal to 10"),
         ({**FORM, "guidance_scale": "nan"}, None, "guidance_scale", "finite"),
         ({**FORM, "response_format": "url"}, None, "response_format", "b64_json"),
         ({**FORM, "mask": "m"}, None, None, "mask"),
