@@ -185,6 +185,10 @@ def table(
         details += ["", f"{tier}, ten slowest items (setup + call + teardown):", ""]
         details += ["| s | item |", "|---|---|"]
         details += [f"| {s} | `{nodeid}` |" for nodeid, s in report["slowest"]]
+        if modules := report.get("modules"):
+            details += ["", f"{tier}, ten costliest modules (all their items):", ""]
+            details += ["| s | module |", "|---|---|"]
+            details += [f"| {s} | `{module}` |" for module, s in modules]
     lines.append(f"| **all tiers** | | **{clock(wall_s)}** | | {total_tests} | | | | | |")
     return "\n".join(lines + details) + "\n"
 

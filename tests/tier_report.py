@@ -100,6 +100,12 @@ class TierRecorder:
 
     def pytest_sessionfinish(self, session: pytest.Session, exitstatus: int) -> None:
         slowest = sorted(self.seconds.items(), key=lambda kv: kv[1], reverse=True)[:SLOWEST]
+        # A module's items together, its shared serve's start and stop included (a
+        # module-scoped fixture's setup and teardown are its first and last item's).
+        per_module: dict[str, float] = defaultdict(float)
+        for nodeid, seconds in self.seconds.items():
+            per_module[nodeid.split("::", 1)[0]] += seconds
+        modules = sorted(per_module.items(), key=lambda kv: kv[1], reverse=True)[:SLOWEST]
         outcomes, tests = self.counts(session.config)
         self.folder.mkdir(parents=True, exist_ok=True)
         (self.folder / f"{self.tier}.json").write_text(
@@ -113,6 +119,7 @@ class TierRecorder:
                     "workers": int(getattr(session.config.option, "numprocesses", 0) or 0),
                     "outcomes": outcomes,
                     "slowest": [[nodeid, round(s, 1)] for nodeid, s in slowest],
+                    "modules": [[module, round(s, 1)] for module, s in modules],
                 },
                 indent=1,
             )

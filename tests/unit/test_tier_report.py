@@ -158,6 +158,19 @@ def test_the_report_names_the_slowest_items_first(outside_ci: Run) -> None:
     assert [s for _, s in slowest] == sorted((s for _, s in slowest), reverse=True)
 
 
+def test_the_report_sums_each_modules_items_costliest_first(outside_ci: Run) -> None:
+    _, report = outside_ci
+    modules = report["modules"]
+    assert isinstance(modules, list)
+    seconds = dict(report["slowest"])  # type: ignore[arg-type]
+    assert modules[0][0].endswith("test_unit_skip.py")
+    assert len(modules) == len({nodeid.split("::")[0] for nodeid in seconds})
+    for module, total in modules:
+        items = [s for nodeid, s in seconds.items() if nodeid.startswith(f"{module}::")]
+        assert total == pytest.approx(sum(items), abs=0.05 * len(items) + 0.05), module
+    assert [s for _, s in modules] == sorted((s for _, s in modules), reverse=True)
+
+
 def test_on_workers_the_slowest_items_are_named_without_their_group(
     under_ci_on_workers: Run,
 ) -> None:
