@@ -14,7 +14,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import numpy as np
 import openai
 import pytest
@@ -207,23 +206,6 @@ def test_talker_and_code2wav_start_before_the_thinker_ends(
     assert wait_idle(served) == [0, 0, 0], "the stages still hold the cancelled request"
 
 
-def test_speech_returns_wav(client: openai.OpenAI, variant: Variant) -> None:
-    r = client.audio.speech.create(model=MODEL, input="hello world", voice="Ethan")
-    assert read_wav(r.content) == (1, 24000, variant.samples(TALKER_CODES))
-
-
-def test_speech_streams_pcm(served: Served, variant: Variant) -> None:
-    body = {"model": MODEL, "input": "hello", "voice": "Chelsie", "response_format": "pcm"}
-    arrivals: list[int] = []
-    with httpx.stream("POST", f"{served.base_url}/audio/speech", json=body, timeout=60) as r:
-        assert r.status_code == 200
-        assert r.headers["x-sample-rate"] == "24000"
-        for part in r.iter_raw():
-            arrivals.append(len(part))
-    assert sum(arrivals) == variant.samples(TALKER_CODES) * 2
-    assert len(arrivals) >= 2  # sent chunk by chunk, not as one body
-
-
 def handed_on(served: Served, stage: str) -> tuple[float, float]:
     """(hand-offs, transport messages) the stage has sent downstream so far."""
     counts = {
@@ -277,13 +259,6 @@ def test_concurrent_spoken_chats_hand_on_one_message_per_step_not_per_token(
     print(f"{variant.model} thinker: {hand_offs:.0f} hand-offs in {frames:.0f} messages")
     assert hand_offs > requests  # each chat's tokens went on as it made them, in chunks
     assert frames < hand_offs, f"{frames} messages for {hand_offs} hand-offs of {requests} chats"
-
-
-def test_speech_rejects_unknown_voice_and_format(client: openai.OpenAI) -> None:
-    with pytest.raises(openai.BadRequestError, match="voices: Chelsie, Ethan"):
-        client.audio.speech.create(model=MODEL, input="hi", voice="alloy")
-    with pytest.raises(openai.BadRequestError, match="response_format"):
-        client.audio.speech.create(model=MODEL, input="hi", voice="Ethan", response_format="mp3")
 
 
 def test_image_and_audio_inputs_reach_the_processor(client: openai.OpenAI) -> None:

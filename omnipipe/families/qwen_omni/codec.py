@@ -10,13 +10,14 @@ import base64
 import dataclasses
 from abc import abstractmethod
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
+from omnipipe.stagekit.audio_output import speech_encoder
 from omnipipe.stagekit.media import pcm16
 from omnipipe.stagekit.sampling import Sampling
 from omnipipe.stagekit.stage import (
@@ -218,8 +219,10 @@ class ChunkedCode2WavSession(Session):
     with up to context_codes of left context decoded again so chunks join smoothly. The
     chunk boundaries do not depend on how the codes arrived."""
 
-    def __init__(self, stage: ChunkedCode2WavStage) -> None:
+    def __init__(self, stage: ChunkedCode2WavStage, params: Mapping[str, Any]) -> None:
         self.device = stage.device
+        # /v1/audio/speech's response_format and speed; chat's audio stays PCM.
+        self.encoder = speech_encoder(params, SAMPLE_RATE)
         self.chunk_codes = stage.chunk_codes
         self.context_codes = stage.context_codes
         self.parts: list[torch.Tensor] = []
@@ -242,7 +245,7 @@ class ChunkedCode2WavSession(Session):
                 self.count += len(chunk.tensors["codes"])
             self.upstream_done = self.upstream_done or chunk.final
         if self.decoded == self.count:
-            return StepResult(done=True) if self.upstream_done else None
+            return self.last() if self.upstream_done else None
         end = min(self.decoded + self.chunk_codes, self.count)
         if end - self.decoded < self.chunk_codes and not self.upstream_done:
             return None
@@ -251,14 +254,23 @@ class ChunkedCode2WavSession(Session):
         context = min(self.context_codes, self.decoded)
         return Decode(codes[self.decoded - context : end].to(self.device), context, end)
 
+    def _output(self, data: bytes) -> list[dict[str, Any]]:
+        if self.encoder is not None and not data:
+            return []  # the encoder holds this piece until it fills a frame
+        return [{"audio": base64.b64encode(data).decode(), "sample_rate": SAMPLE_RATE}]
+
     def finish(self, decode: Decode, audio: np.ndarray) -> StepResult:
         self.decoded = decode.end
+        pcm = pcm16(audio)
         return StepResult(
-            outputs=[
-                {"audio": base64.b64encode(pcm16(audio)).decode(), "sample_rate": SAMPLE_RATE}
-            ],
+            outputs=self._output(self.encoder.push(pcm) if self.encoder else pcm),
             audio_seconds=len(audio) / SAMPLE_RATE,
         )
+
+    def last(self) -> StepResult:
+        """The end: what the encoder still holds (the stretch's tail, the last frame)."""
+        tail = self.encoder.finish() if self.encoder is not None else b""
+        return StepResult(outputs=self._output(tail) if tail else [], done=True)
 
     def step(self, chunks: Sequence[Chunk]) -> StepResult | None:
         planned = self.plan(chunks)

@@ -3,7 +3,9 @@ on the input text, so the talker speaks exactly that text in the chosen voice.""
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import json
 import random
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Literal
@@ -29,6 +31,24 @@ from omnipipe.router.errors import BadRequest, shown
 from omnipipe.router.orchestrator import Orchestrator
 
 DEFAULT_SAMPLE_RATE = 24_000
+MEDIA_TYPES = {
+    "mp3": "audio/mpeg",
+    "flac": "audio/flac",
+    "opus": "audio/ogg",
+    "aac": "audio/aac",
+    "pcm": "audio/pcm",
+}
+
+
+def _event(payload: dict[str, Any]) -> bytes:
+    return f"data: {json.dumps(payload)}\n\n".encode()
+
+
+async def sse_events(pieces: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """OpenAI's speech events: speech.audio.delta with each piece, then speech.audio.done."""
+    async for piece in pieces:
+        yield _event({"type": "speech.audio.delta", "audio": base64.b64encode(piece).decode()})
+    yield _event({"type": "speech.audio.done"})
 
 
 class SpeechRequest(BaseModel):
@@ -39,11 +59,15 @@ class SpeechRequest(BaseModel):
     model: str
     input: str = Field(min_length=1, max_length=4096)
     voice: str | None = None
-    response_format: Literal["wav", "pcm"] = "wav"
+    response_format: Literal["wav", "mp3", "flac", "opus", "aac", "pcm"] = "wav"
+    """pcm: 16-bit little-endian mono at the X-Sample-Rate header's rate (24 kHz); opus in
+    Ogg, aac in ADTS."""
     speed: float = Field(default=1.0, ge=0.25, le=4.0)
+    """A time-stretch that keeps the pitch (FFmpeg's atempo)."""
     stream_format: Literal["audio", "sse"] = "audio"
-    """audio: the body is the audio. sse (speech.audio.delta events) is not served yet,
-    and is refused rather than answered with what the client did not ask for."""
+    """audio: the body is the audio, streamed as it is made (wav is sent whole: its header
+    holds the length). sse: speech.audio.delta events with base64 audio, then
+    speech.audio.done."""
     seed: int | None = Field(default=None, ge=0, lt=2**63)
     sampling_params_list: list[dict[str, Any] | None] | dict[str, Any] | None = None
 
@@ -58,13 +82,11 @@ def speech_router(
         code2wav = stage_with_role(pipeline, Role.CODE2WAV)
         if thinker is None or code2wav is None:
             raise BadRequest(f"model {shown(body.model)} does not produce speech", param="model")
-        if body.speed != 1.0:
-            raise BadRequest("only speed=1.0 is supported", param="speed")
-        if body.stream_format != "audio":
+        if body.stream_format == "sse" and body.response_format == "wav":
             raise BadRequest(
-                "stream_format 'sse' is not supported: omit it, and the body streams the "
-                "audio itself (stream_format 'audio')",
-                param="stream_format",
+                "stream_format sse sends the audio in pieces, and a WAV's header needs its "
+                "length: ask for pcm, mp3, aac, opus or flac",
+                param="response_format",
             )
         overrides = sampling_overrides(pipeline, body.sampling_params_list)
         common = {
@@ -79,6 +101,12 @@ def speech_router(
             "messages": [{"role": "user", "content": body.input}],
             "forced_reply": body.input,
             "audio": True,
+        }
+        # The code2wav stage encodes and stretches (stagekit/audio_output.py).
+        params[code2wav] = {
+            **params[code2wav],
+            "response_format": body.response_format,
+            "speed": body.speed,
         }
         return params, {code2wav}
 
@@ -102,20 +130,24 @@ def speech_router(
 
             await unless_disconnected(request, collect())
             return Response(wav_bytes(bytes(pcm), rate), media_type="audio/wav")
-        first = await first_output(outputs)
+        # Wait for the first piece before the status line, so errors keep their status.
+        first = await unless_disconnected(request, first_output(outputs))
         rate = int(first.data["sample_rate"]) if first else DEFAULT_SAMPLE_RATE
 
-        async def pcm_stream() -> AsyncIterator[bytes]:
+        async def pieces() -> AsyncIterator[bytes]:
             async with contextlib.aclosing(outputs):
                 if first is not None:
                     yield pcm_of(first.data)
                 async for output in outputs:
                     yield pcm_of(output.data)
 
+        if body.stream_format == "sse":
+            return StreamingResponse(sse_events(pieces()), media_type="text/event-stream")
+        headers = {"X-Sample-Rate": str(rate)}
+        if body.response_format == "pcm":
+            headers["X-Sample-Format"] = "s16le"
         return StreamingResponse(
-            pcm_stream(),
-            media_type="audio/pcm",
-            headers={"X-Sample-Rate": str(rate), "X-Sample-Format": "s16le"},
+            pieces(), media_type=MEDIA_TYPES[body.response_format], headers=headers
         )
 
     return router

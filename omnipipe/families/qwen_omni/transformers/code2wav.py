@@ -76,7 +76,7 @@ class Code2WavStage(ChunkedCode2WavStage):
 
 class Code2WavSession(ChunkedCode2WavSession):
     def __init__(self, stage: Code2WavStage, params: dict[str, Any]) -> None:
-        super().__init__(stage)
+        super().__init__(stage, params)
         self.stage = stage
         speaker = stage.model.speaker_map[pick_voice(params, list(stage.model.speaker_map))]
         self.conditioning = speaker["cond"].to(stage.device).float()
@@ -120,7 +120,7 @@ class Qwen3Code2WavStage(ChunkedCode2WavStage):
 
     def open(self, job: StageJob) -> Session:
         pick_voice(job.params, self.voices)  # the talker speaks it; a bad one fails early
-        return Qwen3Code2WavSession(self)
+        return Qwen3Code2WavSession(self, job.params)
 
     def decode_many(
         self, sessions: Sequence[ChunkedCode2WavSession], decodes: Sequence[Decode]
@@ -138,8 +138,8 @@ class Qwen3Code2WavStage(ChunkedCode2WavStage):
 class Qwen3Code2WavSession(ChunkedCode2WavSession):
     """Decodes as transformers' chunked_decode does, so the audio equals its output."""
 
-    def __init__(self, stage: Qwen3Code2WavStage) -> None:
-        super().__init__(stage)
+    def __init__(self, stage: Qwen3Code2WavStage, params: dict[str, Any]) -> None:
+        super().__init__(stage, params)
         self.stage = stage
 
     def _decode(self, codes: torch.Tensor, context: int) -> np.ndarray:

@@ -148,7 +148,7 @@ class VllmCode2WavBase(ChunkedCode2WavStage):
 
 class VllmCode2WavSession(ChunkedCode2WavSession):
     def __init__(self, stage: VllmCode2WavBase, params: dict[str, Any], voice: str) -> None:
-        super().__init__(stage)
+        super().__init__(stage, params)
         self.stage = stage
         self.voice = voice
         self.seed = seed_of(params)
