@@ -38,13 +38,15 @@ node-images: system-deps
 
 # Flux's kstatus and Argo CD's Lua health runtime, built from their own Go modules, for the
 # health-check tests (tests/harness/gitops.py).
-gitops-tools:
+# After system-deps, though Go is all they need: make -j2 then starts the steps listed
+# first in `setup` (the image build and the control plane, the longest) before these.
+gitops-tools: system-deps
 	@bash hack/timed.sh gitops-tools bash hack/build-gitops-tools.sh
 
 # The Grafana Foundation SDK's strict dashboard check and Grafana's dashboard-linter, built
 # from their own Go modules, for tests/integration/test_dashboards_strict.py
 # (tests/harness/grafana.py).
-grafana-tools:
+grafana-tools: system-deps
 	@bash hack/timed.sh grafana-tools bash hack/build-grafana-tools.sh
 
 # An OpenTelemetry Collector (the core OTLP receiver and the contrib file exporter) built
