@@ -10,6 +10,7 @@ import sys
 import time
 import wave
 
+import av
 import numpy as np
 import openai
 import pytest
@@ -110,12 +111,28 @@ def test_omni_streams_text_then_audio_and_speaks(
         assert text
         assert np.frombuffer(pcm, "<i2").any(), "no audio, or silent audio"
 
+        seeded = {**MUST_SPEAK, "seed": SPEAKING_SEED}
         speech = client.audio.speech.create(
-            model="tiny-omni", input="hello world", voice="Ethan", extra_body=MUST_SPEAK
+            model="tiny-omni", input="hello world", voice="Ethan", extra_body=seeded
         )
         with wave.open(io.BytesIO(speech.content)) as w:
             assert (w.getnchannels(), w.getframerate()) == (1, 24000)
-            assert np.frombuffer(w.readframes(w.getnframes()), "<i2").any()
+            wav = np.frombuffer(w.readframes(w.getnframes()), "<i2")
+            assert wav.any()
+        # The same speech as an MP3, encoded by the code2wav pod (its image's PyAV).
+        mp3 = client.audio.speech.create(
+            model="tiny-omni",
+            input="hello world",
+            voice="Ethan",
+            response_format="mp3",
+            extra_body=seeded,
+        )
+        with av.open(io.BytesIO(mp3.content)) as container:
+            stream = container.streams.audio[0]
+            assert stream.codec_context.name == "mp3"
+            samples = sum(frame.samples for frame in container.decode(stream))
+        # The same seed: the same length, give or take the MP3's last frame.
+        assert abs(samples - len(wav)) <= 1152, (samples, len(wav))
 
 
 METRIC_SCRIPT = (
