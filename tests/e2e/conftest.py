@@ -253,6 +253,14 @@ def omni_served(
     stop_cleanly(served)
 
 
+@pytest.fixture
+def omni_client(omni_served: Served) -> Iterator[openai.OpenAI]:
+    """The openai client of the variant's serve."""
+    client = openai.OpenAI(base_url=omni_served.base_url, api_key="unused", max_retries=0)
+    yield client
+    client.close()
+
+
 @pytest.fixture(scope="module")
 def tmp_module(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("e2e")

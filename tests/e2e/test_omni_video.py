@@ -7,24 +7,15 @@ from __future__ import annotations
 import base64
 import io
 import wave
-from collections.abc import Iterator
 from typing import Any
 
 import openai
 import pytest
 
-from tests.e2e.conftest import Served
 from tests.e2e.omni_variants import AUDIO, MODEL, THINKER_TOKENS
 from tests.videos import data_url, make_video
 
 pytestmark = pytest.mark.timeout(300)
-
-
-@pytest.fixture
-def client(omni_served: Served) -> Iterator[openai.OpenAI]:
-    c = openai.OpenAI(base_url=omni_served.base_url, api_key="unused", max_retries=0)
-    yield c
-    c.close()
 
 
 def video_messages(url: str) -> list[dict[str, Any]]:
@@ -40,10 +31,14 @@ def video_messages(url: str) -> list[dict[str, Any]]:
 
 
 @pytest.mark.parametrize("use_audio_in_video", [False, True], ids=["frames", "frames+sound"])
-def test_a_video_gets_text_and_audio_back(client: openai.OpenAI, use_audio_in_video: bool) -> None:
+def test_a_video_gets_text_and_audio_back(
+    omni_client: openai.OpenAI, use_audio_in_video: bool
+) -> None:
     url = data_url(make_video(seconds=2, fps=10))
-    plain = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x"}])
-    r = client.chat.completions.create(
+    plain = omni_client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "x"}]
+    )
+    r = omni_client.chat.completions.create(
         model=MODEL,
         modalities=["text", "audio"],
         audio=AUDIO,
@@ -60,7 +55,7 @@ def test_a_video_gets_text_and_audio_back(client: openai.OpenAI, use_audio_in_vi
     with wave.open(io.BytesIO(base64.b64decode(message.audio.data))) as w:
         assert w.getnframes() > 0
     if use_audio_in_video:
-        without = client.chat.completions.create(model=MODEL, messages=video_messages(url))
+        without = omni_client.chat.completions.create(model=MODEL, messages=video_messages(url))
         assert without.usage is not None
         assert r.usage.prompt_tokens > without.usage.prompt_tokens
 
@@ -76,10 +71,10 @@ def test_a_video_gets_text_and_audio_back(client: openai.OpenAI, use_audio_in_vi
     ids=["corrupt", "silent", "type", "fps"],
 )
 def test_bad_video_is_a_400_that_says_why(
-    client: openai.OpenAI, url: str, kwargs: dict[str, Any], message: str
+    omni_client: openai.OpenAI, url: str, kwargs: dict[str, Any], message: str
 ) -> None:
     with pytest.raises(openai.BadRequestError, match=message):
-        client.chat.completions.create(
+        omni_client.chat.completions.create(
             model=MODEL,
             messages=video_messages(url),
             extra_body={"mm_processor_kwargs": kwargs},

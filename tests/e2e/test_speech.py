@@ -8,7 +8,6 @@ import base64
 import io
 import json
 import wave
-from collections.abc import Iterator
 
 import av
 import httpx
@@ -21,57 +20,40 @@ from tests.e2e.omni_variants import MODEL, TALKER_CODES, Variant
 pytestmark = pytest.mark.timeout(300)
 
 
-@pytest.fixture
-def variant(omni_variant: Variant) -> Variant:
-    return omni_variant
-
-
-@pytest.fixture
-def served(omni_served: Served) -> Served:
-    return omni_served
-
-
-@pytest.fixture
-def client(served: Served) -> Iterator[openai.OpenAI]:
-    c = openai.OpenAI(base_url=served.base_url, api_key="unused", max_retries=0)
-    yield c
-    c.close()
-
-
 def read_wav(data: bytes) -> tuple[int, int, int]:
     with wave.open(io.BytesIO(data)) as w:
         return w.getnchannels(), w.getframerate(), w.getnframes()
 
 
-def test_speech_returns_wav(client: openai.OpenAI, variant: Variant) -> None:
-    r = client.audio.speech.create(model=MODEL, input="hello world", voice="Ethan")
-    assert read_wav(r.content) == (1, 24000, variant.samples(TALKER_CODES))
+def test_speech_returns_wav(omni_client: openai.OpenAI, omni_variant: Variant) -> None:
+    r = omni_client.audio.speech.create(model=MODEL, input="hello world", voice="Ethan")
+    assert read_wav(r.content) == (1, 24000, omni_variant.samples(TALKER_CODES))
 
 
-def test_speech_streams_pcm(served: Served, variant: Variant) -> None:
+def test_speech_streams_pcm(omni_served: Served, omni_variant: Variant) -> None:
     body = {"model": MODEL, "input": "hello", "voice": "Chelsie", "response_format": "pcm"}
     arrivals: list[int] = []
-    with httpx.stream("POST", f"{served.base_url}/audio/speech", json=body, timeout=60) as r:
+    with httpx.stream("POST", f"{omni_served.base_url}/audio/speech", json=body, timeout=60) as r:
         assert r.status_code == 200
         assert r.headers["x-sample-rate"] == "24000"
         for part in r.iter_raw():
             arrivals.append(len(part))
-    assert sum(arrivals) == variant.samples(TALKER_CODES) * 2
+    assert sum(arrivals) == omni_variant.samples(TALKER_CODES) * 2
     assert len(arrivals) >= 2  # sent chunk by chunk, not as one body
 
 
-def test_speech_rejects_unknown_voice_and_format(client: openai.OpenAI) -> None:
+def test_speech_rejects_unknown_voice_and_format(omni_client: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError, match="voices: Chelsie, Ethan"):
-        client.audio.speech.create(model=MODEL, input="hi", voice="alloy")
+        omni_client.audio.speech.create(model=MODEL, input="hi", voice="alloy")
     with pytest.raises(openai.BadRequestError, match="response_format"):
-        client.audio.speech.create(
+        omni_client.audio.speech.create(
             model=MODEL,
             input="hi",
             voice="Ethan",
             response_format="ogg",  # type: ignore[arg-type]
         )
     with pytest.raises(openai.BadRequestError, match="WAV's header needs its length"):
-        client.audio.speech.create(model=MODEL, input="hi", voice="Ethan", stream_format="sse")
+        omni_client.audio.speech.create(model=MODEL, input="hi", voice="Ethan", stream_format="sse")
 
 
 def audio_seconds(data: bytes) -> float:
@@ -83,35 +65,35 @@ def audio_seconds(data: bytes) -> float:
 
 
 def test_speech_in_every_format_and_at_another_speed(
-    client: openai.OpenAI, variant: Variant
+    omni_client: openai.OpenAI, omni_variant: Variant
 ) -> None:
-    seconds = variant.samples(TALKER_CODES) / 24_000
+    seconds = omni_variant.samples(TALKER_CODES) / 24_000
     seeded = {"seed": 11}
     for fmt, codec in (("mp3", "mp3"), ("aac", "aac"), ("opus", "opus"), ("flac", "flac")):
-        r = client.audio.speech.create(
+        r = omni_client.audio.speech.create(
             model=MODEL, input="hello world", voice="Ethan", response_format=fmt, extra_body=seeded
         )
         with av.open(io.BytesIO(r.content)) as container:
             assert container.streams.audio[0].codec_context.name == codec
         # A codec pads its last frame: at most one (MP3's 1152 samples: 48 ms).
         assert audio_seconds(r.content) == pytest.approx(seconds, abs=0.07), fmt
-    normal = client.audio.speech.create(
+    normal = omni_client.audio.speech.create(
         model=MODEL, input="hello world", voice="Ethan", response_format="pcm", extra_body=seeded
     )
-    twice = client.audio.speech.create(
+    twice = omni_client.audio.speech.create(
         model=MODEL, input="hello world", voice="Ethan", response_format="pcm", speed=2.0,
         extra_body=seeded,
     )  # fmt: skip
-    assert len(normal.content) == variant.samples(TALKER_CODES) * 2
+    assert len(normal.content) == omni_variant.samples(TALKER_CODES) * 2
     assert len(twice.content) / len(normal.content) == pytest.approx(0.5, abs=0.02)
 
 
-def test_speech_as_server_sent_events(served: Served, variant: Variant) -> None:
+def test_speech_as_server_sent_events(omni_served: Served, omni_variant: Variant) -> None:
     body = {"model": MODEL, "input": "hello", "voice": "Ethan", "response_format": "pcm"}
     events = []
     with httpx.stream(
         "POST",
-        f"{served.base_url}/audio/speech",
+        f"{omni_served.base_url}/audio/speech",
         json={**body, "stream_format": "sse"},
         timeout=60,
     ) as r:
@@ -122,4 +104,4 @@ def test_speech_as_server_sent_events(served: Served, variant: Variant) -> None:
     deltas = [base64.b64decode(e["audio"]) for e in events[:-1]]
     assert {e["type"] for e in events[:-1]} == {"speech.audio.delta"}
     assert len(deltas) >= 2  # piece by piece
-    assert sum(len(d) for d in deltas) == variant.samples(TALKER_CODES) * 2
+    assert sum(len(d) for d in deltas) == omni_variant.samples(TALKER_CODES) * 2
