@@ -129,7 +129,7 @@ def test_omni_streams_text_then_audio_and_speaks(
         )
         with av.open(io.BytesIO(mp3.content)) as container:
             stream = container.streams.audio[0]
-            assert stream.codec_context.name == "mp3"
+            assert stream.codec_context.name.startswith("mp3")  # the decoder: mp3float
             samples = sum(frame.samples for frame in container.decode(stream))
         # The same seed: the same length, give or take the MP3's last frame.
         assert abs(samples - len(wav)) <= 1152, (samples, len(wav))
