@@ -1,8 +1,9 @@
 """`make test`'s set-up, run in the background while the tiers that need none of it run.
 
-It runs at the lowest CPU and I/O priority (nice 19, best-effort class level 7): on two
-cores a compiler that holds a core parks the OpenMP barrier of a tier's torch thread
-behind it, which cost the unit tier of a cold run 13 of its 17 minutes. The set-up takes
+It runs at the lowest CPU and I/O priority (nice 19, best-effort class level 7), in the
+runner's session and so its scheduler autogroup, where nice counts: on two cores a
+compiler that holds a core parks the OpenMP barrier of a tier's torch thread behind it,
+which cost the unit tier of a cold run 13 of its 17 minutes. The set-up takes
 what the tiers leave, and a tier waits only for the steps it uses (`wait_for`), read from
 the rows hack/timed.sh appends to setup.tsv as each step ends.
 """
@@ -50,7 +51,10 @@ class BackgroundSetup:
                 cwd=cwd,
                 stdout=out,
                 stderr=subprocess.STDOUT,
-                start_new_session=True,  # stop() ends make and every job it started
+                # A process group of its own, so that stop() ends make and every job it
+                # started; not a session of its own: a new session is a new scheduler
+                # autogroup, which shares the CPU 50/50 with the tiers' whatever its nice.
+                process_group=0,
             )
         # When it ended, not when a tier first waited for it; and what it used.
         self.ended: float | None = None
@@ -77,13 +81,15 @@ class BackgroundSetup:
         waited = time.monotonic()
         said = False
         while True:
-            ended = self._ended_steps()
             # The process first: a set-up that ends between the two reads has written its
             # last row before it exits.
             finished = self.proc.returncode is not None
+            ended = self._ended_steps()
             failed = [s for s in steps if s in ended and ended[s] != "ok"]
             missing = [s for s in steps if s not in ended]
             if failed or (finished and missing):
+                # What else is building is of no use now: stopped, not waited for.
+                self.stop()
                 rc, _ = self.join()
                 why = f"{', '.join(failed)} failed" if failed else f"no {', '.join(missing)} ran"
                 print(f"[test] the set-up steps {tier} needs did not end well: {why}")

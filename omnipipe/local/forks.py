@@ -24,7 +24,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import IO, Any
 
 from omnipipe.local.children import PR_SET_PDEATHSIG, die_with_parent
@@ -33,6 +35,7 @@ PR_SET_CHILD_SUBREAPER = 36
 # Off with 0: every worker starts as a fresh interpreter.
 FORKS_ENV = "OMNIPIPE_SERVE_FORK_WORKERS"
 READY_TIMEOUT_SECONDS = 180.0
+FORK_TIMEOUT_SECONDS = 30.0
 
 
 def _prctl(option: int, value: int) -> bool:
@@ -89,6 +92,12 @@ class ForkedProcess:
         self.send_signal(signal.SIGKILL)
 
 
+class ForkLost(RuntimeError):
+    """A fork asked for and not answered: a worker may run that serve does not know, on
+    the ports it would start another on. serve stops (RuntimeError), and the worker with
+    it (its parent-death signal)."""
+
+
 class ForkServer:
     """One `omnipipe.fork_server` process, for workers of one thread budget: OpenMP sizes
     its teams once, when torch loads, so a fork inherits the budget it was loaded with."""
@@ -117,11 +126,16 @@ class ForkServer:
         return reply
 
     def fork(self, args: list[str], env: dict[str, str]) -> int:
-        """A worker running `omnipipe ARGS` with ENV; its pid."""
+        """A worker running `omnipipe ARGS` with ENV; its pid. OSError or ValueError
+        before the request left: no worker was forked, start it another way. A request
+        sent and not answered may have forked one that holds its ports: ForkLost."""
         if not self.ready:
             self.ready = bool(self._reply(READY_TIMEOUT_SECONDS).get("ready"))
         self.sock.sendall((json.dumps({"args": args, "env": env}) + "\n").encode())
-        reply = self._reply(30.0)
+        try:
+            reply = self._reply(FORK_TIMEOUT_SECONDS)
+        except (OSError, ValueError) as exc:
+            raise ForkLost(f"the fork server did not answer a fork: {exc}") from exc
         if "pid" not in reply:
             raise OSError(f"the fork server could not fork: {reply.get('error', reply)}")
         return int(reply["pid"])
@@ -159,21 +173,55 @@ class WorkerForks:
             if not self.enabled:
                 return None
         threads = int(argv[argv.index("--threads") + 1])
-        server = self.servers.get(threads)
-        if server is None:
-            server = self.servers[threads] = ForkServer(threads, env)
         try:
-            pid = server.fork(argv[3:], env)
+            self.prepare([threads], env)
+            pid = self.servers[threads].fork(argv[3:], env)
         except (OSError, ValueError) as exc:
             print(f"omnipipe: workers start without a fork server from now on: {exc}", flush=True)
             self.enabled = False
+            self.close()
             return None
         return ForkedProcess(pid, argv)
+
+    def prepare(self, budgets: Iterable[int], env: dict[str, str]) -> None:
+        """Start the fork servers of these thread budgets, not waiting for them: serve
+        starts every budget's before its first fork, so that they import side by side."""
+        if not self.enabled:
+            return
+        for threads in budgets:
+            if threads not in self.servers:
+                self.servers[threads] = ForkServer(threads, env)
+
+    def pids(self) -> set[int]:
+        return {server.proc.pid for server in self.servers.values()}
 
     def close(self) -> None:
         for server in self.servers.values():
             server.close()
         self.servers.clear()
+        if self.reaping:
+            _prctl(PR_SET_CHILD_SUBREAPER, 0)
+            self.reaping = False
+
+
+def _children() -> set[int]:
+    """This process's children, as the kernel lists them for each of its threads."""
+    found: set[int] = set()
+    for task in os.listdir("/proc/self/task"):
+        with contextlib.suppress(OSError):
+            found.update(
+                int(pid) for pid in Path(f"/proc/self/task/{task}/children").read_text().split()
+            )
+    return found
+
+
+def reap_orphans(known: set[int]) -> None:
+    """Reap the exited processes serve adopted as a subreaper (a crashed worker's own
+    children, say) and knows nothing of; a process of `known` is left to whoever waits
+    for it, with its exit code."""
+    for pid in _children() - known:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)
 
 
 @dataclass(frozen=True)

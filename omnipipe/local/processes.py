@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from omnipipe.api import ResolvedPipeline
@@ -15,7 +16,7 @@ from omnipipe.api.cpus import split_cores, usable_cpus
 from omnipipe.api.placement import Workload, workloads
 from omnipipe.local import control
 from omnipipe.local.children import Child, Process, die_with_parent
-from omnipipe.local.forks import WorkerForks
+from omnipipe.local.forks import WorkerForks, reap_orphans
 from omnipipe.local.ports import free_port
 from omnipipe.local.reload import workload_replicas
 
@@ -137,7 +138,20 @@ class ChildProcesses:
         self.children.append(child)
         return child
 
+    def _prepare_forks(self, kinds: Sequence[Workload]) -> None:
+        """Start the fork server of each thread budget these workloads' workers have, so
+        that they import side by side, before the first worker waits for one."""
+        budgets = set()
+        for workload in kinds:
+            args = self._threads_args(workload)
+            if args and not workload.colocated:
+                budgets.add(int(args[1]))
+        self.forks.prepare(sorted(budgets), self._child_env())
+
     def _check_alive(self) -> None:
+        # Processes adopted as the forked workers' subreaper: a crashed worker's children.
+        known = {c.proc.pid for c in self.children} | self.forks.pids()
+        reap_orphans(known | ({self.video_store.pid} if self.video_store else set()))
         store = self.video_store
         if store is not None and not self.stopping and (code := store.poll()) is not None:
             # Its jobs went with it: serve stops, as it does when its router dies, rather

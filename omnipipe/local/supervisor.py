@@ -63,6 +63,7 @@ class Supervisor(RevisionReloads):
         except OSError as exc:
             raise RuntimeError(str(exc)) from None
         snapshot = self.snapshot = self._snapshot(self.pipeline)
+        self._prepare_forks(workloads(self.pipeline))
         for workload in workloads(self.pipeline):
             for _ in range(workload_replicas(self.pipeline, workload)):
                 self._spawn_worker(workload, snapshot, self.revision, pending=False)

@@ -7,6 +7,7 @@ header, which needs the length."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from collections.abc import Mapping
 from fractions import Fraction
@@ -24,6 +25,9 @@ ENCODED: dict[str, tuple[str, str, str, int | None]] = {
     "opus": ("ogg", "libopus", "s16", 48_000),
     "flac": ("flac", "flac", "s16", None),
 }
+# Ogg writes a page once the next has begun, a second of audio each by default: the
+# first Opus bytes would wait that long. 100 ms pages stream it as it is made.
+MUXER_OPTIONS = {"ogg": {"page_duration": "100000"}}
 MIN_SPEED, MAX_SPEED = 0.25, 4.0
 # One atempo stage stretches by 0.5 to 100; slower speeds chain two.
 ATEMPO_MIN = 0.5
@@ -113,7 +117,9 @@ class SpeechEncoder:
         self.container: Any = None
         if fmt in ENCODED:
             name, codec, sample_format, bit_rate = ENCODED[fmt]
-            self.container = av.open(self.sink, mode="w", format=name)
+            self.container = av.open(
+                self.sink, mode="w", format=name, options=MUXER_OPTIONS.get(name, {})
+            )
             self.stream = self.container.add_stream(codec, rate=rate, layout="mono")
             if bit_rate:
                 self.stream.bit_rate = bit_rate
@@ -139,8 +145,10 @@ class SpeechEncoder:
             self.written += frame.samples
             self.container.mux(self.stream.encode(frame))
         if last:
-            self.container.mux(self.stream.encode(None))
-            self.container.close()
+            try:
+                self.container.mux(self.stream.encode(None))
+            finally:
+                self.close()
         return self.sink.take()
 
     def push(self, pcm16: bytes) -> bytes:
@@ -148,6 +156,15 @@ class SpeechEncoder:
         if self.tempo is not None:
             pcm = self.tempo.run(pcm)
         return self._encode(pcm, last=False)
+
+    def close(self) -> None:
+        """Free the codec, the muxer and the filter graph: at the end, or when the
+        request is cancelled before it (its session's close)."""
+        if self.container is not None:
+            with contextlib.suppress(Exception):
+                self.container.close()
+            self.container = None
+        self.tempo = None
 
     def finish(self) -> bytes:
         pcm = self.tempo.run(None) if self.tempo is not None else np.zeros(0, np.int16)

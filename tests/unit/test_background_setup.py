@@ -4,6 +4,7 @@ it uses, not for the whole set-up, and the set-up runs at the lowest priority.""
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 import time
 from pathlib import Path
@@ -73,14 +74,21 @@ def test_a_set_up_that_ends_without_a_needed_step_fails_the_wait(
 
 
 def test_the_set_up_runs_at_the_lowest_priority(bg: ModuleType, tmp_path: Path) -> None:
-    setup = bg.BackgroundSetup("nice; ionice", tmp_path, tmp_path)
+    """nice counts only within a scheduler autogroup, and a new session is a new one: the
+    set-up stays in the runner's session, in a process group of its own."""
+    command = "nice; ionice; cat /proc/self/autogroup 2>/dev/null || echo none"
+    setup = bg.BackgroundSetup(command, tmp_path, tmp_path)
     try:
         assert setup.join()[0] == 0
     finally:
         setup.stop()
-    niceness, io_class = (tmp_path / "setup.log").read_text().split("\n")[:2]
+    niceness, io_class, autogroup = (tmp_path / "setup.log").read_text().split("\n")[:3]
     assert niceness == "19"
     assert io_class == "best-effort: prio 7"
+    ours = Path("/proc/self/autogroup")
+    if ours.exists():
+        assert autogroup.split()[0] == ours.read_text().split()[0]
+    assert os.getpgid(0) != setup.proc.pid  # its own group: stop() ends all of it
 
 
 def test_stop_ends_every_process_of_the_set_up(bg: ModuleType, tmp_path: Path) -> None:

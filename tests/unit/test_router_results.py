@@ -423,25 +423,36 @@ def test_every_omni_generate_line_has_a_request_id_even_when_the_client_gave_non
 @pytest.mark.parametrize(
     ("extra", "status", "param"),
     [
-        ({"stream_format": "sse"}, 400, "stream_format"),
         ({"stream_format": "ogg"}, 400, "stream_format"),
+        ({"stream_format": "sse", "response_format": "wav"}, 400, "response_format"),
         ({"stream_format": "audio"}, 200, None),
+        ({"stream_format": "sse"}, 200, None),
     ],
 )
-def test_speech_refuses_a_stream_format_it_does_not_serve(
+def test_speech_serves_the_stream_formats_it_has_and_names_the_rest(
     tmp_path: Path,
     serve_worker: Callable[[FakeWorker], str],
     extra: dict[str, str],
     status: int,
     param: str | None,
 ) -> None:
-    """Asked for server-sent events, speech says it has none rather than answering with
-    raw audio the client's SSE reader cannot read."""
-    audio = {"audio": base64.b64encode(b"\0\0" * 240).decode(), "sample_rate": 24_000}
-    worker = FakeWorker(results(audio))
+    """Server-sent events carry each piece of audio as it comes, then speech.audio.done;
+    a format it has not, or SSE of a WAV (whose header needs the length), is a 400."""
+    pcm = b"\1\0" * 240
+    audio = {"audio": base64.b64encode(pcm).decode(), "sample_rate": 24_000}
+    worker = FakeWorker(results(audio, audio))
     with router(tmp_path, serve_worker(worker), pipeline="omni") as client:
         body = {"model": "tiny-omni", "input": "hi", "response_format": "pcm", **extra}
         resp = client.post("/v1/audio/speech", json=body)
     assert resp.status_code == status, resp.text
     if param is not None:
         assert openai_error(resp)["param"] == param
+    elif extra["stream_format"] == "sse":
+        assert resp.headers["content-type"].startswith("text/event-stream")
+        events = [
+            json.loads(line[6:]) for line in resp.text.splitlines() if line.startswith("data: ")
+        ]
+        assert [e["type"] for e in events] == ["speech.audio.delta"] * 2 + ["speech.audio.done"]
+        assert b"".join(base64.b64decode(e["audio"]) for e in events[:2]) == pcm * 2
+    else:
+        assert resp.content == pcm * 2

@@ -30,8 +30,10 @@ SERVE_SIDE = textwrap.dedent(
             ppid = next(int(l.split()[1]) for l in status if l.startswith("PPid:"))
         result.update(parent_is_serve=ppid == os.getpid(), code=proc.wait(60))
         result["second"] = forks.start(argv, env).wait(60)
+    servers = list(forks.servers.values())
     forks.close()
-    result["fork_servers_left"] = [s.proc.poll() for s in forks.servers.values()]
+    result["fork_servers"] = len(servers)
+    result["fork_servers_left"] = [s.proc.pid for s in servers if s.proc.poll() is None]
     print(json.dumps(result))
     """
 )
@@ -59,18 +61,17 @@ def test_a_forked_worker_is_serves_child_and_its_exit_code_reaches_serve() -> No
         "parent_is_serve": True,
         "code": 2,
         "second": 2,
-        "fork_servers_left": [],
+        "fork_servers": 1,  # both forked from one: the same thread budget
+        "fork_servers_left": [],  # and it exited when serve closed its socket
     }
     assert stderr.count("/no/such/pipeline.yaml: No such file or directory") == 2
 
 
 def test_off_by_the_environment_and_for_a_worker_without_a_thread_budget() -> None:
     args = ("worker", "--pipeline", "/no/such/pipeline.yaml", "--stage", "s")
-    assert serve_side(*args, "--threads", "1", env={"OMNIPIPE_SERVE_FORK_WORKERS": "0"})[0] == {
-        "forked": False,
-        "fork_servers_left": [],
-    }
-    assert serve_side(*args)[0] == {"forked": False, "fork_servers_left": []}
+    off = {"forked": False, "fork_servers": 0, "fork_servers_left": []}
+    assert serve_side(*args, "--threads", "1", env={"OMNIPIPE_SERVE_FORK_WORKERS": "0"})[0] == off
+    assert serve_side(*args)[0] == off
 
 
 OPENMP_TEAM = textwrap.dedent(
@@ -130,3 +131,33 @@ def test_a_forked_worker_runs_the_openmp_team_of_its_budget(budget: int) -> None
     assert team == budget
     assert torch_sum == 512.0**3
     assert numpy_sum == 64.0**3
+
+
+ORPHANS = textwrap.dedent(
+    """
+    import json, os, subprocess, sys, time
+    from omnipipe.local.forks import become_subreaper, reap_orphans
+
+    assert become_subreaper()
+    known = subprocess.Popen([sys.executable, "-c", "pass"])
+    # A child that starts a grandchild and exits: the grandchild is adopted by us.
+    subprocess.run(["sh", "-c", "sleep 0.2 & exit 0"], check=True)
+    time.sleep(1.0)  # both exited: the grandchild a zombie of ours, the known one too
+    reap_orphans({known.pid})
+    zombies = [
+        int(pid) for pid in os.listdir("/proc") if pid.isdigit()
+        and open(f"/proc/{pid}/stat").read().split(") ")[1].split()[:2] == ["Z", str(os.getpid())]
+    ]
+    print(json.dumps({"zombies": zombies, "known": known.pid, "code": known.wait()}))
+    """
+)
+
+
+def test_an_adopted_orphan_is_reaped_and_a_known_childs_exit_code_is_left_to_its_owner() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", ORPHANS], capture_output=True, text=True, timeout=60, check=True
+    )
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    # Only the known child is left a zombie, for its owner's wait, which reads its code.
+    assert result["zombies"] == [result["known"]]
+    assert result["code"] == 0

@@ -236,6 +236,8 @@ class ChunkedCode2WavSession(Session):
 
     def close(self) -> None:
         self.parts = []
+        if self.encoder is not None:
+            self.encoder.close()
 
     def plan(self, chunks: Sequence[Chunk]) -> Decode | StepResult | None:
         """Take the chunks; the next chunk to decode, if a whole one (or the last) is in."""
