@@ -131,8 +131,10 @@ def test_omni_streams_text_then_audio_and_speaks(
             stream = container.streams.audio[0]
             assert stream.codec_context.name.startswith("mp3")  # the decoder: mp3float
             samples = sum(frame.samples for frame in container.decode(stream))
-        # The same seed: the same length, give or take the MP3's last frame.
-        assert abs(samples - len(wav)) <= 1152, (samples, len(wav))
+        # The same seed: the same length, give or take under two MP3 frames (2 x 1152
+        # samples): LAME's priming, which a streamed MP3 has no header to drop, and the
+        # last frame's padding (seen: 1632 samples more).
+        assert abs(samples - len(wav)) < 2 * 1152, (samples, len(wav))
 
 
 METRIC_SCRIPT = (
