@@ -34,6 +34,8 @@ from pathlib import Path
 
 from background_setup import BackgroundSetup, clock, setup_rows
 
+from omnipipe.worker.threads import budget_environment
+
 REPO = Path(__file__).resolve().parents[1]
 REPORT = REPO / "build" / "test-report"
 BIN = Path(sys.executable).parent
@@ -97,7 +99,6 @@ def reap(proc: subprocess.Popen[bytes]) -> float:
 # tests took 167 s at nice 19, 3 s alone). Workers started by a tier are sized by their
 # own --threads, and the e2e tier's serves must see the environment a user's would.
 ONE_THREAD_WHILE_SETUP = frozenset({"unit"})
-ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"}
 
 
 def run_tier(
@@ -107,7 +108,8 @@ def run_tier(
     env = {**os.environ, "OMNIPIPE_TEST_TIER": tier, "OMNIPIPE_TEST_REPORT": str(REPORT)}
     if setup_running and tier in ONE_THREAD_WHILE_SETUP:
         print(f"[test] tier {tier}: torch on one thread while the set-up builds", flush=True)
-        env.update(ONE_THREAD)
+        # The variables a worker's thread budget sets (OpenMP, MKL, OpenBLAS, Rayon).
+        env.update(budget_environment(1))
     print(f"[test] tier {tier}: pytest tests/{tier} {' '.join(pytest_args)}", flush=True)
     started = time.monotonic()
     cmd = [str(BIN / "pytest"), f"tests/{tier}", *pytest_args]

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import json
 import random
 import time
 import uuid
@@ -31,6 +30,7 @@ from omnipipe.router.api.common import (
     parse_body,
     request_fields,
     sampling_overrides,
+    sse_event,
     stage_with_role,
     unless_disconnected,
     with_family_checks,
@@ -223,10 +223,6 @@ def image_content(b64_png: str) -> dict[str, Any]:
     return {"type": "image_url", "image_url": {"url": f"data:image/png;base64,{b64_png}"}}
 
 
-def _sse(payload: dict[str, Any]) -> bytes:
-    return f"data: {json.dumps(payload)}\n\n".encode()
-
-
 def chat_router(
     pipeline: ResolvedPipeline, orchestrator: Orchestrator, model_ids: Callable[[], set[str]]
 ) -> APIRouter:
@@ -279,7 +275,7 @@ def chat_router(
         result = ChatResult()
 
         def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
-            return _sse(
+            return sse_event(
                 {
                     "id": chunk_id,
                     "object": "chat.completion.chunk",
@@ -314,7 +310,7 @@ def chat_router(
                     yield chunk({"audio": {"id": audio_id, "data": data["audio"]}})
         except OpenAIError as exc:
             # The status line is gone; the error goes in the stream, as OpenAI does.
-            yield _sse({"error": exc.body()})
+            yield sse_event({"error": exc.body()})
             yield b"data: [DONE]\n\n"
             return
         for image in held:  # text-less requests: the image is all there is
@@ -325,7 +321,7 @@ def chat_router(
             finish["audio"] = {"id": audio_id, "transcript": result.text}
         yield chunk(finish, result.finish_reason)
         if body.stream_options and body.stream_options.include_usage:
-            yield _sse(
+            yield sse_event(
                 {
                     "id": chunk_id,
                     "object": "chat.completion.chunk",

@@ -77,6 +77,11 @@ async def parse_body(model: type[Body], request: Request) -> Body:
     return body
 
 
+def sse_event(payload: dict[str, Any]) -> bytes:
+    """One server-sent event: `data: <JSON>` and the blank line that ends it."""
+    return f"data: {json.dumps(payload)}\n\n".encode()
+
+
 def json_body(model: type[BaseModel]) -> dict[str, Any]:
     """A route's openapi_extra when it parses its body itself: the body's schema, which
     the app's OpenAPI document lists under components/schemas."""

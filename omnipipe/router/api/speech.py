@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import json
 import random
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Literal
@@ -24,6 +23,7 @@ from omnipipe.router.api.common import (
     json_body,
     parse_body,
     sampling_overrides,
+    sse_event,
     stage_with_role,
     unless_disconnected,
 )
@@ -40,15 +40,11 @@ MEDIA_TYPES = {
 }
 
 
-def _event(payload: dict[str, Any]) -> bytes:
-    return f"data: {json.dumps(payload)}\n\n".encode()
-
-
 async def sse_events(pieces: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
     """OpenAI's speech events: speech.audio.delta with each piece, then speech.audio.done."""
     async for piece in pieces:
-        yield _event({"type": "speech.audio.delta", "audio": base64.b64encode(piece).decode()})
-    yield _event({"type": "speech.audio.done"})
+        yield sse_event({"type": "speech.audio.delta", "audio": base64.b64encode(piece).decode()})
+    yield sse_event({"type": "speech.audio.done"})
 
 
 class SpeechRequest(BaseModel):
