@@ -91,7 +91,9 @@ def test_the_set_up_runs_at_the_lowest_priority(bg: ModuleType, tmp_path: Path) 
     assert io_class == "best-effort: prio 7"
     ours = Path("/proc/self/autogroup")
     if ours.exists():
-        assert autogroup.split()[0] == ours.read_text().split()[0]
+        # The file reads empty for a task in a cpu cgroup (autogroups then do not apply, and
+        # nice counts within the cgroup): the set-up's must then read empty too.
+        assert autogroup.split()[:1] == ours.read_text().split()[:1]
     assert os.getpgid(0) != setup.proc.pid  # its own group: stop() ends all of it
 
 
