@@ -120,5 +120,7 @@ def test_overview_covers_what_operators_need() -> None:
         "omnipipe_stage_denoise_steps_total",
         "vllm:kv_cache_usage_perc",
         "vllm:generation_tokens_total",
+        "omnipipe_router_video_jobs",
+        "omnipipe_router_video_oldest_job_seconds",
     ):
         assert metric in text, metric
