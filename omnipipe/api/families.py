@@ -62,6 +62,9 @@ class PipelineType:
     # Its output stage writes videos (an MP4 a result): the router serves it at
     # /v1/videos, as asynchronous jobs, and not at the image or chat endpoints.
     makes_video: bool = False
+    # The optional /v1/audio/speech fields its stages read (SPEECH_FIELDS); a request
+    # that sets another is refused by name, not served as if it had not.
+    speech_fields: frozenset[str] = frozenset()
     # The Stage class that runs each (role, engine) on a checkpoint of this type, as
     # "module:Class": the checkpoint's own type picks the table, so one pipeline's
     # stages run on a checkpoint of another type with that type's classes.
@@ -278,6 +281,27 @@ def family_for_checkpoint(kinds: Sequence[str]) -> tuple[Family, PipelineType] |
                 if kind in pipeline.checkpoints:
                     return family, pipeline
     return None
+
+
+# /v1/audio/speech's fields (OpenAI's and vLLM-Omni's) that only some models take: voice
+# style, language, cloning from a reference clip, and the first chunk's size.
+SPEECH_FIELDS = frozenset(
+    {
+        "instructions",
+        "language",
+        "task_type",
+        "ref_audio",
+        "ref_text",
+        "x_vector_only_mode",
+        "initial_codec_chunk_frames",
+    }
+)
+
+
+def speech_fields(pipeline: str) -> frozenset[str]:
+    """The optional speech fields pipeline type `pipeline` takes."""
+    kind = pipeline_types().get(pipeline)
+    return frozenset() if kind is None else kind.speech_fields
 
 
 def makes_video(pipeline: str) -> bool:

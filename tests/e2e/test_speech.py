@@ -54,6 +54,18 @@ def test_speech_rejects_unknown_voice_and_format(omni_client: openai.OpenAI) -> 
         )
     with pytest.raises(openai.BadRequestError, match="WAV's header needs its length"):
         omni_client.audio.speech.create(model=MODEL, input="hi", voice="Ethan", stream_format="sse")
+    # Qwen-Omni reads aloud in a preset voice: a style to speak in is not something it takes.
+    with pytest.raises(openai.BadRequestError, match="does not take instructions") as refused:
+        omni_client.audio.speech.create(
+            model=MODEL, input="hi", voice="Ethan", instructions="whisper it"
+        )
+    assert refused.value.body["param"] == "instructions"  # type: ignore[index]
+    # Fewer codes than the talker's spec must make (minTokens: TALKER_CODES and more).
+    with pytest.raises(openai.BadRequestError, match="min_tokens") as refused:
+        omni_client.audio.speech.create(
+            model=MODEL, input="hi", voice="Ethan", extra_body={"max_new_tokens": 10}
+        )
+    assert refused.value.body["param"] == "max_new_tokens"  # type: ignore[index]
 
 
 def audio_seconds(data: bytes) -> float:

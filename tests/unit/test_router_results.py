@@ -118,6 +118,7 @@ class FakeWorker:
     credentials: list[str | None] = field(default_factory=list)
     cancelled: list[str] = field(default_factory=list)
     traceparents: list[str | None] = field(default_factory=list)
+    submitted: list[SubmitRequest] = field(default_factory=list)
 
     def app(self) -> FastAPI:
         app = FastAPI()
@@ -140,6 +141,7 @@ class FakeWorker:
             self.traceparents.append(request.headers.get("traceparent"))
             # The body's model forbids unknown fields, as a worker of an older release does.
             body = SubmitRequest.model_validate_json(await request.body())
+            self.submitted.append(body)
 
             async def events() -> AsyncIterator[bytes]:
                 if body.emit:
@@ -456,3 +458,51 @@ def test_speech_serves_the_stream_formats_it_has_and_names_the_rest(
         assert b"".join(base64.b64decode(e["audio"]) for e in events[:2]) == pcm * 2
     else:
         assert resp.content == pcm * 2
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("instructions", "whisper"),
+        ("language", "English"),
+        ("task_type", "Base"),
+        ("ref_audio", "data:audio/wav;base64,UklGRg=="),
+        ("ref_text", "hello"),
+        ("x_vector_only_mode", True),
+        ("initial_codec_chunk_frames", 4),
+    ],
+)
+def test_a_speech_field_the_model_cannot_take_is_refused_by_name(
+    tmp_path: Path, serve_worker: Callable[[FakeWorker], str], field: str, value: object
+) -> None:
+    """Qwen-Omni reads the input aloud in a preset voice: a style, a language or a clip to
+    clone is a 400 naming the field, not speech made as if it had not been asked."""
+    worker = FakeWorker(results())
+    with router(tmp_path, serve_worker(worker), pipeline="omni") as client:
+        resp = client.post(
+            "/v1/audio/speech", json={"model": "tiny-omni", "input": "hi", field: value}
+        )
+    assert resp.status_code == 400, resp.text
+    error = openai_error(resp)
+    assert error["param"] == field
+    assert f"does not take {field}" in error["message"]
+    assert worker.submitted == []
+
+
+def test_max_new_tokens_bounds_the_talkers_frames(
+    tmp_path: Path, serve_worker: Callable[[FakeWorker], str]
+) -> None:
+    audio = {"audio": base64.b64encode(b"\0\0").decode(), "sample_rate": 24_000}
+    worker = FakeWorker(results(audio))
+    with router(tmp_path, serve_worker(worker), pipeline="omni") as client:
+        base = {"model": "tiny-omni", "input": "hi", "response_format": "pcm"}
+        ok = client.post("/v1/audio/speech", json={**base, "max_new_tokens": 37})
+        too_many = client.post("/v1/audio/speech", json={**base, "max_new_tokens": 10**6})
+        zero = client.post("/v1/audio/speech", json={**base, "max_new_tokens": 0})
+    assert ok.status_code == 200, ok.text
+    # Each stage by the stage it reads from: the talker's input is the thinker.
+    sampling = {tuple(body.inputs): body.params["sampling"] for body in worker.submitted}
+    assert sampling == {(): None, ("thinker",): {"max_tokens": 37}, ("talker",): None}
+    for refused in (too_many, zero):
+        assert refused.status_code == 400, refused.text
+        assert openai_error(refused)["param"] == "max_new_tokens"

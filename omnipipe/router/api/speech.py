@@ -14,6 +14,7 @@ from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from omnipipe.api import ResolvedPipeline
+from omnipipe.api.families import SPEECH_FIELDS, speech_fields
 from omnipipe.api.spec import Role
 from omnipipe.router.api.adapters import set_stage_lora
 from omnipipe.router.api.audio import pcm_of, wav_bytes
@@ -27,10 +28,16 @@ from omnipipe.router.api.common import (
     stage_with_role,
     unless_disconnected,
 )
+from omnipipe.router.api.inputs import check_token_range
 from omnipipe.router.errors import BadRequest, shown
 from omnipipe.router.orchestrator import Orchestrator
 
 DEFAULT_SAMPLE_RATE = 24_000
+# Codec frames a request may ask for: 10 minutes of speech at 12.5 frames a second, more
+# than any released talker's context holds.
+MAX_NEW_TOKENS = 7500
+# A reference clip as a data URL: 10 MB of audio, base64.
+MAX_REF_AUDIO_CHARS = 14_000_000
 MEDIA_TYPES = {
     "mp3": "audio/mpeg",
     "flac": "audio/flac",
@@ -45,6 +52,19 @@ async def sse_events(pieces: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
     async for piece in pieces:
         yield sse_event({"type": "speech.audio.delta", "audio": base64.b64encode(piece).decode()})
     yield sse_event({"type": "speech.audio.done"})
+
+
+def refuse_fields_not_taken(body: SpeechRequest, pipeline_type: str) -> None:
+    """A 400 naming the first optional field set that the pipeline type does not take."""
+    taken = speech_fields(pipeline_type)
+    for name in sorted(SPEECH_FIELDS - taken):
+        if getattr(body, name) is not None:
+            others = f" (it takes {', '.join(sorted(taken))})" if taken else ""
+            raise BadRequest(
+                f"model {shown(body.model)}, a {pipeline_type} pipeline, does not take "
+                f"{name}{others}",
+                param=name,
+            )
 
 
 class SpeechRequest(BaseModel):
@@ -65,6 +85,16 @@ class SpeechRequest(BaseModel):
     holds the length). sse: speech.audio.delta events with base64 audio, then
     speech.audio.done."""
     seed: int | None = Field(default=None, ge=0, lt=2**63)
+    max_new_tokens: int | None = Field(default=None, ge=1, le=MAX_NEW_TOKENS)
+    """At most this many codec frames from the talker (its sampling's max_tokens)."""
+    # Taken only by the models whose pipeline type lists them (SPEECH_FIELDS).
+    instructions: str | None = Field(default=None, max_length=4096)
+    language: str | None = Field(default=None, max_length=64)
+    task_type: Literal["CustomVoice", "VoiceDesign", "Base"] | None = None
+    ref_audio: str | None = Field(default=None, max_length=MAX_REF_AUDIO_CHARS)
+    ref_text: str | None = Field(default=None, max_length=4096)
+    x_vector_only_mode: bool | None = None
+    initial_codec_chunk_frames: int | None = Field(default=None, ge=1, le=MAX_NEW_TOKENS)
     sampling_params_list: list[dict[str, Any] | None] | dict[str, Any] | None = None
 
 
@@ -84,7 +114,16 @@ def speech_router(
                 "length: ask for pcm, mp3, aac, opus or flac",
                 param="response_format",
             )
+        refuse_fields_not_taken(body, pipeline.pipeline)
         overrides = sampling_overrides(pipeline, body.sampling_params_list)
+        talker = stage_with_role(pipeline, Role.TALKER)
+        if body.max_new_tokens is not None and talker is not None:
+            overrides[talker] = {**overrides.get(talker, {}), "max_tokens": body.max_new_tokens}
+            check_token_range(
+                {**pipeline.stage(talker).sampling, **overrides[talker]},
+                in_entry=False,
+                top_level="max_new_tokens",
+            )
         common = {
             "voice": body.voice,
             "seed": body.seed if body.seed is not None else random.randrange(2**31),
