@@ -119,3 +119,9 @@ def test_speech_as_server_sent_events(omni_served: Served, omni_variant: Variant
     assert {e["type"] for e in events[:-1]} == {"speech.audio.delta"}
     assert len(deltas) >= 2  # piece by piece
     assert sum(len(d) for d in deltas) == omni_variant.samples(TALKER_CODES) * 2
+    # OpenAI's usage: the thinker's prompt (the chat template around "hello") in, and
+    # the talker's codes out.
+    usage = events[-1]["usage"]
+    assert usage["output_tokens"] == TALKER_CODES
+    assert 1 < usage["input_tokens"] < 100
+    assert usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"]

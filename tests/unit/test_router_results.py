@@ -442,7 +442,16 @@ def test_speech_serves_the_stream_formats_it_has_and_names_the_rest(
     a format it has not, or SSE of a WAV (whose header needs the length), is a 400."""
     pcm = b"\1\0" * 240
     audio = {"audio": base64.b64encode(pcm).decode(), "sample_rate": 24_000}
-    worker = FakeWorker(results(audio, audio))
+    # code2wav's last piece is empty and counts the codes; under SSE the thinker emits
+    # too, its result counting the prompt's tokens.
+    last = {"audio": "", "sample_rate": 24_000, "codes": 50}
+    answer = {"text": "hi", "finish_reason": "stop", "prompt_tokens": 7, "completion_tokens": 1}
+
+    def emit(body: SubmitRequest) -> Iterator[bytes]:
+        thinker = "forced_reply" in body.params
+        return results(answer)(body) if thinker else results(audio, audio, last)(body)
+
+    worker = FakeWorker(emit)
     with router(tmp_path, serve_worker(worker), pipeline="omni") as client:
         body = {"model": "tiny-omni", "input": "hi", "response_format": "pcm", **extra}
         resp = client.post("/v1/audio/speech", json=body)
@@ -456,6 +465,8 @@ def test_speech_serves_the_stream_formats_it_has_and_names_the_rest(
         ]
         assert [e["type"] for e in events] == ["speech.audio.delta"] * 2 + ["speech.audio.done"]
         assert b"".join(base64.b64decode(e["audio"]) for e in events[:2]) == pcm * 2
+        usage = {"input_tokens": 7, "output_tokens": 50, "total_tokens": 57}
+        assert events[-1]["usage"] == usage
     else:
         assert resp.content == pcm * 2
 

@@ -272,7 +272,10 @@ class ChunkedCode2WavSession(Session):
     def last(self) -> StepResult:
         """The end: what the encoder still holds (the stretch's tail, the last frame)."""
         tail = self.encoder.finish() if self.encoder is not None else b""
-        return StepResult(outputs=self._output(tail) if tail else [], done=True)
+        # The last piece, empty when nothing is left, says how many codes became audio:
+        # the speech's usage counts them as its output tokens.
+        last = {"audio": base64.b64encode(tail).decode(), "sample_rate": SAMPLE_RATE}
+        return StepResult(outputs=[{**last, "codes": self.count}], done=True)
 
     def step(self, chunks: Sequence[Chunk]) -> StepResult | None:
         planned = self.plan(chunks)

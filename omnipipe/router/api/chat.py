@@ -306,7 +306,7 @@ def chat_router(
                         result.add(image)
                         yield chunk({"images": result.images[-1:]})
                     held = []
-                if "audio" in data:
+                if data.get("audio"):  # the last piece may be empty (it counts codes)
                     yield chunk({"audio": {"id": audio_id, "data": data["audio"]}})
         except OpenAIError as exc:
             # The status line is gone; the error goes in the stream, as OpenAI does.

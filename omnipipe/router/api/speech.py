@@ -6,7 +6,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import random
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any, Literal
 
 from fastapi import APIRouter, Request
@@ -31,6 +31,7 @@ from omnipipe.router.api.common import (
 from omnipipe.router.api.inputs import check_token_range
 from omnipipe.router.errors import BadRequest, shown
 from omnipipe.router.orchestrator import Orchestrator
+from omnipipe.router.outputs import Output
 
 DEFAULT_SAMPLE_RATE = 24_000
 # Codec frames a request may ask for: 10 minutes of speech at 12.5 frames a second, more
@@ -47,11 +48,38 @@ MEDIA_TYPES = {
 }
 
 
-async def sse_events(pieces: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-    """OpenAI's speech events: speech.audio.delta with each piece, then speech.audio.done."""
+class SpeechUsage:
+    """OpenAI's speech usage, read off the outputs as they pass: the thinker's prompt
+    tokens (an emitter under SSE) and the codes code2wav turned into audio."""
+
+    def __init__(self) -> None:
+        self.input_tokens = 0
+        self.output_tokens = 0
+
+    async def audio_of(self, outputs: AsyncGenerator[Output]) -> AsyncGenerator[Output]:
+        """The outputs that carry audio; the counts they and the others carry kept."""
+        async with contextlib.aclosing(outputs):
+            async for output in outputs:
+                data = output.data
+                self.input_tokens = int(data.get("prompt_tokens", self.input_tokens))
+                self.output_tokens = int(data.get("codes", self.output_tokens))
+                if data.get("audio"):
+                    yield output
+
+    def as_dict(self) -> dict[str, int]:
+        return {
+            "input_tokens": self.input_tokens,
+            "output_tokens": self.output_tokens,
+            "total_tokens": self.input_tokens + self.output_tokens,
+        }
+
+
+async def sse_events(pieces: AsyncIterator[bytes], usage: SpeechUsage) -> AsyncIterator[bytes]:
+    """OpenAI's speech events: speech.audio.delta with each piece, then speech.audio.done
+    with the usage."""
     async for piece in pieces:
         yield sse_event({"type": "speech.audio.delta", "audio": base64.b64encode(piece).decode()})
-    yield sse_event({"type": "speech.audio.done"})
+    yield sse_event({"type": "speech.audio.done", "usage": usage.as_dict()})
 
 
 def refuse_fields_not_taken(body: SpeechRequest, pipeline_type: str) -> None:
@@ -143,7 +171,8 @@ def speech_router(
             "response_format": body.response_format,
             "speed": body.speed,
         }
-        return params, {code2wav}
+        # Under SSE the thinker's result counts the input's tokens for the usage.
+        return params, {code2wav, thinker} if body.stream_format == "sse" else {code2wav}
 
     @router.post("/v1/audio/speech", response_model=None, openapi_extra=json_body(SpeechRequest))
     async def speech(request: Request) -> Response:
@@ -152,7 +181,8 @@ def speech_router(
         params, emitters = plan(body)
         # An adapter of the thinker named as the model shapes what the talker hears.
         set_stage_lora(params, orchestrator.serving_pipeline(), body.model, None)
-        outputs = orchestrator.stream(params, emitters)
+        usage = SpeechUsage()
+        outputs = usage.audio_of(orchestrator.stream(params, emitters))
         if body.response_format == "wav":
             pcm, rate = bytearray(), DEFAULT_SAMPLE_RATE
 
@@ -177,7 +207,7 @@ def speech_router(
                     yield pcm_of(output.data)
 
         if body.stream_format == "sse":
-            return StreamingResponse(sse_events(pieces()), media_type="text/event-stream")
+            return StreamingResponse(sse_events(pieces(), usage), media_type="text/event-stream")
         headers = {"X-Sample-Rate": str(rate)}
         if body.response_format == "pcm":
             headers["X-Sample-Format"] = "s16le"
