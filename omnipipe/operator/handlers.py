@@ -59,6 +59,11 @@ def build_registry(
         )
         settings.posting.level = logging.WARNING
         settings.watching.server_timeout = 300
+        # A pipeline deleted while one of its timers runs (a drift reconcile, an
+        # autoscale step) keeps its finalizer until kopf sees that timer end; kopf looks
+        # again every cancellation_polling seconds, 60 by default: a deletion took a
+        # minute longer under load. The timers end within seconds, so look every second.
+        settings.background.cancellation_polling = 1.0
 
     async def _reconcile(body: Mapping[str, Any], memo: kopf.Memo, trigger: str) -> dict[str, Any]:
         if body.get("metadata", {}).get("deletionTimestamp"):
