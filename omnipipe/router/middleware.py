@@ -12,7 +12,7 @@ from typing import Any
 from opentelemetry import trace
 
 from omnipipe.api.tracing import header, parent_context
-from omnipipe.router.errors import OpenAIError, PayloadTooLarge, Unauthorized
+from omnipipe.router.errors import BadRequest, OpenAIError, PayloadTooLarge, Unauthorized
 from omnipipe.router.metrics import RouterMetrics
 
 Scope = MutableMapping[str, Any]
@@ -22,6 +22,12 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 OPEN_PATHS = frozenset({"/health", "/ready", "/metrics"})
+# The separators (commas and colons) a body other than a multipart form may hold. Parsing
+# a JSON value costs the event loop about a microsecond, and the body-size limit alone let
+# 2 million members through: 6 s of a router answering nobody, and other clients' video
+# jobs lost their runner. A hundred thousand is far past any real request (base64 media
+# has no commas; the models' contexts end long before a text of that many).
+MAX_BODY_SEPARATORS = 100_000
 ADMIN_PREFIX = "/admin"
 
 
@@ -83,17 +89,27 @@ class GuardMiddleware:
                 status["code"] = message["status"]
             await send(message)
 
-        received = 0
+        received = separators = 0
+        content_type = dict(scope.get("headers") or []).get(b"content-type", b"").lower()
+        counted = not content_type.startswith(b"multipart/form-data")  # max_fields bounds it
 
         async def receive_limited() -> Message:
             # A chunked body has no Content-Length: count it as it arrives, and stop the
-            # endpoint reading it (its error handler answers 413) past the limit.
-            nonlocal received
+            # endpoint reading it (its error handler answers 413 or 400) past a limit.
+            nonlocal received, separators
             message = await receive()
             if message["type"] == "http.request":
-                received += len(message.get("body", b""))
+                body = message.get("body", b"")
+                received += len(body)
                 if received > self.max_body:
                     raise PayloadTooLarge(f"request body over {self.max_body} bytes")
+                if counted:
+                    separators += body.count(b",") + body.count(b":")
+                    if separators > MAX_BODY_SEPARATORS:
+                        raise BadRequest(
+                            f"request body holds over {MAX_BODY_SEPARATORS} commas and colons "
+                            "(JSON members and elements): far more than any request needs"
+                        )
             return message
 
         error = self._reject(scope)
