@@ -353,3 +353,48 @@ def test_the_limit_reaches_the_routers_file_only_when_set() -> None:
     assert wan({"maxUnfinishedJobs": 3}).videos.as_config()["videos"]["max_unfinished_jobs"] == 3
     assert "max_unfinished_jobs" not in wan({"ttlSeconds": 120}).videos.as_config()["videos"]
     assert wan({}).videos.as_config() == {}
+
+
+def test_a_runner_stalled_past_its_lease_takes_it_back_unless_someone_took_the_job(
+    tmp_path: Path,
+) -> None:
+    """A router's loop held up longer than the lease (a hostile body once did it) let the
+    lease run out under a runner still at work: its next renewal dropped the job, which a
+    sweep then started again from step 0, three times, and failed it. Now the renewal
+    takes the lease back, unless a sweep queued or claimed the job, or its client
+    deleted it, meanwhile."""
+    with running_router(tmp_path, wan({}), **QUIET) as (client, url):
+        store = client.app.state.videos.store  # type: ignore[attr-defined]
+        raw = redis.Redis.from_url(url)
+        key = "omnipipe:videos:{default/v}:"
+
+        def expired_lease(video_id: str) -> None:
+            job = {"id": video_id, "status": "queued", "created_at": int(time.time())}
+            client.portal.call(store.create, job, {})
+            assert client.portal.call(store.take, "runner-a", 50) == video_id
+            time.sleep(0.1)
+            assert raw.exists(f"{key}lease:{video_id}") == 0
+
+        def renew(video_id: str) -> bool:
+            return bool(client.portal.call(store.renew, video_id, "runner-a", 60_000))
+
+        alone, requeued, claimed, deleted = (f"video_{i:032x}" for i in range(4))
+        expired_lease(alone)
+        assert renew(alone)
+        assert raw.get(f"{key}lease:{alone}") == b"runner-a"
+        assert renew(alone)  # and renewed as before from then on
+
+        expired_lease(claimed)
+        assert client.portal.call(store.claim, claimed, "a-sweep", 60_000)
+        assert not renew(claimed)
+        assert raw.get(f"{key}lease:{claimed}") == b"a-sweep"
+
+        expired_lease(deleted)
+        client.portal.call(store.cancel, deleted, 120)
+        assert not renew(deleted)
+        assert raw.exists(f"{key}lease:{deleted}") == 0
+
+        expired_lease(requeued)  # last: the queue's head from then on
+        client.portal.call(store.requeue, requeued)
+        assert not renew(requeued)
+        assert raw.exists(f"{key}lease:{requeued}") == 0

@@ -80,12 +80,20 @@ _REQUEUE = """
 if redis.call('SADD', KEYS[2], ARGV[1]) == 0 then return 0 end
 return redis.call('RPUSH', KEYS[1], ARGV[1])
 """
-# Renews a lease only while this runner still holds it.
+# Renews a lease while this runner holds it. A lease that ran out while the runner was
+# stalled (a loop held up longer than the lease) is taken back if no one has taken the
+# job meanwhile: not claimed or queued again by a sweep, and not deleted by its client.
+# Otherwise a runner that is still working would drop the job to start it again.
 _RENEW = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
+local held = redis.call('GET', KEYS[1])
+if held == ARGV[1] then
   return redis.call('PEXPIRE', KEYS[1], ARGV[2])
 end
-return 0
+if held then return 0 end
+if redis.call('SISMEMBER', KEYS[2], ARGV[3]) == 1 then return 0 end
+if redis.call('EXISTS', KEYS[3]) == 0 or redis.call('EXISTS', KEYS[4]) == 1 then return 0 end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return 1
 """
 # The finished job and its content, only while this runner holds its lease and its
 # client has not deleted it.
@@ -359,7 +367,13 @@ class VideoStore:
 
     @_reported
     async def renew(self, video_id: str, owner: str, lease_ms: int) -> bool:
-        renewed = await self._renew(keys=[self._key("lease", video_id)], args=[owner, lease_ms])
+        keys = [
+            self._key("lease", video_id),
+            self._key("queued"),
+            self._key("job", video_id),
+            self._key("cancel", video_id),
+        ]
+        renewed = await self._renew(keys=keys, args=[owner, lease_ms, video_id])
         return bool(renewed)
 
     @_reported
