@@ -39,7 +39,9 @@ def test_none_when_unready_or_full() -> None:
     assert choose([ReplicaLoad("a", True, 0, None)], 0, 5) is None  # address unknown yet
 
 
-@pytest.mark.parametrize("size", ["64", "64x", "0x64", "65x64", "4096x64", "64x64x3"])
+@pytest.mark.parametrize(
+    "size", ["64", "64x", "0x64", "65x64", "4096x64", "64x64x3", "\uff16\uff14x64"]
+)
 def test_bad_sizes(size: str) -> None:
     with pytest.raises(BadRequest):
         parse_size(size)

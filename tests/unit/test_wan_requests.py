@@ -53,7 +53,12 @@ def test_the_frame_count_is_4k_plus_1(fields: dict[str, Any], frames: int) -> No
         ({"num_frames": 261}, "num_frames", "between 1 and 257"),
         ({"num_frames": 8.5}, "num_frames", "must be an integer"),
         ({"seconds": "100"}, "seconds", "between"),
-        ({"seconds": "nan"}, "seconds", "between"),
+        ({"seconds": "nan"}, "seconds", "must be a number"),
+        # float() and int() read these; a client sending them sent no plain number.
+        ({"num_inference_steps": "1_0"}, "num_inference_steps", "must be a number"),
+        ({"num_inference_steps": " 1 "}, "num_inference_steps", "must be a number"),
+        ({"num_frames": "\u0665"}, "num_frames", "must be a number"),
+        ({"size": "\uff11\uff16x\uff11\uff16"}, "size", "must look like 832x480"),
         ({"seconds": "soon"}, "seconds", "must be a number"),
         ({"fps": 0}, "fps", "between 1 and 60"),
         # Past a float: JSON carries integers of any length.

@@ -12,7 +12,12 @@ from typing import Any
 
 from omnipipe.api.families import RequestProblem
 
-SIZE = re.compile(r"(\d{1,5})x(\d{1,5})")
+# ASCII digits only: \d alone takes any script's (fullwidth, Arabic-Indic), and int()
+# reads them.
+SIZE = re.compile(r"([0-9]{1,5})x([0-9]{1,5})")
+# A number as a form sends it: plain decimal text, no spaces, underscores or other
+# scripts' digits (float() takes all three).
+DECIMAL = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]{1,3})?")
 SIDE_MULTIPLE, MIN_SIDE, MAX_SIDE = 16, 16, 1280
 FRAME_STEP, MAX_FRAMES = 4, 257
 MAX_FPS = 60
@@ -37,8 +42,9 @@ def _number(request: Mapping[str, Any], key: str, default: float, low: float, hi
     value = request.get(key)
     if value is None or value == "":
         return default
-    if isinstance(value, bool):
-        raise RequestProblem(f"{key} must be a number, got {value!r}", key)
+    if isinstance(value, bool) or (isinstance(value, str) and not DECIMAL.fullmatch(value)):
+        shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
+        raise RequestProblem(f"{key} must be a number, got {shown}", key)
     try:
         number = float(value)
     except (TypeError, ValueError, OverflowError):

@@ -35,7 +35,7 @@ from omnipipe.router.outputs import Output, OutputPart
 
 log = logging.getLogger(__name__)
 # Bounded digits: int() of a side with thousands of digits is slow, then refused.
-SIZE = re.compile(r"(\d{1,6})x(\d{1,6})")
+SIZE = re.compile(r"([0-9]{1,6})x([0-9]{1,6})")  # ASCII: \d takes any script's digits
 SIZE_MULTIPLE = 16
 MAX_SIDE = 2048
 MAX_IMAGES = 10  # OpenAI's n
