@@ -398,3 +398,31 @@ def test_a_runner_stalled_past_its_lease_takes_it_back_unless_someone_took_the_j
         client.portal.call(store.requeue, requeued)
         assert not renew(requeued)
         assert raw.exists(f"{key}lease:{requeued}") == 0
+
+
+def test_remix_two_keys_and_a_failed_jobs_content_are_each_told_plainly(tmp_path: Path) -> None:
+    """What the hostile probe met as confusing answers: remix read as an unknown URL, two
+    Idempotency-Key headers settled by the first, and a failed job's content said to come
+    'once completed'."""
+    with running_router(tmp_path, wan({}), **QUIET) as (client, _):
+        made = client.post("/v1/videos", json=SMALL).json()
+        remix = client.post(f"/v1/videos/{made['id']}/remix", json={"prompt": "y"})
+        assert remix.status_code == 400, remix.text
+        assert "remix is not supported" in remix.json()["error"]["message"]
+        missing = client.post(f"/v1/videos/video_{'0' * 32}/remix", json={"prompt": "y"})
+        assert missing.status_code == 404, missing.text
+
+        two = client.post(
+            "/v1/videos",
+            json=SMALL,
+            headers=[("Idempotency-Key", "a"), ("Idempotency-Key", "b")],
+        )
+        assert two.status_code == 400, two.text
+        assert two.json()["error"]["param"] == "Idempotency-Key"
+
+        store = client.app.state.videos.store  # type: ignore[attr-defined]
+        failed = {**made, "status": "failed", "error": {"code": "internal", "message": "x"}}
+        client.portal.call(store.put, failed, 60)
+        content = client.get(f"/v1/videos/{made['id']}/content")
+        assert content.status_code == 409, content.text
+        assert content.json()["error"]["message"] == f"video {made['id']} failed: it has no content"

@@ -64,9 +64,13 @@ def idempotency(
     None when it sent none. The fingerprint is of the parameters as the stages get them,
     so one request sent as JSON and again as a form ("4" or 4.0 seconds) is the same; the
     seed counts only when the client chose it."""
-    key = request.headers.get("idempotency-key")
-    if key is None:
+    keys = request.headers.getlist("idempotency-key")
+    if not keys:
         return None
+    if len(keys) > 1:
+        # Which one a proxy or the client meant is not ours to guess.
+        raise BadRequest("send one Idempotency-Key header, not several", param="Idempotency-Key")
+    [key] = keys
     if not 1 <= len(key) <= MAX_IDEMPOTENCY_KEY or not key.isprintable():
         raise BadRequest(
             f"Idempotency-Key must be 1 to {MAX_IDEMPOTENCY_KEY} printable characters",
@@ -201,6 +205,8 @@ def videos_router(
         job = await found(video_id)
         if variant != "video":
             raise BadRequest(f"variant {shown(variant)} is not made; only video", param="variant")
+        if job["status"] == "failed":
+            raise Conflict(f"video {video_id} failed: it has no content")
         if job["status"] != "completed":
             raise Conflict(
                 f"video {video_id} is {job['status']}: its content is there once completed"
@@ -232,6 +238,17 @@ def videos_router(
             "last_id": page[-1]["id"] if page else None,
             "has_more": len(ids) > limit,
         }
+
+    @router.post("/v1/videos/{video_id}/remix", response_model=None)
+    async def remix(video_id: str) -> dict[str, Any]:
+        """OpenAI's remix edits a finished video with a new prompt; no video pipeline here
+        takes a video as input yet, so it is refused as such, not as an unknown URL."""
+        await found(video_id)
+        raise BadRequest(
+            "remix is not supported: this pipeline makes videos from text only; create a "
+            "new video with the changed prompt",
+            param="video_id",
+        )
 
     @router.delete("/v1/videos/{video_id}", response_model=None)
     async def delete(video_id: str) -> dict[str, Any]:
