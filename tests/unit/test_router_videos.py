@@ -426,3 +426,18 @@ def test_remix_two_keys_and_a_failed_jobs_content_are_each_told_plainly(tmp_path
         content = client.get(f"/v1/videos/{made['id']}/content")
         assert content.status_code == 409, content.text
         assert content.json()["error"]["message"] == f"video {made['id']} failed: it has no content"
+
+
+def test_fields_no_one_reads_are_logged_by_name(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Accepted, as newer clients send fields this release does not know, but not in
+    silence: the log names each one the family's extensions do not read either."""
+    with (
+        running_router(tmp_path, wan({}), **QUIET) as (client, _),
+        caplog.at_level(logging.INFO, logger="omnipipe.router.api.videos"),
+    ):
+        made = client.post("/v1/videos", json={**SMALL, "steps": 999, "fps": 8})
+    assert made.status_code == 200, made.text
+    logged = [r.getMessage() for r in caplog.records if "unknown video fields" in r.getMessage()]
+    assert logged == ["ignoring unknown video fields: 'steps'"]

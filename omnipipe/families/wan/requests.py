@@ -95,6 +95,10 @@ def _frames(request: Mapping[str, Any], fps: int) -> int:
 
 class WanRequests:
     chat_makes_images = False
+    # The extension fields video_params reads: the router logs the others it is sent.
+    video_fields = frozenset(
+        {"num_frames", "fps", "negative_prompt", "num_inference_steps", "guidance_scale"}
+    )
 
     def image_params(self, request: Mapping[str, Any]) -> dict[str, Any]:
         raise RequestProblem("this pipeline makes videos: send the prompt to POST /v1/videos")

@@ -6,6 +6,7 @@ in the store every router replica shares (router/videos)."""
 from __future__ import annotations
 
 import json
+import logging
 import random
 import re
 import time
@@ -34,6 +35,8 @@ from omnipipe.router.orchestrator import Orchestrator
 from omnipipe.router.stage_limits import KnownLimits
 from omnipipe.router.videos.runner import UNFINISHED, VideoRunner, public
 from omnipipe.router.videos.store import KeyReused, QueueFull
+
+log = logging.getLogger(__name__)
 
 VIDEO_ID = re.compile(r"video_[0-9a-f]{32}")
 MAX_FORM_FIELDS = 32
@@ -155,6 +158,9 @@ def videos_router(
         if video_params is None:
             raise BadRequest(f"model {shown(model)} does not make videos", param="model")
         params = with_family_checks(lambda: video_params(request_fields(body)))
+        unread = sorted(set(body.model_extra or {}) - getattr(extensions, "video_fields", set()))
+        if unread:
+            log.info("ignoring unknown video fields: %s", ", ".join(shown(k) for k in unread[:20]))
         seed = body.seed if body.seed is not None else random.randrange(2**31)
         params.update(prompt=body.prompt, seed=seed)
         # The loaded model's own bounds (a DiT's positions), before the job is queued.
