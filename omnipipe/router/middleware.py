@@ -28,6 +28,8 @@ OPEN_PATHS = frozenset({"/health", "/ready", "/metrics"})
 # jobs lost their runner. A hundred thousand is far past any real request (base64 media
 # has no commas; the models' contexts end long before a text of that many).
 MAX_BODY_SEPARATORS = 100_000
+# The routes that read multipart forms.
+FORM_PATHS = ("/v1/images/edits", "/v1/videos")
 ADMIN_PREFIX = "/admin"
 
 
@@ -90,8 +92,14 @@ class GuardMiddleware:
             await send(message)
 
         received = separators = 0
-        content_type = dict(scope.get("headers") or []).get(b"content-type", b"").lower()
-        counted = not content_type.startswith(b"multipart/form-data")  # max_fields bounds it
+        # The first Content-Type, as Starlette reads it. Only the routes that read forms
+        # skip the count (their max_fields bounds a form; a file's bytes hold commas):
+        # elsewhere a body is parsed as JSON whatever its type says.
+        content_type = next(
+            (v for k, v in scope.get("headers") or [] if k == b"content-type"), b""
+        ).lower()
+        form = content_type.startswith(b"multipart/form-data")
+        counted = not (form and scope["path"].startswith(FORM_PATHS))
 
         async def receive_limited() -> Message:
             # A chunked body has no Content-Length: count it as it arrives, and stop the

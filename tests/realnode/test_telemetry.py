@@ -342,7 +342,8 @@ def stop_stage(node: RealNode, prom: Prometheus, namespace: str) -> tuple[float,
 def check_dashboards(
     prom: Prometheus, namespace: str, start: float, end: float
 ) -> tuple[int, list[str]]:
-    """Every target of every panel of every dashboard, with the variables filled in as
+    """Every target of every panel of every dashboard (the video panels aside: no video
+    pipeline runs here, see VIDEO_PANELS), with the variables filled in as
     Grafana fills them once this test's namespace is picked (the others at their default,
     All; a repeated panel once per stage). (targets run, the empty ones with their panel)"""
     ran, empty = 0, []

@@ -422,6 +422,30 @@ def test_every_omni_generate_line_has_a_request_id_even_when_the_client_gave_non
         assert {json.loads(line)["request_id"] for line in named.text.splitlines()} == {"mine"}
 
 
+def test_omni_generate_leaves_out_code2wavs_empty_last_piece(
+    tmp_path: Path, serve_worker: Callable[[FakeWorker], str]
+) -> None:
+    """code2wav's last piece carries no audio, only the count of codes speech's usage
+    reads: a client of /v1/omni/generate gets the audio pieces and nothing empty."""
+    audio = {"audio": base64.b64encode(b"\1\0" * 8).decode(), "sample_rate": 24_000}
+    last = {"audio": "", "sample_rate": 24_000, "codes": 5}
+    answer = {"text": "hi", "finish_reason": "stop", "prompt_tokens": 3, "completion_tokens": 1}
+
+    def emit(body: SubmitRequest) -> Iterator[bytes]:
+        thinker = "messages" in body.params
+        return results(answer)(body) if thinker else results(audio, last)(body)
+
+    with router(tmp_path, serve_worker(FakeWorker(emit)), pipeline="omni") as client:
+        resp = client.post(
+            "/v1/omni/generate",
+            json={"model": "tiny-omni", "prompt": "hi", "output_modalities": ["text", "audio"]},
+        )
+    assert resp.status_code == 200, resp.text
+    outputs = [json.loads(line) for line in resp.text.splitlines()]
+    audios = [o["data"] for o in outputs if o["type"] == "output" and o["modality"] == "audio"]
+    assert audios == [audio]
+
+
 @pytest.mark.parametrize(
     ("extra", "status", "param"),
     [

@@ -394,6 +394,14 @@ def test_a_runner_stalled_past_its_lease_takes_it_back_unless_someone_took_the_j
         assert not renew(deleted)
         assert raw.exists(f"{key}lease:{deleted}") == 0
 
+        # Failed by a sweep (its runs used up) while its runner stalled: not taken back,
+        # or the runner's finish would make a failed job completed.
+        failed_meanwhile = f"video_{4:032x}"
+        expired_lease(failed_meanwhile)
+        job = {"id": failed_meanwhile, "status": "failed", "created_at": int(time.time())}
+        client.portal.call(store.put, job, 60)
+        assert not renew(failed_meanwhile)
+
         expired_lease(requeued)  # last: the queue's head from then on
         client.portal.call(store.requeue, requeued)
         assert not renew(requeued)

@@ -164,6 +164,8 @@ async def _lines(
                     }
                 elif isinstance(item, StageDone):
                     event = {"type": "finished", "stage": item.stage}
+                elif item.data.get("audio") == "":
+                    continue  # code2wav's last piece, empty: it counts codes for speech
                 else:
                     event = {
                         "type": "output",

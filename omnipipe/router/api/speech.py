@@ -34,9 +34,9 @@ from omnipipe.router.orchestrator import Orchestrator
 from omnipipe.router.outputs import Output
 
 DEFAULT_SAMPLE_RATE = 24_000
-# Codec frames a request may ask for: 10 minutes of speech at 12.5 frames a second, more
-# than any released talker's context holds.
-MAX_NEW_TOKENS = 7500
+# Codec frames a request may ask for: a talker's context at most (32k for the released
+# Qwen-Omni talkers; at 50 codes a second that is Qwen2.5-Omni's 11 minutes).
+MAX_NEW_TOKENS = 32_768
 # A reference clip as a data URL: 10 MB of audio, base64.
 MAX_REF_AUDIO_CHARS = 14_000_000
 MEDIA_TYPES = {

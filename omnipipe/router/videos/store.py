@@ -15,7 +15,8 @@ keys share a Redis Cluster slot, so its scripts may touch them all):
   jobs however long the queue; `jobs`: every id by creation (a sorted set); `active`: the
   ids of unfinished jobs (a set), what a sweep reads and the admission limit counts;
 - `lease:<id>`: held by the replica running the job, renewed while it runs: a job whose
-  lease is gone while it is not finished lost its runner, and is queued again;
+  lease is gone while it is not finished lost its runner, and a sweep queues it again
+  (unless that runner, only stalled, renews first and takes the lease back);
 - `cancel:<id>`: asks the job's runner to stop;
 - `once:<sha256 of an Idempotency-Key>`: "<fingerprint of the request> <id>", for a day:
   a create retried with the same key (after a 503, say) gets the same job.
@@ -81,8 +82,9 @@ if redis.call('SADD', KEYS[2], ARGV[1]) == 0 then return 0 end
 return redis.call('RPUSH', KEYS[1], ARGV[1])
 """
 # Renews a lease while this runner holds it. A lease that ran out while the runner was
-# stalled (a loop held up longer than the lease) is taken back if no one has taken the
-# job meanwhile: not claimed or queued again by a sweep, and not deleted by its client.
+# stalled (a loop held up longer than the lease) is taken back if the job is still
+# unfinished (`active`: failing, finishing and deleting a job all take it out) and no one
+# has it: not claimed or queued again by a sweep, and not deleted by its client.
 # Otherwise a runner that is still working would drop the job to start it again.
 _RENEW = """
 local held = redis.call('GET', KEYS[1])
@@ -91,7 +93,9 @@ if held == ARGV[1] then
 end
 if held then return 0 end
 if redis.call('SISMEMBER', KEYS[2], ARGV[3]) == 1 then return 0 end
-if redis.call('EXISTS', KEYS[3]) == 0 or redis.call('EXISTS', KEYS[4]) == 1 then return 0 end
+if redis.call('SISMEMBER', KEYS[3], ARGV[3]) == 0 or redis.call('EXISTS', KEYS[4]) == 1 then
+  return 0
+end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 return 1
 """
@@ -370,7 +374,7 @@ class VideoStore:
         keys = [
             self._key("lease", video_id),
             self._key("queued"),
-            self._key("job", video_id),
+            self._key("active"),
             self._key("cancel", video_id),
         ]
         renewed = await self._renew(keys=keys, args=[owner, lease_ms, video_id])
