@@ -90,7 +90,11 @@ def test_a_valid_edit_passes_every_check_and_waits_for_stages(client: TestClient
         ({**FORM, "size": "big"}, None, "size", "must look like 1024x1024"),
         ({**FORM, "size": "1000x1000"}, None, "size", "multiples of 16"),
         ({**FORM, "n": "11"}, None, "n", "less than or equal to 10"),
-        ({**FORM, "guidance_scale": "nan"}, None, "guidance_scale", "finite"),
+        ({**FORM, "guidance_scale": "nan"}, None, "guidance_scale", "plain decimal number"),
+        # pydantic would read these as 10, 3 and 3.
+        ({**FORM, "n": "1_0"}, None, "n", "plain decimal number"),
+        ({**FORM, "output_compression": " 3 "}, None, "output_compression", "plain decimal"),
+        ({**FORM, "seed": "\u0663"}, None, "seed", "plain decimal number"),
         ({**FORM, "response_format": "url"}, None, "response_format", "b64_json"),
         ({**FORM, "mask": "m"}, None, None, "mask"),
     ],

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import logging
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -31,7 +32,7 @@ from omnipipe.router.api.images import (
     response_fields,
 )
 from omnipipe.router.api.inputs import MAX_EDIT_IMAGE_BYTES, check_edit_image
-from omnipipe.router.errors import BadRequest
+from omnipipe.router.errors import BadRequest, shown
 from omnipipe.router.orchestrator import Orchestrator
 
 log = logging.getLogger(__name__)
@@ -40,6 +41,10 @@ IMAGE_FIELDS = ("image", "image[]")
 # Stages that see the input image; the rest get the request without it.
 IMAGE_ROLES = (Role.TEXT_ENCODER, Role.VAE_ENCODER)
 MAX_FORM_FIELDS = 32
+
+
+# A number as a form's text: ASCII decimal, nothing around it.
+PLAIN_NUMBER = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]{1,3})?")
 
 
 class ImageEditRequest(BaseModel):
@@ -73,6 +78,13 @@ def form_body(model: type[BaseModel]) -> dict[str, Any]:
     return {"requestBody": {"required": True, "content": content}}
 
 
+NUMBER_FIELDS = frozenset(
+    name
+    for name, field in ImageEditRequest.model_fields.items()
+    if field.annotation in (int, float, int | None, float | None)
+)
+
+
 async def read_form(request: Request) -> FormData:
     try:
         return await request.form(max_files=len(IMAGE_FIELDS) * 2, max_fields=MAX_FORM_FIELDS)
@@ -99,6 +111,12 @@ async def parse_edit(form: FormData) -> ImageEditRequest:
         if len(values) > 1 or not isinstance(values[0], str):
             raise BadRequest(f"{key}: expected one text field", param=key)
         fields[key] = values[0]
+    for key in NUMBER_FIELDS & set(fields):
+        if not PLAIN_NUMBER.fullmatch(fields[key]):
+            # pydantic reads "1_0", " 3 " and other scripts' digits as numbers.
+            raise BadRequest(
+                f"{key}: must be a plain decimal number, got {shown(fields[key])}", param=key
+            )
     raw = await image.read(MAX_EDIT_IMAGE_BYTES + 1)
     try:
         body = ImageEditRequest.model_validate({**fields, "image": raw})
