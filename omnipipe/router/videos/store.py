@@ -81,11 +81,9 @@ _REQUEUE = """
 if redis.call('SADD', KEYS[2], ARGV[1]) == 0 then return 0 end
 return redis.call('RPUSH', KEYS[1], ARGV[1])
 """
-# Renews a lease while this runner holds it. A lease that ran out while the runner was
-# stalled (a loop held up longer than the lease) is taken back if the job is still
-# unfinished (`active`: failing, finishing and deleting a job all take it out) and no one
-# has it: not claimed or queued again by a sweep, and not deleted by its client.
-# Otherwise a runner that is still working would drop the job to start it again.
+# Renews a lease while this runner holds it. One that ran out while the runner stalled
+# is taken back if the job is still `active` (failing, finishing, deleting take it out)
+# and no sweep claimed or queued it: a working runner would otherwise drop and rerun it.
 _RENEW = """
 local held = redis.call('GET', KEYS[1])
 if held == ARGV[1] then
@@ -371,12 +369,8 @@ class VideoStore:
 
     @_reported
     async def renew(self, video_id: str, owner: str, lease_ms: int) -> bool:
-        keys = [
-            self._key("lease", video_id),
-            self._key("queued"),
-            self._key("active"),
-            self._key("cancel", video_id),
-        ]
+        keys = [self._key("lease", video_id), self._key("queued"), self._key("active")]
+        keys.append(self._key("cancel", video_id))
         renewed = await self._renew(keys=keys, args=[owner, lease_ms, video_id])
         return bool(renewed)
 
