@@ -230,11 +230,16 @@ async def _advance_rollout(
 ) -> None:
     """Retire what the rollout leaves behind and say what happened, once."""
     before = body.get("status") or {}
-    if rollout.progressing and before.get("updateRevision") != rollout.update:
+    serving = before.get("currentRevision")
+    # Also when the new revision is ready at once (seen late, under load): its
+    # RevisionSwitched must not come without the RolloutStarted before it.
+    switched_at_once = serving not in (None, rollout.update) and not rollout.progressing
+    if (rollout.progressing or switched_at_once) and before.get("updateRevision") != rollout.update:
+        beside = rollout.current if rollout.progressing else serving
         await kube.post_event(
             body,
             "RolloutStarted",
-            f"rolling out revision {rollout.update} beside revision {rollout.current}; "
+            f"rolling out revision {rollout.update} beside revision {beside}; "
             "traffic switches once all its stages are ready",
         )
     previous = before.get("currentRevision")
