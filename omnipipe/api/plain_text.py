@@ -1,12 +1,16 @@
 """What a client may read of a message that quotes Python objects: no object reprs
 (`<PIL.Image.Image ... at 0x7f...>`), no numpy arrays or torch tensors printed in full
 (`array([0.1, ...], dtype=float32)`), and short. Shared by the workers, which word
-refusals, and the router, which relays them."""
+refusals, and the router, which relays them. Also what a client's text must look like to
+be read as a number."""
 
 from __future__ import annotations
 
 import re
 
+# A number as a form sends it: ASCII decimal, nothing around it. float() and pydantic
+# also read spaces, underscores and other scripts' digits ("1_0", " 3 ", "٣").
+PLAIN_DECIMAL = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]{1,3})?")
 _OBJECT_REPR = re.compile(r"<[^<>\n]*? at 0x[0-9a-fA-F]+>")
 _ARRAY_START = re.compile(r"\b(?:array|tensor)\(")
 

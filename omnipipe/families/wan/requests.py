@@ -11,13 +11,11 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from omnipipe.api.families import RequestProblem
+from omnipipe.api.plain_text import PLAIN_DECIMAL
 
 # ASCII digits only: \d alone takes any script's (fullwidth, Arabic-Indic), and int()
 # reads them.
 SIZE = re.compile(r"([0-9]{1,5})x([0-9]{1,5})")
-# A number as a form sends it: plain decimal text, no spaces, underscores or other
-# scripts' digits (float() takes all three).
-DECIMAL = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]{1,3})?")
 SIDE_MULTIPLE, MIN_SIDE, MAX_SIDE = 16, 16, 1280
 FRAME_STEP, MAX_FRAMES = 4, 257
 MAX_FPS = 60
@@ -38,21 +36,26 @@ def frames_for(seconds: float, fps: int) -> int:
 DEFAULT_FRAMES = frames_for(DEFAULT_SECONDS, DEFAULT_FPS)
 
 
+def _shown(value: object) -> str:
+    """A client's value in a refusal, cut to 40 characters."""
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 def _number(request: Mapping[str, Any], key: str, default: float, low: float, high: float) -> float:
     value = request.get(key)
     if value is None or value == "":
         return default
-    if isinstance(value, bool) or (isinstance(value, str) and not DECIMAL.fullmatch(value)):
-        shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
-        raise RequestProblem(f"{key} must be a number, got {shown}", key)
+    if isinstance(value, bool) or (isinstance(value, str) and not PLAIN_DECIMAL.fullmatch(value)):
+        raise RequestProblem(f"{key} must be a number, got {_shown(value)}", key)
     try:
         number = float(value)
     except (TypeError, ValueError, OverflowError):
-        shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
-        raise RequestProblem(f"{key} must be a number, got {shown}", key) from None
+        raise RequestProblem(f"{key} must be a number, got {_shown(value)}", key) from None
     if not math.isfinite(number) or not low <= number <= high:
-        shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:37] + "..."
-        raise RequestProblem(f"{key} must be between {low:g} and {high:g}, got {shown}", key)
+        raise RequestProblem(
+            f"{key} must be between {low:g} and {high:g}, got {_shown(value)}", key
+        )
     return number
 
 

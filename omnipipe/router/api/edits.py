@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import base64
 import logging
-import re
 from collections.abc import Callable
 from typing import Any
 
@@ -16,6 +15,7 @@ from starlette.datastructures import FormData, UploadFile
 from starlette.exceptions import HTTPException
 
 from omnipipe.api.edit import condition_size
+from omnipipe.api.plain_text import PLAIN_DECIMAL
 from omnipipe.api.spec import Role
 from omnipipe.router.api.common import bad_request, check_model
 from omnipipe.router.api.images import (
@@ -41,10 +41,6 @@ IMAGE_FIELDS = ("image", "image[]")
 # Stages that see the input image; the rest get the request without it.
 IMAGE_ROLES = (Role.TEXT_ENCODER, Role.VAE_ENCODER)
 MAX_FORM_FIELDS = 32
-
-
-# A number as a form's text: ASCII decimal, nothing around it.
-PLAIN_NUMBER = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]{1,3})?")
 
 
 class ImageEditRequest(BaseModel):
@@ -112,8 +108,7 @@ async def parse_edit(form: FormData) -> ImageEditRequest:
             raise BadRequest(f"{key}: expected one text field", param=key)
         fields[key] = values[0]
     for key in NUMBER_FIELDS & set(fields):
-        if not PLAIN_NUMBER.fullmatch(fields[key]):
-            # pydantic reads "1_0", " 3 " and other scripts' digits as numbers.
+        if not PLAIN_DECIMAL.fullmatch(fields[key]):
             raise BadRequest(
                 f"{key}: must be a plain decimal number, got {shown(fields[key])}", param=key
             )
