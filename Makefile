@@ -70,7 +70,9 @@ setup: venv system-deps node-images k8s-binaries gitops-tools grafana-tools node
 # and e2e need only the venv, the Debian packages and the OpenTelemetry Collector: the
 # rest of the set-up (Kubernetes binaries, the node, the images) runs beside them at the
 # lowest priority (hack/background_setup.py); the integration tier waits for the steps it
-# uses, the real-node tier for all of it.
+# uses. The real-node tier, which waits on pods most of its time, runs beside e2e and
+# integration once the unit tier has passed and the whole set-up has ended
+# (hack/side_tier.py).
 TIERS = hack/test_tiers.py
 FIRST_SETUP = venv system-deps otel-collector
 

@@ -108,6 +108,14 @@ class BackgroundSetup:
                 said = True
             time.sleep(POLL_SECONDS)
 
+    def wait_quietly(self) -> int:
+        """Until the whole set-up has ended, its output left for `join` to print; its exit
+        code (for a tier waiting in a thread of its own beside the others)."""
+        self.waiter.join()
+        rc = self.proc.returncode
+        assert rc is not None
+        return rc
+
     def join(self) -> tuple[int, float]:
         """Until the whole set-up has ended; prints its output. (exit code, its wall)"""
         if self.proc.returncode is None:

@@ -9,7 +9,14 @@ priority: lint, unit and e2e need only the venv, so on a fresh machine they run 
 Kubernetes binaries, the node and the images build, and a compiler never holds a core that
 a tier's OpenMP barrier waits for. The integration tier waits only for the set-up steps it
 uses (NEEDS: the node's own binaries go on building beside it); the real-node tier waits
-for the whole set-up (its output is printed then, and a failed set-up stops the run).
+for the whole set-up, and a failed set-up stops the run.
+
+The real-node tier runs beside the others (BESIDE, hack/side_tier.py): once the unit tier
+has passed and the whole set-up has ended, it starts in a thread of its own, its output
+in build/test-report/realnode.log (printed whole when it ends), its serves on ports of
+their own. It waits on pods and scrapes most of its time, so beside the e2e and
+integration tiers it costs little wall time of its own. A main-lane tier that fails stops
+it; a failed real-node tier keeps the main lane from starting its next tier.
 
 --e2e-workers N runs the e2e tier's modules on N pytest-xdist workers (`-n N --dist
 loadgroup`; tests/e2e/conftest.py keeps the modules that share a serve on one worker); 0,
@@ -24,16 +31,20 @@ end reads both, so a failed run shows how far it got and what the time went on.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from background_setup import BackgroundSetup, clock, setup_rows
+from side_tier import Result, SideTier, say
 
+from omnipipe.local.ports import PORT_RANGE_ENV, port_range
 from omnipipe.worker.threads import budget_environment
 
 REPO = Path(__file__).resolve().parents[1]
@@ -53,6 +64,9 @@ LINT = (
     ("mypy", [str(BIN / "mypy")]),
     ("import contracts", [str(BIN / "lint-imports")]),
 )
+# A tier that runs beside the others once the tier named has passed and its set-up has
+# ended (hack/side_tier.py): the real node waits on pods and scrapes most of its time.
+BESIDE = {"realnode": "unit"}
 # pytest's exit codes: 0 all passed, 5 nothing collected (a tier that ran no test fails).
 PASSED = 0
 
@@ -102,18 +116,32 @@ ONE_THREAD_WHILE_SETUP = frozenset({"unit"})
 
 
 def run_tier(
-    tier: str, pytest_args: list[str], setup_running: bool = False
+    tier: str,
+    pytest_args: list[str],
+    setup_running: bool = False,
+    ports: str | None = None,
+    output: Path | None = None,
+    started: Callable[[subprocess.Popen[bytes]], None] | None = None,
 ) -> tuple[int, float, float]:
-    """(exit code, wall seconds, CPU seconds)"""
+    """(exit code, wall seconds, CPU seconds). `ports`: the OMNIPIPE_PORT_RANGE its serves
+    and clusters pick from; `output`: a file for its output instead of the terminal;
+    `started`: called with the pytest process once it runs."""
     env = {**os.environ, "OMNIPIPE_TEST_TIER": tier, "OMNIPIPE_TEST_REPORT": str(REPORT)}
+    if ports is not None:
+        env[PORT_RANGE_ENV] = ports
     if setup_running and tier in ONE_THREAD_WHILE_SETUP:
         print(f"[test] tier {tier}: torch on one thread while the set-up builds", flush=True)
         # The variables a worker's thread budget sets (OpenMP, MKL, OpenBLAS, Rayon).
         env.update(budget_environment(1))
     print(f"[test] tier {tier}: pytest tests/{tier} {' '.join(pytest_args)}", flush=True)
-    started = time.monotonic()
+    began = time.monotonic()
     cmd = [str(BIN / "pytest"), f"tests/{tier}", *pytest_args]
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env)
+    with contextlib.ExitStack() as files:
+        out = files.enter_context(output.open("wb")) if output is not None else None
+        err = subprocess.STDOUT if out is not None else None
+        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=err)
+    if started is not None:
+        started(proc)
     try:
         cpu = reap(proc)
     finally:
@@ -126,11 +154,7 @@ def run_tier(
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-    return proc.returncode, time.monotonic() - started, cpu
-
-
-# (exit code, wall seconds, CPU seconds or None where not counted)
-Result = tuple[int, float, float | None]
+    return proc.returncode, time.monotonic() - began, cpu
 
 
 def cpu_cell(cpu: float | None, wall: float) -> str:
@@ -156,6 +180,7 @@ def table(
     lint_steps: list[list[object]],
     waits: dict[str, float],
     wall_s: float,
+    notes: list[str] | None = None,
 ) -> str:
     lines = ["", "## make test: where the time went", ""]
     if setup_rows(REPORT):
@@ -207,6 +232,7 @@ def table(
             details += ["| s | module |", "|---|---|"]
             details += [f"| {s} | `{module}` |" for module, s in modules]
     lines.append(f"| **all tiers** | | **{clock(wall_s)}** | | {total_tests} | | | | | |")
+    lines += ["", *notes] if notes else []
     return "\n".join(lines + details) + "\n"
 
 
@@ -225,6 +251,43 @@ def join_setup(
     return rc
 
 
+def port_ranges() -> tuple[str, str]:
+    """Two halves of the ports free_port picks from: the main lane's tiers and the side
+    tier's pick ports free and bind them seconds later, so each lane gets ports of its own."""
+    low, high = port_range()
+    middle = (low + high) // 2
+    return f"{low}-{middle}", f"{middle + 1}-{high}"
+
+
+def setup_ended(setup: BackgroundSetup) -> bool:
+    return setup.proc.returncode is not None
+
+
+def beside_note(side: SideTier, run_started: float) -> str:
+    assert side.started_at is not None
+    return (
+        f"The {side.tier} tier ran beside the others, from {clock(side.started_at - run_started)}"
+        " into the run (hack/side_tier.py)."
+    )
+
+
+def start_side_tier(
+    tier: str, setup: BackgroundSetup | None, pytest_args: list[str], ports: str
+) -> SideTier:
+    def wait() -> int:
+        if setup is None:
+            return PASSED
+        say(f"{tier} waits for the whole set-up, beside the other tiers")
+        return setup.wait_quietly()
+
+    def run(started: Callable[[subprocess.Popen[bytes]], None]) -> Result:
+        return run_tier(
+            tier, pytest_args, ports=ports, output=REPORT / f"{tier}.log", started=started
+        )
+
+    return SideTier(tier, wait, run, REPORT / f"{tier}.log")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("--tiers", default=",".join(TIERS), help="comma-separated, in order")
@@ -239,17 +302,25 @@ def main() -> int:
     unknown = sorted(set(tiers) - set(TIERS))
     if unknown:
         parser.error(f"unknown tiers {unknown}; known: {', '.join(TIERS)}")
+    # A tier goes beside the others only where the tier it follows runs first here.
+    beside = {t: after for t, after in BESIDE.items() if t in tiers and after in tiers}
+    main_ports, side_ports = port_ranges() if beside else (None, None)
     started = time.monotonic()
     REPORT.mkdir(parents=True, exist_ok=True)
     for tier in TIERS:
         (REPORT / f"{tier}.json").unlink(missing_ok=True)
+        (REPORT / f"{tier}.log").unlink(missing_ok=True)
     results: dict[str, Result] = {}
     waits: dict[str, float] = {}
     lint_steps: list[list[object]] = []
     rc = PASSED
     setup = BackgroundSetup(args.setup, REPO, REPORT) if args.setup else None
+    sides: list[SideTier] = []
     try:
-        for tier in tiers:
+        for tier in [t for t in tiers if t not in beside]:
+            if failed := [side.tier for side in sides if side.failed()]:
+                print(f"[test] tier {', '.join(failed)} failed: {tier} and after not run")
+                break
             needs = NEEDS.get(tier, frozenset())
             if setup is not None and (rc := join_setup(setup, tier, needs, waits)) != PASSED:
                 print(f"[test] the set-up failed (exit {rc}): {tier} and after not run")
@@ -260,20 +331,42 @@ def main() -> int:
             else:
                 running = setup is not None and setup.proc.returncode is None
                 flags = [*tier_args(tier, args.e2e_workers), *pytest_args]
-                results[tier] = run_tier(tier, flags, setup_running=running)
+                results[tier] = run_tier(tier, flags, setup_running=running, ports=main_ports)
                 rc = results[tier][0]
             if rc != PASSED:
                 print(f"[test] tier {tier} failed (exit {rc}): the tiers after it were not run")
+                for side in sides:
+                    side.cancel()
                 break
-        if setup is not None and rc == PASSED and setup.result is None:
-            # The tiers asked for none or part of it: the set-up still ends, as it was asked to.
-            rc = join_setup(setup, "last", None, waits)
+            for side_tier, after in beside.items():
+                if after == tier:
+                    assert side_ports is not None
+                    sides.append(start_side_tier(side_tier, setup, pytest_args, side_ports))
+        # A main lane that failed does not wait for a side tier that still waits for the
+        # set-up: the finally below stops the set-up first.
+        for side in sides if rc == PASSED else []:
+            side.join()
+            if side.failed():
+                rc = side.setup_rc or (side.result[0] if side.result else 1)
+        if setup is not None and setup.result is None and (rc == PASSED or setup_ended(setup)):
+            # The tiers asked for none or part of it: the set-up still ends, as it was asked
+            # to; or a side tier waited for it whole: its output and its row in the table.
+            joined = join_setup(setup, "last", None, waits)
+            rc = rc or joined
     finally:
+        for side in sides:
+            side.cancel()
         if setup is not None:
             setup.stop()
             if setup.result is not None:
                 results["setup"] = setup.result
-    text = table(results, lint_steps, waits, time.monotonic() - started)
+        for side in sides:
+            side.join()
+            if side.result is not None:
+                results[side.tier] = side.result
+                waits[side.tier] = side.waited
+    notes = [beside_note(side, started) for side in sides if side.started_at is not None]
+    text = table(results, lint_steps, waits, time.monotonic() - started, notes)
     (REPORT / "table.md").write_text(text)
     print(text, flush=True)
     return 1 if rc != PASSED else 0
