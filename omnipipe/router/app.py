@@ -113,6 +113,7 @@ def _video_runner(
         concurrency=settings.video_jobs_per_replica,
         timeout_seconds=settings.video_timeout_seconds,
         lease_seconds=settings.video_lease_seconds,
+        max_bytes=settings.video_max_bytes,
     )
 
 

@@ -6,6 +6,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from omnipipe.api.constants import CREDENTIAL_ENV
 from omnipipe.api.keys import SecretKey
 
+MIB = 1024 * 1024
+
 
 class RouterSettings(BaseSettings):
     model_config = SettingsConfigDict(
@@ -55,6 +57,9 @@ class RouterSettings(BaseSettings):
     video_jobs_per_replica: int = Field(default=2, ge=0, le=64)
     """Video jobs one router replica runs at once (the stages batch what they get); 0:
     this replica answers the API and leaves the jobs to the others."""
+    video_max_bytes: int = Field(default=256 * MIB, ge=1, le=512 * MIB)
+    """Largest finished video a job keeps in the store (Redis's largest value is 512 MiB);
+    a job whose MP4 is bigger fails, its error naming both sizes."""
     video_lease_seconds: float = Field(default=10.0, ge=3, le=600)
     """How long a replica that stopped renewing holds its running video jobs before
     another replica queues them again."""

@@ -76,6 +76,45 @@ def test_what_the_model_cannot_take_is_refused_naming_the_field(
     assert err.value.param == param
 
 
+@pytest.mark.parametrize(
+    ("fields", "param", "words"),
+    [
+        # Each side and the frame count inside its own bound: 416,000 latent tokens.
+        (
+            {"size": "1280x1280", "num_frames": 257},
+            "num_frames",
+            "1280x1280 at 257 frames is 416,000 latent tokens, past the limit of 147,600",
+        ),
+        ({"size": "1280x1280", "seconds": 10}, "seconds", "past the limit of 147,600"),
+        # 1280x720 at 81 frames is 75,600 tokens: 97 steps at most.
+        (
+            {"size": "1280x720", "num_inference_steps": 98},
+            "num_inference_steps",
+            "7,408,800 token-steps, past the limit of 7,380,000 .*take at most 97 steps",
+        ),
+    ],
+)
+def test_a_job_past_the_work_bound_is_refused_before_it_is_made(
+    fields: dict[str, Any], param: str, words: str
+) -> None:
+    with pytest.raises(RequestProblem, match=words) as err:
+        EXTENSIONS.video_params(fields)
+    assert err.value.param == param
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"size": "1280x720", "num_frames": 161},  # the bound itself
+        {"size": "1280x720", "num_inference_steps": 97},
+        {"num_frames": 257},  # 832x480's longest
+        {"num_inference_steps": 200},  # 832x480 at 81 frames, the steps' own bound
+    ],
+)
+def test_the_work_bound_leaves_wans_own_settings_alone(fields: dict[str, Any]) -> None:
+    EXTENSIONS.video_params(fields)
+
+
 def test_images_and_chat_images_are_refused_with_the_endpoint_to_use() -> None:
     with pytest.raises(RequestProblem, match="POST /v1/videos"):
         EXTENSIONS.image_params({"prompt": "x"})

@@ -26,6 +26,17 @@ MAX_PROMPT_CHARS = 32_000
 DEFAULT_WIDTH, DEFAULT_HEIGHT, DEFAULT_FPS, DEFAULT_SECONDS = 832, 480, 16, 5.0
 DEFAULT_SIZE = f"{DEFAULT_WIDTH}x{DEFAULT_HEIGHT}"
 DEFAULT_STEPS, DEFAULT_GUIDANCE = 50, 5.0
+MAX_STEPS = 200
+# The work a job may ask of the stages, in latent tokens (what the DiT attends over and
+# the VAE decodes: a 16x16-pixel patch of 4 frames, the first frame alone) and in tokens
+# times steps (the denoiser's time). Inside the side and frame bounds a request could ask
+# 416,000 tokens at 200 steps: hours of GPU time and about 18 GB of decoded float32
+# frames, and the job timeout the only stop. The bounds are 1280x720 at 161 frames, and
+# that at 50 steps: 832x480 reaches 257 frames, and the default 832x480 at 81 frames its
+# 200 steps.
+PATCH_PIXELS = 16
+MAX_LATENT_TOKENS = (1280 // PATCH_PIXELS) * (720 // PATCH_PIXELS) * ((161 - 1) // FRAME_STEP + 1)
+MAX_TOKEN_STEPS = MAX_LATENT_TOKENS * 50
 
 
 def frames_for(seconds: float, fps: int) -> int:
@@ -96,6 +107,34 @@ def _frames(request: Mapping[str, Any], fps: int) -> int:
     return frames_for(seconds, fps)
 
 
+def latent_tokens(width: int, height: int, frames: int) -> int:
+    return (width // PATCH_PIXELS) * (height // PATCH_PIXELS) * ((frames - 1) // FRAME_STEP + 1)
+
+
+def _check_work(
+    request: Mapping[str, Any], width: int, height: int, frames: int, steps: int
+) -> None:
+    """A 400 naming the bound, before a job is made: the size and length each inside
+    their own bounds may still ask for more than a job may take."""
+    tokens = latent_tokens(width, height, frames)
+    length = "num_frames" if request.get("num_frames") not in (None, "") else "seconds"
+    if tokens > MAX_LATENT_TOKENS:
+        raise RequestProblem(
+            f"{width}x{height} at {frames} frames is {tokens:,} latent tokens, past the limit "
+            f"of {MAX_LATENT_TOKENS:,} (1280x720 at 161 frames): ask for fewer frames or a "
+            "smaller size",
+            length,
+        )
+    if tokens * steps > MAX_TOKEN_STEPS:
+        most = MAX_TOKEN_STEPS // tokens
+        raise RequestProblem(
+            f"num_inference_steps {steps} at {width}x{height} and {frames} frames is "
+            f"{tokens * steps:,} token-steps, past the limit of {MAX_TOKEN_STEPS:,} (1280x720 "
+            f"at 161 frames and 50 steps): this size and length take at most {most} steps",
+            "num_inference_steps",
+        )
+
+
 class WanRequests:
     chat_makes_images = False
     # The extension fields video_params reads: the router logs the others it is sent.
@@ -123,12 +162,15 @@ class WanRequests:
                 f"negative_prompt: at most {MAX_PROMPT_CHARS} characters, got {len(negative)}",
                 "negative_prompt",
             )
+        frames = _frames(request, fps)
+        steps = _integer(request, "num_inference_steps", DEFAULT_STEPS, 1, MAX_STEPS)
+        _check_work(request, width, height, frames, steps)
         return {
             "width": width,
             "height": height,
             "fps": fps,
-            "num_frames": _frames(request, fps),
-            "num_inference_steps": _integer(request, "num_inference_steps", DEFAULT_STEPS, 1, 200),
+            "num_frames": frames,
+            "num_inference_steps": steps,
             "guidance_scale": _number(request, "guidance_scale", DEFAULT_GUIDANCE, 0, 50),
             "negative_prompt": negative or "",
         }

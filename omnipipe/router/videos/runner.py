@@ -51,6 +51,7 @@ class VideoRunner:
         concurrency: int,
         timeout_seconds: float,
         lease_seconds: float = 10.0,
+        max_bytes: int = 256 * 1024 * 1024,
     ) -> None:
         self.store = store
         self.orchestrator = orchestrator
@@ -58,6 +59,7 @@ class VideoRunner:
         self.ttl_seconds = ttl_seconds
         self.concurrency = concurrency
         self.timeout_seconds = timeout_seconds
+        self.max_bytes = max_bytes
         self.lease_ms = int(lease_seconds * 1000)
         # A lease is renewed three times within its life: one late renewal loses nothing.
         self.renew_every = lease_seconds / 3
@@ -194,11 +196,18 @@ class VideoRunner:
         except OpenAIError as exc:
             await self._fail(job, exc.type, exc.message)
             return
+        mp4 = base64.b64decode(result["b64_mp4"])
+        if len(mp4) > self.max_bytes:
+            too_big = (
+                f"the video is {len(mp4):,} bytes, past the {self.max_bytes:,} a job may keep "
+                "(OMNIPIPE_ROUTER_VIDEO_MAX_BYTES): ask for fewer frames or a smaller size"
+            )
+            await self._fail(job, "video_too_large", too_big)
+            return
         now = int(time.time())
         job.update(
             status="completed", progress=100, completed_at=now, expires_at=now + self.ttl_seconds
         )
-        mp4 = base64.b64decode(result["b64_mp4"])
         if not await self.store.finish(job, mp4, self.ttl_seconds, self.owner):
             log.info("video job %s was deleted or taken over as it finished", video_id)
             if await self.store.cancelled(video_id):
