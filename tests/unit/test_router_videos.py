@@ -449,3 +449,21 @@ def test_fields_no_one_reads_are_logged_by_name(
     assert made.status_code == 200, made.text
     logged = [r.getMessage() for r in caplog.records if "unknown video fields" in r.getMessage()]
     assert logged == ["ignoring unknown video fields: 'steps'"]
+
+
+def test_jobs_of_one_second_list_in_the_order_they_were_made(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """created_at has whole seconds: the list's order within one second is the store's
+    creation counter, not the ids' (random) order. Paging after an id keeps to it."""
+    with running_router(tmp_path, wan({}), **QUIET) as (client, _):
+        monkeypatch.setattr("omnipipe.router.api.videos.time.time", lambda: 1_700_000_000.5)
+        made = [client.post("/v1/videos", json=SMALL).json()["id"] for _ in range(8)]
+        monkeypatch.undo()
+        later = client.post("/v1/videos", json=SMALL).json()["id"]
+        oldest_first = client.get("/v1/videos", params={"order": "asc", "limit": 100}).json()
+        assert [v["id"] for v in oldest_first["data"]] == [*made, later]
+        newest = client.get("/v1/videos", params={"limit": 100}).json()["data"]
+        assert [v["id"] for v in newest] == [later, *reversed(made)]
+        after = client.get("/v1/videos", params={"order": "asc", "after": made[3]}).json()
+        assert [v["id"] for v in after["data"]] == [*made[4:], later]

@@ -12,8 +12,9 @@ keys share a Redis Cluster slot, so its scripts may touch them all):
 - `content:<id>`: the MP4, expiring with the job;
 - `queue`: ids waiting for a runner (a list, an id at most once), and `queued`, the same
   ids as a set: whether an id waits is one O(1) lookup, so a sweep stays linear in the
-  jobs however long the queue; `jobs`: every id by creation (a sorted set); `active`: the
-  ids of unfinished jobs (a set), what a sweep reads and the admission limit counts;
+  jobs however long the queue; `jobs`: every id by creation (a sorted set, scored by the
+  second and then `created`, a counter: jobs of one second list in the order made);
+  `active`: the ids of unfinished jobs (a set), what a sweep reads and admission counts;
 - `lease:<id>`: held by the replica running the job, renewed while it runs: a job whose
   lease is gone while it is not finished lost its runner, and a sweep queues it again
   (unless that runner, only stalled, renews first and takes the lease back);
@@ -141,7 +142,8 @@ if ARGV[1] ~= '' then
 end
 redis.call('SET', KEYS[2], ARGV[3])
 redis.call('SET', KEYS[3], ARGV[4])
-redis.call('ZADD', KEYS[4], ARGV[5], ARGV[2])
+local order = tonumber(ARGV[5]) * 1000000 + redis.call('INCR', KEYS[8]) % 1000000
+redis.call('ZADD', KEYS[4], string.format('%.0f', order), ARGV[2])
 redis.call('SADD', KEYS[5], ARGV[2])
 redis.call('RPUSH', KEYS[6], ARGV[2])
 redis.call('SADD', KEYS[7], ARGV[2])
@@ -219,7 +221,7 @@ class VideoStore:
             self._key("once", digest) if digest else self._key("once"),
             self._key("job", video_id),
             self._key("params", video_id),
-            *(self._key(k) for k in ("jobs", "active", "queue", "queued")),
+            *(self._key(k) for k in ("jobs", "active", "queue", "queued", "created")),
         ]
         args = [
             fingerprint,
