@@ -467,3 +467,28 @@ def test_jobs_of_one_second_list_in_the_order_they_were_made(
         assert [v["id"] for v in newest] == [later, *reversed(made)]
         after = client.get("/v1/videos", params={"order": "asc", "after": made[3]}).json()
         assert [v["id"] for v in after["data"]] == [*made[4:], later]
+
+
+@pytest.mark.parametrize(
+    ("content_type", "status"),
+    [
+        ("text/plain", 400),
+        ("application/x-www-form-urlencoded", 400),  # curl -d without -H
+        ("application/xml", 400),
+        ("application/json; charset=utf-8", 200),
+        ("application/vnd.api+json", 200),
+        (None, 200),
+    ],
+)
+def test_a_json_body_is_read_only_under_a_json_content_type(
+    tmp_path: Path, content_type: str | None, status: int
+) -> None:
+    headers = {} if content_type is None else {"Content-Type": content_type}
+    with running_router(tmp_path, wan({}), **QUIET) as (client, _):
+        made = client.post("/v1/videos", content=json.dumps(SMALL), headers=headers)
+    assert made.status_code == status, made.text
+    if status == 400:
+        message = made.json()["error"]["message"]
+        assert message == (
+            f"Content-Type {content_type!r}: send application/json or multipart/form-data"
+        )

@@ -111,6 +111,14 @@ async def _fields(request: Request) -> tuple[dict[str, Any], bool]:
             return {k: v for k, v in form.multi_items() if isinstance(v, str)}, True
         finally:
             await form.close()
+    given = request.headers.get("content-type", "")
+    kind = given.split(";")[0].strip().lower()
+    if kind and kind != "application/json" and not kind.endswith("+json"):
+        # As the JSON endpoints (FastAPI's body parsing) answer: curl's -d alone sends
+        # application/x-www-form-urlencoded, which is not read as JSON either.
+        raise BadRequest(
+            f"Content-Type {given[:60]!r}: send application/json or multipart/form-data"
+        )
     try:
         doc = json.loads(await request.body())
     except (ValueError, RecursionError):  # RecursionError: nested past the parser's depth
