@@ -64,6 +64,10 @@ LINT = (
     ("mypy", [str(BIN / "mypy")]),
     ("import contracts", [str(BIN / "lint-imports")]),
 )
+# The tier after which the background set-up runs at the default priority: the unit
+# tier runs torch in its own process, where nice 19 keeps a compiler from the cores its
+# OpenMP barriers wait on; the tiers after it start workers of their own thread budgets.
+NICE_UNTIL = "unit"
 # A tier that runs beside the others once the tier named has passed and its set-up has
 # ended (hack/side_tier.py): the real node waits on pods and scrapes most of its time.
 BESIDE = {"realnode": "unit"}
@@ -338,6 +342,8 @@ def main() -> int:
                 for side in sides:
                     side.cancel()
                 break
+            if tier == NICE_UNTIL and setup is not None:
+                setup.raise_priority()
             for side_tier, after in beside.items():
                 if after == tier:
                     assert side_ports is not None

@@ -105,3 +105,31 @@ def test_stop_ends_every_process_of_the_set_up(bg: ModuleType, tmp_path: Path) -
     setup.stop()
     assert setup.proc.returncode is not None
     assert time.monotonic() - started < 5
+
+
+def test_raise_priority_puts_the_set_up_and_what_it_starts_next_at_the_default(
+    bg: ModuleType, tmp_path: Path
+) -> None:
+    """After the unit tier the set-up runs at nice 0 and I/O priority 4: the processes it
+    has (the shell) and those it starts from then on (a compiler's next job)."""
+    if os.geteuid() != 0:
+        pytest.skip("raising a priority needs root (CAP_SYS_NICE)")
+    started, release = tmp_path / "started", tmp_path / "release"
+    command = f"touch {started}; while [ ! -e {release} ]; do sleep 0.05; done; nice; ionice"
+    setup = bg.BackgroundSetup(command, tmp_path, tmp_path)
+    try:
+        deadline = time.monotonic() + 10
+        # Until nice and ionice have set theirs and started the shell.
+        while not started.exists():
+            assert time.monotonic() < deadline, "the set-up's shell never started"
+            time.sleep(0.02)
+        assert os.getpriority(os.PRIO_PROCESS, setup.proc.pid) == 19
+        setup.raise_priority()
+        assert os.getpriority(os.PRIO_PROCESS, setup.proc.pid) == 0
+        release.touch()
+        assert setup.join()[0] == 0
+    finally:
+        setup.stop()
+    niceness, io_class = (tmp_path / "setup.log").read_text().split("\n")[:2]
+    assert niceness == "0"
+    assert io_class == "best-effort: prio 4"
