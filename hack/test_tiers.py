@@ -302,6 +302,11 @@ def main() -> int:
     args, pytest_args = parser.parse_known_args()
     # A SIGTERM unwinds like Ctrl-C, so the tier and the background set-up stop too.
     signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
+    # A runner started in the background (`nohup ... &`, some CI agents) inherits SIGINT
+    # ignored, and so would every tier's pytest: the SIGINT that stops a tier (its
+    # teardowns take the node and the serves down) would do nothing. A handler is reset
+    # to the default at exec, where an ignored signal stays ignored.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     tiers = [t for t in args.tiers.split(",") if t]
     unknown = sorted(set(tiers) - set(TIERS))
     if unknown:

@@ -83,8 +83,11 @@ def test_a_failed_run_is_a_failure(side: ModuleType, tmp_path: Path) -> None:
 
 
 def test_cancel_stops_a_running_tier_as_ctrl_c_would(side: ModuleType, tmp_path: Path) -> None:
+    # Its own Ctrl-C handler: a test run started in the background inherits SIGINT ignored
+    # (hack/test_tiers.py gives its tiers the default).
     code = (
-        "import time\ntry:\n    time.sleep(60)\nexcept KeyboardInterrupt:\n    raise SystemExit(42)"
+        "import signal, time\nsignal.signal(signal.SIGINT, signal.default_int_handler)\n"
+        "try:\n    time.sleep(60)\nexcept KeyboardInterrupt:\n    raise SystemExit(42)"
     )
     marker = tmp_path / "started"
     script = f"open({str(marker)!r}, 'w').close()\n{code}"
