@@ -1,0 +1,140 @@
+"""FLUX.1's denoiser as steps that requests share, reproducing FluxPipeline's
+flow-matching loop (within 1e-4, tests/unit/test_flux.py).
+
+Each step is one transformer forward for the whole batch, each row at its own request's
+timestep and guidance: FLUX's text is T5's sequence padded to a fixed length and its
+positions depend only on the image's size, so requests of one size join a running batch
+at any step boundary with no padding or mask, and leave it at the next. No CFG: dev's
+guidance is an input of the model (distilled), and schnell has none."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+import torch
+
+from omnipipe.families.flux.loading import load_flux
+from omnipipe.stagekit.params import float_param, int_param
+from omnipipe.stagekit.stage import StageJob, StageResult, SteppedStage
+
+
+@dataclass
+class FluxDenoising:
+    """One request in flight: its latents and where it is in its schedule."""
+
+    latents: torch.Tensor  # (n, image tokens, channels), packed
+    image_ids: torch.Tensor  # (image tokens, 3)
+    text: torch.Tensor  # (n, length, dim)
+    pooled: torch.Tensor  # (n, dim)
+    guidance: float
+    sigmas: torch.Tensor  # steps + 1, the last 0
+    timesteps: torch.Tensor  # steps
+    serial: int
+    index: int = 0
+
+
+def size_of(params: dict[str, object]) -> tuple[int, int]:
+    return int_param(params, "width", 1024), int_param(params, "height", 1024)
+
+
+class FluxDenoiseStage(SteppedStage):
+    """Flow-matching FLUX DiT denoising, guidance as the model's input -> latents."""
+
+    def load(self) -> None:
+        self.pipe = load_flux(self.model_path, self.device, {"transformer", "scheduler"})
+        self.guidance_embeds = bool(self.pipe.transformer.config.guidance_embeds)
+        self._schedule = lru_cache(maxsize=64)(self._make_schedule)
+        self._serials = itertools.count()
+
+    def batch_key(self, job: StageJob) -> Hashable | None:
+        # Rows at different steps, guidance and prompts share a forward: only the image's
+        # size (its positions) must agree.
+        return size_of(job.params)
+
+    def _make_schedule(self, steps: int, image_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The scheduler's shifted sigmas and timesteps, as the pipeline sets them."""
+        from diffusers.pipelines.flux.pipeline_flux import calculate_shift
+
+        scheduler = type(self.pipe.scheduler).from_config(self.pipe.scheduler.config)
+        config = scheduler.config
+        mu = calculate_shift(
+            image_tokens,
+            config.get("base_image_seq_len", 256),
+            config.get("max_image_seq_len", 4096),
+            config.get("base_shift", 0.5),
+            config.get("max_shift", 1.15),
+        )
+        sigmas = np.linspace(1.0, 1 / steps, steps)
+        scheduler.set_timesteps(sigmas=sigmas, device=self.device, mu=mu)
+        return scheduler.sigmas.clone(), scheduler.timesteps.clone()
+
+    def begin(self, job: StageJob) -> FluxDenoising:
+        pipe, device = self.pipe, self.device
+        width, height = size_of(job.params)
+        n = int_param(job.params, "n", 1)
+        steps = int_param(job.params, "num_inference_steps", 28)
+        seed = int_param(job.params, "seed", 0)
+        enc = job.inputs["encode"]
+        text = enc["prompt_embeds"].to(device)
+        generators = [torch.Generator(device="cpu").manual_seed(seed + i) for i in range(n)]
+        channels = pipe.transformer.config.in_channels // 4
+        latents, image_ids = pipe.prepare_latents(
+            n, channels, height, width, text.dtype, device, generators
+        )
+        sigmas, timesteps = self._schedule(steps, int(latents.shape[1]))
+        return FluxDenoising(
+            latents=latents,
+            image_ids=image_ids,
+            text=text.repeat_interleave(n, dim=0),
+            pooled=enc["pooled_prompt_embeds"].to(device).repeat_interleave(n, dim=0),
+            guidance=float_param(job.params, "guidance_scale", 3.5),
+            sigmas=sigmas,
+            timesteps=timesteps,
+            serial=next(self._serials),
+        )
+
+    def step(self, states: Sequence[FluxDenoising]) -> None:
+        device = self.device
+        rows = [len(s.latents) for s in states]
+        hidden = torch.cat([s.latents for s in states])
+        times = torch.cat([s.timesteps[s.index].expand(len(s.latents)) for s in states])
+        guidance = None
+        if self.guidance_embeds:
+            guidance = torch.tensor(
+                [s.guidance for s, k in zip(states, rows, strict=True) for _ in range(k)],
+                device=device,
+                dtype=torch.float32,
+            )
+        text = torch.cat([s.text for s in states])
+        with torch.inference_mode():
+            pred: torch.Tensor = self.pipe.transformer(
+                hidden_states=hidden,
+                timestep=times.to(device, hidden.dtype) / 1000,
+                guidance=guidance,
+                pooled_projections=torch.cat([s.pooled for s in states]),
+                encoder_hidden_states=text,
+                txt_ids=torch.zeros(text.shape[1], 3, device=device, dtype=text.dtype),
+                img_ids=states[0].image_ids,
+                joint_attention_kwargs={},
+                return_dict=False,
+            )[0]
+        self.count_steps("computed", len(states))
+        for state, noise in zip(states, torch.split(pred, rows), strict=True):
+            sigma, after = state.sigmas[state.index], state.sigmas[state.index + 1]
+            step = state.latents.to(torch.float32) + (after - sigma) * noise
+            state.latents = step.to(noise.dtype)
+            state.index += 1
+        self.progress()
+
+    def finished(self, state: FluxDenoising) -> bool:
+        return state.index >= len(state.timesteps)
+
+    def step_count(self, state: FluxDenoising) -> tuple[int, int] | None:
+        return state.index, len(state.timesteps)
+
+    def finish(self, state: FluxDenoising) -> StageResult:
+        return StageResult(tensors={"latents": state.latents})
