@@ -5,16 +5,17 @@ then one table of what each took.
         [--setup "make setup"] [--e2e-workers N] [PYTEST_ARGS...]
 
 --setup runs a set-up command in the background from the start, at the lowest CPU and I/O
-priority: lint, unit and e2e need only the venv, so on a fresh machine they run while the
-Kubernetes binaries, the node and the images build, and a compiler never holds a core that
-a tier's OpenMP barrier waits for. The integration tier waits only for the set-up steps it
+priority until the unit tier has passed (then the default): lint, unit and e2e need only
+the venv, so on a fresh machine they run while the Kubernetes binaries, the node and the
+images build, and a compiler never holds a core that the unit tier's OpenMP barrier
+waits for. The integration tier waits only for the set-up steps it
 uses (NEEDS: the node's own binaries go on building beside it); the real-node tier waits
 for the whole set-up, and a failed set-up stops the run.
 
 The real-node tier runs beside the others (BESIDE, hack/side_tier.py): once the unit tier
 has passed and the whole set-up has ended, it starts in a thread of its own, its output
-in build/test-report/realnode.log (printed whole when it ends), its serves on ports of
-their own. It waits on pods and scrapes most of its time, so beside the e2e and
+in build/test-report/realnode.log (printed whole when the main lane joins it), its serves
+on ports of their own. It waits on pods and scrapes most of its time, so beside the e2e and
 integration tiers it costs little wall time of its own. A main-lane tier that fails stops
 it; a failed real-node tier keeps the main lane from starting its next tier.
 
@@ -32,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import signal
 import subprocess
@@ -41,8 +41,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from background_setup import BackgroundSetup, clock, setup_rows
+from background_setup import BackgroundSetup
 from side_tier import Result, SideTier, say
+from tier_table import TIERS, beside_note, table
 
 from omnipipe.local.ports import PORT_RANGE_ENV, port_range
 from omnipipe.worker.threads import budget_environment
@@ -50,7 +51,6 @@ from omnipipe.worker.threads import budget_environment
 REPO = Path(__file__).resolve().parents[1]
 REPORT = REPO / "build" / "test-report"
 BIN = Path(sys.executable).parent
-TIERS = ("lint", "unit", "e2e", "integration", "realnode")
 # The set-up steps (the Makefile's targets, as hack/timed.sh names them in setup.tsv) a
 # tier waits for; None: the whole set-up. The integration tier runs the control plane,
 # kwok, helm, the GitOps and Grafana tools and the images (test_container_images builds
@@ -128,7 +128,8 @@ def run_tier(
     started: Callable[[subprocess.Popen[bytes]], None] | None = None,
 ) -> tuple[int, float, float]:
     """(exit code, wall seconds, CPU seconds). `ports`: the OMNIPIPE_PORT_RANGE its serves
-    and clusters pick from; `output`: a file for its output instead of the terminal;
+    and clusters pick from; `output`: a file for its output instead of the terminal, and a
+    process group of its own (a tier beside the others: the runner alone signals it);
     `started`: called with the pytest process once it runs."""
     env = {**os.environ, "OMNIPIPE_TEST_TIER": tier, "OMNIPIPE_TEST_REPORT": str(REPORT)}
     if ports is not None:
@@ -137,13 +138,14 @@ def run_tier(
         print(f"[test] tier {tier}: torch on one thread while the set-up builds", flush=True)
         # The variables a worker's thread budget sets (OpenMP, MKL, OpenBLAS, Rayon).
         env.update(budget_environment(1))
-    print(f"[test] tier {tier}: pytest tests/{tier} {' '.join(pytest_args)}", flush=True)
+    say(f"tier {tier}: pytest tests/{tier} {' '.join(pytest_args)}")
     began = time.monotonic()
     cmd = [str(BIN / "pytest"), f"tests/{tier}", *pytest_args]
     with contextlib.ExitStack() as files:
         out = files.enter_context(output.open("wb")) if output is not None else None
         err = subprocess.STDOUT if out is not None else None
-        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=err)
+        group = 0 if out is not None else None
+        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=err, process_group=group)
     if started is not None:
         started(proc)
     try:
@@ -161,85 +163,6 @@ def run_tier(
     return proc.returncode, time.monotonic() - began, cpu
 
 
-def cpu_cell(cpu: float | None, wall: float) -> str:
-    """CPU time, and how many of the cores it kept busy on average."""
-    return "" if cpu is None else f"{clock(cpu)} ({cpu / max(wall, 1e-9):.1f} cores)"
-
-
-def setup_table(waits: dict[str, float]) -> list[str]:
-    lines = ["| set-up step | wall | CPU | result |", "|---|---|---|---|"]
-    for row in setup_rows(REPORT):
-        name, wall, status = row[0], float(row[1]), row[2]
-        cpu = cpu_cell(float(row[3]), wall) if len(row) > 3 else ""
-        lines.append(f"| {name} | {clock(wall)} | {cpu} | {status} |")
-    lines.append("")
-    for tier, waited in waits.items():
-        who = "The run's end" if tier == "last" else f"The {tier} tier"
-        lines.append(f"{who} waited {clock(waited)} for the set-up.")
-    return [*lines, ""] if waits else lines
-
-
-def table(
-    results: dict[str, Result],
-    lint_steps: list[list[object]],
-    waits: dict[str, float],
-    wall_s: float,
-    notes: list[str] | None = None,
-) -> str:
-    lines = ["", "## make test: where the time went", ""]
-    if setup_rows(REPORT):
-        lines += setup_table(waits)
-    if "setup" in results:
-        rc, wall, cpu = results["setup"]
-        result = "ok" if rc == PASSED else f"FAILED (exit {rc})"
-        lines += [
-            f"Background set-up: {result}, {clock(wall)}, {cpu_cell(cpu, wall)} of CPU, "
-            "beside the tiers.",
-            "",
-        ]
-    lines += [
-        "| tier | result | wall | CPU | tests | passed | failed | skipped | xfailed | errors |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    total_tests = 0
-    details: list[str] = []
-    for tier in TIERS:
-        if tier not in results:
-            lines.append(f"| {tier} | not run | | | | | | | | |")
-            continue
-        rc, wall, cpu = results[tier]
-        result = "passed" if rc == PASSED else f"FAILED (exit {rc})"
-        took = f"{clock(wall)} | {cpu_cell(cpu, wall)}"
-        if tier == "lint":
-            steps_text = ", ".join(f"{n} {s} s" for n, s in lint_steps)
-            lines.append(f"| lint | {result} | {took} | {steps_text} | | | | | |")
-            continue
-        report_file = REPORT / f"{tier}.json"
-        if not report_file.exists():
-            lines.append(f"| {tier} | {result} | {took} | no report | | | | | |")
-            continue
-        report = json.loads(report_file.read_text())
-        o = report["outcomes"]
-        total_tests += report["collected"]
-        workers = report.get("workers", 0)
-        name = f"{tier} ({workers} workers)" if workers else tier
-        lines.append(
-            f"| {name} | {result} | {took} | {report['collected']} | {o.get('passed', 0)}"
-            f" | {o.get('failed', 0)} | {o.get('skipped', 0)} | {o.get('xfailed', 0)}"
-            f" | {o.get('errors', 0)} |"
-        )
-        details += ["", f"{tier}, ten slowest items (setup + call + teardown):", ""]
-        details += ["| s | item |", "|---|---|"]
-        details += [f"| {s} | `{nodeid}` |" for nodeid, s in report["slowest"]]
-        if modules := report.get("modules"):
-            details += ["", f"{tier}, ten costliest modules (all their items):", ""]
-            details += ["| s | module |", "|---|---|"]
-            details += [f"| {s} | `{module}` |" for module, s in modules]
-    lines.append(f"| **all tiers** | | **{clock(wall_s)}** | | {total_tests} | | | | | |")
-    lines += ["", *notes] if notes else []
-    return "\n".join(lines + details) + "\n"
-
-
 def join_setup(
     setup: BackgroundSetup, tier: str, needs: frozenset[str] | None, waits: dict[str, float]
 ) -> int:
@@ -255,10 +178,18 @@ def join_setup(
     return rc
 
 
-def port_ranges() -> tuple[str, str]:
-    """Two halves of the ports free_port picks from: the main lane's tiers and the side
-    tier's pick ports free and bind them seconds later, so each lane gets ports of its own."""
+# Fewer ports than this to share, and the lanes pick from all of them (free_port then
+# falls back to the kernel's pick, as it does without a range).
+MIN_PORTS_TO_SPLIT = 2000
+
+
+def port_ranges() -> tuple[str | None, str | None]:
+    """Two halves of the ports free_port picks from, for the tiers that run while the side
+    tier does: each lane's serves pick ports free and bind them seconds later, so each
+    lane gets ports of its own. (None, None) where there are too few to halve."""
     low, high = port_range()
+    if high - low + 1 < MIN_PORTS_TO_SPLIT:
+        return None, None
     middle = (low + high) // 2
     return f"{low}-{middle}", f"{middle + 1}-{high}"
 
@@ -267,16 +198,26 @@ def setup_ended(setup: BackgroundSetup) -> bool:
     return setup.proc.returncode is not None
 
 
-def beside_note(side: SideTier, run_started: float) -> str:
-    assert side.started_at is not None
-    return (
-        f"The {side.tier} tier ran beside the others, from {clock(side.started_at - run_started)}"
-        " into the run (hack/side_tier.py)."
-    )
+def side_failed(sides: list[SideTier], tier: str) -> bool:
+    """Whether a side tier's own run has failed; said, with `tier` not to be run."""
+    if failed := [side.tier for side in sides if side.failed()]:
+        print(f"[test] tier {', '.join(failed)} failed: {tier} and after not run", flush=True)
+        return True
+    return False
+
+
+def side_rc(side: SideTier) -> int:
+    """What a joined side tier makes of the run: 0, its exit code or its set-up's."""
+    if side.setup_rc != PASSED:
+        print(f"[test] the set-up failed (exit {side.setup_rc}): {side.tier} not run", flush=True)
+        return side.setup_rc
+    if side.error is not None:
+        return 1
+    return side.result[0] if side.result is not None else PASSED
 
 
 def start_side_tier(
-    tier: str, setup: BackgroundSetup | None, pytest_args: list[str], ports: str
+    tier: str, setup: BackgroundSetup | None, pytest_args: list[str], ports: str | None
 ) -> SideTier:
     def wait() -> int:
         if setup is None:
@@ -327,12 +268,13 @@ def main() -> int:
     sides: list[SideTier] = []
     try:
         for tier in [t for t in tiers if t not in beside]:
-            if failed := [side.tier for side in sides if side.failed()]:
-                print(f"[test] tier {', '.join(failed)} failed: {tier} and after not run")
+            if side_failed(sides, tier):
                 break
             needs = NEEDS.get(tier, frozenset())
             if setup is not None and (rc := join_setup(setup, tier, needs, waits)) != PASSED:
                 print(f"[test] the set-up failed (exit {rc}): {tier} and after not run")
+                break
+            if side_failed(sides, tier):  # while it waited for the set-up
                 break
             if tier == "lint":
                 rc, wall, lint_steps = run_lint()
@@ -340,10 +282,15 @@ def main() -> int:
             else:
                 running = setup is not None and setup.proc.returncode is None
                 flags = [*tier_args(tier, args.e2e_workers), *pytest_args]
-                results[tier] = run_tier(tier, flags, setup_running=running, ports=main_ports)
+                # Ports of their own only while a side tier may run beside them.
+                ports = main_ports if sides else None
+                results[tier] = run_tier(tier, flags, setup_running=running, ports=ports)
                 rc = results[tier][0]
             if rc != PASSED:
-                print(f"[test] tier {tier} failed (exit {rc}): the tiers after it were not run")
+                print(
+                    f"[test] tier {tier} failed (exit {rc}): the tiers after it were not run",
+                    flush=True,
+                )
                 for side in sides:
                     side.cancel()
                 break
@@ -351,14 +298,12 @@ def main() -> int:
                 setup.raise_priority()
             for side_tier, after in beside.items():
                 if after == tier:
-                    assert side_ports is not None
                     sides.append(start_side_tier(side_tier, setup, pytest_args, side_ports))
         # A main lane that failed does not wait for a side tier that still waits for the
         # set-up: the finally below stops the set-up first.
         for side in sides if rc == PASSED else []:
             side.join()
-            if side.failed():
-                rc = side.setup_rc or (side.result[0] if side.result else 1)
+            rc = rc or side_rc(side)
         if setup is not None and setup.result is None and (rc == PASSED or setup_ended(setup)):
             # The tiers asked for none or part of it: the set-up still ends, as it was asked
             # to; or a side tier waited for it whole: its output and its row in the table.
@@ -376,8 +321,8 @@ def main() -> int:
             if side.result is not None:
                 results[side.tier] = side.result
                 waits[side.tier] = side.waited
-    notes = [beside_note(side, started) for side in sides if side.started_at is not None]
-    text = table(results, lint_steps, waits, time.monotonic() - started, notes)
+    notes = [beside_note(side, started) for side in sides]
+    text = table(REPORT, results, lint_steps, waits, time.monotonic() - started, notes)
     (REPORT / "table.md").write_text(text)
     print(text, flush=True)
     return 1 if rc != PASSED else 0

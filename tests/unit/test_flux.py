@@ -114,9 +114,10 @@ def test_a_negative_prompt_is_refused_by_name_and_diffusers_defaults_fill_the_re
         "num_inference_steps": 28,
         "guidance_scale": 3.5,
     }
-    assert EXTENSIONS.image_params(
-        {"prompt": "x", "num_inference_steps": 4, "guidance_scale": 0}
-    ) == {}
+    assert (
+        EXTENSIONS.image_params({"prompt": "x", "num_inference_steps": 4, "guidance_scale": 0})
+        == {}
+    )
     with pytest.raises(RequestProblem, match="/v1/images/generations"):
         EXTENSIONS.chat_image_params({"prompt": "x"}, lambda s: (64, 64))
 

@@ -477,6 +477,7 @@ def test_jobs_of_one_second_list_in_the_order_they_were_made(
         ("application/xml", 400),
         ("application/json; charset=utf-8", 200),
         ("application/vnd.api+json", 200),
+        ("text/x+json", 400),
         (None, 200),
     ],
 )

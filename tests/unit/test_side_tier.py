@@ -60,7 +60,7 @@ def test_it_runs_after_its_set_up_and_beside_the_caller(side: ModuleType, tmp_pa
     assert not tier.failed()
 
 
-def test_a_failed_set_up_is_a_failure_and_nothing_runs(side: ModuleType, tmp_path: Path) -> None:
+def test_after_a_failed_set_up_nothing_runs(side: ModuleType, tmp_path: Path) -> None:
     ran = threading.Event()
 
     def run(started: Started) -> tuple[int, float, float | None]:
@@ -69,7 +69,6 @@ def test_a_failed_set_up_is_a_failure_and_nothing_runs(side: ModuleType, tmp_pat
 
     tier = side.SideTier("realnode", lambda: 2, run, tmp_path / "x")
     tier.join()
-    assert tier.failed()
     assert tier.setup_rc == 2
     assert not ran.is_set()
 
@@ -137,3 +136,81 @@ def test_its_output_is_printed_once(
     tier.join()
     tier.join()
     assert capsys.readouterr().out.count("14 passed") == 1
+
+
+def wait_for_file(path: Path, seconds: float = 20) -> None:
+    deadline = time.monotonic() + seconds
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path} never appeared"
+        time.sleep(0.05)
+
+
+def test_cancel_twice_sends_one_sigint(side: ModuleType, tmp_path: Path) -> None:
+    """A second SIGINT would cut a pytest's teardown (the node's) short: cancel is once."""
+    marker, count = tmp_path / "started", tmp_path / "sigints"
+    script = (
+        "import signal, time\n"
+        f"def count(*_):\n    open({str(count)!r}, 'a').write('x')\n"
+        "signal.signal(signal.SIGINT, count)\n"
+        f"open({str(marker)!r}, 'w').close()\n"
+        "time.sleep(1.5)\n"
+    )
+    tier = side.SideTier(
+        "realnode", lambda: 0, run_process([sys.executable, "-c", script]), tmp_path / "x"
+    )
+    wait_for_file(marker)
+    tier.cancel()
+    tier.cancel()
+    tier.join()
+    assert count.read_text() == "x"
+    assert tier.stopped
+
+
+def test_a_tier_that_ignores_its_sigint_is_killed_after_the_grace(
+    side: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(side, "STOP_GRACE_SECONDS", 0.5)
+    marker = tmp_path / "started"
+    script = (
+        "import os, signal, time\n"
+        "signal.signal(signal.SIGINT, signal.SIG_IGN)\n"
+        f"open({str(marker)!r}, 'w').close()\n"
+        "time.sleep(60)\n"
+    )
+
+    def run(started: Started) -> tuple[int, float, float | None]:
+        # In a process group of its own, as hack/test_tiers.py starts the side tier.
+        proc = subprocess.Popen([sys.executable, "-c", script], process_group=0)
+        started(proc)
+        return proc.wait(), 0.0, None
+
+    tier = side.SideTier("realnode", lambda: 0, run, tmp_path / "x")
+    wait_for_file(marker)
+    began = time.monotonic()
+    tier.cancel()
+    tier.join()
+    assert tier.result is not None
+    assert tier.result[0] == -9  # SIGKILL
+    assert time.monotonic() - began < 10
+
+
+def test_a_lane_that_breaks_is_a_failure_not_a_pass(side: ModuleType, tmp_path: Path) -> None:
+    def run(started: Started) -> tuple[int, float, float | None]:
+        raise PermissionError("the log cannot be written")
+
+    tier = side.SideTier("realnode", lambda: 0, run, tmp_path / "x")
+    tier.join()
+    assert tier.result is None
+    assert isinstance(tier.error, PermissionError)
+    assert tier.failed()
+
+
+def test_a_failed_set_up_is_the_set_ups_failure_not_the_tiers(
+    side: ModuleType, tmp_path: Path
+) -> None:
+    """The main lane's next tier waits only for its own set-up steps (the integration
+    tier does not need the node's): a step that only the side tier needs does not stop it."""
+    tier = side.SideTier("realnode", lambda: 2, run_process(["true"]), tmp_path / "x")
+    tier.join()
+    assert tier.setup_rc == 2
+    assert not tier.failed()

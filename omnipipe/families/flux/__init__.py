@@ -5,6 +5,7 @@ from omnipipe.api.families import Family, PipelineType, StageDefaults
 from omnipipe.api.roles import Engine, Role
 
 STAGES = "omnipipe.families.flux.stages"
+DENOISE = "omnipipe.families.flux.denoise"
 
 FAMILY = Family(
     name="flux",
@@ -29,7 +30,7 @@ FAMILY = Family(
             ),
             stage_classes={
                 (Role.TEXT_ENCODER, Engine.TRANSFORMERS): f"{STAGES}:FluxEncodeStage",
-                (Role.DENOISER, Engine.DIFFUSERS): "omnipipe.families.flux.denoise:FluxDenoiseStage",
+                (Role.DENOISER, Engine.DIFFUSERS): f"{DENOISE}:FluxDenoiseStage",
                 (Role.VAE_DECODER, Engine.DIFFUSERS): f"{STAGES}:FluxDecodeStage",
             },
         ),

@@ -30,10 +30,10 @@ MAX_STEPS = 200
 # The work a job may ask of the stages, in latent tokens (what the DiT attends over and
 # the VAE decodes: a 16x16-pixel patch of 4 frames, the first frame alone) and in tokens
 # times steps (the denoiser's time). Inside the side and frame bounds a request could ask
-# 416,000 tokens at 200 steps: hours of GPU time and about 18 GB of decoded float32
-# frames, and the job timeout the only stop. The bounds are 1280x720 at 161 frames, and
-# that at 50 steps: 832x480 reaches 257 frames, and the default 832x480 at 81 frames its
-# 200 steps.
+# 416,000 tokens at 200 steps: hours of GPU time, and a decode stage holding 5 GB of
+# float32 frames several times over (about 18 GB), with the job timeout the only stop.
+# The bounds are 1280x720 at 161 frames, and that at 50 steps: 832x480 reaches 257
+# frames, and the default 832x480 at 81 frames its 200 steps.
 PATCH_PIXELS = 16
 MAX_LATENT_TOKENS = (1280 // PATCH_PIXELS) * (720 // PATCH_PIXELS) * ((161 - 1) // FRAME_STEP + 1)
 MAX_TOKEN_STEPS = MAX_LATENT_TOKENS * 50

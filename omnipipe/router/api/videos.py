@@ -113,7 +113,10 @@ async def _fields(request: Request) -> tuple[dict[str, Any], bool]:
             await form.close()
     given = request.headers.get("content-type", "")
     kind = given.split(";")[0].strip().lower()
-    if kind and kind != "application/json" and not kind.endswith("+json"):
+    json_kind = kind == "application/json" or (
+        kind.startswith("application/") and kind.endswith("+json")
+    )
+    if kind and not json_kind:
         # As the JSON endpoints (FastAPI's body parsing) answer: curl's -d alone sends
         # application/x-www-form-urlencoded, which is not read as JSON either.
         raise BadRequest(
