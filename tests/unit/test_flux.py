@@ -1,7 +1,8 @@
 """tiny://flux1-dev and tiny://flux1-schnell split into three stages equal diffusers'
 one-process FluxPipeline: the same pixels, within float rounding of another batch shape,
 for requests denoised in one batch with their own seeds, step counts, guidance and image
-counts; and the request fields FLUX does not take are refused by name."""
+counts; a LoRA adapter as diffusers' own loading applies it, int8 weights near full precision;
+and the request fields FLUX does not take are refused by name."""
 
 from __future__ import annotations
 
@@ -30,20 +31,22 @@ PIXEL_TOLERANCE = 1e-4
 MODELS = ("tiny://flux1-dev", "tiny://flux1-schnell")
 
 
-def loaded(model: str, name: str) -> Any:
+def loaded(model: str, name: str, **spec: Any) -> Any:
+    """The stage as the worker loads it; `spec`: more of the resource's spec (adapters,
+    stages with their acceleration)."""
     pipeline = resolve(
         parse_resource(
             {
                 "apiVersion": "omnipipe.io/v1alpha1",
                 "kind": "OmniPipeline",
                 "metadata": {"name": "flux"},
-                "spec": {"model": model, "pipeline": "flux"},
+                "spec": {"model": model, "pipeline": "flux", **spec},
             }
         )
     )
-    spec = pipeline.stage(name)
+    stage_spec = pipeline.stage(name)
     path = resolve_model_path(model)
-    stage = stage_class(spec, path)(spec, path, "cpu")
+    stage = stage_class(stage_spec, path)(stage_spec, path, "cpu")
     stage.load()
     return stage
 
@@ -126,3 +129,72 @@ def test_a_wrong_parameter_type_is_the_clients_error() -> None:
     encode = loaded(MODELS[0], "encode")
     with pytest.raises(StageInputError, match="prompt must be a non-empty string"):
         encode.run(StageJob({"prompt": ""}, {}))
+
+
+LORA = {**BASE, "prompt": "a lighthouse at dusk", "guidance_scale": 3.5, "seed": 5}
+
+
+def test_a_lora_adapter_is_applied_as_diffusers_applies_it() -> None:
+    """spec.adapters on the denoiser: a request naming the adapter at a scale gets the
+    image FluxPipeline makes with load_lora_weights and that scale; the base model is
+    there still, and other adapters or scales never share a batch."""
+    from diffusers import FluxPipeline
+
+    model = MODELS[0]
+    source = str(resolve_model_path("tiny://flux1-dev-lora"))
+    adapters = [{"name": "ink", "source": source, "stage": "denoise"}]
+    encode, decode = loaded(model, "encode"), loaded(model, "decode")
+    denoise = loaded(model, "denoise", adapters=adapters)
+    inputs = {"encode": encode.run(StageJob(LORA, {})).tensors}
+    lora = {**LORA, "lora": {"name": "ink", "scale": 0.7}}
+    [with_lora, base] = denoise.run_batch([StageJob(lora, inputs)]) + denoise.run_batch(
+        [StageJob(LORA, inputs)]
+    )
+    images = decode.pixels(StageJob(LORA, {"denoise": with_lora.tensors}))
+    pipe = FluxPipeline.from_pretrained(resolve_model_path(model))
+    pipe.set_progress_bar_config(disable=True)
+    pipe.load_lora_weights(source, adapter_name="ink")
+    pipe.set_adapters(["ink"], adapter_weights=[0.7])
+    expected = pipe(
+        prompt=LORA["prompt"],
+        width=LORA["width"],
+        height=LORA["height"],
+        num_inference_steps=LORA["num_inference_steps"],
+        guidance_scale=LORA["guidance_scale"],
+        generator=[torch.Generator().manual_seed(LORA["seed"])],
+        output_type="np",
+    ).images
+    np.testing.assert_allclose(images, expected, rtol=0, atol=PIXEL_TOLERANCE)
+    plain = decode.pixels(StageJob(LORA, {"denoise": base.tensors}))
+    assert np.abs(plain - images).max() > 0.01  # the adapter changed the image
+    keys = {
+        denoise.batch_key(StageJob(p, inputs))
+        for p in (LORA, lora, {**lora, "lora": {"name": "ink", "scale": 1.0}})
+    }
+    assert len(keys) == 3
+    with pytest.raises(StageInputError, match=r"lora\.name: this stage has no adapter 'neon'"):
+        denoise.begin(StageJob({**LORA, "lora": {"name": "neon", "scale": 1.0}}, inputs))
+
+
+def test_int8_weights_stay_near_full_precision() -> None:
+    from torchao.utils import TorchAOBaseTensor
+
+    model = MODELS[0]
+    encode = loaded(model, "encode")
+    job = StageJob(LORA, {"encode": encode.run(StageJob(LORA, {})).tensors})
+    [full] = loaded(model, "denoise").run_batch([job])
+    stages = [{"name": "denoise", "acceleration": {"quantization": {"method": "int8-weight-only"}}}]
+    quantized = loaded(model, "denoise", stages=stages)
+    linears = [m for m in quantized.pipe.transformer.modules() if isinstance(m, torch.nn.Linear)]
+    assert linears
+    assert all(isinstance(m.weight, TorchAOBaseTensor) for m in linears)
+    [got] = quantized.run_batch([job])
+    a, b = full.tensors["latents"], got.tensors["latents"]
+    error = float((b - a).norm() / a.norm())
+    assert 0 < error < 0.01, f"relative error {error:.4f}"
+
+
+def test_the_step_cache_is_refused_by_name() -> None:
+    stages = [{"name": "denoise", "acceleration": {"cache": {}}}]
+    with pytest.raises(NotImplementedError, match=r"does not support acceleration\.cache"):
+        loaded(MODELS[0], "denoise", stages=stages)

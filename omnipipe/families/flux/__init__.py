@@ -38,6 +38,8 @@ FAMILY = Family(
     tiny_models={
         "flux1-dev": "omnipipe.families.flux.tiny:build_flux1_dev",
         "flux1-schnell": "omnipipe.families.flux.tiny:build_flux1_schnell",
+        # A LoRA adapter of tiny://flux1-dev's DiT, for spec.adapters[].source.
+        "flux1-dev-lora": "omnipipe.families.flux.tiny_lora:build_flux1_dev_lora",
     },
     requests="omnipipe.families.flux.requests:EXTENSIONS",
 )

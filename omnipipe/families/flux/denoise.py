@@ -5,7 +5,9 @@ Each step is one transformer forward for the whole batch, each row at its own re
 timestep and guidance: FLUX's text is T5's sequence padded to a fixed length and its
 positions depend only on the image's size, so requests of one size join a running batch
 at any step boundary with no padding or mask, and leave it at the next. No CFG: dev's
-guidance is an input of the model (distilled), and schnell has none."""
+guidance is an input of the model (distilled), and schnell has none. LoRA adapters and
+weight quantization come from the stage kit (stagekit/dit_adapters.py, dit_quantize.py);
+a request's adapter and scale are part of its batch key."""
 
 from __future__ import annotations
 
@@ -17,7 +19,10 @@ from functools import lru_cache
 import numpy as np
 import torch
 
+from omnipipe.api.adapters import Adapter
 from omnipipe.families.flux.loading import load_flux
+from omnipipe.stagekit.dit_adapters import LoadedAdapters, LoraChoice, lora_choice, lora_key
+from omnipipe.stagekit.dit_quantize import quantize_weights
 from omnipipe.stagekit.params import float_param, int_param
 from omnipipe.stagekit.stage import StageJob, StageResult, SteppedStage
 
@@ -34,6 +39,7 @@ class FluxDenoising:
     sigmas: torch.Tensor  # steps + 1, the last 0
     timesteps: torch.Tensor  # steps
     serial: int
+    lora: LoraChoice = None
     index: int = 0
 
 
@@ -44,16 +50,30 @@ def size_of(params: dict[str, object]) -> tuple[int, int]:
 class FluxDenoiseStage(SteppedStage):
     """Flow-matching FLUX DiT denoising, guidance as the model's input -> latents."""
 
+    accelerations = frozenset({"quantization"})
+    takes_adapters = True
+
     def load(self) -> None:
+        from diffusers import FluxPipeline
+
         self.pipe = load_flux(self.model_path, self.device, {"transformer", "scheduler"})
         self.guidance_embeds = bool(self.pipe.transformer.config.guidance_embeds)
         self._schedule = lru_cache(maxsize=64)(self._make_schedule)
         self._serials = itertools.count()
+        acceleration = self.spec.acceleration
+        if acceleration and acceleration.quantization:
+            quantize_weights(self.pipe.transformer, acceleration.quantization)
+        self.adapters = LoadedAdapters(
+            [self.pipe.transformer], self.spec.adapters, FluxPipeline.lora_state_dict
+        )
+
+    def set_adapters(self, adapters: Sequence[Adapter]) -> list[str]:
+        return self.adapters.update(adapters)
 
     def batch_key(self, job: StageJob) -> Hashable | None:
         # Rows at different steps, guidance and prompts share a forward: only the image's
-        # size (its positions) must agree.
-        return size_of(job.params)
+        # size (its positions) and the LoRA adapter must agree.
+        return (*size_of(job.params), lora_key(job.params))
 
     def _make_schedule(self, steps: int, image_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The scheduler's shifted sigmas and timesteps, as the pipeline sets them."""
@@ -74,6 +94,7 @@ class FluxDenoiseStage(SteppedStage):
 
     def begin(self, job: StageJob) -> FluxDenoising:
         pipe, device = self.pipe, self.device
+        lora = lora_choice(job.params, self.adapters.names)
         width, height = size_of(job.params)
         n = int_param(job.params, "n", 1)
         steps = int_param(job.params, "num_inference_steps", 28)
@@ -95,6 +116,7 @@ class FluxDenoiseStage(SteppedStage):
             sigmas=sigmas,
             timesteps=timesteps,
             serial=next(self._serials),
+            lora=lora,
         )
 
     def step(self, states: Sequence[FluxDenoising]) -> None:
@@ -110,6 +132,8 @@ class FluxDenoiseStage(SteppedStage):
                 dtype=torch.float32,
             )
         text = torch.cat([s.text for s in states])
+        # A batch shares its key, and so its adapter.
+        self.adapters.apply(states[0].lora)
         with torch.inference_mode():
             pred: torch.Tensor = self.pipe.transformer(
                 hidden_states=hidden,

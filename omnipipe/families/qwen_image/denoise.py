@@ -24,17 +24,12 @@ import numpy as np
 import torch
 
 from omnipipe.api.adapters import Adapter
-from omnipipe.families.qwen_image.adapters import (
-    LoadedAdapters,
-    LoraChoice,
-    lora_choice,
-    lora_key,
-)
 from omnipipe.families.qwen_image.cfg_parallel import BranchDevice
 from omnipipe.families.qwen_image.loading import load_qwen_image
-from omnipipe.families.qwen_image.quantize import quantize_weights
 from omnipipe.families.qwen_image.stages import geometry, int_param, padded, schedule_shift
 from omnipipe.families.qwen_image.step_cache import StepCacher
+from omnipipe.stagekit.dit_adapters import LoadedAdapters, LoraChoice, lora_choice, lora_key
+from omnipipe.stagekit.dit_quantize import quantize_weights
 from omnipipe.stagekit.stage import StageJob, StageResult, SteppedStage
 
 log = logging.getLogger(__name__)
@@ -93,7 +88,7 @@ class SteppedDenoiseStage(SteppedStage):
             else None
         )
         copies = [self.pipe.transformer, *([self.branch.transformer] if self.branch else [])]
-        self.adapters = LoadedAdapters(copies, self.spec.adapters)
+        self.adapters = LoadedAdapters(copies, self.spec.adapters, type(self.pipe).lora_state_dict)
         if acceleration and acceleration.quantization:
             log.info("the DiT's linear weights are %s", acceleration.quantization.method)
         if self.branch is not None:

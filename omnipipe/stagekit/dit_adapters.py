@@ -1,11 +1,13 @@
-"""LoRA adapters in a Qwen-Image DiT (diffusers' PEFT integration), and the one a batch
-applies: requests that name different adapters, or scales, never share a forward."""
+"""LoRA adapters in a diffusers DiT (diffusers' PEFT integration), and the one a batch
+applies: requests that name different adapters, or scales, never share a forward. A
+family's denoiser gives its pipeline's own `lora_state_dict`, which reads every LoRA file
+layout diffusers knows for that model and converts other trainers' key names."""
 
 from __future__ import annotations
 
 import logging
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from omnipipe.api.adapters import MAX_LORA_RANK, MAX_SCALE, Adapter
@@ -16,6 +18,8 @@ log = logging.getLogger(__name__)
 
 # What a request applies: an adapter's name and its scale; None is the base model.
 LoraChoice = tuple[str, float] | None
+# A pipeline class's `lora_state_dict`: an adapter's files -> its weights by layer name.
+StateDictReader = Callable[[str], Mapping[str, Any]]
 
 
 def lora_key(params: Mapping[str, Any]) -> Any:
@@ -46,8 +50,11 @@ class LoadedAdapters:
     """The stage's adapters, loaded into each copy of its DiT, all off until a batch
     asks for one."""
 
-    def __init__(self, transformers: Sequence[Any], adapters: Sequence[Adapter]) -> None:
+    def __init__(
+        self, transformers: Sequence[Any], adapters: Sequence[Adapter], read: StateDictReader
+    ) -> None:
         self._transformers = list(transformers)
+        self._read = read
         self._sources: dict[str, str] = {}
         self._active: LoraChoice = None
         self.update(adapters)
@@ -90,12 +97,8 @@ class LoadedAdapters:
             del self._sources[name]
 
     def _load(self, name: str, source: str) -> None:
-        from diffusers import QwenImagePipeline
-
         log.info("loading LoRA adapter %s from %s", name, source)
-        # The pipeline's loader reads every LoRA file layout diffusers knows, and
-        # converts other trainers' key names.
-        layers = QwenImagePipeline.lora_state_dict(resolve_model_path(source))
+        layers = self._read(resolve_model_path(source))
         check_fits(name, layers, self._transformers[0])
         for transformer in self._transformers:
             with warnings.catch_warnings():
