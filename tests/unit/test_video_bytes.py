@@ -79,3 +79,55 @@ def test_a_video_past_the_byte_limit_fails_naming_both_sizes(
         f"the video is {size:,} bytes, past the {LIMIT:,} a job may keep"
     )
     assert content.status_code == 409, content.text
+
+
+def test_the_content_answers_byte_ranges_and_head(
+    tmp_path: Path, serve_worker: Callable[[FakeWorker], str]
+) -> None:
+    """A video player seeks with Range and a download resumes with it: one range is a
+    206 with its bytes, one past the end a 416 naming the length, anything else the
+    whole MP4; HEAD says the length and sends no body."""
+    mp4 = os.urandom(1000)
+    url = serve_worker(FakeWorker(results({"b64_mp4": base64.b64encode(mp4).decode()})))
+    replicas = tmp_path / "replicas.json"
+    replicas.write_text(json.dumps({s.name: [url] for s in WAN.stages}))
+    server, store = start_redis(tmp_path / "redis")
+    try:
+        with TestClient(
+            build_app(WAN, RouterSettings(replicas_file=str(replicas), video_store=store))
+        ) as client:
+            video_id = client.post("/v1/videos", json=SMALL).json()["id"]
+            assert finished(client, video_id)["status"] == "completed"
+            path = f"/v1/videos/{video_id}/content"
+
+            def get(range_header: str | bytes | None, method: str = "GET") -> Any:
+                headers = {} if range_header is None else {"Range": range_header}
+                return client.request(method, path, headers=headers)
+
+            whole = get(None)
+            assert (whole.status_code, whole.content) == (200, mp4)
+            assert whole.headers["accept-ranges"] == "bytes"
+            for header, first, last in (
+                ("bytes=0-99", 0, 99),
+                ("bytes=900-", 900, 999),
+                ("bytes=-10", 990, 999),
+                ("bytes=990-5000", 990, 999),
+            ):
+                part = get(header)
+                assert part.status_code == 206, header
+                assert part.content == mp4[first : last + 1], header
+                assert part.headers["content-range"] == f"bytes {first}-{last}/1000"
+            past = get("bytes=1000-")
+            assert past.status_code == 416
+            assert past.headers["content-range"] == "bytes */1000"
+            for ignored in ("bytes=5-2", "bytes=0-1,5-6", "items=0-1", "bytes=\u0661-2".encode()):
+                assert (get(ignored).status_code, get(ignored).content) == (200, mp4), ignored
+            head = get(None, "HEAD")
+            assert (head.status_code, head.content) == (200, b"")
+            assert head.headers["content-length"] == "1000"
+            ranged_head = get("bytes=0-9", "HEAD")
+            assert ranged_head.status_code == 206
+            assert ranged_head.headers["content-length"] == "10"
+    finally:
+        server.terminate()
+        server.wait(10)

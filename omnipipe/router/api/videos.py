@@ -22,6 +22,7 @@ from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException
 
 from omnipipe.api.param_limits import exceeded
+from omnipipe.router.api.byte_ranges import ranged
 from omnipipe.router.api.common import (
     bad_request,
     check_model,
@@ -215,9 +216,11 @@ def videos_router(
     async def retrieve(video_id: str) -> dict[str, Any]:
         return public(await found(video_id))
 
-    @router.get("/v1/videos/{video_id}/content", response_model=None)
+    @router.api_route("/v1/videos/{video_id}/content", methods=["GET", "HEAD"], response_model=None)
     async def content(
-        video_id: str, variant: Literal["video", "thumbnail", "spritesheet"] = "video"
+        request: Request,
+        video_id: str,
+        variant: Literal["video", "thumbnail", "spritesheet"] = "video",
     ) -> Response:
         job = await found(video_id)
         if variant != "video":
@@ -231,7 +234,8 @@ def videos_router(
         mp4 = await store.content(video_id)
         if mp4 is None:
             raise VideoNotFound(f"video {video_id}'s content has expired", param="video_id")
-        return Response(mp4, media_type="video/mp4")
+        head = request.method == "HEAD"
+        return ranged(mp4, "video/mp4", request.headers.get("range"), head)
 
     @router.get("/v1/videos", response_model=None)
     async def listing(

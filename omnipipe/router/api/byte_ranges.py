@@ -1,0 +1,53 @@
+"""A stored body answered as HTTP's byte ranges (RFC 9110, section 14): a video player
+seeks with `Range: bytes=...`, and a download resumes with it. One range is answered 206
+with Content-Range; a range past the end 416 with the body's length; several ranges, or
+a header this does not read, the whole body (which RFC 9110 allows a server to send)."""
+
+from __future__ import annotations
+
+import re
+
+from fastapi import Response
+
+# bytes=FIRST-[LAST] or bytes=-SUFFIX, one range, ASCII digits.
+ONE_RANGE = re.compile(r"bytes=(?:([0-9]{1,18})-([0-9]{0,18})|-([0-9]{1,18}))")
+
+
+def _span(header: str, length: int) -> tuple[int, int] | bool | None:
+    """(first, last) of one satisfiable range; None: answer the whole body; False: none
+    of it can be satisfied."""
+    m = ONE_RANGE.fullmatch(header.strip())
+    if m is None:
+        return None
+    if m[3] is not None:
+        suffix = int(m[3])
+        if suffix == 0:
+            return False
+        return max(0, length - suffix), length - 1
+    first = int(m[1])
+    if m[2] and int(m[2]) < first:
+        return None  # syntactically invalid: ignored, as RFC 9110 says
+    if first >= length:
+        return False
+    last = int(m[2]) if m[2] else length - 1
+    return first, min(last, length - 1)
+
+
+def ranged(body: bytes, media_type: str, range_header: str | None, head: bool) -> Response:
+    """The body (or a part of it) as the request's Range asks; headers only for HEAD."""
+    length = len(body)
+    headers = {"Accept-Ranges": "bytes"}
+    span = _span(range_header, length) if range_header else None
+    if span is False:
+        headers["Content-Range"] = f"bytes */{length}"
+        return Response(b"", status_code=416, headers=headers, media_type=media_type)
+    status = 200
+    if isinstance(span, tuple):
+        first, last = span
+        body = body[first : last + 1]
+        headers["Content-Range"] = f"bytes {first}-{last}/{length}"
+        status = 206
+    if head:
+        headers["Content-Length"] = str(len(body))
+        return Response(b"", status_code=status, headers=headers, media_type=media_type)
+    return Response(body, status_code=status, headers=headers, media_type=media_type)
