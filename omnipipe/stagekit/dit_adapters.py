@@ -5,6 +5,7 @@ layout diffusers knows for that model and converts other trainers' key names."""
 
 from __future__ import annotations
 
+import inspect
 import logging
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -18,8 +19,30 @@ log = logging.getLogger(__name__)
 
 # What a request applies: an adapter's name and its scale; None is the base model.
 LoraChoice = tuple[str, float] | None
-# A pipeline class's `lora_state_dict`: an adapter's files -> its weights by layer name.
-StateDictReader = Callable[[str], Mapping[str, Any]]
+# An adapter's files -> its weights by layer name, its network alphas (None: the file
+# has none apart) and its saved LoRA config (None: none saved): `lora_reader`.
+LoraFiles = tuple[Mapping[str, Any], Mapping[str, Any] | None, Mapping[str, Any] | None]
+StateDictReader = Callable[[str], LoraFiles]
+
+
+def lora_reader(pipeline_class: Any) -> StateDictReader:
+    """A pipeline class's own LoRA reading, as its `load_lora_weights` reads: with the
+    alphas and the saved config (lora_alpha), which set the adapter's strength. Without
+    them PEFT takes alpha for the rank, and an adapter trained with another alpha would
+    apply at another strength than diffusers gives it. Pipelines differ in what their
+    `lora_state_dict` can return (FLUX's keeps alphas apart; Qwen-Image's folds them in)."""
+    takes_alphas = "return_alphas" in inspect.signature(pipeline_class.lora_state_dict).parameters
+
+    def read(path: str) -> LoraFiles:
+        if takes_alphas:
+            layers, alphas, metadata = pipeline_class.lora_state_dict(
+                path, return_alphas=True, return_lora_metadata=True
+            )
+            return layers, alphas or None, metadata
+        layers, metadata = pipeline_class.lora_state_dict(path, return_lora_metadata=True)
+        return layers, None, metadata
+
+    return read
 
 
 def lora_key(params: Mapping[str, Any]) -> Any:
@@ -98,13 +121,19 @@ class LoadedAdapters:
 
     def _load(self, name: str, source: str) -> None:
         log.info("loading LoRA adapter %s from %s", name, source)
-        layers = self._read(resolve_model_path(source))
+        layers, alphas, metadata = self._read(resolve_model_path(source))
         check_fits(name, layers, self._transformers[0])
         for transformer in self._transformers:
             with warnings.catch_warnings():
                 # PEFT warns of each adapter after the first: several are the point.
                 warnings.filterwarnings("ignore", "Already found a `peft_config`")
-                transformer.load_lora_adapter(dict(layers), adapter_name=name, prefix="transformer")
+                transformer.load_lora_adapter(
+                    dict(layers),
+                    network_alphas=None if alphas is None else dict(alphas),
+                    metadata=None if metadata is None else dict(metadata),
+                    adapter_name=name,
+                    prefix="transformer",
+                )
 
     def apply(self, choice: LoraChoice) -> None:
         if choice == self._active:
@@ -124,6 +153,12 @@ def check_fits(name: str, layers: Mapping[str, Any], transformer: Any) -> None:
     Every LoRA weight must name a layer this DiT has, and its rank be one a stage loads."""
     prefix = "transformer."
     targets, elsewhere, ranks = set(), [], []
+    encoder = [key for key in layers if key.startswith(("text_encoder.", "text_encoder_2."))]
+    if encoder:
+        raise ValueError(
+            f"adapter {name}: {len(encoder)} of its weights are for a text encoder "
+            f"(first: {encoder[0]!r}); a stage loads LoRA weights of the DiT only"
+        )
     for key, weight in layers.items():
         if not key.startswith(prefix) or ".lora_" not in key:
             elsewhere.append(key)

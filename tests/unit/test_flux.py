@@ -102,11 +102,18 @@ def test_the_split_graph_equals_diffusers_one_process_pipeline(
 
 
 def test_dev_takes_its_guidance_and_schnell_has_none() -> None:
-    """dev's distilled guidance is the model's input (another scale, other pixels);
-    schnell's transformer has no guidance input, as released."""
-    dev, schnell = (loaded(m, "denoise") for m in MODELS)
-    assert dev.guidance_embeds
-    assert not schnell.guidance_embeds
+    """dev's distilled guidance is the model's input (another scale, other latents);
+    schnell's transformer has no guidance input, as released: the scale changes nothing."""
+    for model, guided in zip(MODELS, (True, False), strict=True):
+        encode, denoise = loaded(model, "encode"), loaded(model, "denoise")
+        assert denoise.guidance_embeds is guided
+        inputs = {"encode": encode.run(StageJob(REQUESTS[0], {})).tensors}
+        low, high = (
+            denoise.run_batch([StageJob({**REQUESTS[0], "guidance_scale": g}, inputs)])[0]
+            for g in (1.0, 7.0)
+        )
+        same = torch.equal(low.tensors["latents"], high.tensors["latents"])
+        assert same is not guided, model
 
 
 def test_a_negative_prompt_is_refused_by_name_and_diffusers_defaults_fill_the_rest() -> None:
@@ -136,8 +143,9 @@ LORA = {**BASE, "prompt": "a lighthouse at dusk", "guidance_scale": 3.5, "seed":
 
 def test_a_lora_adapter_is_applied_as_diffusers_applies_it() -> None:
     """spec.adapters on the denoiser: a request naming the adapter at a scale gets the
-    image FluxPipeline makes with load_lora_weights and that scale; the base model is
-    there still, and other adapters or scales never share a batch."""
+    image FluxPipeline makes with load_lora_weights and that scale (the adapter's alpha is
+    not its rank: its strength comes from its saved config, as in diffusers); the base
+    model is there still, and other adapters or scales never share a batch."""
     from diffusers import FluxPipeline
 
     model = MODELS[0]
@@ -167,6 +175,8 @@ def test_a_lora_adapter_is_applied_as_diffusers_applies_it() -> None:
     np.testing.assert_allclose(images, expected, rtol=0, atol=PIXEL_TOLERANCE)
     plain = decode.pixels(StageJob(LORA, {"denoise": base.tensors}))
     assert np.abs(plain - images).max() > 0.01  # the adapter changed the image
+    # And a request naming none gets the base model, the adapter loaded beside it.
+    np.testing.assert_allclose(plain, reference(model, LORA), rtol=0, atol=PIXEL_TOLERANCE)
     keys = {
         denoise.batch_key(StageJob(p, inputs))
         for p in (LORA, lora, {**lora, "lora": {"name": "ink", "scale": 1.0}})

@@ -21,7 +21,13 @@ import torch
 
 from omnipipe.api.adapters import Adapter
 from omnipipe.families.flux.loading import load_flux
-from omnipipe.stagekit.dit_adapters import LoadedAdapters, LoraChoice, lora_choice, lora_key
+from omnipipe.stagekit.dit_adapters import (
+    LoadedAdapters,
+    LoraChoice,
+    lora_choice,
+    lora_key,
+    lora_reader,
+)
 from omnipipe.stagekit.dit_quantize import quantize_weights
 from omnipipe.stagekit.params import float_param, int_param
 from omnipipe.stagekit.stage import StageJob, StageResult, SteppedStage
@@ -57,6 +63,9 @@ class FluxDenoiseStage(SteppedStage):
         from diffusers import FluxPipeline
 
         self.pipe = load_flux(self.model_path, self.device, {"transformer", "scheduler"})
+        if self.pipe.scheduler.config.get("stochastic_sampling"):
+            # step() below is FlowMatchEulerDiscreteScheduler's deterministic Euler step.
+            raise ValueError(f"{self.model_path}: a stochastic-sampling scheduler is not run here")
         self.guidance_embeds = bool(self.pipe.transformer.config.guidance_embeds)
         self._schedule = lru_cache(maxsize=64)(self._make_schedule)
         self._serials = itertools.count()
@@ -64,7 +73,7 @@ class FluxDenoiseStage(SteppedStage):
         if acceleration and acceleration.quantization:
             quantize_weights(self.pipe.transformer, acceleration.quantization)
         self.adapters = LoadedAdapters(
-            [self.pipe.transformer], self.spec.adapters, FluxPipeline.lora_state_dict
+            [self.pipe.transformer], self.spec.adapters, lora_reader(FluxPipeline)
         )
 
     def set_adapters(self, adapters: Sequence[Adapter]) -> list[str]:
@@ -100,7 +109,9 @@ class FluxDenoiseStage(SteppedStage):
         steps = int_param(job.params, "num_inference_steps", 28)
         seed = int_param(job.params, "seed", 0)
         enc = job.inputs["encode"]
-        text = enc["prompt_embeds"].to(device)
+        # The encoder's dtype may not be the DiT's (an encoder on the CPU, in float32).
+        dtype = pipe.transformer.dtype
+        text = enc["prompt_embeds"].to(device, dtype)
         generators = [torch.Generator(device="cpu").manual_seed(seed + i) for i in range(n)]
         channels = pipe.transformer.config.in_channels // 4
         latents, image_ids = pipe.prepare_latents(
@@ -111,7 +122,7 @@ class FluxDenoiseStage(SteppedStage):
             latents=latents,
             image_ids=image_ids,
             text=text.repeat_interleave(n, dim=0),
-            pooled=enc["pooled_prompt_embeds"].to(device).repeat_interleave(n, dim=0),
+            pooled=enc["pooled_prompt_embeds"].to(device, dtype).repeat_interleave(n, dim=0),
             guidance=float_param(job.params, "guidance_scale", 3.5),
             sigmas=sigmas,
             timesteps=timesteps,

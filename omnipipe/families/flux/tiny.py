@@ -97,14 +97,15 @@ def _build(target: Path, guidance_embeds: bool) -> None:
     from diffusers import FlowMatchEulerDiscreteScheduler, FluxPipeline
 
     clip, t5 = tiny_text_encoders()
-    # FLUX.1's released scheduler: the shift follows the image's token count.
+    # The released schedulers: dev's shift follows the image's token count; schnell's is
+    # fixed at 1 (no shift).
     scheduler = FlowMatchEulerDiscreteScheduler(
         base_image_seq_len=256,
         base_shift=0.5,
         max_image_seq_len=4096,
         max_shift=1.15,
-        shift=3.0,
-        use_dynamic_shifting=True,
+        shift=3.0 if guidance_embeds else 1.0,
+        use_dynamic_shifting=guidance_embeds,
     )
     pipe = FluxPipeline(
         scheduler=scheduler,

@@ -10,7 +10,9 @@ from typing import Any, cast
 TARGETS = ("to_q", "to_k", "to_v")
 
 
-def save_tiny_flux_lora(target: Path, seed: int, rank: int = 4) -> Path:
+def save_tiny_flux_lora(target: Path, seed: int, rank: int = 4, alpha: int = 8) -> Path:
+    """alpha is not the rank, as in many trained adapters: its strength (alpha / rank)
+    lives in the saved config, which a loader must read to apply it as diffusers does."""
     import torch
     from diffusers import FluxPipeline, FluxTransformer2DModel
     from peft import LoraConfig, get_peft_model_state_dict
@@ -22,10 +24,14 @@ def save_tiny_flux_lora(target: Path, seed: int, rank: int = 4) -> Path:
     torch.manual_seed(seed)
     # Random A and B (PEFT's default B is zeros, an adapter that changes nothing).
     transformer.add_adapter(
-        LoraConfig(r=rank, lora_alpha=rank, target_modules=list(TARGETS), init_lora_weights=False)
+        LoraConfig(r=rank, lora_alpha=alpha, target_modules=list(TARGETS), init_lora_weights=False)
     )
     layers = get_peft_model_state_dict(transformer)
-    cast(Any, FluxPipeline).save_lora_weights(str(target), transformer_lora_layers=layers)
+    cast(Any, FluxPipeline).save_lora_weights(
+        str(target),
+        transformer_lora_layers=layers,
+        transformer_lora_adapter_metadata=transformer.peft_config["default"].to_dict(),
+    )
     return target
 
 

@@ -1,16 +1,17 @@
 """A stored body answered as HTTP's byte ranges (RFC 9110, section 14): a video player
 seeks with `Range: bytes=...`, and a download resumes with it. One range is answered 206
 with Content-Range; a range past the end 416 with the body's length; several ranges, or
-a header this does not read, the whole body (which RFC 9110 allows a server to send)."""
+a header this does not read, the whole body (which RFC 9110 allows a server to send), as
+does an If-Range that names another validator than the body's."""
 
 from __future__ import annotations
 
 import re
 
-from fastapi import Response
+from fastapi import Request, Response
 
-# bytes=FIRST-[LAST] or bytes=-SUFFIX, one range, ASCII digits.
-ONE_RANGE = re.compile(r"bytes=(?:([0-9]{1,18})-([0-9]{0,18})|-([0-9]{1,18}))")
+# bytes=FIRST-[LAST] or bytes=-SUFFIX, one range, ASCII digits (the unit's case is free).
+ONE_RANGE = re.compile(r"bytes=(?:([0-9]{1,18})-([0-9]{0,18})|-([0-9]{1,18}))", re.IGNORECASE)
 
 
 def _span(header: str, length: int) -> tuple[int, int] | bool | None:
@@ -21,7 +22,7 @@ def _span(header: str, length: int) -> tuple[int, int] | bool | None:
         return None
     if m[3] is not None:
         suffix = int(m[3])
-        if suffix == 0:
+        if suffix == 0 or length == 0:
             return False
         return max(0, length - suffix), length - 1
     first = int(m[1])
@@ -33,14 +34,21 @@ def _span(header: str, length: int) -> tuple[int, int] | bool | None:
     return first, min(last, length - 1)
 
 
-def ranged(body: bytes, media_type: str, range_header: str | None, head: bool) -> Response:
-    """The body (or a part of it) as the request's Range asks; headers only for HEAD."""
+def ranged(body: bytes, media_type: str, request: Request, etag: str) -> Response:
+    """The body (or a part of it) as the request's Range asks; headers only for HEAD,
+    which ignores Range (RFC 9110 defines ranges for GET alone). `etag`: the body's
+    strong validator (it never changes), for a client resuming with If-Range."""
     length = len(body)
-    headers = {"Accept-Ranges": "bytes"}
-    span = _span(range_header, length) if range_header else None
+    validator = f'"{etag}"'
+    headers = {"Accept-Ranges": "bytes", "ETag": validator}
+    head = request.method == "HEAD"
+    range_header = request.headers.get("range")
+    if_range = request.headers.get("if-range")
+    wanted = range_header and not head and if_range in (None, validator)
+    span = _span(range_header, length) if wanted and range_header else None
     if span is False:
         headers["Content-Range"] = f"bytes */{length}"
-        return Response(b"", status_code=416, headers=headers, media_type=media_type)
+        return Response(b"", status_code=416, headers=headers)
     status = 200
     if isinstance(span, tuple):
         first, last = span

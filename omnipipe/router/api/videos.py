@@ -234,8 +234,7 @@ def videos_router(
         mp4 = await store.content(video_id)
         if mp4 is None:
             raise VideoNotFound(f"video {video_id}'s content has expired", param="video_id")
-        head = request.method == "HEAD"
-        return ranged(mp4, "video/mp4", request.headers.get("range"), head)
+        return ranged(mp4, "video/mp4", request, etag=video_id)
 
     @router.get("/v1/videos", response_model=None)
     async def listing(
