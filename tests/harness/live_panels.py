@@ -4,10 +4,9 @@ can feed."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
-from types import ModuleType
+
+from tests.harness.hack_modules import hack_module
 
 REPO = Path(__file__).resolve().parents[2]
 DASHBOARDS = REPO / "charts/omnipipe/files/dashboards"
@@ -16,14 +15,4 @@ DASHBOARDS = REPO / "charts/omnipipe/files/dashboards"
 VIDEO_PANELS = ("Video jobs, queued and running", "Oldest video job's age")
 
 
-def _load_dashboard_png() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("dashboard_png", REPO / "hack/dashboard-png.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
-
-
-dashboard_png = _load_dashboard_png()
+dashboard_png = hack_module("dashboard_png", "dashboard-png.py")

@@ -3,26 +3,19 @@ it uses, not for the whole set-up, and the set-up runs at the lowest priority.""
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import sys
 import time
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-HACK = Path(__file__).resolve().parents[2] / "hack"
+from tests.harness.hack_modules import hack_module
 
 
 @pytest.fixture(scope="module")
 def bg() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("background_setup", HACK / "background_setup.py")
-    assert spec
-    assert spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["background_setup"] = module
-    spec.loader.exec_module(module)
+    module = hack_module("background_setup")
     module.POLL_SECONDS = 0.05
     return module
 

@@ -69,11 +69,18 @@ def split(request: pytest.FixtureRequest) -> tuple[str, list[np.ndarray]]:
     return model, images
 
 
-def reference(model: str, params: dict[str, Any]) -> np.ndarray:
+def reference(
+    model: str, params: dict[str, Any], lora: tuple[str, float] | None = None
+) -> np.ndarray:
+    """FluxPipeline's images for `params`; with `lora` (an adapter's source and scale)
+    loaded through its own load_lora_weights."""
     from diffusers import FluxPipeline
 
     pipe = FluxPipeline.from_pretrained(resolve_model_path(model))
     pipe.set_progress_bar_config(disable=True)
+    if lora is not None:
+        pipe.load_lora_weights(lora[0], adapter_name="ink")
+        pipe.set_adapters(["ink"], adapter_weights=[lora[1]])
     n, seed = params.get("n", 1), params.get("seed", 0)
     images = pipe(
         prompt=params["prompt"],
@@ -146,7 +153,6 @@ def test_a_lora_adapter_is_applied_as_diffusers_applies_it() -> None:
     image FluxPipeline makes with load_lora_weights and that scale (the adapter's alpha is
     not its rank: its strength comes from its saved config, as in diffusers); the base
     model is there still, and other adapters or scales never share a batch."""
-    from diffusers import FluxPipeline
 
     model = MODELS[0]
     source = str(resolve_model_path("tiny://flux1-dev-lora"))
@@ -159,19 +165,7 @@ def test_a_lora_adapter_is_applied_as_diffusers_applies_it() -> None:
         [StageJob(LORA, inputs)]
     )
     images = decode.pixels(StageJob(LORA, {"denoise": with_lora.tensors}))
-    pipe = FluxPipeline.from_pretrained(resolve_model_path(model))
-    pipe.set_progress_bar_config(disable=True)
-    pipe.load_lora_weights(source, adapter_name="ink")
-    pipe.set_adapters(["ink"], adapter_weights=[0.7])
-    expected = pipe(
-        prompt=LORA["prompt"],
-        width=LORA["width"],
-        height=LORA["height"],
-        num_inference_steps=LORA["num_inference_steps"],
-        guidance_scale=LORA["guidance_scale"],
-        generator=[torch.Generator().manual_seed(LORA["seed"])],
-        output_type="np",
-    ).images
+    expected = reference(model, LORA, lora=(source, 0.7))
     np.testing.assert_allclose(images, expected, rtol=0, atol=PIXEL_TOLERANCE)
     plain = decode.pixels(StageJob(LORA, {"denoise": base.tensors}))
     assert np.abs(plain - images).max() > 0.01  # the adapter changed the image

@@ -3,7 +3,6 @@ once its set-up has ended, and the lanes stop each other."""
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 import threading
@@ -14,18 +13,14 @@ from types import ModuleType
 
 import pytest
 
-HACK = Path(__file__).resolve().parents[2] / "hack"
+from tests.harness.hack_modules import hack_module
+
 Started = Callable[[subprocess.Popen[bytes]], None]
 
 
 @pytest.fixture(scope="module")
 def side() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("side_tier", HACK / "side_tier.py")
-    assert spec
-    assert spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["side_tier"] = module
-    spec.loader.exec_module(module)
+    module = hack_module("side_tier")
     return module
 
 
