@@ -1,7 +1,7 @@
 """LoRA adapters in a diffusers DiT (diffusers' PEFT integration), and the one a batch
 applies: requests that name different adapters, or scales, never share a forward. A
-family's denoiser gives its pipeline's own `lora_state_dict`, which reads every LoRA file
-layout diffusers knows for that model and converts other trainers' key names."""
+family's denoiser names its pipeline class, whose own `lora_state_dict` reads every LoRA
+file layout diffusers knows for that model and converts other trainers' key names."""
 
 from __future__ import annotations
 
@@ -20,12 +20,12 @@ log = logging.getLogger(__name__)
 # What a request applies: an adapter's name and its scale; None is the base model.
 LoraChoice = tuple[str, float] | None
 # An adapter's files -> its weights by layer name, its network alphas (None: the file
-# has none apart) and its saved LoRA config (None: none saved): `lora_reader`.
+# has none apart) and its saved LoRA config (None: none saved): `_lora_reader`.
 LoraFiles = tuple[Mapping[str, Any], Mapping[str, Any] | None, Mapping[str, Any] | None]
 StateDictReader = Callable[[str], LoraFiles]
 
 
-def lora_reader(pipeline_class: Any) -> StateDictReader:
+def _lora_reader(pipeline_class: Any) -> StateDictReader:
     """A pipeline class's own LoRA reading, as its `load_lora_weights` reads: with the
     alphas and the saved config (lora_alpha), which set the adapter's strength. Without
     them PEFT takes alpha for the rank, and an adapter trained with another alpha would
@@ -74,10 +74,10 @@ class LoadedAdapters:
     asks for one."""
 
     def __init__(
-        self, transformers: Sequence[Any], adapters: Sequence[Adapter], read: StateDictReader
+        self, transformers: Sequence[Any], adapters: Sequence[Adapter], pipeline_class: Any
     ) -> None:
         self._transformers = list(transformers)
-        self._read = read
+        self._read = _lora_reader(pipeline_class)
         self._sources: dict[str, str] = {}
         self._active: LoraChoice = None
         self.update(adapters)

@@ -26,7 +26,6 @@ from omnipipe.stagekit.dit_adapters import (
     LoraChoice,
     lora_choice,
     lora_key,
-    lora_reader,
 )
 from omnipipe.stagekit.dit_quantize import quantize_weights
 from omnipipe.stagekit.params import float_param, int_param
@@ -72,9 +71,7 @@ class FluxDenoiseStage(SteppedStage):
         acceleration = self.spec.acceleration
         if acceleration and acceleration.quantization:
             quantize_weights(self.pipe.transformer, acceleration.quantization)
-        self.adapters = LoadedAdapters(
-            [self.pipe.transformer], self.spec.adapters, lora_reader(FluxPipeline)
-        )
+        self.adapters = LoadedAdapters([self.pipe.transformer], self.spec.adapters, FluxPipeline)
 
     def set_adapters(self, adapters: Sequence[Adapter]) -> list[str]:
         return self.adapters.update(adapters)

@@ -26,16 +26,16 @@ import torch
 from omnipipe.api.adapters import Adapter
 from omnipipe.families.qwen_image.cfg_parallel import BranchDevice
 from omnipipe.families.qwen_image.loading import load_qwen_image
-from omnipipe.families.qwen_image.stages import geometry, int_param, padded, schedule_shift
+from omnipipe.families.qwen_image.stages import geometry, padded, schedule_shift
 from omnipipe.families.qwen_image.step_cache import StepCacher
 from omnipipe.stagekit.dit_adapters import (
     LoadedAdapters,
     LoraChoice,
     lora_choice,
     lora_key,
-    lora_reader,
 )
 from omnipipe.stagekit.dit_quantize import quantize_weights
+from omnipipe.stagekit.params import int_param
 from omnipipe.stagekit.stage import StageJob, StageResult, SteppedStage
 
 log = logging.getLogger(__name__)
@@ -94,7 +94,7 @@ class SteppedDenoiseStage(SteppedStage):
             else None
         )
         copies = [self.pipe.transformer, *([self.branch.transformer] if self.branch else [])]
-        self.adapters = LoadedAdapters(copies, self.spec.adapters, lora_reader(type(self.pipe)))
+        self.adapters = LoadedAdapters(copies, self.spec.adapters, type(self.pipe))
         if acceleration and acceleration.quantization:
             log.info("the DiT's linear weights are %s", acceleration.quantization.method)
         if self.branch is not None:

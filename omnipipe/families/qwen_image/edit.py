@@ -14,8 +14,9 @@ from PIL import Image
 
 from omnipipe.api.edit import condition_size
 from omnipipe.families.qwen_image.loading import load_qwen_image
-from omnipipe.families.qwen_image.stages import int_param, prompt_of, schedule_shift
+from omnipipe.families.qwen_image.stages import schedule_shift
 from omnipipe.stagekit.media import decode_image
+from omnipipe.stagekit.params import int_param, prompt_of
 from omnipipe.stagekit.stage import Stage, StageJob, StageResult, Tensors
 
 

@@ -10,23 +10,10 @@ import torch
 
 from omnipipe.families.qwen_image.loading import load_qwen_image
 from omnipipe.stagekit.image_output import encoded_image
-from omnipipe.stagekit.stage import Stage, StageInputError, StageJob, StageResult, Tensors
+from omnipipe.stagekit.params import int_param, prompt_of
+from omnipipe.stagekit.stage import Stage, StageJob, StageResult, Tensors
 
 MAX_SEQUENCE_LENGTH = 512
-
-
-def int_param(params: dict[str, Any], key: str, default: int) -> int:
-    value = params.get(key, default)
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise StageInputError(f"{key} must be an integer")
-    return value
-
-
-def prompt_of(params: dict[str, Any]) -> str:
-    prompt = params.get("prompt")
-    if not isinstance(prompt, str) or not prompt:
-        raise StageInputError("prompt must be a non-empty string")
-    return prompt
 
 
 class TextEncodeStage(Stage):

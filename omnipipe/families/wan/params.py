@@ -13,17 +13,11 @@ from omnipipe.families.wan.requests import (
     DEFAULT_STEPS,
     DEFAULT_WIDTH,
 )
+from omnipipe.stagekit.params import int_param, prompt_of
 from omnipipe.stagekit.stage import StageInputError
 
 # The UMT5 context WanPipeline.__call__ pads every prompt to (its encode_prompt says 226).
 MAX_SEQUENCE_LENGTH = 512
-
-
-def _int(params: dict[str, Any], key: str, default: int) -> int:
-    value = params.get(key, default)
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise StageInputError(f"{key} must be an integer")
-    return value
 
 
 @dataclass(frozen=True)
@@ -45,20 +39,18 @@ class VideoParams:
 
 
 def video_params(params: dict[str, Any]) -> VideoParams:
-    prompt = params.get("prompt")
-    if not isinstance(prompt, str) or not prompt:
-        raise StageInputError("prompt must be a non-empty string")
+    prompt = prompt_of(params)
     negative = params.get("negative_prompt") or ""
     if not isinstance(negative, str):
         raise StageInputError("negative_prompt must be a string")
     return VideoParams(
         prompt=prompt,
         negative_prompt=negative,
-        width=_int(params, "width", DEFAULT_WIDTH),
-        height=_int(params, "height", DEFAULT_HEIGHT),
-        num_frames=_int(params, "num_frames", DEFAULT_FRAMES),
-        fps=_int(params, "fps", DEFAULT_FPS),
-        steps=_int(params, "num_inference_steps", DEFAULT_STEPS),
+        width=int_param(params, "width", DEFAULT_WIDTH),
+        height=int_param(params, "height", DEFAULT_HEIGHT),
+        num_frames=int_param(params, "num_frames", DEFAULT_FRAMES),
+        fps=int_param(params, "fps", DEFAULT_FPS),
+        steps=int_param(params, "num_inference_steps", DEFAULT_STEPS),
         guidance=float(params.get("guidance_scale", DEFAULT_GUIDANCE)),
-        seed=_int(params, "seed", 0),
+        seed=int_param(params, "seed", 0),
     )

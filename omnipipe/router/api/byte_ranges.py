@@ -44,8 +44,8 @@ def ranged(body: bytes, media_type: str, request: Request, etag: str) -> Respons
     head = request.method == "HEAD"
     range_header = request.headers.get("range")
     if_range = request.headers.get("if-range")
-    wanted = range_header and not head and if_range in (None, validator)
-    span = _span(range_header, length) if wanted and range_header else None
+    ranges = range_header is not None and not head and if_range in (None, validator)
+    span = _span(range_header, length) if ranges and range_header is not None else None
     if span is False:
         headers["Content-Range"] = f"bytes */{length}"
         return Response(b"", status_code=416, headers=headers)

@@ -50,8 +50,8 @@ class VideoRunner:
         ttl_seconds: int,
         concurrency: int,
         timeout_seconds: float,
+        max_bytes: int,
         lease_seconds: float = 10.0,
-        max_bytes: int = 256 * 1024 * 1024,
     ) -> None:
         self.store = store
         self.orchestrator = orchestrator
