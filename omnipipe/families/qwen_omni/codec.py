@@ -1,36 +1,29 @@
-"""What the talker and code2wav stages of every Qwen Omni family share: how they take their
-upstream chunks and when they send downstream. Subclasses run the model.
+"""What the talker stages of every Qwen Omni family share: how they take the thinker's
+chunks and when they send codes downstream. Subclasses run the model. (Their code2wav
+stages are the stage kit's chunked code2wav, stagekit/code2wav.py.)
 
 A talker "code" here is one step of the talker: one codec code (Qwen2.5-Omni) or one
 frame of num_code_groups codes (Qwen3-Omni)."""
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 from abc import abstractmethod
 from collections import deque
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
 import torch
 
-from omnipipe.stagekit.audio_output import speech_encoder
-from omnipipe.stagekit.media import pcm16
 from omnipipe.stagekit.sampling import Sampling
 from omnipipe.stagekit.stage import (
     Chunk,
     Session,
     StageInputError,
-    StepOutcome,
     StepResult,
     StreamingStage,
     Tensors,
 )
-
-SAMPLE_RATE = 24_000
 
 
 def chunk_codes(engine_args: dict[str, Any], default: int) -> int:
@@ -143,144 +136,3 @@ class CodecTalkerSession(TalkerSessionBase):
 
     def close(self) -> None:
         self.cache = None
-
-
-@dataclass(frozen=True)
-class Decode:
-    """A chunk a code2wav session is ready to decode: codes[context:] are new, and the
-    session has decoded up to `end` once it is done."""
-
-    codes: torch.Tensor
-    context: int
-    end: int
-
-
-class ChunkedCode2WavStage(StreamingStage):
-    # Set by load(): codes decoded per chunk, and codes of left context decoded again.
-    chunk_codes: int
-    context_codes: int
-
-    def decode_many(
-        self, sessions: Sequence[ChunkedCode2WavSession], decodes: Sequence[Decode]
-    ) -> list[np.ndarray]:
-        """Each session's audio for its decode; all have equal code and context lengths.
-        One at a time here; a stage whose model takes a batch runs them as one forward."""
-        return [s._decode(d.codes, d.context) for s, d in zip(sessions, decodes, strict=True)]
-
-    def step_sessions(self, work: Sequence[tuple[Session, Sequence[Chunk]]]) -> list[StepOutcome]:
-        """The sessions ready to decode a chunk of the same length (and left context) are
-        decoded together: the requests' chunks share forwards. The runtime hands over at
-        most maxBatch sessions a call."""
-        outcomes: list[StepOutcome] = []
-        ready: dict[tuple[int, int], list[tuple[int, ChunkedCode2WavSession, Decode]]] = {}
-        for i, (session, chunks) in enumerate(work):
-            assert isinstance(session, ChunkedCode2WavSession)
-            planned: Decode | StepOutcome
-            try:
-                planned = session.plan(chunks)
-            except Exception as exc:
-                planned = exc
-            if isinstance(planned, Decode):
-                ready.setdefault((len(planned.codes), planned.context), []).append(
-                    (i, session, planned)
-                )
-                planned = None  # filled in below
-            outcomes.append(planned)
-        for group in ready.values():
-            sessions, decodes = [s for _, s, _ in group], [d for _, _, d in group]
-            audio: list[np.ndarray | Exception]
-            try:
-                with torch.inference_mode():
-                    audio = list(self.decode_many(sessions, decodes))
-            except Exception as exc:
-                # One request's bad input must not fail its batch-mates: each alone.
-                audio = (
-                    [exc]
-                    if len(group) == 1
-                    else [self._decode_alone(s, d) for s, d in zip(sessions, decodes, strict=True)]
-                )
-            for (i, session, decode), made in zip(group, audio, strict=True):
-                outcomes[i] = made if isinstance(made, Exception) else session.finish(decode, made)
-            self.progress()
-        return outcomes
-
-    def _decode_alone(
-        self, session: ChunkedCode2WavSession, decode: Decode
-    ) -> np.ndarray | Exception:
-        try:
-            with torch.inference_mode():
-                return self.decode_many([session], [decode])[0]
-        except Exception as exc:
-            return exc
-
-
-class ChunkedCode2WavSession(Session):
-    """Collects the talker's codes and decodes them in fixed chunks of chunk_codes, each
-    with up to context_codes of left context decoded again so chunks join smoothly. The
-    chunk boundaries do not depend on how the codes arrived."""
-
-    def __init__(self, stage: ChunkedCode2WavStage, params: Mapping[str, Any]) -> None:
-        self.device = stage.device
-        # /v1/audio/speech's response_format and speed; chat's audio stays PCM.
-        self.encoder = speech_encoder(params, SAMPLE_RATE)
-        self.chunk_codes = stage.chunk_codes
-        self.context_codes = stage.context_codes
-        self.parts: list[torch.Tensor] = []
-        self.count = 0
-        self.decoded = 0
-        self.upstream_done = False
-
-    @abstractmethod
-    def _decode(self, codes: torch.Tensor, context: int) -> np.ndarray:
-        """Audio for codes[context:], decoding the first `context` codes as left context."""
-
-    def close(self) -> None:
-        self.parts = []
-        if self.encoder is not None:
-            self.encoder.close()
-
-    def plan(self, chunks: Sequence[Chunk]) -> Decode | StepResult | None:
-        """Take the chunks; the next chunk to decode, if a whole one (or the last) is in."""
-        for chunk in chunks:
-            if "codes" in chunk.tensors:
-                self.parts.append(chunk.tensors["codes"])
-                self.count += len(chunk.tensors["codes"])
-            self.upstream_done = self.upstream_done or chunk.final
-        if self.decoded == self.count:
-            return self.last() if self.upstream_done else None
-        end = min(self.decoded + self.chunk_codes, self.count)
-        if end - self.decoded < self.chunk_codes and not self.upstream_done:
-            return None
-        codes = torch.cat(self.parts)
-        self.parts = [codes]
-        context = min(self.context_codes, self.decoded)
-        return Decode(codes[self.decoded - context : end].to(self.device), context, end)
-
-    def _output(self, data: bytes) -> list[dict[str, Any]]:
-        if self.encoder is not None and not data:
-            return []  # the encoder holds this piece until it fills a frame
-        return [{"audio": base64.b64encode(data).decode(), "sample_rate": SAMPLE_RATE}]
-
-    def finish(self, decode: Decode, audio: np.ndarray) -> StepResult:
-        self.decoded = decode.end
-        pcm = pcm16(audio)
-        return StepResult(
-            outputs=self._output(self.encoder.push(pcm) if self.encoder else pcm),
-            audio_seconds=len(audio) / SAMPLE_RATE,
-        )
-
-    def last(self) -> StepResult:
-        """The end: what the encoder still holds (the stretch's tail, the last frame)."""
-        tail = self.encoder.finish() if self.encoder is not None else b""
-        # The last piece, empty when nothing is left, says how many codes became audio:
-        # the speech's usage counts them as its output tokens.
-        last = {"audio": base64.b64encode(tail).decode(), "sample_rate": SAMPLE_RATE}
-        return StepResult(outputs=[{**last, "codes": self.count}], done=True)
-
-    def step(self, chunks: Sequence[Chunk]) -> StepResult | None:
-        planned = self.plan(chunks)
-        if not isinstance(planned, Decode):
-            return planned
-        with torch.inference_mode():
-            audio = self._decode(planned.codes, planned.context)
-        return self.finish(planned, audio)

@@ -1,5 +1,6 @@
-"""/v1/audio/speech: text to speech through the omni chain. The thinker is teacher-forced
-on the input text, so the talker speaks exactly that text in the chosen voice."""
+"""/v1/audio/speech: text to speech. Through an omni chain the thinker is teacher-forced
+on the input text, so the talker speaks exactly that text in the chosen voice; a TTS
+pipeline's talker (no thinker) reads the text itself."""
 
 from __future__ import annotations
 
@@ -49,8 +50,9 @@ MEDIA_TYPES = {
 
 
 class SpeechUsage:
-    """OpenAI's speech usage, read off the outputs as they pass: the thinker's prompt
-    tokens (an emitter under SSE) and the codes code2wav turned into audio."""
+    """OpenAI's speech usage, read off the outputs as they pass: the prompt tokens of the
+    stage that reads the text (a thinker, or a TTS talker; an emitter under SSE) and the
+    codes code2wav turned into audio."""
 
     def __init__(self) -> None:
         self.input_tokens = 0
@@ -80,6 +82,11 @@ async def sse_events(pieces: AsyncIterator[bytes], usage: SpeechUsage) -> AsyncI
     async for piece in pieces:
         yield sse_event({"type": "speech.audio.delta", "audio": base64.b64encode(piece).decode()})
     yield sse_event({"type": "speech.audio.done", "usage": usage.as_dict()})
+
+
+def taken_fields(body: SpeechRequest) -> list[str]:
+    """The optional fields the request set."""
+    return sorted(name for name in SPEECH_FIELDS if getattr(body, name) is not None)
 
 
 def refuse_fields_not_taken(body: SpeechRequest, pipeline_type: str) -> None:
@@ -133,8 +140,10 @@ def speech_router(
 
     def plan(body: SpeechRequest) -> tuple[dict[str, dict[str, Any]], set[str]]:
         thinker = stage_with_role(pipeline, Role.THINKER)
+        talker = stage_with_role(pipeline, Role.TALKER)
         code2wav = stage_with_role(pipeline, Role.CODE2WAV)
-        if thinker is None or code2wav is None:
+        reader = thinker or talker  # the stage that reads the text
+        if reader is None or code2wav is None:
             raise BadRequest(f"model {shown(body.model)} does not produce speech", param="model")
         if body.stream_format == "sse" and body.response_format == "wav":
             raise BadRequest(
@@ -144,7 +153,6 @@ def speech_router(
             )
         refuse_fields_not_taken(body, pipeline.pipeline)
         overrides = sampling_overrides(pipeline, body.sampling_params_list)
-        talker = stage_with_role(pipeline, Role.TALKER)
         if body.max_new_tokens is not None and talker is not None:
             overrides[talker] = {**overrides.get(talker, {}), "max_tokens": body.max_new_tokens}
             check_token_range(
@@ -155,24 +163,29 @@ def speech_router(
         common = {
             "voice": body.voice,
             "seed": body.seed if body.seed is not None else random.randrange(2**31),
+            # Only the fields its type takes are set (refuse_fields_not_taken).
+            **{name: getattr(body, name) for name in taken_fields(body)},
         }
         params: dict[str, dict[str, Any]] = {
             s.name: {**common, "sampling": overrides.get(s.name)} for s in pipeline.stages
         }
-        params[thinker] = {
-            **params[thinker],
-            "messages": [{"role": "user", "content": body.input}],
-            "forced_reply": body.input,
-            "audio": True,
-        }
+        if thinker is not None:
+            params[thinker] = {
+                **params[thinker],
+                "messages": [{"role": "user", "content": body.input}],
+                "forced_reply": body.input,
+                "audio": True,
+            }
+        else:
+            params[reader] = {**params[reader], "input": body.input}
         # The code2wav stage encodes and stretches (stagekit/audio_output.py).
         params[code2wav] = {
             **params[code2wav],
             "response_format": body.response_format,
             "speed": body.speed,
         }
-        # Under SSE the thinker's result counts the input's tokens for the usage.
-        return params, {code2wav, thinker} if body.stream_format == "sse" else {code2wav}
+        # Under SSE the reader's result counts the input's tokens for the usage.
+        return params, {code2wav, reader} if body.stream_format == "sse" else {code2wav}
 
     @router.post("/v1/audio/speech", response_model=None, openapi_extra=json_body(SpeechRequest))
     async def speech(request: Request) -> Response:

@@ -1,5 +1,5 @@
 """The Qwen Omni code2wav stages on transformers: the talker's codes to audio in fixed
-chunks with left context (codec.ChunkedCode2WavStage), several requests' equal chunks in
+chunks with left context (the stage kit's ChunkedCode2WavStage), several requests' equal chunks in
 one forward. Qwen2.5-Omni's token2wav samples a DiT from each request's own seeded noise
 (qwen25_token2wav.py), then BigVGAN; Qwen3-Omni's decoder is causal and deterministic,
 decoding as transformers' chunked_decode does.
@@ -14,12 +14,7 @@ import numpy as np
 import torch
 
 from omnipipe.families.qwen_omni.checkpoint import load_qwen3_omni, load_qwen25_omni
-from omnipipe.families.qwen_omni.codec import (
-    ChunkedCode2WavSession,
-    ChunkedCode2WavStage,
-    Decode,
-    seed_of,
-)
+from omnipipe.families.qwen_omni.codec import seed_of
 from omnipipe.families.qwen_omni.handoff import pick_voice
 from omnipipe.families.qwen_omni.qwen3 import (
     CHUNK_FRAMES,
@@ -29,6 +24,7 @@ from omnipipe.families.qwen_omni.qwen3 import (
 )
 from omnipipe.families.qwen_omni.qwen25 import CHUNK_CODES, CONTEXT_CODES, samples_per_code
 from omnipipe.families.qwen_omni.qwen25_token2wav import starting_noise, synthesize
+from omnipipe.stagekit.code2wav import ChunkedCode2WavSession, ChunkedCode2WavStage, Decode
 from omnipipe.stagekit.stage import (
     Session,
     StageJob,

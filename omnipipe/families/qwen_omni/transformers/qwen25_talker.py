@@ -11,12 +11,12 @@ import torch
 
 from omnipipe.families.qwen_omni.checkpoint import load_qwen25_omni
 from omnipipe.families.qwen_omni.codec import (
-    SAMPLE_RATE,
     CodecTalkerSession,
     CodecTalkerStage,
 )
 from omnipipe.families.qwen_omni.handoff import layout_kwargs
 from omnipipe.families.qwen_omni.qwen25 import CHUNK_CODES, TALKER_SAMPLING, samples_per_code
+from omnipipe.stagekit.code2wav import SAMPLE_RATE
 from omnipipe.stagekit.sampling import Sampling, next_token
 from omnipipe.stagekit.stage import (
     Session,

@@ -13,7 +13,6 @@ import torch
 
 from omnipipe.families.qwen_omni.checkpoint import load_qwen3_omni
 from omnipipe.families.qwen_omni.codec import (
-    SAMPLE_RATE,
     CodecTalkerSession,
     CodecTalkerStage,
 )
@@ -26,6 +25,7 @@ from omnipipe.families.qwen_omni.qwen3 import (
     samples_per_frame,
 )
 from omnipipe.families.qwen_omni.qwen3_talker_prompt import project_text, talker_prompt
+from omnipipe.stagekit.code2wav import SAMPLE_RATE
 from omnipipe.stagekit.sampling import Sampling, next_token
 from omnipipe.stagekit.stage import (
     Session,

@@ -1,0 +1,198 @@
+"""Qwen3-TTS's talker on transformers: the request's text to codec frames, one frame a
+step (its first code the talker's, the other fifteen its code predictor's), sent to
+code2wav a chunk of frames at a time. The first stage of its pipeline: it reads the
+request, not an upstream stage.
+
+Sampling follows qwen-tts's generate(): the checkpoint's generation_config.json
+defaults, at least two frames' worth of tokens before the end may be chosen, the codec's
+specials suppressed, the request's seed drawing the talker's and the predictor's choices
+in the reference's order."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from omnipipe.families.qwen3_tts.config import SPECIAL_CODES, TTSConfig, read_config
+from omnipipe.families.qwen3_tts.prompt import (
+    Voice,
+    assistant_text,
+    instruction_text,
+    prompt_embeds,
+)
+from omnipipe.families.qwen3_tts.talker_model import TalkerModel
+from omnipipe.families.qwen3_tts.voices import voice_of
+from omnipipe.stagekit.code2wav import SAMPLE_RATE
+from omnipipe.stagekit.sampling import Sampling, next_token
+from omnipipe.stagekit.stage import (
+    Chunk,
+    Session,
+    StageInputError,
+    StageJob,
+    StepResult,
+    StreamingStage,
+)
+
+CHUNK_FRAMES = 25  # talker -> code2wav: 2 s of audio at 12.5 frames a second
+MIN_TOKENS = 2  # generate() forces min_new_tokens=2
+
+
+def talker_sampling(generate: dict[str, Any]) -> Sampling:
+    return Sampling(
+        temperature=float(generate["temperature"]) if generate["do_sample"] else 0.0,
+        top_p=float(generate["top_p"]),
+        top_k=int(generate["top_k"]),
+        max_tokens=int(generate["max_new_tokens"]),
+        repetition_penalty=float(generate["repetition_penalty"]),
+    )
+
+
+def predictor_sampling(generate: dict[str, Any], talker: Sampling) -> Sampling:
+    """The code predictor's: the subtalker_* defaults, greedy when the talker is."""
+    greedy = talker.temperature == 0 or not generate["subtalker_dosample"]
+    return Sampling(
+        temperature=0.0 if greedy else float(generate["subtalker_temperature"]),
+        top_p=float(generate["subtalker_top_p"]),
+        top_k=int(generate["subtalker_top_k"]),
+    )
+
+
+class TalkerStage(StreamingStage):
+    def load(self) -> None:
+        from transformers import Qwen2Tokenizer
+
+        self.config: TTSConfig = read_config(self.model_path)
+        if self.config.kind == "base":
+            raise NotImplementedError(
+                f"{self.model_path}: a Qwen3-TTS Base checkpoint (voice cloning) is not "
+                "served yet; CustomVoice and VoiceDesign checkpoints are"
+            )
+        model = TalkerModel(self.config)
+        model.load_checkpoint(self.model_path)
+        self.model = model.to(self.device).eval()
+        self.tokenizer = Qwen2Tokenizer.from_pretrained(self.model_path)
+        self.sampling = Sampling.from_params(
+            talker_sampling(self.config.generate), self.spec.sampling
+        )
+        self.chunk_codes = int(self.spec.engine_args.get("chunk_codes", CHUNK_FRAMES))
+        if self.chunk_codes < 1:
+            raise ValueError(f"engineArgs.chunk_codes must be at least 1, not {self.chunk_codes}")
+        eos, vocab = self.config.eos, self.config.vocab
+        self.suppressed = tuple(i for i in range(vocab - SPECIAL_CODES, vocab) if i != eos)
+
+    def token_ids(self, text: str) -> torch.Tensor:
+        ids: torch.Tensor = self.tokenizer(text, return_tensors="pt")["input_ids"]
+        return ids.to(self.device)
+
+    def open(self, job: StageJob) -> Session:
+        return TalkerSession(self, job.params)
+
+
+class TalkerSession(Session):
+    def __init__(self, stage: TalkerStage, params: dict[str, Any]) -> None:
+        self.stage = stage
+        config = stage.config
+        text = params.get("input")
+        if not isinstance(text, str) or not text.strip():
+            raise StageInputError("input: a non-empty string is required", "input")
+        self.voice: Voice = voice_of(config, params)
+        sampling = Sampling.from_params(stage.sampling, params.get("sampling"))
+        seed = params.get("seed")
+        if sampling.seed is None and isinstance(seed, int):
+            sampling = dataclasses.replace(sampling, seed=seed)
+        # generate() forces two codes before the end may be chosen: a request's own
+        # min_tokens is raised to that, and a max below it cannot be met.
+        if sampling.max_tokens < MIN_TOKENS:
+            raise StageInputError(
+                f"max_new_tokens: at least {MIN_TOKENS} (the last code chosen makes no "
+                f"frame), not {sampling.max_tokens}",
+                "max_new_tokens",
+            )
+        self.sampling = dataclasses.replace(
+            sampling, min_tokens=max(sampling.min_tokens, MIN_TOKENS)
+        )
+        self.predictor = predictor_sampling(config.generate, self.sampling)
+        self.generator = self.sampling.generator(stage.device)
+        self.first_chunk = int(params.get("initial_codec_chunk_frames") or stage.chunk_codes)
+        self.text_ids = stage.token_ids(assistant_text(text))
+        self.instruction_ids = (
+            stage.token_ids(instruction_text(self.voice.instruction))
+            if self.voice.instruction
+            else None
+        )
+        self.cache: Any = None
+        self.length = 0  # positions in the talker's cache
+        self.past_hidden: torch.Tensor | None = None
+        self.tts_pad: torch.Tensor | None = None
+        self.code: int | None = None  # the first code of the frame being completed
+        self.codes: list[int] = []  # first codes so far, for the repetition penalty
+        self.frames: list[list[int]] = []
+        self.sent = 0
+
+    def _pick(self, sampling: Sampling, seen: list[int], suppress: tuple[int, ...]) -> Any:
+        def pick(logits: torch.Tensor) -> int:
+            already = torch.tensor(seen, dtype=torch.long, device=logits.device)
+            return next_token(logits, sampling, already, suppress, self.generator)
+
+        return pick
+
+    def _choose(self, logits: torch.Tensor) -> bool:
+        """The next first code; True when it ends the speech (end of speech, or the
+        max_tokens-th, which makes no frame: a frame is made when its code is fed back)."""
+        suppress = self.stage.suppressed
+        if len(self.codes) < self.sampling.min_tokens:
+            suppress += (self.stage.config.eos,)
+        code = self._pick(self.sampling, self.codes, suppress)(logits)
+        self.codes.append(code)
+        if code == self.stage.config.eos or len(self.codes) >= self.sampling.max_tokens:
+            return True
+        self.code = code
+        return False
+
+    def step(self, chunks: Sequence[Chunk]) -> StepResult | None:
+        from transformers import DynamicCache
+
+        model = self.stage.model
+        first = self.cache is None
+        with torch.inference_mode():
+            if first:
+                embeds, self.tts_pad = prompt_embeds(
+                    model, self.stage.config, self.text_ids, self.instruction_ids, self.voice
+                )
+                self.cache = DynamicCache()
+                self.past_hidden, logits = model.forward_rows(embeds, self.cache, 0)
+                self.length = embeds.shape[1]
+            else:
+                assert self.code is not None
+                assert self.past_hidden is not None
+                assert self.tts_pad is not None
+                rest, frame = model.frame(
+                    self.past_hidden, self.code, self._pick(self.predictor, [], ())
+                )
+                self.frames.append([self.code, *rest])
+                self.past_hidden, logits = model.forward_rows(
+                    frame + self.tts_pad, self.cache, self.length
+                )
+                self.length += 1
+        result = self._emit(self._choose(logits))
+        if first:  # the speech's usage counts the input's tokens (under SSE)
+            result.outputs.append({"prompt_tokens": int(self.text_ids.shape[1])})
+        return result
+
+    def _emit(self, done: bool) -> StepResult:
+        due = self.first_chunk if self.sent == 0 else self.stage.chunk_codes
+        if len(self.frames) - self.sent < due and not done:
+            return StepResult()
+        chunk = self.frames[self.sent :]
+        self.sent = len(self.frames)
+        return StepResult(
+            tensors={"codes": torch.tensor(chunk, dtype=torch.long)} if chunk else {},
+            done=done,
+            audio_seconds=len(chunk) * self.stage.config.samples_per_frame / SAMPLE_RATE,
+        )
+
+    def close(self) -> None:
+        self.cache = None

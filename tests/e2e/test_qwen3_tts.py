@@ -1,0 +1,119 @@
+"""`omnipipe serve tiny://qwen3-tts-custom-voice`: the openai client's speech is the
+audio qwen-tts's own generate_custom_voice makes for the seed (within one 16-bit step),
+in WAV, MP3 and as server-sent events with OpenAI's usage; what the model cannot speak
+is refused by name."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import wave
+from collections.abc import Iterator
+
+import av
+import httpx
+import numpy as np
+import openai
+import pytest
+
+from tests.e2e.conftest import Served, start_serve, stop_cleanly
+from tests.harness.tts_reference import pcm_of, reference_outputs
+
+pytestmark = pytest.mark.timeout(300)
+
+MODEL = "tiny://qwen3-tts-custom-voice"
+TEXT = "The train leaves at noon."
+SPOKEN = {"seed": 42, "language": "english", "max_new_tokens": 30}
+SAMPLES_PER_FRAME = 1920
+
+
+@pytest.fixture(scope="module")
+def served() -> Iterator[Served]:
+    serve = start_serve(MODEL)
+    try:
+        yield serve
+    finally:
+        stop_cleanly(serve)
+
+
+@pytest.fixture(scope="module")
+def client(served: Served) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=served.base_url, api_key="any", max_retries=0) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def expected() -> dict[str, np.ndarray]:
+    case = {
+        "text": TEXT,
+        "speaker": "vivian",
+        "language": "english",
+        "seed": SPOKEN["seed"],
+        "max_new_tokens": SPOKEN["max_new_tokens"],
+    }
+    return reference_outputs({"served": ("qwen3-tts-custom-voice", case)})["served"]
+
+
+def samples_of(wav_bytes: bytes) -> np.ndarray:
+    with wave.open(io.BytesIO(wav_bytes)) as w:
+        assert (w.getnchannels(), w.getframerate(), w.getsampwidth()) == (1, 24000, 2)
+        return np.frombuffer(w.readframes(w.getnframes()), dtype="<i2")
+
+
+def test_the_served_speech_is_qwen_tts_own_for_the_seed(
+    client: openai.OpenAI, expected: dict[str, np.ndarray]
+) -> None:
+    r = client.audio.speech.create(model=MODEL, input=TEXT, voice="Vivian", extra_body=SPOKEN)
+    pcm = samples_of(r.content)
+    assert len(pcm) == len(expected["codes"]) * SAMPLES_PER_FRAME == len(expected["wav"])
+    assert np.abs(pcm.astype(np.float64) - pcm_of(expected["wav"])).max() <= 1
+    assert np.abs(pcm).max() > 10  # speech, not silence
+
+
+def test_mp3_and_server_sent_events_with_usage(
+    client: openai.OpenAI, served: Served, expected: dict[str, np.ndarray]
+) -> None:
+    frames = len(expected["codes"])
+    mp3 = client.audio.speech.create(
+        model=MODEL, input=TEXT, voice="Vivian", response_format="mp3", extra_body=SPOKEN
+    )
+    with av.open(io.BytesIO(mp3.content)) as container:
+        stream = container.streams.audio[0]
+        assert "mp3" in stream.codec_context.name
+        seconds = sum(f.samples for f in container.decode(stream)) / stream.rate
+    assert seconds == pytest.approx(frames * SAMPLES_PER_FRAME / 24000, abs=0.1)
+    body = {"model": MODEL, "input": TEXT, "voice": "vivian", "response_format": "pcm"}
+    with httpx.stream(
+        "POST",
+        f"{served.base_url}/audio/speech",
+        json={**body, **SPOKEN, "stream_format": "sse"},
+        timeout=60,
+    ) as r:
+        assert r.status_code == 200
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
+    assert events[-1]["type"] == "speech.audio.done"
+    pcm = b"".join(base64.b64decode(e["audio"]) for e in events[:-1])
+    assert len(pcm) == frames * SAMPLES_PER_FRAME * 2
+    usage = events[-1]["usage"]
+    assert usage["output_tokens"] == frames
+    # The talker's prompt: the assistant turn around the text, byte by byte here.
+    assert len(TEXT.encode()) < usage["input_tokens"] < 100
+    assert usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"]
+
+
+def test_what_the_model_cannot_speak_is_refused_by_name(client: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError, match="dylan, ryan, vivian") as refused:
+        client.audio.speech.create(model=MODEL, input=TEXT, voice="alloy")
+    assert refused.value.body["param"] == "voice"  # type: ignore[index]
+    with pytest.raises(openai.BadRequestError, match="english") as refused:
+        client.audio.speech.create(
+            model=MODEL, input=TEXT, voice="ryan", extra_body={"language": "klingon"}
+        )
+    assert refused.value.body["param"] == "language"  # type: ignore[index]
+    # Cloning is the Base model's: this pipeline type does not take a reference clip.
+    with pytest.raises(openai.BadRequestError, match="does not take ref_audio") as refused:
+        client.audio.speech.create(
+            model=MODEL, input=TEXT, voice="ryan", extra_body={"ref_audio": "data:,"}
+        )
+    assert refused.value.body["param"] == "ref_audio"  # type: ignore[index]

@@ -1,0 +1,74 @@
+"""qwen-tts's own generate functions, for the Qwen3-TTS equality tests: run by the side
+environment's interpreter (omnipipe/families/qwen3_tts/reference_env.py), never imported
+by the tests.
+
+    python -P qwen_tts_reference.py CASES.json
+
+CASES.json is a list of {"checkpoint", "out", "text", "speaker", "language", "instruct",
+"seed", "max_new_tokens"}: a case with a seed samples (torch.manual_seed(seed) first, as
+a user of qwen-tts seeds it), one without is greedy. Each case writes its "out" (.npz)
+with the codes (frames x 16) and the waveform (float32, 24 kHz); each checkpoint is
+loaded once."""
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import torch
+from qwen_tts import Qwen3TTSModel
+
+
+def speak(tts, case, captured):
+    kwargs = {"max_new_tokens": case["max_new_tokens"]} if case.get("max_new_tokens") else {}
+    if case.get("seed") is None:
+        kwargs.update(do_sample=False, subtalker_dosample=False)
+    else:
+        torch.manual_seed(case["seed"])
+    if tts.model.tts_model_type == "custom_voice":
+        wavs, rate = tts.generate_custom_voice(
+            text=case["text"],
+            speaker=case["speaker"],
+            language=case["language"],
+            instruct=case.get("instruct"),
+            **kwargs,
+        )
+    else:
+        wavs, rate = tts.generate_voice_design(
+            text=case["text"], instruct=case["instruct"], language=case["language"], **kwargs
+        )
+    out = Path(case["out"])
+    partial = out.with_suffix(f".{os.getpid()}.npz")
+    np.savez(
+        partial,
+        codes=captured["codes"].numpy(),
+        wav=np.asarray(wavs[0], dtype=np.float32),
+        rate=rate,
+    )
+    partial.replace(out)  # whole or not at all: another run may read it
+
+
+def main():
+    torch.set_num_threads(1)
+    cases = json.loads(Path(sys.argv[1]).read_text())
+    loaded = {}
+    for case in cases:
+        if case["checkpoint"] not in loaded:
+            tts = Qwen3TTSModel.from_pretrained(case["checkpoint"], dtype=torch.float32)
+            captured = {}
+            generate = tts.model.generate
+
+            def keep_codes(*args, generate=generate, captured=captured, **kwargs):
+                codes, hidden = generate(*args, **kwargs)  # the codes, before the audio
+                captured["codes"] = codes[0].clone()
+                return codes, hidden
+
+            tts.model.generate = keep_codes
+            loaded[case["checkpoint"]] = (tts, captured)
+        tts, captured = loaded[case["checkpoint"]]
+        speak(tts, case, captured)
+
+
+if __name__ == "__main__":
+    main()

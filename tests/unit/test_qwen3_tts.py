@@ -1,0 +1,161 @@
+"""Qwen3-TTS's stages against the model authors' own qwen-tts on the same tiny
+checkpoints: for a seed (and greedy) the talker's codes equal generate()'s, and the audio
+that code2wav streams in chunks equals the reference's within one 16-bit step."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from omnipipe.api.spec import Role
+from omnipipe.checkpoints.tiny import resolve_model_path
+from omnipipe.stagekit.stage import Chunk, StageInputError, StageJob, StreamingStage
+from omnipipe.worker.stage_classes import stage_class
+from tests.harness.tts_reference import pcm_of, reference_outputs
+from tests.unit.test_omni_stages import spec
+
+TEXT = "Hello world, this is a test."
+ONE_STEP = 1 / 32768  # a 16-bit sample's step
+
+CASES: dict[str, list[dict[str, Any]]] = {
+    "qwen3-tts-custom-voice": [
+        {"name": "greedy", "text": TEXT, "speaker": "ryan", "language": "english"},
+        {
+            "name": "seeded-instruct",
+            "text": "Where is the station? Turn left.",
+            "speaker": "vivian",
+            "language": "auto",
+            "instruct": "Speak slowly.",
+            "seed": 1234,
+            "max_new_tokens": 40,
+        },
+        {  # a dialect speaker: Chinese is spoken in its dialect
+            "name": "seeded-dialect",
+            "text": "你好，世界。",  # noqa: RUF001
+            "speaker": "dylan",
+            "language": "chinese",
+            "seed": 7,
+            "max_new_tokens": 24,
+        },
+    ],
+    "qwen3-tts-voice-design": [
+        {
+            "name": "seeded",
+            "text": TEXT,
+            "language": "english",
+            "instruct": "A calm, low voice.",
+            "seed": 5,
+            "max_new_tokens": 40,
+        },
+    ],
+}
+
+
+def params_of(case: dict[str, Any]) -> dict[str, Any]:
+    params: dict[str, Any] = {"input": case["text"], "language": case["language"]}
+    if case.get("speaker"):
+        params["voice"] = case["speaker"]
+    if case.get("instruct"):
+        params["instructions"] = case["instruct"]
+    sampling: dict[str, Any] = {}
+    if case.get("seed") is None:
+        sampling["temperature"] = 0
+    else:
+        params["seed"] = case["seed"]
+    if case.get("max_new_tokens"):
+        sampling["max_tokens"] = case["max_new_tokens"]
+    params["sampling"] = sampling
+    return params
+
+
+@functools.cache
+def load(model: str, role: Role) -> Any:
+    """The stage, loaded once per module. Chunks of 5 frames: the audio must not depend
+    on how it was chunked (the first chunk is the request's own, below)."""
+    path = resolve_model_path(f"tiny://{model}")
+    stage_spec = spec(role.value, role, f"tiny://{model}", engine_args={"chunk_codes": 5})
+    stage = stage_class(stage_spec, path)(stage_spec, path, "cpu")
+    stage.load()
+    return stage
+
+
+def speak(talker: StreamingStage, code2wav: StreamingStage, params: dict[str, Any]) -> Any:
+    """The talker's frames and code2wav's audio, each chunk handed on as the worker does."""
+    session = talker.open(StageJob(params, {}))
+    decoder = code2wav.open(StageJob(params, {}))
+    frames, audio = [], []
+    while True:
+        step = session.step([])
+        assert step is not None
+        pending = []
+        if step.tensors or step.done:
+            if "codes" in step.tensors:
+                frames.append(step.tensors["codes"])
+            pending = [Chunk("talker", dict(step.tensors), final=step.done)]
+        # Everything code2wav can decode of what it has, as the worker steps it.
+        while (out := decoder.step(pending)) is not None:
+            pending = []
+            audio.extend(np.frombuffer(_pcm(o), dtype="<i2") for o in out.outputs)
+            if out.done:
+                break
+        if step.done:
+            break
+    session.close()
+    decoder.close()
+    return torch.cat(frames).numpy(), np.concatenate(audio) if audio else np.zeros(0, "<i2")
+
+
+def _pcm(output: dict[str, Any]) -> bytes:
+    import base64
+
+    return base64.b64decode(output["audio"])
+
+
+@pytest.fixture(scope="module")
+def reference() -> dict[str, dict[str, Any]]:
+    """Every case's codes and audio from qwen-tts."""
+    return reference_outputs(
+        {f"{model}-{c['name']}": (model, c) for model, cases in CASES.items() for c in cases}
+    )
+
+
+@pytest.mark.parametrize(
+    ("model", "case"),
+    [(model, case) for model, cases in CASES.items() for case in cases],
+    ids=lambda v: v["name"] if isinstance(v, dict) else v,
+)
+def test_codes_and_audio_equal_qwen_tts(
+    model: str, case: dict[str, Any], reference: dict[str, dict[str, Any]]
+) -> None:
+    talker, code2wav = load(model, Role.TALKER), load(model, Role.CODE2WAV)
+    expected = reference[f"{model}-{case['name']}"]
+    codes, pcm = speak(talker, code2wav, {**params_of(case), "initial_codec_chunk_frames": 2})
+    assert len(expected["codes"]) > 5, "too short to be chunked"
+    np.testing.assert_array_equal(codes, expected["codes"])
+    wav = expected["wav"]
+    assert len(pcm) == len(wav)
+    assert np.abs(pcm.astype(np.float64) - pcm_of(wav)).max() <= 1
+    assert np.abs(wav).max() > 10 * ONE_STEP  # audible: the comparison is not of silence
+
+
+def test_a_request_the_model_cannot_speak_is_refused_by_name() -> None:
+    custom = load("qwen3-tts-custom-voice", Role.TALKER)
+    design = load("qwen3-tts-voice-design", Role.TALKER)
+    refused = {
+        "voice": (custom, {"input": TEXT, "voice": "alloy"}),
+        "language": (custom, {"input": TEXT, "language": "klingon"}),
+        "instructions": (design, {"input": TEXT}),
+        "max_new_tokens": (custom, {"input": TEXT, "sampling": {"max_tokens": 1}}),
+        "input": (custom, {"input": "  "}),
+    }
+    for param, (stage, params) in refused.items():
+        with pytest.raises(StageInputError) as caught:
+            stage.open(StageJob(params, {}))
+        assert caught.value.param == param, caught.value.message
+    # The preset voices are named in the refusal.
+    with pytest.raises(StageInputError, match="dylan, ryan, vivian"):
+        custom.open(StageJob({"input": TEXT, "voice": "alloy"}, {}))
