@@ -123,13 +123,20 @@ class ChunkedCode2WavSession(Session):
             self.upstream_done = self.upstream_done or chunk.final
         if self.decoded == self.count:
             return self.last() if self.upstream_done else None
-        end = min(self.decoded + self.chunk_codes, self.count)
-        if end - self.decoded < self.chunk_codes and not self.upstream_done:
+        context, limit = self.span(self.decoded)
+        whole = min(self.chunk_codes, limit - self.decoded)
+        end = min(self.decoded + whole, self.count)
+        if end - self.decoded < whole and not self.upstream_done:
             return None
         codes = torch.cat(self.parts)
         self.parts = [codes]
-        context = min(self.context_codes, self.decoded)
         return Decode(codes[self.decoded - context : end].to(self.device), context, end)
+
+    def span(self, start: int) -> tuple[int, int]:
+        """For a chunk that starts at code `start`: the codes before it decoded again as
+        its left context, and the code it may not reach past (a codec whose reference
+        decodes in fixed windows ends each chunk at a window's edge)."""
+        return min(self.context_codes, start), start + self.chunk_codes
 
     def _output(self, data: bytes) -> list[dict[str, Any]]:
         if self.encoder is not None and not data:

@@ -12,14 +12,14 @@ from omnipipe.stagekit.stage import StageInputError
 def int_param(params: dict[str, Any], key: str, default: int) -> int:
     value = params.get(key, default)
     if not isinstance(value, int) or isinstance(value, bool):
-        raise StageInputError(f"{key} must be an integer")
+        raise StageInputError(f"{key} must be an integer", key)
     return value
 
 
 def float_param(params: dict[str, Any], key: str, default: float) -> float:
     value = params.get(key, default)
     if not isinstance(value, int | float) or isinstance(value, bool):
-        raise StageInputError(f"{key} must be a number")
+        raise StageInputError(f"{key} must be a number", key)
     return float(value)
 
 

@@ -94,9 +94,12 @@ def next_token(
         cutoff = torch.topk(scores, sampling.top_k).values[-1]
         scores = scores.masked_fill(scores < cutoff, float("-inf"))
     if sampling.top_p < 1.0:
-        ordered, order = scores.sort(descending=True)
+        # transformers' TopPLogitsWarper, operation for operation: the rounding of the
+        # cumulative sum decides a token at the edge, and the reference's codes with it.
+        ordered, order = scores.sort(descending=False)
         cumulative = ordered.softmax(-1).cumsum(-1)
-        drop = cumulative - ordered.softmax(-1) >= sampling.top_p  # keep the first past top_p
-        scores[order[drop]] = float("-inf")
+        drop = cumulative <= (1 - sampling.top_p)
+        drop[-1:] = False
+        scores = scores.masked_fill(drop.scatter(0, order, drop), float("-inf"))
     probs = scores.softmax(-1)
     return int(torch.multinomial(probs, 1, generator=generator))

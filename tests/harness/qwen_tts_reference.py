@@ -5,7 +5,8 @@ by the tests.
     python -P qwen_tts_reference.py CASES.json
 
 CASES.json is a list of {"checkpoint", "out", "text", "speaker", "language", "instruct",
-"seed", "max_new_tokens"}: a case with a seed samples (torch.manual_seed(seed) first, as
+"seed", "max_new_tokens"}, or of {"checkpoint", "out", "decode": codes}: a case with a
+seed samples (torch.manual_seed(seed) first, as
 a user of qwen-tts seeds it), one without is greedy. Each case writes its "out" (.npz)
 with the codes (frames x 16) and the waveform (float32, 24 kHz); each checkpoint is
 loaded once."""
@@ -20,7 +21,17 @@ import torch
 from qwen_tts import Qwen3TTSModel
 
 
+def decode(tts, case):
+    """The speech tokenizer's audio of given codes, as generate_* decodes its own."""
+    codes = torch.tensor(case["decode"], dtype=torch.long)
+    wavs, rate = tts.model.speech_tokenizer.decode([{"audio_codes": codes}])
+    return codes, wavs, rate
+
+
 def speak(tts, case, captured):
+    if "decode" in case:
+        codes, wavs, rate = decode(tts, case)
+        return save(case, codes, wavs, rate)
     kwargs = {"max_new_tokens": case["max_new_tokens"]} if case.get("max_new_tokens") else {}
     if case.get("seed") is None:
         kwargs.update(do_sample=False, subtalker_dosample=False)
@@ -38,14 +49,13 @@ def speak(tts, case, captured):
         wavs, rate = tts.generate_voice_design(
             text=case["text"], instruct=case["instruct"], language=case["language"], **kwargs
         )
+    return save(case, captured["codes"], wavs, rate)
+
+
+def save(case, codes, wavs, rate):
     out = Path(case["out"])
     partial = out.with_suffix(f".{os.getpid()}.npz")
-    np.savez(
-        partial,
-        codes=captured["codes"].numpy(),
-        wav=np.asarray(wavs[0], dtype=np.float32),
-        rate=rate,
-    )
+    np.savez(partial, codes=codes.numpy(), wav=np.asarray(wavs[0], dtype=np.float32), rate=rate)
     partial.replace(out)  # whole or not at all: another run may read it
 
 

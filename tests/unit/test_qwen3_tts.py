@@ -73,11 +73,11 @@ def params_of(case: dict[str, Any]) -> dict[str, Any]:
 
 
 @functools.cache
-def load(model: str, role: Role) -> Any:
-    """The stage, loaded once per module. Chunks of 5 frames: the audio must not depend
-    on how it was chunked (the first chunk is the request's own, below)."""
+def load(model: str, role: Role, chunk: int = 5) -> Any:
+    """The stage, loaded once per module. Chunks of 5 frames by default: the audio must
+    not depend on how it was chunked (the first chunk is the request's own, below)."""
     path = resolve_model_path(f"tiny://{model}")
-    stage_spec = spec(role.value, role, f"tiny://{model}", engine_args={"chunk_codes": 5})
+    stage_spec = spec(role.value, role, f"tiny://{model}", engine_args={"chunk_codes": chunk})
     stage = stage_class(stage_spec, path)(stage_spec, path, "cpu")
     stage.load()
     return stage
@@ -145,17 +145,68 @@ def test_codes_and_audio_equal_qwen_tts(
 def test_a_request_the_model_cannot_speak_is_refused_by_name() -> None:
     custom = load("qwen3-tts-custom-voice", Role.TALKER)
     design = load("qwen3-tts-voice-design", Role.TALKER)
-    refused = {
-        "voice": (custom, {"input": TEXT, "voice": "alloy"}),
-        "language": (custom, {"input": TEXT, "language": "klingon"}),
-        "instructions": (design, {"input": TEXT}),
-        "max_new_tokens": (custom, {"input": TEXT, "sampling": {"max_tokens": 1}}),
-        "input": (custom, {"input": "  "}),
-    }
-    for param, (stage, params) in refused.items():
+    ryan = {"input": TEXT, "voice": "ryan"}
+    refused = [
+        ("voice", custom, {"input": TEXT, "voice": "alloy"}),
+        ("voice", custom, {"input": TEXT}),  # qwen-tts needs a speaker: no silent default
+        ("language", custom, {**ryan, "language": "klingon"}),
+        ("instructions", design, {"input": TEXT}),
+        ("task_type", custom, {**ryan, "task_type": "VoiceDesign"}),
+        ("max_new_tokens", custom, {**ryan, "sampling": {"max_tokens": 1}}),
+        # Past the talker's positions (its KV cache would grow past what it was made for).
+        ("max_new_tokens", custom, {**ryan, "sampling": {"max_tokens": 40_000}}),
+        ("initial_codec_chunk_frames", custom, {**ryan, "initial_codec_chunk_frames": 0}),
+        ("initial_codec_chunk_frames", custom, {**ryan, "initial_codec_chunk_frames": "x"}),
+        ("input", custom, {"input": "  "}),
+    ]
+    for param, stage, params in refused:
         with pytest.raises(StageInputError) as caught:
             stage.open(StageJob(params, {}))
         assert caught.value.param == param, caught.value.message
     # The preset voices are named in the refusal.
     with pytest.raises(StageInputError, match="dylan, ryan, vivian"):
         custom.open(StageJob({"input": TEXT, "voice": "alloy"}, {}))
+
+
+def test_long_speech_decoded_together_equals_qwen_tts_past_its_300_frame_windows() -> None:
+    """qwen-tts decodes 300 frames at a time after 25 of context: two requests' 330 frames
+    each, decoded in shared forwards, in chunks that do not line up with those windows,
+    equal the reference's decode of the same codes."""
+    # Chunks of 40 frames: each decode starts at its window's context, so small chunks
+    # late in a window cost most of the window each.
+    code2wav = load("qwen3-tts-custom-voice", Role.CODE2WAV, 40)
+    g = torch.Generator().manual_seed(3)
+    codes = [torch.randint(0, 64, (330, 16), generator=g) for _ in range(2)]
+    expected = reference_outputs(
+        {
+            f"decode-{i}": ("qwen3-tts-custom-voice", {"decode": c.tolist()})
+            for i, c in enumerate(codes)
+        }
+    )
+    sessions = [code2wav.open(StageJob({}, {})) for _ in codes]
+    audio: list[list[np.ndarray]] = [[], []]
+    sizes = [7] + [41] * 8  # 335 frames offered; the last chunk is short and final
+    sent = 0
+    done = [False, False]
+    for size in sizes:
+        chunks = [
+            [Chunk("talker", {"codes": c[sent : sent + size]}, final=sent + size >= len(c))]
+            for c in codes
+        ]
+        sent += size
+        while not all(done):
+            outcomes = code2wav.step_sessions(list(zip(sessions, chunks, strict=True)))
+            chunks = [[], []]
+            if all(o is None for o in outcomes):
+                break
+            for i, outcome in enumerate(outcomes):
+                assert not isinstance(outcome, Exception), outcome
+                if outcome is not None:
+                    audio[i].extend(np.frombuffer(_pcm(o), "<i2") for o in outcome.outputs)
+                    done[i] = done[i] or outcome.done
+    assert all(done)
+    for i in range(2):
+        pcm = np.concatenate(audio[i]).astype(np.float64)
+        wav = expected[f"decode-{i}"]["wav"]
+        assert len(pcm) == len(wav) == 330 * 1920
+        assert np.abs(pcm - pcm_of(wav)).max() <= 1

@@ -35,6 +35,31 @@ def test_top_p_keeps_only_the_nucleus() -> None:
     assert picks <= {1, 2}  # tokens 1 and 2 hold ~0.74 of the mass; 1 alone ~0.39
 
 
+def test_sampling_draws_what_transformers_warpers_draw() -> None:
+    """Temperature, top-k and top-p as transformers' warpers apply them (the order and the
+    arithmetic), so a seed draws the reference's token: logits with ties, nuclei of every
+    size, the same generator on both sides."""
+    from transformers.generation.logits_process import (
+        TemperatureLogitsWarper,
+        TopKLogitsWarper,
+        TopPLogitsWarper,
+    )
+
+    g = torch.Generator().manual_seed(0)
+    for i in range(300):
+        logits = torch.round(torch.randn(64, generator=g) * 6) / 2  # ties at the edges
+        top_p = (0.3, 0.8, 0.9, 0.95, 0.99)[i % 5]
+        sampling = Sampling(temperature=0.9, top_k=50, top_p=top_p)
+        ours = next_token(logits, sampling, NONE, generator=torch.Generator().manual_seed(i))
+        scores = logits[None].clone()
+        for warper in (TemperatureLogitsWarper(0.9), TopKLogitsWarper(50), TopPLogitsWarper(top_p)):
+            scores = warper(torch.empty((1, 0), dtype=torch.long), scores)
+        drawn = torch.multinomial(
+            scores.softmax(-1)[0], 1, generator=torch.Generator().manual_seed(i)
+        )
+        assert ours == int(drawn), (i, top_p)
+
+
 def test_seeded_sampling_repeats() -> None:
     sampling = Sampling(temperature=1.0, seed=3)
 

@@ -33,7 +33,9 @@ FAMILY = Family(
                 (Role.TALKER, Engine.TRANSFORMERS): f"{PACKAGE}.talker:TalkerStage",
                 (Role.CODE2WAV, Engine.TRANSFORMERS): f"{PACKAGE}.code2wav:Code2WavStage",
             },
-            speech_fields=frozenset({"instructions", "language", "initial_codec_chunk_frames"}),
+            speech_fields=frozenset(
+                {"instructions", "language", "task_type", "initial_codec_chunk_frames"}
+            ),
         ),
     ),
     tiny_models={

@@ -133,8 +133,6 @@ class Code2WavModel(nn.Module):
         for rate in (*rates, *ratios):
             self.samples_per_frame *= int(rate)
         self.quantizers = int(decoder["num_quantizers"])
-        self.layers = int(decoder["num_hidden_layers"])
-        self.window = int(decoder["sliding_window"])
         # head_dim is not one of the config's declared fields, but its attention reads it
         # (the released decoder's 16 heads of 64 are not its hidden 512).
         config = Qwen3OmniMoeCode2WavConfig(  # type: ignore[call-arg]
@@ -143,8 +141,8 @@ class Code2WavModel(nn.Module):
             num_attention_heads=int(decoder["num_attention_heads"]),
             num_key_value_heads=int(decoder["num_key_value_heads"]),
             intermediate_size=int(decoder["intermediate_size"]),
-            num_hidden_layers=self.layers,
-            sliding_window=self.window,
+            num_hidden_layers=int(decoder["num_hidden_layers"]),
+            sliding_window=int(decoder["sliding_window"]),
             rms_norm_eps=float(decoder["rms_norm_eps"]),
             layer_scale_initial_scale=float(decoder["layer_scale_initial_scale"]),
             max_position_embeddings=int(decoder["max_position_embeddings"]),
@@ -173,13 +171,6 @@ class Code2WavModel(nn.Module):
         out = dim // 2 ** len(rates)
         blocks += [omni.Qwen3OmniMoeSnakeBeta(out), omni.Qwen3OmniMoeCausalConvNet(out, 1, 7)]
         self.decoder = nn.ModuleList(blocks)
-
-    @property
-    def context_frames(self) -> int:
-        """Frames of left context that reach a frame's audio: the transformer's windows,
-        stacked, and a few for the convolutions. Decoded again before each chunk, they
-        make chunked audio equal to audio decoded whole."""
-        return self.layers * self.window + 4
 
     def forward(self, codes: torch.Tensor) -> torch.Tensor:
         """codes (B x quantizers x frames) -> audio (B x 1 x frames * samples_per_frame)."""

@@ -65,12 +65,19 @@ class TTSConfig:
 
     @property
     def takes_instructions(self) -> bool:
-        # qwen-tts drops a CustomVoice instruction on the 0.6B models.
-        return self.kind == "voice_design" or (self.kind == "custom_voice" and self.size != "0b6")
+        # qwen-tts drops a CustomVoice instruction when its size is in "0b6" (a substring
+        # test: the 0.6B models, and a config that names no size); we refuse it instead.
+        return self.kind == "voice_design" or (
+            self.kind == "custom_voice" and self.size not in "0b6"
+        )
 
     def code(self, name: str) -> int:
         """One of the codec's special ids: eos, pad, bos, think, nothink, think_bos..."""
         return int(self.talker[f"codec_{name}_id"])
+
+    @property
+    def max_positions(self) -> int:
+        return int(self.talker["max_position_embeddings"])
 
     @property
     def eos(self) -> int:

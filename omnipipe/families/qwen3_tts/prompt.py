@@ -25,6 +25,11 @@ class Voice:
     instruction: str | None
 
 
+# The assistant turn's template around the text, in tokens: "<|im_start|>assistant\n"
+# before it, "<|im_end|>\n<|im_start|>assistant\n" after (qwen-tts slices [3:-5]).
+TEMPLATE_TOKENS = 3 + 5
+
+
 def assistant_text(text: str) -> str:
     return f"<|im_start|>assistant\n{text}<|im_end|>\n<|im_start|>assistant\n"
 
@@ -58,7 +63,7 @@ def prompt_embeds(
     def ids(values: list[int]) -> torch.Tensor:
         return torch.tensor([values], device=device, dtype=text_ids.dtype)
 
-    if text_ids.shape[1] < 9:
+    if text_ids.shape[1] <= TEMPLATE_TOKENS:
         raise StageInputError("input: nothing to speak", "input")
     tts_bos, tts_eos, tts_pad = model.text_rows(
         ids([config.tts_bos, config.tts_eos, config.tts_pad])

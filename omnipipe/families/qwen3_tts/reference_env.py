@@ -15,6 +15,7 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -46,6 +47,7 @@ PINS = (
     "humanfriendly==10.0",
 )
 READY = ".omnipipe-ready"
+BUILD_TIMEOUT = 900  # seconds for pip to fetch and install PINS
 
 
 def _project_packages() -> str:
@@ -78,7 +80,7 @@ def reference_python(root: Path | None = None) -> Path:
 
 def _build(root: Path) -> None:
     log.info("building qwen-tts's reference environment in %s (PyPI, about 45 s)", root)
-    subprocess.run(["rm", "-rf", str(root)], check=True)
+    shutil.rmtree(root, ignore_errors=True)
     base = sys._base_executable  # type: ignore[attr-defined]
     subprocess.run([base, "-m", "venv", "--without-pip", str(root)], check=True)
     python = root / "bin" / "python"
@@ -90,6 +92,7 @@ def _build(root: Path) -> None:
             *("--disable-pip-version-check", "--no-deps", "--no-compile", *PINS),
         ],
         check=True,
+        timeout=BUILD_TIMEOUT,
     )
     own = subprocess.run(
         [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],

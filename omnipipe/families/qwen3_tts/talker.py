@@ -26,6 +26,7 @@ from omnipipe.families.qwen3_tts.prompt import (
 from omnipipe.families.qwen3_tts.talker_model import TalkerModel
 from omnipipe.families.qwen3_tts.voices import voice_of
 from omnipipe.stagekit.code2wav import SAMPLE_RATE
+from omnipipe.stagekit.params import int_param
 from omnipipe.stagekit.sampling import Sampling, next_token
 from omnipipe.stagekit.stage import (
     Chunk,
@@ -38,6 +39,10 @@ from omnipipe.stagekit.stage import (
 
 CHUNK_FRAMES = 25  # talker -> code2wav: 2 s of audio at 12.5 frames a second
 MIN_TOKENS = 2  # generate() forces min_new_tokens=2
+FIRST = "initial_codec_chunk_frames"
+# Prompt rows besides the text's own tokens: the codec's tags, the speaker, an instruction
+# (counted separately when asked for), tts_eos and the start row; a bound, not exact.
+PROMPT_TAGS = 8
 
 
 def talker_sampling(generate: dict[str, Any]) -> Sampling:
@@ -50,9 +55,11 @@ def talker_sampling(generate: dict[str, Any]) -> Sampling:
     )
 
 
-def predictor_sampling(generate: dict[str, Any], talker: Sampling) -> Sampling:
-    """The code predictor's: the subtalker_* defaults, greedy when the talker is."""
-    greedy = talker.temperature == 0 or not generate["subtalker_dosample"]
+def predictor_sampling(generate: dict[str, Any], greedy_asked: bool) -> Sampling:
+    """The code predictor's: the checkpoint's subtalker_* settings (independent of the
+    talker's, as in qwen-tts), greedy too when a request asks for temperature 0: the
+    request API has one temperature, and greedy speech means greedy frames."""
+    greedy = greedy_asked or not generate["subtalker_dosample"]
     return Sampling(
         temperature=0.0 if greedy else float(generate["subtalker_temperature"]),
         top_p=float(generate["subtalker_top_p"]),
@@ -77,6 +84,11 @@ class TalkerStage(StreamingStage):
         self.sampling = Sampling.from_params(
             talker_sampling(self.config.generate), self.spec.sampling
         )
+        if self.sampling.max_tokens < MIN_TOKENS:
+            raise ValueError(
+                f"sampling.max_tokens: at least {MIN_TOKENS} for a Qwen3-TTS talker (the last "
+                f"code chosen makes no frame), not {self.sampling.max_tokens}"
+            )
         self.chunk_codes = int(self.spec.engine_args.get("chunk_codes", CHUNK_FRAMES))
         if self.chunk_codes < 1:
             raise ValueError(f"engineArgs.chunk_codes must be at least 1, not {self.chunk_codes}")
@@ -114,15 +126,30 @@ class TalkerSession(Session):
         self.sampling = dataclasses.replace(
             sampling, min_tokens=max(sampling.min_tokens, MIN_TOKENS)
         )
-        self.predictor = predictor_sampling(config.generate, self.sampling)
+        asked = params.get("sampling") or {}
+        self.predictor = predictor_sampling(config.generate, asked.get("temperature") == 0)
         self.generator = self.sampling.generator(stage.device)
-        self.first_chunk = int(params.get("initial_codec_chunk_frames") or stage.chunk_codes)
+        first = params.get("initial_codec_chunk_frames")
+        self.first_chunk = stage.chunk_codes if first is None else int_param(params, FIRST, 0)
+        if self.first_chunk < 1:
+            raise StageInputError(f"{FIRST}: at least 1 frame, not {self.first_chunk}", FIRST)
         self.text_ids = stage.token_ids(assistant_text(text))
         self.instruction_ids = (
             stage.token_ids(instruction_text(self.voice.instruction))
             if self.voice.instruction
             else None
         )
+        # Each frame is one position in the talker's cache, past the prompt's.
+        prompt = self.text_ids.shape[1] + PROMPT_TAGS
+        if self.instruction_ids is not None:
+            prompt += self.instruction_ids.shape[1]
+        room = config.max_positions - prompt
+        if self.sampling.max_tokens > room:
+            raise StageInputError(
+                f"max_new_tokens: at most {room} for this input (the talker's "
+                f"{config.max_positions} positions), not {self.sampling.max_tokens}",
+                "max_new_tokens",
+            )
         self.cache: Any = None
         self.length = 0  # positions in the talker's cache
         self.past_hidden: torch.Tensor | None = None

@@ -75,8 +75,6 @@ class TalkerModel(nn.Module):
             nn.Linear(hidden, small, bias=True) if small != hidden else nn.Identity()
         )
 
-    # ---- loading -------------------------------------------------------------------
-
     def load_checkpoint(self, model_path: str) -> None:
         """The talker's weights from the checkpoint, every one accounted for: each of
         ours from it, and none of its talker weights left over."""
@@ -93,8 +91,6 @@ class TalkerModel(nn.Module):
                 f"{missing[:5]}, unexpected {unexpected[:5]})"
             )
 
-    # ---- the prompt's rows ----------------------------------------------------------
-
     def text_rows(self, ids: torch.Tensor) -> torch.Tensor:
         """Text token ids (1 x n) projected into the talker's space (1 x n x hidden)."""
         out: torch.Tensor = self.text_projection(self.text_embedding(ids))
@@ -103,8 +99,6 @@ class TalkerModel(nn.Module):
     def codec_rows(self, ids: torch.Tensor) -> torch.Tensor:
         out: torch.Tensor = self.codec_embedding(ids)
         return out
-
-    # ---- the talker -----------------------------------------------------------------
 
     def forward_rows(
         self, embeds: torch.Tensor, cache: Any, start: int
@@ -118,8 +112,6 @@ class TalkerModel(nn.Module):
         hidden: torch.Tensor = out.last_hidden_state
         logits = self.codec_head(hidden)[:, -1, :].float()
         return hidden[:, -1:, :], logits[0]
-
-    # ---- the code predictor -----------------------------------------------------------
 
     def frame(
         self, past_hidden: torch.Tensor, code: int, pick: Callable[[torch.Tensor], int]

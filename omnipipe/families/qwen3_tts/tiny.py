@@ -10,12 +10,17 @@ from pathlib import Path
 from omnipipe.families.qwen3_tts.reference_env import reference_python
 
 MAKER = Path(__file__).parent / "side" / "make_tiny.py"
+MAKE_TIMEOUT = 600  # seconds; about 20 on two busy cores
 
 
 def _build(kind: str, target: Path) -> None:
     python = reference_python()
     made = subprocess.run(
-        [str(python), str(MAKER), kind, str(target)], capture_output=True, text=True, check=False
+        [str(python), str(MAKER), kind, str(target)],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=MAKE_TIMEOUT,
     )
     if made.returncode != 0:
         said = made.stderr[-3000:]

@@ -12,10 +12,16 @@ from omnipipe.families.qwen3_tts.config import TTSConfig
 from omnipipe.families.qwen3_tts.prompt import Voice
 from omnipipe.stagekit.stage import StageInputError
 
+# /v1/audio/speech's task_type, vLLM-Omni's name for a checkpoint's kind: a client may
+# say which it expects, and a mismatch is refused rather than spoken otherwise.
+TASK_TYPES = {"custom_voice": "CustomVoice", "voice_design": "VoiceDesign", "base": "Base"}
+
 
 def _text(params: dict[str, Any], name: str) -> str | None:
+    """A text field, None when absent or empty (as qwen-tts treats "": a blank one it
+    reads as given)."""
     value = params.get(name)
-    if value is None or (isinstance(value, str) and not value.strip()):
+    if value is None or value == "":
         return None
     if not isinstance(value, str):
         raise StageInputError(f"{name}: a string is required", name)
@@ -23,6 +29,12 @@ def _text(params: dict[str, Any], name: str) -> str | None:
 
 
 def voice_of(config: TTSConfig, params: dict[str, Any]) -> Voice:
+    task = _text(params, "task_type")
+    if task is not None and task != TASK_TYPES[config.kind]:
+        raise StageInputError(
+            f"task_type: this is a {TASK_TYPES[config.kind]} model, not {task[:64]!r}",
+            "task_type",
+        )
     language = (_text(params, "language") or "auto").lower()
     if language not in config.spoken_languages:
         raise StageInputError(
@@ -44,10 +56,15 @@ def voice_of(config: TTSConfig, params: dict[str, Any]) -> Voice:
             )
         return Voice(None, language, instruction)
     speakers = list(config.speakers)
-    if not speakers:
-        raise StageInputError("voice: this model has no preset voices", "voice")
     asked = _text(params, "voice")
-    speaker = speakers[0] if asked is None else asked.lower()
+    if not speakers or asked is None:
+        raise StageInputError(
+            f"voice: one of this model's voices is required ({', '.join(speakers)})"
+            if speakers
+            else "voice: this model has no preset voices",
+            "voice",
+        )
+    speaker = asked.lower()
     if speaker not in speakers:
         raise StageInputError(
             f"voice: {speaker[:64]!r} is not one of this model's voices ({', '.join(speakers)})",

@@ -113,6 +113,13 @@ def _plan(
         plan = ChatPlan(pipeline, chat)
         set_stage_lora(plan.params, orchestrator.serving_pipeline(), body.model, body.lora)
         return plan.params, plan.emitters
+    if stage_with_role(pipeline, Role.DENOISER) is None:
+        # A text-to-speech graph: no thinker to chat with, no denoiser to draw.
+        raise BadRequest(
+            f"model {shown(body.model)} ({pipeline.pipeline}) speaks text given to it: "
+            "POST /v1/audio/speech",
+            param="model",
+        )
     if wanted - {"image"}:
         raise BadRequest(
             f"model {shown(body.model)} ({pipeline.pipeline}) makes images only",

@@ -213,6 +213,11 @@ def images_router(orchestrator: Orchestrator, model_ids: Callable[[], set[str]])
             raise BadRequest("only response_format=b64_json is supported", param="response_format")
         if edits_images(orchestrator):
             raise BadRequest("this pipeline edits images: send the image to POST /v1/images/edits")
+        pipeline = orchestrator.pipeline
+        if stage_with_role(pipeline, Role.DENOISER) is None:
+            raise BadRequest(
+                f"model {shown(body.model)} ({pipeline.pipeline}) makes no images", param="model"
+            )
         params = image_params(body)
         lora = lora_param(orchestrator.serving_pipeline(), body.model, body.lora)
         if lora is not None:

@@ -121,7 +121,8 @@ class SpeechRequest(BaseModel):
     speech.audio.done."""
     seed: int | None = Field(default=None, ge=0, lt=2**63)
     max_new_tokens: int | None = Field(default=None, ge=1, le=MAX_NEW_TOKENS)
-    """At most this many codec frames from the talker (its sampling's max_tokens)."""
+    """At most this many codes chosen by the talker (its sampling's max_tokens): a frame
+    each, except that the one that ends the speech may make none."""
     # Taken only by the models whose pipeline type lists them (SPEECH_FIELDS).
     instructions: str | None = Field(default=None, max_length=4096)
     language: str | None = Field(default=None, max_length=64)
