@@ -117,3 +117,7 @@ def test_what_the_model_cannot_speak_is_refused_by_name(client: openai.OpenAI) -
             model=MODEL, input=TEXT, voice="ryan", extra_body={"ref_audio": "data:,"}
         )
     assert refused.value.body["param"] == "ref_audio"  # type: ignore[index]
+    # A speech graph draws nothing: the image route says so, naming the model.
+    with pytest.raises(openai.BadRequestError, match="makes no images") as refused:
+        client.images.generate(model=MODEL, prompt="a lighthouse")
+    assert refused.value.body["param"] == "model"  # type: ignore[index]
