@@ -147,7 +147,8 @@ def scaling_report(node: RealNode, prom: Prometheus, namespace: str, name: str) 
 
 
 def pipeline_pods(node: RealNode, namespace: str, name: str) -> str:
-    """Every pod of the pipeline with its restarts, and the namespace's recent events."""
+    """Every pod of the pipeline with its restarts, the namespace's recent events, and the
+    pods' last log lines."""
     listing = node.kubectl(
         "get",
         "pods",
@@ -160,7 +161,21 @@ def pipeline_pods(node: RealNode, namespace: str, name: str) -> str:
         check=False,
     ).stdout
     events = node.kubectl("get", "events", "-n", namespace, check=False).stdout
-    return f"pods:\n{listing}\nevents:\n{events[-3000:]}"
+    # What the stages and the router said: where a request waited shows in their logs.
+    logs = node.kubectl(
+        "logs",
+        "-n",
+        namespace,
+        "-l",
+        f"omnipipe.io/pipeline={name}",
+        "--all-containers",
+        "--prefix",
+        "--timestamps",
+        "--tail=60",
+        "--max-log-requests=10",
+        check=False,
+    ).stdout
+    return f"pods:\n{listing}\nevents:\n{events[-3000:]}\nlogs:\n{logs[-12000:]}"
 
 
 def test_denoise_scales_up_under_load_serves_on_the_new_pod_and_back(
