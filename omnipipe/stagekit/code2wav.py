@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import base64
 from abc import abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +18,28 @@ from omnipipe.stagekit.media import pcm16
 from omnipipe.stagekit.stage import Chunk, Session, StepOutcome, StepResult, StreamingStage
 
 SAMPLE_RATE = 24_000
+
+
+def chunk_codes(engine_args: Mapping[str, Any], default: int) -> int:
+    """engineArgs.chunk_codes: codes (frames) per chunk to code2wav, at least one."""
+    value = int(engine_args.get("chunk_codes", default))
+    if value < 1:
+        raise ValueError(f"engineArgs.chunk_codes must be at least 1, not {value}")
+    return value
+
+
+def decode_causal(
+    decoder: Callable[[torch.Tensor], torch.Tensor],
+    codes: Sequence[torch.Tensor],
+    context: int,
+    samples_per_code: int,
+) -> list[np.ndarray]:
+    """The new audio of each request's codes (codes x groups, all of one length) through a
+    deterministic decoder that takes batch x groups x codes, in one forward: what follows
+    the first `context` codes' samples."""
+    waveforms = decoder(torch.stack([c.T for c in codes]))
+    new = waveforms[..., context * samples_per_code :].reshape(len(codes), -1).float().cpu()
+    return [row.numpy() for row in new]
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,7 @@ logits processors: repetition penalty, suppression, then temperature, top-k, top
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,6 +64,14 @@ class Sampling:
         if not 0 <= sampling.min_tokens <= sampling.max_tokens:
             raise StageInputError("sampling: need 0 <= min_tokens <= max_tokens")
         return sampling
+
+    def with_request_seed(self, params: dict[str, Any]) -> Sampling:
+        """Seeded by the request's own seed where this sampling names none: the request's
+        seed makes the whole chain reproducible, not just its first stage."""
+        seed = params.get("seed")
+        if self.seed is None and isinstance(seed, int):
+            return dataclasses.replace(self, seed=seed)
+        return self
 
     def generator(self, device: torch.device) -> torch.Generator | None:
         if self.seed is None:

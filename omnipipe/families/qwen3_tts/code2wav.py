@@ -16,10 +16,16 @@ import numpy as np
 import torch
 
 from omnipipe.families.qwen3_tts.code2wav_model import load_code2wav
-from omnipipe.stagekit.code2wav import ChunkedCode2WavSession, ChunkedCode2WavStage, Decode
+from omnipipe.families.qwen3_tts.config import CHUNK_FRAMES
+from omnipipe.stagekit.code2wav import (
+    ChunkedCode2WavSession,
+    ChunkedCode2WavStage,
+    Decode,
+    chunk_codes,
+    decode_causal,
+)
 from omnipipe.stagekit.stage import Session, StageJob
 
-CHUNK_FRAMES = 25
 WINDOW_FRAMES = 300  # qwen-tts's chunked_decode(chunk_size=300, left_context_size=25)
 WINDOW_CONTEXT = 25
 
@@ -27,10 +33,7 @@ WINDOW_CONTEXT = 25
 class Code2WavStage(ChunkedCode2WavStage):
     def load(self) -> None:
         self.model = load_code2wav(self.model_path, self.device)
-        args = self.spec.engine_args
-        self.chunk_codes = int(args.get("chunk_codes", CHUNK_FRAMES))
-        if self.chunk_codes < 1:
-            raise ValueError(f"engineArgs.chunk_codes must be at least 1, not {self.chunk_codes}")
+        self.chunk_codes = chunk_codes(self.spec.engine_args, CHUNK_FRAMES)
         self.context_codes = WINDOW_CONTEXT
 
     def open(self, job: StageJob) -> Session:
@@ -40,12 +43,8 @@ class Code2WavStage(ChunkedCode2WavStage):
         self, sessions: Sequence[ChunkedCode2WavSession], decodes: Sequence[Decode]
     ) -> list[np.ndarray]:
         """Several requests' chunks as one batch through the (deterministic) decoder."""
-        if len(decodes) == 1:
-            return super().decode_many(sessions, decodes)
-        audio = self.model(torch.stack([d.codes.T for d in decodes]))
-        skip = decodes[0].context * self.model.samples_per_frame
-        rows = audio[..., skip:].reshape(len(decodes), -1).float().cpu()
-        return [row.numpy() for row in rows]
+        codes = [d.codes for d in decodes]
+        return decode_causal(self.model, codes, decodes[0].context, self.model.samples_per_frame)
 
 
 class Code2WavSession(ChunkedCode2WavSession):
@@ -59,7 +58,5 @@ class Code2WavSession(ChunkedCode2WavSession):
         return start - first, window + WINDOW_FRAMES
 
     def _decode(self, codes: torch.Tensor, context: int) -> np.ndarray:
-        audio = self.stage.model(codes.T[None])
-        new = audio[..., context * self.stage.model.samples_per_frame :].reshape(-1)
-        decoded: np.ndarray = new.float().cpu().numpy()
-        return decoded
+        model = self.stage.model
+        return decode_causal(model, [codes], context, model.samples_per_frame)[0]

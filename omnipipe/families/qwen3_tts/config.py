@@ -29,6 +29,7 @@ GENERATE_DEFAULTS: dict[str, Any] = {
     "max_new_tokens": 2048,
 }
 KINDS = ("custom_voice", "voice_design", "base")
+CHUNK_FRAMES = 25  # talker -> code2wav: 2 s of audio at 12.5 frames a second
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from omnipipe.families.qwen3_tts.config import SPECIAL_CODES, TTSConfig, read_config
+from omnipipe.families.qwen3_tts.config import CHUNK_FRAMES, SPECIAL_CODES, TTSConfig, read_config
 from omnipipe.families.qwen3_tts.prompt import (
     Voice,
     assistant_text,
@@ -25,7 +25,7 @@ from omnipipe.families.qwen3_tts.prompt import (
 )
 from omnipipe.families.qwen3_tts.talker_model import TalkerModel
 from omnipipe.families.qwen3_tts.voices import voice_of
-from omnipipe.stagekit.code2wav import SAMPLE_RATE
+from omnipipe.stagekit.code2wav import SAMPLE_RATE, chunk_codes
 from omnipipe.stagekit.params import int_param
 from omnipipe.stagekit.sampling import Sampling, next_token
 from omnipipe.stagekit.stage import (
@@ -37,7 +37,6 @@ from omnipipe.stagekit.stage import (
     StreamingStage,
 )
 
-CHUNK_FRAMES = 25  # talker -> code2wav: 2 s of audio at 12.5 frames a second
 MIN_TOKENS = 2  # generate() forces min_new_tokens=2
 FIRST = "initial_codec_chunk_frames"
 # Prompt rows besides the text's own tokens: the codec's tags, the speaker, an instruction
@@ -89,9 +88,7 @@ class TalkerStage(StreamingStage):
                 f"sampling.max_tokens: at least {MIN_TOKENS} for a Qwen3-TTS talker (the last "
                 f"code chosen makes no frame), not {self.sampling.max_tokens}"
             )
-        self.chunk_codes = int(self.spec.engine_args.get("chunk_codes", CHUNK_FRAMES))
-        if self.chunk_codes < 1:
-            raise ValueError(f"engineArgs.chunk_codes must be at least 1, not {self.chunk_codes}")
+        self.chunk_codes = chunk_codes(self.spec.engine_args, CHUNK_FRAMES)
         eos, vocab = self.config.eos, self.config.vocab
         self.suppressed = tuple(i for i in range(vocab - SPECIAL_CODES, vocab) if i != eos)
 
@@ -112,9 +109,7 @@ class TalkerSession(Session):
             raise StageInputError("input: a non-empty string is required", "input")
         self.voice: Voice = voice_of(config, params)
         sampling = Sampling.from_params(stage.sampling, params.get("sampling"))
-        seed = params.get("seed")
-        if sampling.seed is None and isinstance(seed, int):
-            sampling = dataclasses.replace(sampling, seed=seed)
+        sampling = sampling.with_request_seed(params)
         # generate() forces two codes before the end may be chosen: a request's own
         # min_tokens is raised to that, and a max below it cannot be met.
         if sampling.max_tokens < MIN_TOKENS:

@@ -7,7 +7,6 @@ frame of num_code_groups codes (Qwen3-Omni)."""
 
 from __future__ import annotations
 
-import dataclasses
 from abc import abstractmethod
 from collections import deque
 from collections.abc import Sequence
@@ -24,14 +23,6 @@ from omnipipe.stagekit.stage import (
     StreamingStage,
     Tensors,
 )
-
-
-def chunk_codes(engine_args: dict[str, Any], default: int) -> int:
-    """engineArgs.chunk_codes: codes (frames) per chunk to code2wav, at least one."""
-    value = int(engine_args.get("chunk_codes", default))
-    if value < 1:
-        raise ValueError(f"engineArgs.chunk_codes must be at least 1, not {value}")
-    return value
 
 
 def seed_of(params: dict[str, Any]) -> int | None:
@@ -55,10 +46,7 @@ class TalkerSessionBase(Session):
 
     def __init__(self, stage: CodecTalkerStage, params: dict[str, Any]) -> None:
         self.sampling = Sampling.from_params(stage.sampling, params.get("sampling"))
-        seed = params.get("seed")
-        if self.sampling.seed is None and isinstance(seed, int):
-            # The request's seed makes the whole chain reproducible, not just the text.
-            self.sampling = dataclasses.replace(self.sampling, seed=seed)
+        self.sampling = self.sampling.with_request_seed(params)
         self.generator = self.sampling.generator(stage.device)
         self.chunk_codes = stage.chunk_codes
         self.codes_per_second = stage.codes_per_second

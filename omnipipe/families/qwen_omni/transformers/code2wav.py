@@ -24,7 +24,12 @@ from omnipipe.families.qwen_omni.qwen3 import (
 )
 from omnipipe.families.qwen_omni.qwen25 import CHUNK_CODES, CONTEXT_CODES, samples_per_code
 from omnipipe.families.qwen_omni.qwen25_token2wav import starting_noise, synthesize
-from omnipipe.stagekit.code2wav import ChunkedCode2WavSession, ChunkedCode2WavStage, Decode
+from omnipipe.stagekit.code2wav import (
+    ChunkedCode2WavSession,
+    ChunkedCode2WavStage,
+    Decode,
+    decode_causal,
+)
 from omnipipe.stagekit.stage import (
     Session,
     StageJob,
@@ -122,13 +127,8 @@ class Qwen3Code2WavStage(ChunkedCode2WavStage):
         self, sessions: Sequence[ChunkedCode2WavSession], decodes: Sequence[Decode]
     ) -> list[np.ndarray]:
         """Several requests' chunks as one batch through the (deterministic) decoder."""
-        if len(decodes) == 1:
-            return super().decode_many(sessions, decodes)
-        # frames x groups each -> batch x groups x frames
-        waveforms = self.code2wav(torch.stack([d.codes.T for d in decodes]))
-        skip = decodes[0].context * self.samples_per_frame
-        audio = waveforms[..., skip:].reshape(len(decodes), -1).float().cpu()
-        return [row.numpy() for row in audio]
+        codes = [d.codes for d in decodes]
+        return decode_causal(self.code2wav, codes, decodes[0].context, self.samples_per_frame)
 
 
 class Qwen3Code2WavSession(ChunkedCode2WavSession):
@@ -139,7 +139,5 @@ class Qwen3Code2WavSession(ChunkedCode2WavSession):
         self.stage = stage
 
     def _decode(self, codes: torch.Tensor, context: int) -> np.ndarray:
-        waveform = self.stage.code2wav(codes.T[None])  # frames x groups -> 1 x groups x frames
-        audio = waveform[..., context * self.stage.samples_per_frame :].reshape(-1)
-        decoded: np.ndarray = audio.float().cpu().numpy()
-        return decoded
+        stage = self.stage
+        return decode_causal(stage.code2wav, [codes], context, stage.samples_per_frame)[0]

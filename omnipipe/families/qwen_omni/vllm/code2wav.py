@@ -16,9 +16,14 @@ import numpy as np
 import torch
 
 from omnipipe.families.qwen_omni import qwen3, qwen25
-from omnipipe.families.qwen_omni.codec import chunk_codes, seed_of
+from omnipipe.families.qwen_omni.codec import seed_of
 from omnipipe.families.qwen_omni.handoff import pick_voice
-from omnipipe.stagekit.code2wav import ChunkedCode2WavSession, ChunkedCode2WavStage, Decode
+from omnipipe.stagekit.code2wav import (
+    ChunkedCode2WavSession,
+    ChunkedCode2WavStage,
+    Decode,
+    chunk_codes,
+)
 from omnipipe.stagekit.stage import Session, StageJob
 from omnipipe.stagekit.vllm.engine import VllmEngine
 

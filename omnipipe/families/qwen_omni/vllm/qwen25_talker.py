@@ -9,7 +9,6 @@ from typing import Any
 
 import torch
 
-from omnipipe.families.qwen_omni.codec import chunk_codes
 from omnipipe.families.qwen_omni.handoff import layout_kwargs
 from omnipipe.families.qwen_omni.qwen25 import (
     CHUNK_CODES,
@@ -17,7 +16,7 @@ from omnipipe.families.qwen_omni.qwen25 import (
     samples_per_code,
 )
 from omnipipe.families.qwen_omni.vllm.talker import VllmTalkerBase, VllmTalkerSession
-from omnipipe.stagekit.code2wav import SAMPLE_RATE
+from omnipipe.stagekit.code2wav import SAMPLE_RATE, chunk_codes
 from omnipipe.stagekit.sampling import Sampling
 from omnipipe.stagekit.stage import Session, StageJob
 

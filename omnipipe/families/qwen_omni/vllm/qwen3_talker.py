@@ -16,7 +16,6 @@ import torch
 from torch import nn
 
 from omnipipe.families.qwen_omni.checkpoint import load_qwen3_omni
-from omnipipe.families.qwen_omni.codec import chunk_codes
 from omnipipe.families.qwen_omni.handoff import layout_kwargs
 from omnipipe.families.qwen_omni.qwen3 import (
     CHUNK_FRAMES,
@@ -28,7 +27,7 @@ from omnipipe.families.qwen_omni.qwen3 import (
 from omnipipe.families.qwen_omni.qwen3_talker_prompt import project_text, talker_prompt
 from omnipipe.families.qwen_omni.vllm.qwen3_frames import FrameFeed, FrameState
 from omnipipe.families.qwen_omni.vllm.talker import VllmTalkerBase, VllmTalkerSession
-from omnipipe.stagekit.code2wav import SAMPLE_RATE
+from omnipipe.stagekit.code2wav import SAMPLE_RATE, chunk_codes
 from omnipipe.stagekit.sampling import Sampling
 from omnipipe.stagekit.stage import Session, StageJob
 from omnipipe.stagekit.vllm.feed import RowFeed
