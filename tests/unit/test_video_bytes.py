@@ -5,10 +5,13 @@ standing in for tiny Wan's three workers; the store is a real redis-server."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import hashlib
 import json
 import os
 import time
+import tracemalloc
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,6 +21,7 @@ from fastapi.testclient import TestClient
 
 from omnipipe.api import parse_resource, resolve
 from omnipipe.local.video_store import start_redis
+from omnipipe.router.api.byte_ranges import PART_BYTES
 from omnipipe.router.app import build_app
 from omnipipe.router.settings import RouterSettings
 from tests.unit import test_router_results
@@ -140,3 +144,91 @@ def test_the_content_answers_byte_ranges_and_head(
     finally:
         server.terminate()
         server.wait(10)
+
+
+def test_slow_downloads_hold_a_part_each_not_the_video(
+    tmp_path: Path, serve_worker: Callable[[FakeWorker], str]
+) -> None:
+    """Four clients that stop reading after the first bytes of a 16 MiB video: the router
+    holds under two parts (a part is 1 MiB) for each while they wait, where whole videos
+    would be 64 MiB. Once they read on, each gets the whole MP4."""
+    mp4 = os.urandom(16 << 20)
+    url = serve_worker(FakeWorker(results({"b64_mp4": base64.b64encode(mp4).decode()})))
+    replicas = tmp_path / "replicas.json"
+    replicas.write_text(json.dumps({s.name: [url] for s in WAN.stages}))
+    server, store = start_redis(tmp_path / "redis")
+    settings = RouterSettings(replicas_file=str(replicas), video_store=store)
+    app = build_app(WAN, settings)
+    try:
+        with TestClient(app) as client:
+            video_id = client.post("/v1/videos", json=SMALL).json()["id"]
+            assert finished(client, video_id)["status"] == "completed"
+            expected = hashlib.sha256(mp4).hexdigest()
+            del mp4  # the test keeps no copy of its own in what is measured
+            tracemalloc.start()
+            try:
+                held, digests = client.portal.call(slow_downloads, app, video_id, 4)
+            finally:
+                tracemalloc.stop()
+    finally:
+        server.terminate()
+        server.wait(10)
+    assert held < 4 * 2 * PART_BYTES, held
+    assert digests == [expected] * 4
+
+
+async def slow_downloads(app: Any, video_id: str, clients: int) -> tuple[int, list[str]]:
+    """`clients` downloads as raw ASGI calls that stall after their first body message;
+    what the process holds then (tracemalloc's current bytes), and each body's digest."""
+    go_on = asyncio.Event()
+    stalled = asyncio.Semaphore(0)
+
+    async def download() -> str:
+        digest = hashlib.sha256()
+        first = True
+        hung_up = asyncio.Event()
+
+        async def receive() -> dict[str, Any]:
+            nonlocal first
+            if first:
+                first = False
+                return {"type": "http.request", "body": b"", "more_body": False}
+            await hung_up.wait()
+            return {"type": "http.disconnect"}
+
+        async def send(message: dict[str, Any]) -> None:
+            if message["type"] != "http.response.body":
+                assert message["status"] == 200, message
+                return
+            digest.update(message.get("body", b""))
+            if not go_on.is_set():
+                stalled.release()
+                await go_on.wait()
+
+        path = f"/v1/videos/{video_id}/content"
+        await app(request_scope(path), receive, send)
+        return digest.hexdigest()
+
+    tasks = [asyncio.create_task(download()) for _ in range(clients)]
+    for _ in range(clients):
+        await asyncio.wait_for(stalled.acquire(), 30)
+    held, _ = tracemalloc.get_traced_memory()
+    go_on.set()
+    return held, list(await asyncio.wait_for(asyncio.gather(*tasks), 60))
+
+
+def request_scope(path: str) -> dict[str, Any]:
+    return {
+        "type": "http",
+        "asgi": {"version": "3.0", "spec_version": "2.4"},
+        "method": "GET",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "headers": [],
+        "http_version": "1.1",
+        "scheme": "http",
+        "server": ("127.0.0.1", 8000),
+        "client": ("127.0.0.1", 5000),
+        "root_path": "",
+    }

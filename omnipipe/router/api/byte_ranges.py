@@ -7,8 +7,10 @@ does an If-Range that names another validator than the body's."""
 from __future__ import annotations
 
 import re
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from fastapi import Request, Response
+from fastapi.responses import StreamingResponse
 
 # bytes=FIRST-[LAST] or bytes=-SUFFIX, one range, ASCII digits (the unit's case is free).
 ONE_RANGE = re.compile(r"bytes=(?:([0-9]{1,18})-([0-9]{0,18})|-([0-9]{1,18}))", re.IGNORECASE)
@@ -34,11 +36,24 @@ def _span(header: str, length: int) -> tuple[int, int] | bool | None:
     return first, min(last, length - 1)
 
 
-def ranged(body: bytes, media_type: str, request: Request, etag: str) -> Response:
-    """The body (or a part of it) as the request's Range asks; headers only for HEAD,
-    which ignores Range (RFC 9110 defines ranges for GET alone). `etag`: the body's
-    strong validator (it never changes), for a client resuming with If-Range."""
-    length = len(body)
+# What a download reads from the store at a time: a client that reads slowly holds this,
+# not the video (a few of them ride in the socket's buffers while it is slow).
+PART_BYTES = 1 << 20
+
+
+def ranged(
+    length: int,
+    read: Callable[[int, int], Awaitable[bytes]],
+    media_type: str,
+    request: Request,
+    etag: str,
+) -> Response:
+    """The body (or a part of it) as the request's Range asks, streamed a part at a time
+    as the client takes it; headers only for HEAD, which ignores Range (RFC 9110 defines
+    ranges for GET alone). `read(first, last)`: the body's bytes first..last, fewer when
+    it went away meanwhile (the response then ends short of its Content-Length, which a
+    client sees as a broken download). `etag`: the body's strong validator (it never
+    changes), for a client resuming with If-Range."""
     validator = f'"{etag}"'
     headers = {"Accept-Ranges": "bytes", "ETag": validator}
     head = request.method == "HEAD"
@@ -49,13 +64,22 @@ def ranged(body: bytes, media_type: str, request: Request, etag: str) -> Respons
     if span is False:
         headers["Content-Range"] = f"bytes */{length}"
         return Response(b"", status_code=416, headers=headers)
-    status = 200
+    status, first, last = 200, 0, length - 1
     if isinstance(span, tuple):
         first, last = span
-        body = body[first : last + 1]
         headers["Content-Range"] = f"bytes {first}-{last}/{length}"
         status = 206
+    headers["Content-Length"] = str(last - first + 1)
     if head:
-        headers["Content-Length"] = str(len(body))
         return Response(b"", status_code=status, headers=headers, media_type=media_type)
-    return Response(body, status_code=status, headers=headers, media_type=media_type)
+
+    async def parts() -> AsyncIterator[bytes]:
+        for start in range(first, last + 1, PART_BYTES):
+            end = min(start + PART_BYTES, last + 1) - 1
+            part = await read(start, end)
+            if part:
+                yield part
+            if len(part) < end - start + 1:
+                return
+
+    return StreamingResponse(parts(), status_code=status, headers=headers, media_type=media_type)

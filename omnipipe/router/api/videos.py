@@ -35,7 +35,7 @@ from omnipipe.router.errors import BadRequest, Conflict, ModelNotFound, Overload
 from omnipipe.router.orchestrator import Orchestrator
 from omnipipe.router.stage_limits import KnownLimits
 from omnipipe.router.videos.runner import UNFINISHED, VideoRunner, public
-from omnipipe.router.videos.store import KeyReused, QueueFull
+from omnipipe.router.videos.store import KeyReused, QueueFull, StoreUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -233,10 +233,19 @@ def videos_router(
             raise Conflict(
                 f"video {video_id} is {job['status']}: its content is there once completed"
             )
-        mp4 = await store.content(video_id)
-        if mp4 is None:
+        length = await store.content_length(video_id)
+        if not length:
             raise VideoNotFound(f"video {video_id}'s content has expired", param="video_id")
-        return ranged(mp4, "video/mp4", request, etag=video_id)
+
+        async def read(first: int, last: int) -> bytes:
+            try:
+                return await store.content_part(video_id, first, last)
+            except StoreUnavailable:
+                # The status went out with the first part: the download can only end short.
+                log.warning("video %s: the store went away mid-download", video_id)
+                return b""
+
+        return ranged(length, read, "video/mp4", request, etag=video_id)
 
     @router.get("/v1/videos", response_model=None)
     async def listing(

@@ -34,6 +34,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from omnipipe.router.errors import StageUnavailable
+from omnipipe.router.videos import scripts
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -61,98 +62,6 @@ def _reported(call: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
     return guarded
 
 
-# Takes the queue's head and its lease in one step: no replica sees a job neither queued
-# nor leased. An id whose lease someone holds (a sweep about to queue it again) is left
-# to them.
-_TAKE = """
-local id = redis.call('LPOP', KEYS[1])
-if not id then return false end
-redis.call('SREM', KEYS[3], id)
-if redis.call('SET', KEYS[2] .. id, ARGV[1], 'NX', 'PX', ARGV[2]) then return id end
-return false
-"""
-# Claims the lease of a job that is neither queued nor leased (its runner went away).
-_CLAIM = """
-if redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 1 then return 0 end
-if redis.call('SET', KEYS[2], ARGV[2], 'NX', 'PX', ARGV[3]) then return 1 end
-return 0
-"""
-# Queues an id unless it is queued already.
-_REQUEUE = """
-if redis.call('SADD', KEYS[2], ARGV[1]) == 0 then return 0 end
-return redis.call('RPUSH', KEYS[1], ARGV[1])
-"""
-# Renews a lease while this runner holds it. One that ran out while the runner stalled
-# is taken back if the job is still `active` (failing, finishing, deleting take it out)
-# and no sweep claimed or queued it: a working runner would otherwise drop and rerun it.
-_RENEW = """
-local held = redis.call('GET', KEYS[1])
-if held == ARGV[1] then
-  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
-end
-if held then return 0 end
-if redis.call('SISMEMBER', KEYS[2], ARGV[3]) == 1 then return 0 end
-if redis.call('SISMEMBER', KEYS[3], ARGV[3]) == 0 or redis.call('EXISTS', KEYS[4]) == 1 then
-  return 0
-end
-redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-return 1
-"""
-# The finished job and its content, only while this runner holds its lease and its
-# client has not deleted it.
-_FINISH = """
-if redis.call('GET', KEYS[5]) ~= ARGV[4] then return 0 end
-if redis.call('EXISTS', KEYS[3]) == 1 or redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
-redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[3])
-redis.call('SET', KEYS[2], ARGV[2], 'EX', ARGV[3])
-redis.call('EXPIRE', KEYS[4], ARGV[3])
-redis.call('SREM', KEYS[6], ARGV[5])
-return 1
-"""
-# Removes a job its client deletes. One still queued is simply gone; one a runner may
-# hold (taken from the queue, leased) also gets the flag that tells the runner to stop.
-_CANCEL = """
-local removed = redis.call('LREM', KEYS[1], 0, ARGV[1])
-redis.call('SREM', KEYS[9], ARGV[1])
-redis.call('DEL', KEYS[3], KEYS[4], KEYS[5])
-redis.call('ZREM', KEYS[6], ARGV[1])
-redis.call('SREM', KEYS[7], ARGV[1])
-if removed == 0 or redis.call('EXISTS', KEYS[2]) == 1 then
-  redis.call('SET', KEYS[8], '1', 'EX', ARGV[2])
-  return 1
-end
-return 0
-"""
-# Queues a new job (2). Under an Idempotency-Key (a fingerprint in ARGV[1]; KEYS[1] the
-# key's record): the job the key made instead, if it still exists and the request is the
-# same (1), or a refusal if the request differs (0). With ARGV[8] jobs unfinished already,
-# none is made (3): a retried create still finds the job its key made.
-_CREATE = """
-if ARGV[1] ~= '' then
-  local held = redis.call('GET', KEYS[1])
-  if held then
-    local fingerprint, id = string.match(held, '^(%x+) (.+)$')
-    if fingerprint ~= ARGV[1] then return {0, id} end
-    if redis.call('EXISTS', ARGV[7] .. id) == 1 then return {1, id} end
-  end
-end
-if redis.call('SCARD', KEYS[5]) >= tonumber(ARGV[8]) then return {3, ''} end
-if ARGV[1] ~= '' then
-  redis.call('SET', KEYS[1], ARGV[1] .. ' ' .. ARGV[2], 'EX', ARGV[6])
-end
-redis.call('SET', KEYS[2], ARGV[3])
-redis.call('SET', KEYS[3], ARGV[4])
-local order = tonumber(ARGV[5]) * 1000000 + redis.call('INCR', KEYS[8]) % 1000000
-redis.call('ZADD', KEYS[4], string.format('%.0f', order), ARGV[2])
-redis.call('SADD', KEYS[5], ARGV[2])
-redis.call('RPUSH', KEYS[6], ARGV[2])
-redis.call('SADD', KEYS[7], ARGV[2])
-return {2, ARGV[2]}
-"""
-_RELEASE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
-"""
 # A store that stops answering is a 503 in this long, not a hung request.
 SOCKET_TIMEOUT_SECONDS = 5.0
 # How long an Idempotency-Key names its job (Stripe's and OpenAI's day).
@@ -188,14 +97,14 @@ class VideoStore:
             health_check_interval=30,
         )
         self.prefix = f"omnipipe:videos:{{{namespace}/{pipeline}}}:"
-        self._take = self.redis.register_script(_TAKE)
-        self._claim = self.redis.register_script(_CLAIM)
-        self._requeue = self.redis.register_script(_REQUEUE)
-        self._renew = self.redis.register_script(_RENEW)
-        self._release = self.redis.register_script(_RELEASE)
-        self._finish = self.redis.register_script(_FINISH)
-        self._cancel = self.redis.register_script(_CANCEL)
-        self._create = self.redis.register_script(_CREATE)
+        self._take = self.redis.register_script(scripts.TAKE)
+        self._claim = self.redis.register_script(scripts.CLAIM)
+        self._requeue = self.redis.register_script(scripts.REQUEUE)
+        self._renew = self.redis.register_script(scripts.RENEW)
+        self._release = self.redis.register_script(scripts.RELEASE)
+        self._finish = self.redis.register_script(scripts.FINISH)
+        self._cancel = self.redis.register_script(scripts.CANCEL)
+        self._create = self.redis.register_script(scripts.CREATE)
 
     def _key(self, kind: str, video_id: str = "") -> str:
         return f"{self.prefix}{kind}:{video_id}" if video_id else f"{self.prefix}{kind}"
@@ -274,9 +183,16 @@ class VideoStore:
         return bool(await self._finish(keys=keys, args=args))
 
     @_reported
-    async def content(self, video_id: str) -> bytes | None:
-        raw = await self.redis.get(self._key("content", video_id))
-        return raw if raw is None or isinstance(raw, bytes) else raw.encode()
+    async def content_length(self, video_id: str) -> int:
+        """The MP4's bytes; 0 once it expired (no MP4 is empty)."""
+        return int(await self.redis.strlen(self._key("content", video_id)))
+
+    @_reported
+    async def content_part(self, video_id: str, first: int, last: int) -> bytes:
+        """Bytes first..last of the MP4: a download reads it a part at a time, as its
+        client takes them, so a slow client holds one part and not the video."""
+        raw = await self.redis.getrange(self._key("content", video_id), first, last)
+        return raw if isinstance(raw, bytes) else raw.encode()
 
     @_reported
     async def delete(self, video_id: str) -> None:
