@@ -24,7 +24,7 @@ Tensors = dict[str, torch.Tensor]
 # Request fields a client sends (OpenAI's and omnipipe's extensions): a message that
 # starts with one names it, and the router's 400 carries it as `param`.
 _PUBLIC_FIELD = re.compile(
-    r"(?:messages|input|prompt|negative_prompt|image|voice|mm_processor_kwargs|size|n|seed"
+    r"(?:messages|input|prompt|negative_prompt|image|voice|ref_audio|mm_processor_kwargs|size|n|seed"
     r"|num_inference_steps|guidance_scale|cfg_\w+|timestep_shift)(?:\[\d+\]|\.\w+)*"
     r"(?=[:\s]|$)"
 )

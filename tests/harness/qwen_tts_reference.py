@@ -5,7 +5,8 @@ by the tests.
     python -P qwen_tts_reference.py CASES.json
 
 CASES.json is a list of {"checkpoint", "out", "text", "speaker", "language", "instruct",
-"seed", "max_new_tokens"}, or of {"checkpoint", "out", "decode": codes}: a case with a
+"ref_audio" (a data: URL of a WAV, Base's x-vector cloning), "seed", "max_new_tokens"},
+or of {"checkpoint", "out", "decode": codes}: a case with a
 seed samples (torch.manual_seed(seed) first, as
 a user of qwen-tts seeds it), one without is greedy. Each case writes its "out" (.npz)
 with the codes (frames x 16) and the waveform (float32, 24 kHz); each checkpoint is
@@ -43,6 +44,14 @@ def speak(tts, case, captured):
             speaker=case["speaker"],
             language=case["language"],
             instruct=case.get("instruct"),
+            **kwargs,
+        )
+    elif tts.model.tts_model_type == "base":
+        wavs, rate = tts.generate_voice_clone(
+            text=case["text"],
+            language=case["language"],
+            ref_audio=case["ref_audio"],
+            x_vector_only_mode=True,
             **kwargs,
         )
     else:

@@ -4,7 +4,10 @@ that code2wav streams in chunks equals the reference's within one 16-bit step.""
 
 from __future__ import annotations
 
+import base64
 import functools
+import io
+import wave
 from typing import Any
 
 import numpy as np
@@ -18,8 +21,30 @@ from omnipipe.worker.stage_classes import stage_class
 from tests.harness.tts_reference import pcm_of, reference_outputs
 from tests.unit.test_omni_stages import spec
 
+# The first run builds three tiny checkpoints and runs qwen-tts once in its side
+# environment: about a minute alone, more beside other work.
+pytestmark = pytest.mark.timeout(600)
 TEXT = "Hello world, this is a test."
 ONE_STEP = 1 / 32768  # a 16-bit sample's step
+
+
+def clip(seconds: float, rate: int = 24000, seed: int = 0) -> str:
+    """A reference clip to clone, as a data: URL of a 16-bit mono WAV: a gliding tone
+    with its harmonics and some breath (noise), seeded."""
+    t = np.arange(int(seconds * rate)) / rate
+    pitch = 110 + 60 * np.sin(2 * np.pi * 0.7 * t) + 20 * seed
+    phase = 2 * np.pi * np.cumsum(pitch) / rate
+    voiced = sum(np.sin(k * phase) / k for k in range(1, 6))
+    noise = np.random.default_rng(seed).normal(0, 0.05, len(t))
+    samples = np.clip(0.25 * voiced + noise, -1, 1)
+    out = io.BytesIO()
+    with wave.open(out, "wb") as wav:
+        wav.setnchannels(1)
+        wav.setsampwidth(2)
+        wav.setframerate(rate)
+        wav.writeframes((samples * 32767).astype("<i2").tobytes())
+    return "data:audio/wav;base64," + base64.b64encode(out.getvalue()).decode()
+
 
 CASES: dict[str, list[dict[str, Any]]] = {
     "qwen3-tts-custom-voice": [
@@ -52,6 +77,17 @@ CASES: dict[str, list[dict[str, Any]]] = {
             "max_new_tokens": 40,
         },
     ],
+    "qwen3-tts-base": [  # the voice of a reference clip, from its x-vector
+        {"name": "greedy", "text": TEXT, "language": "english", "ref_audio": clip(2.0)},
+        {
+            "name": "seeded",
+            "text": "Where is the station?",
+            "language": "auto",
+            "ref_audio": clip(3.0, seed=1),
+            "seed": 11,
+            "max_new_tokens": 40,
+        },
+    ],
 }
 
 
@@ -61,6 +97,8 @@ def params_of(case: dict[str, Any]) -> dict[str, Any]:
         params["voice"] = case["speaker"]
     if case.get("instruct"):
         params["instructions"] = case["instruct"]
+    if case.get("ref_audio"):
+        params.update(ref_audio=case["ref_audio"], x_vector_only_mode=True)
     sampling: dict[str, Any] = {}
     if case.get("seed") is None:
         sampling["temperature"] = 0
@@ -110,8 +148,6 @@ def speak(talker: StreamingStage, code2wav: StreamingStage, params: dict[str, An
 
 
 def _pcm(output: dict[str, Any]) -> bytes:
-    import base64
-
     return base64.b64decode(output["audio"])
 
 
@@ -160,6 +196,21 @@ def test_a_request_the_model_cannot_speak_is_refused_by_name() -> None:
         ("input", custom, {"input": "  "}),
     ]
     for param, stage, params in refused:
+        with pytest.raises(StageInputError) as caught:
+            stage.open(StageJob(params, {}))
+        assert caught.value.param == param, caught.value.message
+    base = load("qwen3-tts-base", Role.TALKER)
+    cloned = {"input": TEXT, "ref_audio": clip(1.0), "x_vector_only_mode": True}
+    for param, stage, params in [
+        ("ref_audio", custom, {**ryan, "ref_audio": clip(1.0)}),  # only Base clones
+        ("x_vector_only_mode", design, {"input": TEXT, "x_vector_only_mode": True}),
+        ("ref_audio", base, {"input": TEXT, "x_vector_only_mode": True}),
+        ("x_vector_only_mode", base, {**cloned, "x_vector_only_mode": False}),
+        ("instructions", base, {**cloned, "instructions": "Whisper."}),
+        ("ref_audio", base, {**cloned, "ref_audio": "bm90IGEgd2F2"}),  # "not a wav"
+        ("ref_audio", base, {**cloned, "ref_audio": clip(61.0, rate=8000)}),  # past 60 s
+        ("ref_audio", base, {**cloned, "ref_audio": clip(1.0, rate=4000)}),  # under 8 kHz
+    ]:
         with pytest.raises(StageInputError) as caught:
             stage.open(StageJob(params, {}))
         assert caught.value.param == param, caught.value.message

@@ -1,5 +1,6 @@
 """Qwen3-TTS (the model authors' qwen-tts): text to speech with preset voices and style
-instructions (CustomVoice) or a voice described in words (VoiceDesign). A talker that
+instructions (CustomVoice), a voice described in words (VoiceDesign) or the voice of a
+reference clip (Base, from its speaker embedding). A talker that
 makes 16-code frames (its code predictor inside it) streams them to code2wav, the 12 Hz
 speech tokenizer's decoder."""
 
@@ -10,7 +11,7 @@ PACKAGE = "omnipipe.families.qwen3_tts"
 
 FAMILY = Family(
     name="qwen3-tts",
-    description="Qwen3-TTS text to speech: preset and designed voices (qwen-tts).",
+    description="Qwen3-TTS text to speech: preset, designed and cloned voices (qwen-tts).",
     pipelines=(
         PipelineType(
             name="qwen3-tts",
@@ -21,6 +22,7 @@ FAMILY = Family(
             example_models=(
                 "Qwen/Qwen3-TTS-12Hz-1.7B-CustomVoice",
                 "Qwen/Qwen3-TTS-12Hz-1.7B-VoiceDesign",
+                "Qwen/Qwen3-TTS-12Hz-1.7B-Base",
                 "Qwen/Qwen3-TTS-12Hz-0.6B-CustomVoice",
                 "tiny://qwen3-tts-custom-voice",
             ),
@@ -34,12 +36,21 @@ FAMILY = Family(
                 (Role.CODE2WAV, Engine.TRANSFORMERS): f"{PACKAGE}.code2wav:Code2WavStage",
             },
             speech_fields=frozenset(
-                {"instructions", "language", "task_type", "initial_codec_chunk_frames"}
+                {
+                    "instructions",
+                    "language",
+                    "task_type",
+                    "initial_codec_chunk_frames",
+                    "ref_audio",
+                    "ref_text",
+                    "x_vector_only_mode",
+                }
             ),
         ),
     ),
     tiny_models={
         "qwen3-tts-custom-voice": f"{PACKAGE}.tiny:build_custom_voice",
         "qwen3-tts-voice-design": f"{PACKAGE}.tiny:build_voice_design",
+        "qwen3-tts-base": f"{PACKAGE}.tiny:build_base",
     },
 )

@@ -45,6 +45,7 @@ class TTSConfig:
     tts_pad: int
     generate: dict[str, Any]
     samples_per_frame: int  # the speech tokenizer's: 1920 at 24 kHz, 12.5 frames a second
+    speaker_encoder: dict[str, Any]  # Base's; empty for the other kinds
 
     @property
     def speakers(self) -> dict[str, int]:
@@ -118,6 +119,7 @@ def read_config(model_path: str) -> TTSConfig:
         tts_pad=int(doc["tts_pad_token_id"]),
         generate=generate,
         samples_per_frame=int(codec["decode_upsample_rate"]),
+        speaker_encoder=dict(doc.get("speaker_encoder_config") or {}) if kind == "base" else {},
     )
 
 

@@ -1,8 +1,12 @@
-"""The talker's prompt for one request, as qwen-tts's generate() builds it with the whole
-text given up front (non_streaming_mode, its generate_* functions' default): an optional
+"""The talker's prompt for one request, as qwen-tts's generate() builds it: an optional
 instruction turn, the assistant role, the codec's think/language/speaker tags over tts
-pads, every text token over codec pads, then tts_pad over codec bos. The text rows are
-all in the prompt, so every step after it adds tts_pad to its frame."""
+pads, then the text in one of qwen-tts's two ways:
+- whole (non_streaming_mode, the default of generate_custom_voice and
+  generate_voice_design): every text token over codec pads, then tts_pad over codec bos;
+  each step after the prompt adds tts_pad to its frame;
+- a token a step (streaming, generate_voice_clone's default): the first text token over
+  codec bos ends the prompt, and each step adds the next text row to its frame (the rest
+  of the text, then tts_eos), then tts_pad once the text is used up."""
 
 from __future__ import annotations
 
@@ -17,12 +21,16 @@ from omnipipe.stagekit.stage import StageInputError
 
 @dataclass(frozen=True)
 class Voice:
-    """What a request asks the talker to speak with: a preset speaker (CustomVoice), a
-    language (or auto) and an instruction (a style, or VoiceDesign's description)."""
+    """What a request asks the talker to speak with: a preset speaker (CustomVoice) or a
+    reference clip's x-vector (Base), a language (or auto) and an instruction (a style,
+    or VoiceDesign's description). `reference_clip` is the clip as sent (base64 WAV), until
+    the talker has made its x-vector."""
 
     speaker: str | None
     language: str
     instruction: str | None
+    reference_clip: str | None = None
+    x_vector: torch.Tensor | None = None
 
 
 # The assistant turn's template around the text, in tokens: "<|im_start|>assistant\n"
@@ -49,15 +57,26 @@ def language_code(config: TTSConfig, voice: Voice) -> int | None:
     return code
 
 
+@dataclass(frozen=True)
+class Prompt:
+    rows: torch.Tensor  # (1 x n x hidden)
+    trailing: torch.Tensor  # (1 x k x hidden): what step i adds to its frame, i < k
+    tts_pad: torch.Tensor  # (1 x 1 x hidden): what each later step adds
+
+    def step_row(self, step: int) -> torch.Tensor:
+        """What the step that feeds frame `step` (from 0) adds to it."""
+        return self.trailing[:, step : step + 1] if step < self.trailing.shape[1] else self.tts_pad
+
+
 def prompt_embeds(
     model: TalkerModel,
     config: TTSConfig,
     text_ids: torch.Tensor,
     instruction_ids: torch.Tensor | None,
     voice: Voice,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(1 x n x hidden) prompt and the (1 x 1 x hidden) tts_pad row each step adds.
-    text_ids: the assistant turn's ids (1 x m), role and tail included."""
+    streaming_text: bool = False,
+) -> Prompt:
+    """text_ids: the assistant turn's ids (1 x m), role and tail included."""
     device = text_ids.device
 
     def ids(values: list[int]) -> torch.Tensor:
@@ -79,6 +98,8 @@ def prompt_embeds(
     if voice.speaker is not None:
         speaker = torch.tensor(config.speakers[voice.speaker], device=device)
         codec.append(model.codec_rows(speaker).view(1, 1, -1))
+    elif voice.x_vector is not None:  # a cloned voice sits where a preset speaker would
+        codec.append(voice.x_vector.to(device).view(1, 1, -1))
     codec.append(model.codec_rows(ids([config.code("pad"), config.code("bos")])))
     codec_rows = torch.cat(codec, dim=1)
     role = model.text_rows(text_ids[:, :3])
@@ -87,11 +108,16 @@ def prompt_embeds(
         + codec_rows[:, :-1]
     )
     words = text_ids[:, 3:-5]
-    spoken = torch.cat((model.text_rows(words), tts_eos), dim=1) + model.codec_rows(
-        ids([config.code("pad")] * (words.shape[1] + 1))
-    )
-    start = tts_pad + model.codec_rows(ids([config.code("bos")]))
-    parts = [role, tagged, spoken, start]
+    start = model.codec_rows(ids([config.code("bos")]))
+    if streaming_text:
+        parts = [role, tagged, model.text_rows(words[:, :1]) + start]
+        trailing = torch.cat((model.text_rows(words[:, 1:]), tts_eos), dim=1)
+    else:
+        spoken = torch.cat((model.text_rows(words), tts_eos), dim=1) + model.codec_rows(
+            ids([config.code("pad")] * (words.shape[1] + 1))
+        )
+        parts = [role, tagged, spoken, tts_pad + start]
+        trailing = tts_pad[:, :0]
     if instruction_ids is not None:
         parts.insert(0, model.text_rows(instruction_ids))
-    return torch.cat(parts, dim=1), tts_pad
+    return Prompt(torch.cat(parts, dim=1), trailing, tts_pad)

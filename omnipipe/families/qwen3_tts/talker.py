@@ -12,19 +12,22 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from omnipipe.families.qwen3_tts.config import CHUNK_FRAMES, SPECIAL_CODES, TTSConfig, read_config
 from omnipipe.families.qwen3_tts.prompt import (
+    Prompt,
     Voice,
     assistant_text,
     instruction_text,
     prompt_embeds,
 )
-from omnipipe.families.qwen3_tts.talker_model import TalkerModel
-from omnipipe.families.qwen3_tts.voices import voice_of
+from omnipipe.families.qwen3_tts.speaker_encoder import SpeakerEncoder
+from omnipipe.families.qwen3_tts.talker_model import TalkerModel, checkpoint_weights
+from omnipipe.families.qwen3_tts.voices import reference_clip, voice_of
 from omnipipe.stagekit.code2wav import SAMPLE_RATE, chunk_codes
 from omnipipe.stagekit.params import int_param
 from omnipipe.stagekit.sampling import Sampling, next_token
@@ -71,14 +74,14 @@ class TalkerStage(StreamingStage):
         from transformers import Qwen2Tokenizer
 
         self.config: TTSConfig = read_config(self.model_path)
-        if self.config.kind == "base":
-            raise NotImplementedError(
-                f"{self.model_path}: a Qwen3-TTS Base checkpoint (voice cloning) is not "
-                "served yet; CustomVoice and VoiceDesign checkpoints are"
-            )
         model = TalkerModel(self.config)
         model.load_checkpoint(self.model_path)
         self.model = model.to(self.device).eval()
+        self.speaker_encoder: SpeakerEncoder | None = None
+        if self.config.kind == "base":
+            encoder = SpeakerEncoder(self.config.speaker_encoder)
+            encoder.load_checkpoint(self.model_path, checkpoint_weights(Path(self.model_path)))
+            self.speaker_encoder = encoder.to(self.device).eval()
         self.tokenizer = Qwen2Tokenizer.from_pretrained(self.model_path)
         self.sampling = Sampling.from_params(
             talker_sampling(self.config.generate), self.spec.sampling
@@ -99,6 +102,16 @@ class TalkerStage(StreamingStage):
     def open(self, job: StageJob) -> Session:
         return TalkerSession(self, job.params)
 
+    def cloned(self, voice: Voice) -> Voice:
+        """A Base request's voice with its reference clip's x-vector."""
+        if voice.reference_clip is None:
+            return voice
+        assert self.speaker_encoder is not None
+        clip = reference_clip(voice.reference_clip)
+        return dataclasses.replace(
+            voice, reference_clip=None, x_vector=self.speaker_encoder.x_vector(clip)
+        )
+
 
 class TalkerSession(Session):
     def __init__(self, stage: TalkerStage, params: dict[str, Any]) -> None:
@@ -107,7 +120,7 @@ class TalkerSession(Session):
         text = params.get("input")
         if not isinstance(text, str) or not text.strip():
             raise StageInputError("input: a non-empty string is required", "input")
-        self.voice: Voice = voice_of(config, params)
+        self.voice: Voice = stage.cloned(voice_of(config, params))
         sampling = Sampling.from_params(stage.sampling, params.get("sampling"))
         sampling = sampling.with_request_seed(params)
         # generate() forces two codes before the end may be chosen: a request's own
@@ -148,7 +161,7 @@ class TalkerSession(Session):
         self.cache: Any = None
         self.length = 0  # positions in the talker's cache
         self.past_hidden: torch.Tensor | None = None
-        self.tts_pad: torch.Tensor | None = None
+        self.prompt: Prompt | None = None
         self.code: int | None = None  # the first code of the frame being completed
         self.codes: list[int] = []  # first codes so far, for the repetition penalty
         self.frames: list[list[int]] = []
@@ -181,23 +194,29 @@ class TalkerSession(Session):
         first = self.cache is None
         with torch.inference_mode():
             if first:
-                embeds, self.tts_pad = prompt_embeds(
-                    model, self.stage.config, self.text_ids, self.instruction_ids, self.voice
+                self.prompt = prompt_embeds(
+                    model,
+                    self.stage.config,
+                    self.text_ids,
+                    self.instruction_ids,
+                    self.voice,
+                    # qwen-tts's default for each kind: generate_voice_clone streams the
+                    # text in, the other generate functions give it whole.
+                    streaming_text=self.stage.config.kind == "base",
                 )
                 self.cache = DynamicCache()
-                self.past_hidden, logits = model.forward_rows(embeds, self.cache, 0)
-                self.length = embeds.shape[1]
+                self.past_hidden, logits = model.forward_rows(self.prompt.rows, self.cache, 0)
+                self.length = self.prompt.rows.shape[1]
             else:
                 assert self.code is not None
                 assert self.past_hidden is not None
-                assert self.tts_pad is not None
+                assert self.prompt is not None
                 rest, frame = model.frame(
                     self.past_hidden, self.code, self._pick(self.predictor, [], ())
                 )
+                row = self.prompt.step_row(len(self.frames))
                 self.frames.append([self.code, *rest])
-                self.past_hidden, logits = model.forward_rows(
-                    frame + self.tts_pad, self.cache, self.length
-                )
+                self.past_hidden, logits = model.forward_rows(frame + row, self.cache, self.length)
                 self.length += 1
         result = self._emit(self._choose(logits))
         if first:  # the speech's usage counts the input's tokens (under SSE)

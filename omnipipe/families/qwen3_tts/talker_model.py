@@ -79,7 +79,7 @@ class TalkerModel(nn.Module):
         """The talker's weights from the checkpoint, every one accounted for: each of
         ours from it, and none of its talker weights left over."""
         ours: dict[str, torch.Tensor] = {}
-        for name, tensor in _weights(Path(model_path)):
+        for name, tensor in checkpoint_weights(Path(model_path)):
             if name.startswith(PREFIX):
                 ours[_renamed(name.removeprefix(PREFIX))] = tensor
         missing, unexpected = self.load_state_dict(ours, strict=False)
@@ -155,7 +155,7 @@ def _renamed(name: str) -> str:
     return name  # left as it is: load_checkpoint reports it
 
 
-def _weights(root: Path) -> Iterator[tuple[str, torch.Tensor]]:
+def checkpoint_weights(root: Path) -> Iterator[tuple[str, torch.Tensor]]:
     """The checkpoint's tensors, one file (or one shard of its index) at a time."""
     from safetensors.torch import load_file
 

@@ -1,4 +1,4 @@
-"""tiny://qwen3-tts-custom-voice and tiny://qwen3-tts-voice-design: Qwen3-TTS's released
+"""tiny://qwen3-tts-custom-voice, -voice-design and -base: Qwen3-TTS's released
 layout with tiny random weights (about 430k parameters), made through qwen-tts's own
 classes in its side environment (reference_env.py, side/make_tiny.py)."""
 
@@ -33,3 +33,7 @@ def build_custom_voice(target: Path) -> None:
 
 def build_voice_design(target: Path) -> None:
     _build("voice_design", target)
+
+
+def build_base(target: Path) -> None:
+    _build("base", target)

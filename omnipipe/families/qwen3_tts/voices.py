@@ -1,20 +1,29 @@
 """A speech request's voice, language and instructions, checked against what the
 checkpoint's kind takes: CustomVoice speaks one of its preset speakers, with an optional
 style instruction (not on the 0.6B models); VoiceDesign speaks the voice its
-instructions describe, and has no presets (`voice`, which OpenAI's client always sends,
-is not read)."""
+instructions describe; Base clones the voice of a reference clip (`ref_audio`), from its
+x-vector alone so far. VoiceDesign and Base have no presets (`voice`, which OpenAI's
+client always sends, is not read)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
+from omnipipe.api.stage_spec import MediaLimits
 from omnipipe.families.qwen3_tts.config import TTSConfig
 from omnipipe.families.qwen3_tts.prompt import Voice
+from omnipipe.families.qwen3_tts.speaker_encoder import SAMPLE_RATE
+from omnipipe.stagekit.media import MediaBudget, charge_wav, decode_wav
 from omnipipe.stagekit.stage import StageInputError
 
 # /v1/audio/speech's task_type, vLLM-Omni's name for a checkpoint's kind: a client may
 # say which it expects, and a mismatch is refused rather than spoken otherwise.
 TASK_TYPES = {"custom_voice": "CustomVoice", "voice_design": "VoiceDesign", "base": "Base"}
+CLONING_FIELDS = ("ref_audio", "ref_text", "x_vector_only_mode")
+# A reference clip: qwen-tts's examples use 3 to 20 s; a minute is plenty for a voice.
+REFERENCE_LIMITS = MediaLimits(max_audio_clips=1, max_audio_clip_seconds=60.0)
 
 
 def _text(params: dict[str, Any], name: str) -> str | None:
@@ -47,6 +56,15 @@ def voice_of(config: TTSConfig, params: dict[str, Any]) -> Voice:
         raise StageInputError(
             "instructions: this model takes none (Qwen3-TTS 0.6B CustomVoice)", "instructions"
         )
+    cloning = [f for f in CLONING_FIELDS if params.get(f) not in (None, "")]
+    if config.kind == "base":
+        return _cloned(params, language, instruction)
+    if cloning:
+        raise StageInputError(
+            f"{cloning[0]}: only a Base model clones a voice; this is a "
+            f"{TASK_TYPES[config.kind]} model",
+            cloning[0],
+        )
     if config.kind == "voice_design":
         if instruction is None:
             raise StageInputError(
@@ -71,3 +89,41 @@ def voice_of(config: TTSConfig, params: dict[str, Any]) -> Voice:
             "voice",
         )
     return Voice(speaker, language, instruction)
+
+
+def _cloned(params: dict[str, Any], language: str, instruction: str | None) -> Voice:
+    """Base: the voice of `ref_audio`. qwen-tts's in-context mode (the clip's codes and
+    `ref_text` in the prompt) is not served yet, so x_vector_only_mode must say true;
+    `ref_text` is then not read, as in qwen-tts."""
+    if instruction is not None:
+        raise StageInputError(
+            "instructions: a Base model takes none; it speaks the voice of ref_audio",
+            "instructions",
+        )
+    clip = params.get("ref_audio")
+    if clip is None or clip == "":
+        raise StageInputError(
+            "ref_audio: a Base model clones the voice of a reference clip; send one "
+            "(a WAV file, base64 or a data: URL)",
+            "ref_audio",
+        )
+    if not isinstance(clip, str):
+        raise StageInputError("ref_audio: a string is required (base64 WAV)", "ref_audio")
+    if params.get("x_vector_only_mode") is not True:
+        raise StageInputError(
+            "x_vector_only_mode: this server clones from the clip's speaker embedding alone "
+            "(in-context cloning with ref_text is not served yet); send true",
+            "x_vector_only_mode",
+        )
+    return Voice(None, language, None, reference_clip=clip)
+
+
+def reference_clip(clip: str) -> np.ndarray:
+    """The reference clip (a WAV file, base64 or a data: URL) as mono float32 at 24 kHz,
+    refused past a minute or outside 8 to 192 kHz from its header, before it is decoded.
+    Another rate is resampled linearly, where qwen-tts uses soxr (librosa): the same
+    voice, not the same samples."""
+    if clip.startswith("data:"):
+        clip = clip.partition(",")[2]
+    charge_wav(clip, "ref_audio", MediaBudget(REFERENCE_LIMITS))
+    return decode_wav(clip, "ref_audio", SAMPLE_RATE)
