@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-import httpx
 import openai
 import pytest
 import torch
@@ -104,7 +103,7 @@ def omni(tmp_module: Path) -> Iterator[Served]:
 
 def client(served: Served, timeout: float = 60.0) -> openai.OpenAI:
     return openai.OpenAI(
-        base_url=served.base_url, api_key="unused", max_retries=0, timeout=httpx.Timeout(timeout)
+        base_url=served.base_url, api_key="unused", max_retries=0, timeout=openai.Timeout(timeout)
     )
 
 

@@ -210,7 +210,7 @@ def test_worker_metrics_are_labelled(served: Served) -> None:
 
 def test_client_disconnect_cancels_downstream(served: Served) -> None:
     slow = {"num_inference_steps": 60}
-    quick = client(served, timeout=httpx.Timeout(1.0))
+    quick = client(served, timeout=openai.Timeout(1.0))
     with pytest.raises(openai.APITimeoutError):
         quick.images.generate(model="tiny-image", prompt="slow", size="512x512", extra_body=slow)
     # decode waits for latents; the cancel reaches it at once, long before denoise would finish.
@@ -233,7 +233,7 @@ def test_client_disconnect_cancels_downstream(served: Served) -> None:
 
 
 def test_sigterm_drains_in_flight_work(served: Served) -> None:
-    c = client(served, timeout=httpx.Timeout(60.0))
+    c = client(served, timeout=openai.Timeout(60.0))
     results: list[object] = []
     t = threading.Thread(
         target=lambda: results.append(
@@ -271,7 +271,7 @@ def test_sigterm_drains_in_flight_work(served: Served) -> None:
 
 def test_killed_worker_gives_an_error_then_the_survivor_serves(served: Served) -> None:
     """Runs last in this module: it kills a denoise replica."""
-    c = client(served, timeout=httpx.Timeout(60.0))
+    c = client(served, timeout=openai.Timeout(60.0))
     errors: list[BaseException] = []
     started = time.monotonic()
 
