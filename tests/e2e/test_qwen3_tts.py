@@ -1,7 +1,8 @@
 """`omnipipe serve tiny://qwen3-tts-custom-voice`: the openai client's speech is the
 audio qwen-tts's own generate_custom_voice makes for the seed (within one 16-bit step),
 in WAV, MP3 and as server-sent events with OpenAI's usage; what the model cannot speak
-is refused by name."""
+is refused by name. `omnipipe serve tiny://qwen3-tts-base`: the voice of a reference clip
+sent with the request is generate_voice_clone's."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import pytest
 
 from tests.e2e.conftest import Served, start_serve, stop_cleanly
 from tests.harness.tts_reference import pcm_of, reference_outputs
+from tests.unit.test_qwen3_tts import clip
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -111,8 +113,8 @@ def test_what_the_model_cannot_speak_is_refused_by_name(client: openai.OpenAI) -
             model=MODEL, input=TEXT, voice="ryan", extra_body={"language": "klingon"}
         )
     assert refused.value.body["param"] == "language"  # type: ignore[index]
-    # Cloning is the Base model's: this pipeline type does not take a reference clip.
-    with pytest.raises(openai.BadRequestError, match="does not take ref_audio") as refused:
+    # Cloning is the Base model's: a CustomVoice model refuses a reference clip.
+    with pytest.raises(openai.BadRequestError, match="only a Base model clones") as refused:
         client.audio.speech.create(
             model=MODEL, input=TEXT, voice="ryan", extra_body={"ref_audio": "data:,"}
         )
@@ -121,3 +123,28 @@ def test_what_the_model_cannot_speak_is_refused_by_name(client: openai.OpenAI) -
     with pytest.raises(openai.BadRequestError, match="makes no images") as refused:
         client.images.generate(model=MODEL, prompt="a lighthouse")
     assert refused.value.body["param"] == "model"  # type: ignore[index]
+
+
+def test_a_base_model_speaks_in_the_voice_of_the_clip_sent() -> None:
+    """A reference clip in the request's ref_audio (a data: URL of a WAV), cloned from its
+    x-vector: the speech is qwen-tts's generate_voice_clone's for the seed."""
+    base = "tiny://qwen3-tts-base"
+    reference_clip = clip(2.0)
+    spoken = {**SPOKEN, "ref_audio": reference_clip, "x_vector_only_mode": True}
+    case = {**{k: SPOKEN[k] for k in ("seed", "language", "max_new_tokens")}, "text": TEXT}
+    expected = reference_outputs(
+        {"base": ("qwen3-tts-base", {**case, "ref_audio": reference_clip})}
+    )["base"]
+    serve = start_serve(base)
+    try:
+        with openai.OpenAI(base_url=serve.base_url, api_key="any", max_retries=0) as c:
+            r = c.audio.speech.create(model=base, input=TEXT, voice="alloy", extra_body=spoken)
+            with pytest.raises(openai.BadRequestError, match="clones the voice") as refused:
+                c.audio.speech.create(model=base, input=TEXT, voice="alloy")
+    finally:
+        stop_cleanly(serve)
+    pcm = samples_of(r.content)
+    assert len(pcm) == len(expected["wav"])
+    assert np.abs(pcm.astype(np.float64) - pcm_of(expected["wav"])).max() <= 1
+    assert np.abs(pcm).max() > 10
+    assert refused.value.body["param"] == "ref_audio"  # type: ignore[index]
