@@ -29,6 +29,8 @@ from pathlib import Path
 Result = tuple[int, float, float | None]
 # Runs the tier; calls its argument with the pytest process as soon as it has started.
 Runner = Callable[[Callable[["subprocess.Popen[bytes]"], None]], Result]
+# pytest's exit code when every test passed (5: nothing collected, a tier that ran no
+# test, fails): the runner and the table import it from here.
 PASSED = 0
 # As long as a main-lane tier is given to end after its SIGINT (hack/test_tiers.py).
 STOP_GRACE_SECONDS = 120.0

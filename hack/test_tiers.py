@@ -42,7 +42,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from background_setup import BackgroundSetup
-from side_tier import Result, SideTier, say
+from side_tier import PASSED, Result, SideTier, say
 from tier_table import TIERS, beside_note, table
 
 from omnipipe.local.ports import PORT_RANGE_ENV, port_range
@@ -71,8 +71,6 @@ NICE_UNTIL = "unit"
 # A tier that runs beside the others once the tier named has passed and its set-up has
 # ended (hack/side_tier.py): the real node waits on pods and scrapes most of its time.
 BESIDE = {"realnode": "unit"}
-# pytest's exit codes: 0 all passed, 5 nothing collected (a tier that ran no test fails).
-PASSED = 0
 
 
 # mypy's cache, shared by every checkout: a fresh clone re-checks what changed, not the

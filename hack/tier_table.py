@@ -9,10 +9,9 @@ import json
 from pathlib import Path
 
 from background_setup import clock, setup_rows
-from side_tier import Result, SideTier
+from side_tier import PASSED, Result, SideTier
 
 TIERS = ("lint", "unit", "e2e", "integration", "realnode")
-PASSED = 0
 
 
 def cpu_cell(cpu: float | None, wall: float) -> str:

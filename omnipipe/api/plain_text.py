@@ -11,6 +11,7 @@ import re
 # A number as a form sends it: ASCII decimal, nothing around it. float() and pydantic
 # also read spaces, underscores and other scripts' digits ("1_0", " 3 ", "٣").
 PLAIN_DECIMAL = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]{1,3})?")
+SHOWN_CHARS = 64
 _OBJECT_REPR = re.compile(r"<[^<>\n]*? at 0x[0-9a-fA-F]+>")
 _ARRAY_START = re.compile(r"\b(?:array|tensor)\(")
 
@@ -31,3 +32,10 @@ def _without_arrays(message: str) -> str:
 def plain_message(message: str, limit: int) -> str:
     message = _without_arrays(_OBJECT_REPR.sub("an object", message))
     return message if len(message) <= limit else message[: limit - 3] + "..."
+
+
+def shown(value: object, limit: int = SHOWN_CHARS) -> str:
+    """A client's value as a message quotes it: its repr, cut to `limit` characters (a
+    1 MB model name is not echoed back whole)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -6,19 +6,13 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from omnipipe.api.plain_text import plain_message
+from omnipipe.api.plain_text import plain_message, shown
+
+__all__ = ["shown"]  # the routes quote clients' values with it from here
 
 MAX_RELAYED_CHARS = 1000
 # No message is longer: one that quotes a client's value cut short keeps its two ends.
 MAX_MESSAGE_CHARS = 2000
-SHOWN_CHARS = 64
-
-
-def shown(value: object, limit: int = SHOWN_CHARS) -> str:
-    """A client's value as a message quotes it: its repr, cut to `limit` characters (a
-    1 MB model name is not echoed back whole)."""
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def bounded(message: str) -> str:

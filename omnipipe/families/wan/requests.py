@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from omnipipe.api.families import RequestProblem
-from omnipipe.api.plain_text import PLAIN_DECIMAL
+from omnipipe.api.plain_text import PLAIN_DECIMAL, shown
 
 # ASCII digits only: \d alone takes any script's (fullwidth, Arabic-Indic), and int()
 # reads them.
@@ -47,26 +47,18 @@ def frames_for(seconds: float, fps: int) -> int:
 DEFAULT_FRAMES = frames_for(DEFAULT_SECONDS, DEFAULT_FPS)
 
 
-def _shown(value: object) -> str:
-    """A client's value in a refusal, cut to 40 characters."""
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
 def _number(request: Mapping[str, Any], key: str, default: float, low: float, high: float) -> float:
     value = request.get(key)
     if value is None or value == "":
         return default
     if isinstance(value, bool) or (isinstance(value, str) and not PLAIN_DECIMAL.fullmatch(value)):
-        raise RequestProblem(f"{key} must be a number, got {_shown(value)}", key)
+        raise RequestProblem(f"{key} must be a number, got {shown(value)}", key)
     try:
         number = float(value)
     except (TypeError, ValueError, OverflowError):
-        raise RequestProblem(f"{key} must be a number, got {_shown(value)}", key) from None
+        raise RequestProblem(f"{key} must be a number, got {shown(value)}", key) from None
     if not math.isfinite(number) or not low <= number <= high:
-        raise RequestProblem(
-            f"{key} must be between {low:g} and {high:g}, got {_shown(value)}", key
-        )
+        raise RequestProblem(f"{key} must be between {low:g} and {high:g}, got {shown(value)}", key)
     return number
 
 
