@@ -171,6 +171,17 @@ def test_engine_benches_quick(name: str, extra: tuple[str, ...], rate: str, tmp_
                 assert r["round_s"] > 0
 
 
+def test_tts_quick(tmp_path: Path) -> None:
+    out, results = run_quick("tts", tmp_path, "--levels", "1,2", "--requests", "1")
+    assert "RTF p50" in out
+    for row in [results["qwen-tts"], *results["omnipipe"].values()]:  # type: ignore[attr-defined]
+        assert 0 < row["ttfa_p50_s"] <= row["ttfa_p99_s"]
+        assert row["audio_s_per_s"] > 0
+        assert row["rtf_p50"] > 0
+    assert set(results["omnipipe"]) == {"1", "2"}  # type: ignore[arg-type]
+    assert results["summary"]["audio_c2_over_c1"] > 0  # type: ignore[index]
+
+
 def bench_serves() -> ModuleType:
     """bench/_serves.py, as the benchmarks import it."""
     if str(REPO / "bench") not in sys.path:

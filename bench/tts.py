@@ -1,0 +1,197 @@
+"""Qwen3-TTS under load: closed-loop streaming clients of `omnipipe serve
+tiny://qwen3-tts-custom-voice` at rising concurrency, beside the model authors' qwen-tts
+(generate_custom_voice, one request at a time, in its side environment) in the same run.
+
+Each client asks for raw PCM streamed as it is made (`stream_format: audio`), the same
+text, voice and length, a seed per request, and sends its next request when the last
+ends. Per level: time to first audio (p50, p99; the first non-empty body chunk), audio
+seconds made per wall second, and the real-time factor (a request's wall time over the
+audio it made; under 1 is faster than real time). qwen-tts answers a request whole, so its
+first audio is its whole request.
+
+Targets (#42): first audio p50 at 16 clients at most 2x that at 1; audio per second at 16
+at least 4x that at 1.
+
+    .venv/bin/python bench/tts.py [--quick] [--levels 1,4,16,32] [--requests 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+from _common import median, record, table
+from _serves import serving
+
+from omnipipe.checkpoints.tiny import resolve_model_path
+from omnipipe.families.qwen3_tts.reference_env import reference_python
+
+MODEL = "tiny://qwen3-tts-custom-voice"
+MANIFEST = f"""apiVersion: omnipipe.io/v1alpha1
+kind: OmniPipeline
+metadata: {{name: tts}}
+spec:
+  model: {MODEL}
+  pipeline: qwen3-tts
+"""
+TEXT = "The train to the airport leaves from platform four at a quarter past noon."
+VOICE = "vivian"
+RATE = 24000  # 16-bit mono PCM
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))] if ordered else 0.0
+
+
+def one_request(url: str, seed: int, max_new_tokens: int) -> tuple[float, float, float]:
+    """(seconds to the first audio, seconds to the end, audio seconds) of one request."""
+    body = {
+        "model": "tts",
+        "input": TEXT,
+        "voice": VOICE,
+        "response_format": "pcm",
+        "stream_format": "audio",
+        "language": "english",
+        "seed": seed,
+        "max_new_tokens": max_new_tokens,
+    }
+    started = time.perf_counter()
+    first, size = 0.0, 0
+    with httpx.stream("POST", f"{url}/audio/speech", json=body, timeout=600) as r:
+        r.raise_for_status()
+        for chunk in r.iter_bytes():
+            if chunk and not first:
+                first = time.perf_counter() - started
+            size += len(chunk)
+    return first, time.perf_counter() - started, size / 2 / RATE
+
+
+def level_of(url: str, clients: int, requests: int, max_new_tokens: int) -> dict[str, float]:
+    """`clients` closed-loop clients, `requests` each."""
+    results: list[tuple[float, float, float]] = []
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+
+    def client(index: int) -> None:
+        for n in range(requests):
+            try:
+                got = one_request(url, index * 1000 + n, max_new_tokens)
+            except Exception as exc:
+                errors.append(exc)
+                return
+            with lock:
+                results.append(got)
+
+    started = time.perf_counter()
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - started
+    if errors:
+        raise RuntimeError(f"{len(errors)} requests failed at {clients} clients: {errors[0]!r}")
+    first = [r[0] for r in results]
+    audio = sum(r[2] for r in results)
+    return {
+        "ttfa_p50_s": median(first),
+        "ttfa_p99_s": percentile(first, 0.99),
+        "audio_s_per_s": audio / wall,
+        "rtf_p50": median([r[1] / r[2] for r in results if r[2]]),
+        "requests": len(results),
+    }
+
+
+def anchor(requests: int, max_new_tokens: int) -> dict[str, float]:
+    """qwen-tts's generate_custom_voice, one request at a time."""
+    script = Path(__file__).with_name("_qwen_tts_anchor.py")
+    checkpoint = resolve_model_path(MODEL)
+    ran = subprocess.run(
+        [
+            *(str(reference_python()), "-P", str(script), checkpoint, TEXT, VOICE),
+            *(str(max_new_tokens), str(requests)),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        check=False,
+    )
+    if ran.returncode != 0:
+        raise RuntimeError(f"qwen-tts's run failed:\n{ran.stderr[-3000:]}")
+    said = json.loads(ran.stdout.strip().splitlines()[-1])
+    seconds, audio = said["seconds"], said["audio_seconds"]
+    return {
+        "ttfa_p50_s": median(seconds),
+        "ttfa_p99_s": percentile(seconds, 0.99),
+        "audio_s_per_s": sum(audio) / sum(seconds),
+        "rtf_p50": median([s / a for s, a in zip(seconds, audio, strict=True) if a]),
+        "requests": len(seconds),
+    }
+
+
+def ratio(a: float, b: float) -> float:
+    return a / b if b else float("nan")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="levels 1 and 4, short speech")
+    parser.add_argument("--levels", default=None, help="comma-separated (default 1,4,16,32)")
+    parser.add_argument("--requests", type=int, default=None, help="per client, per level")
+    parser.add_argument("--max-new-tokens", type=int, default=None)
+    args = parser.parse_args()
+    levels = [int(x) for x in (args.levels or ("1,4" if args.quick else "1,4,16,32")).split(",")]
+    requests = args.requests or (2 if args.quick else 4)
+    max_new_tokens = args.max_new_tokens or (16 if args.quick else 60)
+    print(f"qwen-tts (anchor): {requests * 2} requests, one at a time", flush=True)
+    rows: dict[str, Any] = {"qwen-tts": anchor(requests * 2, max_new_tokens)}
+    with (
+        tempfile.TemporaryDirectory(prefix="omnipipe-bench-tts-") as work,
+        serving(Path(work), {"tts": MANIFEST}) as serves,
+    ):
+        served = serves.take("tts")
+        assert served is not None
+        one_request(served.base_url, 0, max_new_tokens)  # one-time costs
+        ours: dict[str, dict[str, float]] = {}
+        for clients in levels:
+            print(f"omnipipe: {clients} clients, {requests} requests each", flush=True)
+            ours[str(clients)] = level_of(served.base_url, clients, requests, max_new_tokens)
+        serves.close()
+    rows["omnipipe"] = ours
+    named = [("qwen-tts c1", rows["qwen-tts"]), *((f"omnipipe c{c}", r) for c, r in ours.items())]
+    lines = [
+        [
+            *(name, f"{r['ttfa_p50_s'] * 1e3:.0f}", f"{r['ttfa_p99_s'] * 1e3:.0f}"),
+            *(f"{r['audio_s_per_s']:.2f}", f"{r['rtf_p50']:.2f}"),
+        ]
+        for name, r in named
+    ]
+    print(table(["server", "TTFA p50 ms", "TTFA p99 ms", "audio s/s", "RTF p50"], lines))
+    low, high = ours[str(levels[0])], ours[str(levels[-1])]
+    summary = {
+        f"ttfa_c{levels[-1]}_over_c{levels[0]}": ratio(high["ttfa_p50_s"], low["ttfa_p50_s"]),
+        f"audio_c{levels[-1]}_over_c{levels[0]}": ratio(
+            high["audio_s_per_s"], low["audio_s_per_s"]
+        ),
+        "ttfa_c1_vs_qwen_tts": ratio(low["ttfa_p50_s"], rows["qwen-tts"]["ttfa_p50_s"]),
+        "rtf_c1_vs_qwen_tts": ratio(low["rtf_p50"], rows["qwen-tts"]["rtf_p50"]),
+    }
+    if "16" in ours and "1" in ours:
+        ttfa = ratio(ours["16"]["ttfa_p50_s"], ours["1"]["ttfa_p50_s"])
+        audio = ratio(ours["16"]["audio_s_per_s"], ours["1"]["audio_s_per_s"])
+        print(f"targets (#42): TTFA p50 c16/c1 <= 2: {ttfa:.2f}; audio/s c16/c1 >= 4: {audio:.2f}")
+    rows["summary"] = summary
+    record("tts", rows, args.quick)
+    print("tts: " + " ".join(f"{k}={v:.2f}" for k, v in summary.items()))
+
+
+if __name__ == "__main__":
+    main()
