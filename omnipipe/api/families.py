@@ -304,6 +304,17 @@ def speech_fields(pipeline: str) -> frozenset[str]:
     return frozenset() if kind is None else kind.speech_fields
 
 
+def keeps_voices(pipeline: str) -> bool:
+    """Whether pipeline type `pipeline` clones voices, so that its routers keep uploaded
+    ones (/v1/audio/voices) in their store."""
+    return "ref_audio" in speech_fields(pipeline)
+
+
+def needs_store(pipeline: str) -> bool:
+    """Whether a pipeline of this type keeps video jobs or voices in the router's Redis."""
+    return makes_video(pipeline) or keeps_voices(pipeline)
+
+
 def makes_video(pipeline: str) -> bool:
     """Whether pipeline type `pipeline` writes videos (served at /v1/videos as jobs)."""
     kind = pipeline_types().get(pipeline)

@@ -86,8 +86,8 @@ class Supervisor(RevisionReloads):
         if needs_video_store(self.pipeline):
             self.video_store, env[VIDEO_STORE_ENV] = start_redis(self.state_dir / "video-store")
             print(
-                f"omnipipe: video jobs kept in {env[VIDEO_STORE_ENV]} (redis-server, pid "
-                f"{self.video_store.pid}; {VIDEO_STORE_ENV} names another)",
+                f"omnipipe: video jobs and voices kept in {env[VIDEO_STORE_ENV]} (redis-server, "
+                f"pid {self.video_store.pid}; {VIDEO_STORE_ENV} names another)",
                 flush=True,
             )
         self.children.append(

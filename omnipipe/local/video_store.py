@@ -1,8 +1,8 @@
-"""The Redis a video pipeline's router keeps its jobs in, under `omnipipe serve`: a
-redis-server of its own, unless OMNIPIPE_ROUTER_VIDEO_STORE names one (a second router, or
-one the user runs). It listens on a unix socket in a folder only this user may open, not
-on a TCP port any local user could reach. Nothing is saved to disk: jobs last while it
-runs."""
+"""The Redis a video pipeline's router keeps its jobs in (and a voice-cloning pipeline's
+router its uploaded voices), under `omnipipe serve`: a redis-server of its own, unless
+OMNIPIPE_ROUTER_VIDEO_STORE names one (a second router, or one the user runs). It listens
+on a unix socket in a folder only this user may open, not on a TCP port any local user
+could reach. Nothing is saved to disk: jobs and voices last while it runs."""
 
 from __future__ import annotations
 
@@ -15,14 +15,14 @@ from pathlib import Path
 
 from omnipipe.api import ResolvedPipeline
 from omnipipe.api.constants import VIDEO_STORE_ENV
-from omnipipe.api.families import makes_video
+from omnipipe.api.families import needs_store
 from omnipipe.local.children import die_with_parent
 
 START_TIMEOUT_SECONDS = 10.0
 
 
 def needs_video_store(pipeline: ResolvedPipeline) -> bool:
-    return makes_video(pipeline.pipeline) and not os.environ.get(VIDEO_STORE_ENV)
+    return needs_store(pipeline.pipeline) and not os.environ.get(VIDEO_STORE_ENV)
 
 
 def _answers(path: Path) -> bool:

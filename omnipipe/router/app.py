@@ -23,7 +23,7 @@ from starlette.requests import ClientDisconnect
 
 from omnipipe.api import ResolvedPipeline
 from omnipipe.api.constants import CREDENTIAL_HEADER, UPSTREAM_KEEP_ALIVE_SECONDS
-from omnipipe.api.families import makes_video
+from omnipipe.api.families import keeps_voices, makes_video
 from omnipipe.api.loading import new_versions
 from omnipipe.api.tracing import make_tracer
 from omnipipe.router.api.admin import AdminService, admin_router
@@ -36,6 +36,7 @@ from omnipipe.router.api.models import model_ids, models_router
 from omnipipe.router.api.speech import SpeechRequest, speech_router
 from omnipipe.router.api.video_only import video_only_router
 from omnipipe.router.api.videos import VideoCreateRequest, videos_router
+from omnipipe.router.api.voices import voices_router
 from omnipipe.router.discovery import Discovery, DnsDiscovery, StaticDiscovery
 from omnipipe.router.errors import (
     BadRequest,
@@ -52,6 +53,7 @@ from omnipipe.router.settings import RouterSettings
 from omnipipe.router.stage_limits import KnownLimits
 from omnipipe.router.videos.runner import VideoRunner
 from omnipipe.router.videos.store import VideoStore
+from omnipipe.router.voice_store import VoiceStore
 
 log = logging.getLogger(__name__)
 
@@ -143,6 +145,11 @@ def build_app(pipeline: ResolvedPipeline, settings: RouterSettings) -> FastAPI:
     )
 
     videos = _video_runner(pipeline, settings, orchestrator, router_metrics)
+    voices = (
+        VoiceStore(settings.video_store, pipeline.namespace, pipeline.name, settings.max_voices)
+        if keeps_voices(pipeline.pipeline) and settings.video_store
+        else None
+    )
 
     async def follow_pipeline_file() -> None:
         async for new in new_versions(Path(settings.pipeline_file)):
@@ -171,6 +178,8 @@ def build_app(pipeline: ResolvedPipeline, settings: RouterSettings) -> FastAPI:
             follower.cancel()
             if videos is not None:
                 await videos.close()
+            if voices is not None:
+                await voices.close()
             await pool.close()
             await orchestrator.session.close()
             await client.aclose()
@@ -245,7 +254,9 @@ def build_app(pipeline: ResolvedPipeline, settings: RouterSettings) -> FastAPI:
         app.include_router(images_router(orchestrator, serving_ids))
         app.include_router(edits_router(orchestrator, serving_ids))
         app.include_router(chat_router(pipeline, orchestrator, serving_ids))
-        app.include_router(speech_router(pipeline, orchestrator, serving_ids))
+        app.include_router(speech_router(pipeline, orchestrator, serving_ids, voices))
+        if voices is not None:
+            app.include_router(voices_router(voices))
         app.include_router(generate_router(pipeline, orchestrator, serving_ids))
     else:
         known = KnownLimits(pool, client, {CREDENTIAL_HEADER: credential} if credential else {})

@@ -2,7 +2,8 @@
 audio qwen-tts's own generate_custom_voice makes for the seed (within one 16-bit step),
 in WAV, MP3 and as server-sent events with OpenAI's usage; what the model cannot speak
 is refused by name. `omnipipe serve tiny://qwen3-tts-base`: the voice of a reference clip
-sent with the request is generate_voice_clone's."""
+sent with the request is generate_voice_clone's, and so is that of the same clip uploaded
+once as a voice and named."""
 
 from __future__ import annotations
 
@@ -141,6 +142,18 @@ def test_a_base_model_speaks_in_the_voice_of_the_clip_sent() -> None:
             r = c.audio.speech.create(model=base, input=TEXT, voice="alloy", extra_body=spoken)
             with pytest.raises(openai.BadRequestError, match="clones the voice") as refused:
                 c.audio.speech.create(model=base, input=TEXT, voice="alloy")
+            # The same clip uploaded once as a voice, then spoken by its name.
+            wav_bytes = base64.b64decode(reference_clip.partition(",")[2])
+            made = httpx.post(
+                f"{serve.base_url}/audio/voices",
+                data={"name": "reader", "consent": "true"},
+                files={"audio_sample": ("reader.wav", wav_bytes, "audio/wav")},
+                timeout=30,
+            )
+            assert made.status_code == 200, made.text
+            by_name = c.audio.speech.create(
+                model=base, input=TEXT, voice="reader", extra_body=SPOKEN
+            )
     finally:
         stop_cleanly(serve)
     pcm = samples_of(r.content)
@@ -148,3 +161,4 @@ def test_a_base_model_speaks_in_the_voice_of_the_clip_sent() -> None:
     assert np.abs(pcm.astype(np.float64) - pcm_of(expected["wav"])).max() <= 1
     assert np.abs(pcm).max() > 10
     assert refused.value.body["param"] == "ref_audio"  # type: ignore[index]
+    assert by_name.content == r.content

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from omnipipe.api import constants as c
-from omnipipe.api.families import makes_video
+from omnipipe.api.families import needs_store
 from omnipipe.api.names import router_labels, router_object_name, router_selector
 from omnipipe.operator.builders.common import (
     Manifest,
@@ -35,8 +35,9 @@ def router_config_hash(ctx: BuildContext) -> str:
             "stages": [(s.name, s.role, s.inputs) for s in p.stages],
             **p.tracing.as_config(),
             **p.videos.as_config(),
-            # Only a video pipeline's router reads it: the others' hashes stay as they were.
-            **({"videoStore": ctx.video_store} if makes_video(p.pipeline) else {}),
+            # Only a video or voice-cloning pipeline's router reads it: the others' hashes
+            # stay as they were.
+            **({"videoStore": ctx.video_store} if needs_store(p.pipeline) else {}),
         }
     )
 
@@ -50,7 +51,7 @@ def _env(ctx: BuildContext) -> list[Manifest]:
     ):
         if ref is not None:
             env.append(secret_env(name, ref.name, ref.key))
-    if makes_video(ctx.pipeline.pipeline):
+    if needs_store(ctx.pipeline.pipeline):
         if (store := ctx.pipeline.videos.store_secret_ref) is not None:
             env.append(secret_env(c.VIDEO_STORE_ENV, store.name, store.key))
         elif ctx.video_store:

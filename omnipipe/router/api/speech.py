@@ -30,9 +30,11 @@ from omnipipe.router.api.common import (
     unless_disconnected,
 )
 from omnipipe.router.api.inputs import check_token_range
+from omnipipe.router.api.voices import NAME
 from omnipipe.router.errors import BadRequest, shown
 from omnipipe.router.orchestrator import Orchestrator
 from omnipipe.router.outputs import Output
+from omnipipe.router.voice_store import VoiceStore
 
 DEFAULT_SAMPLE_RATE = 24_000
 # Codec frames a request may ask for: a talker's context at most (32k for the released
@@ -134,8 +136,22 @@ class SpeechRequest(BaseModel):
     sampling_params_list: list[dict[str, Any] | None] | dict[str, Any] | None = None
 
 
+async def with_uploaded_voice(body: SpeechRequest, voices: VoiceStore | None) -> SpeechRequest:
+    """A `voice` that names an uploaded voice (and no ref_audio of its own) is spoken from
+    that voice's clip, as ref_audio with x_vector_only_mode."""
+    if voices is None or body.ref_audio is not None or not body.voice:
+        return body
+    if not NAME.fullmatch(body.voice) or (clip := await voices.clip(body.voice)) is None:
+        return body
+    ref_audio = "data:audio/wav;base64," + base64.b64encode(clip).decode()
+    return body.model_copy(update={"ref_audio": ref_audio, "x_vector_only_mode": True})
+
+
 def speech_router(
-    pipeline: ResolvedPipeline, orchestrator: Orchestrator, model_ids: Callable[[], set[str]]
+    pipeline: ResolvedPipeline,
+    orchestrator: Orchestrator,
+    model_ids: Callable[[], set[str]],
+    voices: VoiceStore | None = None,
 ) -> APIRouter:
     router = APIRouter()
 
@@ -192,7 +208,7 @@ def speech_router(
     async def speech(request: Request) -> Response:
         body = await parse_body(SpeechRequest, request)
         check_model(body.model, model_ids())
-        params, emitters = plan(body)
+        params, emitters = plan(await with_uploaded_voice(body, voices))
         # An adapter of the thinker named as the model shapes what the talker hears.
         set_stage_lora(params, orchestrator.serving_pipeline(), body.model, None)
         usage = SpeechUsage()

@@ -1,0 +1,186 @@
+"""/v1/audio/voices on a voice-cloning pipeline (Qwen3-TTS): a voice uploaded to one router
+is listed by another sharing its Redis, and by a router started afresh; speech that names
+it reaches the talker as that clip (ref_audio, x_vector_only_mode); deleted, it is gone
+everywhere. Bad uploads are 400s naming the field. The stages are fake workers
+(tests/unit/test_router_results.py) and the store a real redis-server."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import wave
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from omnipipe.api import ResolvedPipeline, parse_resource, resolve
+from omnipipe.local.video_store import start_redis
+from omnipipe.router.app import build_app
+from omnipipe.router.settings import RouterSettings
+from tests.unit import test_router_results
+from tests.unit.test_router_results import FakeWorker, results
+
+pytestmark = pytest.mark.timeout(60)
+serve_worker = test_router_results.serve_worker
+PCM = b"\x01\x00" * 2400  # 0.1 s at 24 kHz
+
+
+def tts(model: str = "tiny://qwen3-tts-base") -> ResolvedPipeline:
+    return resolve(
+        parse_resource(
+            {
+                "apiVersion": "omnipipe.io/v1alpha1",
+                "kind": "OmniPipeline",
+                "metadata": {"name": "tts"},
+                "spec": {"model": model, "pipeline": "qwen3-tts"},
+            }
+        )
+    )
+
+
+def wav(seconds: float, rate: int = 24000) -> bytes:
+    out = io.BytesIO()
+    with wave.open(out, "wb") as w:
+        w.setnchannels(1)
+        w.setsampwidth(2)
+        w.setframerate(rate)
+        w.writeframes(b"\x00\x10" * int(seconds * rate))
+    return out.getvalue()
+
+
+@contextmanager
+def routers(
+    tmp_path: Path, url: str, count: int = 1, **settings: Any
+) -> Iterator[list[TestClient]]:
+    """`count` routers of the pipeline over the fake workers at `url`, sharing one Redis
+    (started for the first call of the test, found again by the later ones)."""
+    replicas = tmp_path / "replicas.json"
+    replicas.write_text(json.dumps({s.name: [url] for s in tts().stages}))
+    store = (tmp_path / "store-url").read_text()
+    config = RouterSettings(replicas_file=str(replicas), video_store=store, **settings)
+    clients = [TestClient(build_app(tts(), config)) for _ in range(count)]
+    for c in clients:
+        c.__enter__()
+    try:
+        yield clients
+    finally:
+        for c in clients:
+            c.__exit__(None, None, None)
+
+
+@pytest.fixture
+def redis(tmp_path: Path) -> Iterator[None]:
+    server, url = start_redis(tmp_path / "redis")
+    (tmp_path / "store-url").write_text(url)
+    yield
+    server.terminate()
+    server.wait(10)
+
+
+def upload(client: TestClient, name: str, clip: bytes, **fields: str) -> Any:
+    return client.post(
+        "/v1/audio/voices",
+        data={"name": name, "consent": "true", **fields},
+        files={"audio_sample": ("voice.wav", clip, "audio/wav")},
+    )
+
+
+@pytest.mark.usefixtures("redis")
+def test_a_voice_uploaded_once_is_spoken_listed_and_deleted_across_routers(
+    tmp_path: Path, serve_worker: Callable[[FakeWorker], str]
+) -> None:
+    worker = FakeWorker(results({"audio": base64.b64encode(PCM).decode(), "sample_rate": 24000}))
+    url = serve_worker(worker)
+    clip = wav(1.5)
+    with routers(tmp_path, url, count=2) as (one, two):
+        made = upload(one, "narrator", clip, ref_text="Hello there.")
+        assert made.status_code == 200, made.text
+        assert made.json() | {"created_at": 0} == {
+            "object": "voice",
+            "name": "narrator",
+            "created_at": 0,
+            "seconds": 1.5,
+            "sample_rate": 24000,
+            "ref_text": "Hello there.",
+        }
+        assert [v["name"] for v in two.get("/v1/audio/voices").json()["data"]] == ["narrator"]
+        spoken = two.post(
+            "/v1/audio/speech",
+            json={"model": "tts", "input": "Hi.", "voice": "narrator", "response_format": "pcm"},
+        )
+        assert spoken.status_code == 200, spoken.text
+        assert upload(two, "narrator", clip).status_code == 409  # one voice of a name
+    talker = next(s for s in worker.submitted if s.params.get("input") == "Hi.")
+    assert talker.params["ref_audio"] == "data:audio/wav;base64," + base64.b64encode(clip).decode()
+    assert talker.params["x_vector_only_mode"] is True
+    # A router started afresh finds it; a delete through it is seen by the others.
+    with routers(tmp_path, url, count=2) as (three, four):
+        assert [v["name"] for v in three.get("/v1/audio/voices").json()["data"]] == ["narrator"]
+        gone = three.delete("/v1/audio/voices/narrator")
+        assert gone.json() == {"object": "voice.deleted", "name": "narrator", "deleted": True}
+        assert four.get("/v1/audio/voices").json()["data"] == []
+        assert four.delete("/v1/audio/voices/narrator").status_code == 404
+        # A voice that is not kept is passed on as it is: the talker refuses what it
+        # cannot speak.
+        four.post("/v1/audio/speech", json={"model": "tts", "input": "Bye.", "voice": "narrator"})
+    last = next(s for s in worker.submitted if s.params.get("input") == "Bye.")
+    assert "ref_audio" not in last.params
+
+
+@pytest.mark.usefixtures("redis")
+def test_bad_uploads_are_refused_by_field_and_the_count_is_bounded(
+    tmp_path: Path, serve_worker: Callable[[FakeWorker], str]
+) -> None:
+    url = serve_worker(FakeWorker(results({})))
+    with routers(tmp_path, url, max_voices=1) as (client,):
+        for param, response in [
+            ("name", upload(client, "no spaces", wav(1))),
+            ("name", upload(client, "x" * 65, wav(1))),
+            ("consent", upload(client, "a", wav(1), consent="no")),
+            ("audio_sample", upload(client, "a", b"RIFF....not a wav")),
+            ("audio_sample", upload(client, "a", wav(61, rate=8000))),
+            ("audio_sample", upload(client, "a", wav(0.5, rate=4000))),
+            ("audio_sample", upload(client, "a", b"\x00" * ((10 << 20) + 1))),
+        ]:
+            assert response.status_code == 400, (param, response.text)
+            assert response.json()["error"]["param"] == param, response.text
+        # Multipart with text parts only (httpx sends data alone url-encoded).
+        no_file = client.post(
+            "/v1/audio/voices", files={"name": (None, "a"), "consent": (None, "true")}
+        )
+        assert no_file.json()["error"]["param"] == "audio_sample"
+        url_encoded = client.post("/v1/audio/voices", data={"name": "a", "consent": "true"})
+        assert "multipart/form-data" in url_encoded.json()["error"]["message"]
+        as_json = client.post("/v1/audio/voices", json={"name": "a"})
+        assert as_json.status_code == 400
+        assert upload(client, "first", wav(1)).status_code == 200
+        full = upload(client, "second", wav(1))
+        assert full.status_code == 400
+        assert "at most 1 voices" in full.json()["error"]["message"]
+
+
+def test_a_pipeline_that_does_not_clone_keeps_no_voices(
+    tmp_path: Path, serve_worker: Callable[[FakeWorker], str]
+) -> None:
+    """Qwen-Image has no /v1/audio/voices: the route is not there."""
+    url = serve_worker(FakeWorker(results({})))
+    image = resolve(
+        parse_resource(
+            {
+                "apiVersion": "omnipipe.io/v1alpha1",
+                "kind": "OmniPipeline",
+                "metadata": {"name": "img"},
+                "spec": {"model": "tiny://qwen-image", "pipeline": "qwen-image"},
+            }
+        )
+    )
+    replicas = tmp_path / "replicas.json"
+    replicas.write_text(json.dumps({s.name: [url] for s in image.stages}))
+    config = RouterSettings(replicas_file=str(replicas), video_store="redis://127.0.0.1:1")
+    with TestClient(build_app(image, config)) as client:
+        assert client.get("/v1/audio/voices").status_code == 404
