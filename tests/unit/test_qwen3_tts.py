@@ -261,3 +261,29 @@ def test_long_speech_decoded_together_equals_qwen_tts_past_its_300_frame_windows
         wav = expected[f"decode-{i}"]["wav"]
         assert len(pcm) == len(wav) == 330 * 1920
         assert np.abs(pcm - pcm_of(wav)).max() <= 1
+
+
+def test_a_clip_sent_again_is_not_encoded_again() -> None:
+    """An uploaded voice comes with every request that names it: its x-vector is made
+    once (and equals the first), another clip's is made anew."""
+    base = load("qwen3-tts-base", Role.TALKER)
+    encoder = base.speaker_encoder
+    made: list[int] = []
+    original = encoder.x_vector
+
+    def counted(waveform: Any) -> torch.Tensor:
+        made.append(len(waveform))
+        vector: torch.Tensor = original(waveform)
+        return vector
+
+    encoder.x_vector = counted
+    try:
+        voice = {"input": TEXT, "x_vector_only_mode": True}
+        first = base.open(StageJob({**voice, "ref_audio": clip(1.0, seed=3)}, {})).voice
+        again = base.open(StageJob({**voice, "ref_audio": clip(1.0, seed=3)}, {})).voice
+        other = base.open(StageJob({**voice, "ref_audio": clip(1.0, seed=4)}, {})).voice
+    finally:
+        del encoder.x_vector
+    assert made == [24000, 24000]
+    assert torch.equal(first.x_vector, again.x_vector)
+    assert not torch.equal(first.x_vector, other.x_vector)

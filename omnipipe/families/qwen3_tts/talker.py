@@ -11,6 +11,8 @@ in the reference's order."""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -41,6 +43,7 @@ from omnipipe.stagekit.stage import (
 )
 
 MIN_TOKENS = 2  # generate() forces min_new_tokens=2
+X_VECTORS = 256  # reference clips whose x-vectors are kept (a few KB each)
 FIRST = "initial_codec_chunk_frames"
 # Prompt rows besides the text's own tokens: the codec's tags, the speaker, an instruction
 # (counted separately when asked for), tts_eos and the start row; a bound, not exact.
@@ -78,6 +81,7 @@ class TalkerStage(StreamingStage):
         model.load_checkpoint(self.model_path)
         self.model = model.to(self.device).eval()
         self.speaker_encoder: SpeakerEncoder | None = None
+        self.x_vectors: OrderedDict[bytes, torch.Tensor] = OrderedDict()
         if self.config.kind == "base":
             encoder = SpeakerEncoder(self.config.speaker_encoder)
             encoder.load_checkpoint(self.model_path, checkpoint_weights(Path(self.model_path)))
@@ -103,14 +107,20 @@ class TalkerStage(StreamingStage):
         return TalkerSession(self, job.params)
 
     def cloned(self, voice: Voice) -> Voice:
-        """A Base request's voice with its reference clip's x-vector."""
+        """A Base request's voice with its reference clip's x-vector, made once for the
+        last X_VECTORS clips seen (an uploaded voice is sent with every request that
+        names it)."""
         if voice.reference_clip is None:
             return voice
         assert self.speaker_encoder is not None
-        clip = reference_clip(voice.reference_clip)
-        return dataclasses.replace(
-            voice, reference_clip=None, x_vector=self.speaker_encoder.x_vector(clip)
-        )
+        key = hashlib.sha256(voice.reference_clip.encode()).digest()
+        x_vector = self.x_vectors.pop(key, None)
+        if x_vector is None:
+            x_vector = self.speaker_encoder.x_vector(reference_clip(voice.reference_clip))
+        self.x_vectors[key] = x_vector
+        while len(self.x_vectors) > X_VECTORS:
+            self.x_vectors.popitem(last=False)
+        return dataclasses.replace(voice, reference_clip=None, x_vector=x_vector)
 
 
 class TalkerSession(Session):

@@ -2,8 +2,8 @@
 speaker's consent, a name) is spoken by name in /v1/audio/speech's `voice` on a model
 that clones (Qwen3-TTS Base), and listed and deleted. The clip is kept in the router's
 Redis (router/voice_store.py), so every router replica of the pipeline speaks it and a
-restarted router still does; the talker makes its x-vector for each request that names
-it. The clip is checked from its WAV header here: bytes, seconds and sample rate."""
+restarted router still does; each talker replica makes its x-vector once. The clip is
+checked from its WAV header here: bytes, seconds and sample rate."""
 
 from __future__ import annotations
 
