@@ -12,6 +12,10 @@ first audio is its whole request.
 Targets (#42): first audio p50 at 16 clients at most 2x that at 1; audio per second at 16
 at least 4x that at 1.
 
+The anchor runs on one torch thread; omnipipe's talker and code2wav workers split the
+machine's cores between them (worker/threads.py). On the CPU the c1 ratios to qwen-tts
+compare a process against a pipeline of two, each with its own share.
+
     .venv/bin/python bench/tts.py [--quick] [--levels 1,4,16,32] [--requests 4]
 """
 
@@ -99,6 +103,8 @@ def level_of(url: str, clients: int, requests: int, max_new_tokens: int) -> dict
     wall = time.perf_counter() - started
     if errors:
         raise RuntimeError(f"{len(errors)} requests failed at {clients} clients: {errors[0]!r}")
+    if any(not r[2] for r in results):
+        raise RuntimeError(f"a request at {clients} clients got no audio")
     first = [r[0] for r in results]
     audio = sum(r[2] for r in results)
     return {

@@ -15,14 +15,18 @@ from pathlib import Path
 
 from omnipipe.api import ResolvedPipeline
 from omnipipe.api.constants import VIDEO_STORE_ENV
-from omnipipe.api.families import needs_store
+from omnipipe.api.families import makes_video, needs_store
 from omnipipe.local.children import die_with_parent
 
 START_TIMEOUT_SECONDS = 10.0
 
 
 def needs_video_store(pipeline: ResolvedPipeline) -> bool:
-    return needs_store(pipeline.pipeline) and not os.environ.get(VIDEO_STORE_ENV)
+    """A video pipeline needs the store; a voice-cloning one keeps uploaded voices in it
+    where redis-server is installed, and serves speech without it."""
+    if not needs_store(pipeline.pipeline) or os.environ.get(VIDEO_STORE_ENV):
+        return False
+    return makes_video(pipeline.pipeline) or shutil.which("redis-server") is not None
 
 
 def _answers(path: Path) -> bool:

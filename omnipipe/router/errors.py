@@ -6,9 +6,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from omnipipe.api.plain_text import plain_message, shown
-
-__all__ = ["shown"]  # the routes quote clients' values with it from here
+from omnipipe.api.plain_text import plain_message
 
 MAX_RELAYED_CHARS = 1000
 # No message is longer: one that quotes a client's value cut short keeps its two ends.

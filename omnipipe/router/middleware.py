@@ -29,7 +29,7 @@ OPEN_PATHS = frozenset({"/health", "/ready", "/metrics"})
 # has no commas; the models' contexts end long before a text of that many).
 MAX_BODY_SEPARATORS = 100_000
 # The routes that read multipart forms.
-FORM_PATHS = ("/v1/images/edits", "/v1/videos")
+FORM_PATHS = ("/v1/images/edits", "/v1/videos", "/v1/audio/voices")
 ADMIN_PREFIX = "/admin"
 
 

@@ -53,8 +53,9 @@ class RouterSettings(BaseSettings):
     """The Redis that keeps a video pipeline's jobs, and a voice-cloning pipeline's
     uploaded voices, shared by every router replica (redis://host:6379/0); required when
     the pipeline makes videos (without it a cloning pipeline keeps no voices)."""
-    max_voices: int = Field(default=100, ge=1, le=100_000)
-    """Most voices a cloning pipeline keeps (/v1/audio/voices)."""
+    max_voices: int = Field(default=32, ge=1, le=100_000)
+    """Most voices a cloning pipeline keeps (/v1/audio/voices): a clip is up to 10 MiB,
+    in the Redis that keeps video jobs too."""
     video_timeout_seconds: float = Field(default=3600.0, gt=0)
     """Longest one run of a video job may take (the stages' request timeout for it)."""
     video_jobs_per_replica: int = Field(default=2, ge=0, le=64)

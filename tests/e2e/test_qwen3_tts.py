@@ -21,7 +21,7 @@ import pytest
 
 from tests.e2e.conftest import Served, start_serve, stop_cleanly
 from tests.harness.tts_reference import pcm_of, reference_outputs
-from tests.unit.test_qwen3_tts import clip
+from tests.harness.voice_clips import clip
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -34,6 +34,8 @@ def peak_memory(call: Callable[[], object]) -> Peak:
         tracemalloc.stop()
     # The raw allocation records: the profiler's FunctionEvents fold each into the op
     # that made it, which loses the order of allocations and frees that a peak needs.
+    # kineto_results is torch's own (checked on torch 2.13); a torch without it fails
+    # here, and the Wan test's reference side, which must see a whole video, would too.
     records = sorted(
         (event.start_ns(), event.nbytes())
         for event in prof.profiler.kineto_results.events()

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import base64
 import functools
-import io
-import wave
+import json
+import shutil
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -19,6 +20,7 @@ from omnipipe.checkpoints.tiny import resolve_model_path
 from omnipipe.stagekit.stage import Chunk, StageInputError, StageJob, StreamingStage
 from omnipipe.worker.stage_classes import stage_class
 from tests.harness.tts_reference import pcm_of, reference_outputs
+from tests.harness.voice_clips import clip
 from tests.unit.test_omni_stages import spec
 
 # The first run builds three tiny checkpoints and runs qwen-tts once in its side
@@ -26,24 +28,6 @@ from tests.unit.test_omni_stages import spec
 pytestmark = pytest.mark.timeout(600)
 TEXT = "Hello world, this is a test."
 ONE_STEP = 1 / 32768  # a 16-bit sample's step
-
-
-def clip(seconds: float, rate: int = 24000, seed: int = 0) -> str:
-    """A reference clip to clone, as a data: URL of a 16-bit mono WAV: a gliding tone
-    with its harmonics and some breath (noise), seeded."""
-    t = np.arange(int(seconds * rate)) / rate
-    pitch = 110 + 60 * np.sin(2 * np.pi * 0.7 * t) + 20 * seed
-    phase = 2 * np.pi * np.cumsum(pitch) / rate
-    voiced = sum(np.sin(k * phase) / k for k in range(1, 6))
-    noise = np.random.default_rng(seed).normal(0, 0.05, len(t))
-    samples = np.clip(0.25 * voiced + noise, -1, 1)
-    out = io.BytesIO()
-    with wave.open(out, "wb") as wav:
-        wav.setnchannels(1)
-        wav.setsampwidth(2)
-        wav.setframerate(rate)
-        wav.writeframes((samples * 32767).astype("<i2").tobytes())
-    return "data:audio/wav;base64," + base64.b64encode(out.getvalue()).decode()
 
 
 CASES: dict[str, list[dict[str, Any]]] = {
@@ -287,3 +271,64 @@ def test_a_clip_sent_again_is_not_encoded_again() -> None:
     assert made == [24000, 24000]
     assert torch.equal(first.x_vector, again.x_vector)
     assert not torch.equal(first.x_vector, other.x_vector)
+
+
+def test_the_released_base_config_takes_qwen_tts_speaker_encoder_defaults(
+    tmp_path: Path,
+) -> None:
+    """The released Base configs give the speaker encoder only enc_dim and sample_rate:
+    the rest is Qwen3TTSSpeakerEncoderConfig's defaults, as qwen-tts reads them."""
+    from omnipipe.families.qwen3_tts.config import read_config
+    from omnipipe.families.qwen3_tts.speaker_encoder import SpeakerEncoder
+
+    checkpoint = Path(resolve_model_path("tiny://qwen3-tts-base"))
+    released = tmp_path / "base"
+    shutil.copytree(checkpoint, released, ignore=shutil.ignore_patterns("*.safetensors"))
+    doc = json.loads((released / "config.json").read_text())
+    doc["speaker_encoder_config"] = {"enc_dim": 2048, "sample_rate": 24000}
+    (released / "config.json").write_text(json.dumps(doc))
+    config = read_config(str(released)).speaker_encoder
+    assert config["enc_channels"] == [512, 512, 512, 512, 1536]
+    assert (config["enc_dim"], config["mel_dim"], config["enc_attention_channels"]) == (
+        2048,
+        128,
+        128,
+    )
+    encoder = SpeakerEncoder(config)
+    assert encoder.fc.out_channels == 2048
+    assert encoder.blocks[1].res2net_block.scale == 8
+
+
+def test_clips_too_short_are_refused_and_other_rates_resampled() -> None:
+    """Under a second is a 400 (the encoder's padding needs more, and so does a voice); a
+    48 kHz clip is resampled to 24 kHz with a low-pass filter: its x-vector is near the
+    24 kHz clip's, and another voice's is further away."""
+    from omnipipe.families.qwen3_tts.clips import reference_clip
+
+    with pytest.raises(StageInputError, match="at least 1 s") as short:
+        reference_clip(clip(0.5))
+    assert short.value.param == "ref_audio"
+    at_48k = reference_clip(clip(2.0, rate=48000))
+    assert len(at_48k) == pytest.approx(48000, abs=64)
+    encoder = load("qwen3-tts-base", Role.TALKER).speaker_encoder
+    same = torch.cosine_similarity(
+        encoder.x_vector(at_48k), encoder.x_vector(reference_clip(clip(2.0))), dim=0
+    )
+    other = torch.cosine_similarity(
+        encoder.x_vector(at_48k), encoder.x_vector(reference_clip(clip(2.0, seed=5))), dim=0
+    )
+    assert same > 0.99
+    assert same > other
+
+
+def test_a_model_with_presets_speaks_its_preset_whatever_clip_was_uploaded() -> None:
+    """The router sends an uploaded voice's clip (voice_clip) with every request that names
+    it: a CustomVoice model speaks its preset of that name and reads no clip; a Base model
+    clones the clip."""
+    custom = load("qwen3-tts-custom-voice", Role.TALKER)
+    uploaded = {"input": TEXT, "voice": "ryan", "voice_clip": clip(1.0)}
+    voice = custom.open(StageJob(uploaded, {})).voice
+    assert (voice.speaker, voice.x_vector) == ("ryan", None)
+    cloned = load("qwen3-tts-base", Role.TALKER).open(StageJob(uploaded, {})).voice
+    assert cloned.speaker is None
+    assert cloned.x_vector is not None

@@ -115,9 +115,13 @@ def test_a_voice_uploaded_once_is_spoken_listed_and_deleted_across_routers(
         )
         assert spoken.status_code == 200, spoken.text
         assert upload(two, "narrator", clip).status_code == 409  # one voice of a name
-    talker = next(s for s in worker.submitted if s.params.get("input") == "Hi.")
-    assert talker.params["ref_audio"] == "data:audio/wav;base64," + base64.b64encode(clip).decode()
-    assert talker.params["x_vector_only_mode"] is True
+    # The clip goes to the talker alone, as the uploaded voice's (a model with a preset of
+    # that name speaks its preset), never as the client's ref_audio.
+    sent = [s for s in worker.submitted if s.request_id == worker.submitted[-1].request_id]
+    talker = next(s for s in sent if s.params.get("input") == "Hi.")
+    assert talker.params["voice_clip"] == "data:audio/wav;base64," + base64.b64encode(clip).decode()
+    assert "ref_audio" not in talker.params
+    assert [s for s in sent if "voice_clip" in s.params] == [talker]
     # A router started afresh finds it; a delete through it is seen by the others.
     with routers(tmp_path, url, count=2) as (three, four):
         assert [v["name"] for v in three.get("/v1/audio/voices").json()["data"]] == ["narrator"]
@@ -127,9 +131,10 @@ def test_a_voice_uploaded_once_is_spoken_listed_and_deleted_across_routers(
         assert four.delete("/v1/audio/voices/narrator").status_code == 404
         # A voice that is not kept is passed on as it is: the talker refuses what it
         # cannot speak.
-        four.post("/v1/audio/speech", json={"model": "tts", "input": "Bye.", "voice": "narrator"})
+        bye = {"model": "tts", "input": "Bye.", "voice": "narrator", "response_format": "pcm"}
+        assert four.post("/v1/audio/speech", json=bye).status_code == 200
     last = next(s for s in worker.submitted if s.params.get("input") == "Bye.")
-    assert "ref_audio" not in last.params
+    assert "voice_clip" not in last.params
 
 
 @pytest.mark.usefixtures("redis")
@@ -184,3 +189,21 @@ def test_a_pipeline_that_does_not_clone_keeps_no_voices(
     config = RouterSettings(replicas_file=str(replicas), video_store="redis://127.0.0.1:1")
     with TestClient(build_app(image, config)) as client:
         assert client.get("/v1/audio/voices").status_code == 404
+
+
+def test_speech_does_not_depend_on_the_voices_store(
+    tmp_path: Path, serve_worker: Callable[[FakeWorker], str]
+) -> None:
+    """A store that does not answer (or was never there) leaves the voice as sent: the
+    speech is made, not a 503."""
+    worker = FakeWorker(results({"audio": base64.b64encode(PCM).decode(), "sample_rate": 24000}))
+    url = serve_worker(worker)
+    (tmp_path / "store-url").write_text("redis://127.0.0.1:1")  # nothing listens there
+    with routers(tmp_path, url) as (client,):
+        spoken = client.post(
+            "/v1/audio/speech",
+            json={"model": "tts", "input": "Hi.", "voice": "ryan", "response_format": "pcm"},
+        )
+        assert spoken.status_code == 200, spoken.text
+        assert spoken.content == PCM
+        assert client.get("/v1/audio/voices").status_code == 503

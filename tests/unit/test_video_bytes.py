@@ -1,6 +1,7 @@
-"""A finished video is kept in the store only up to OMNIPIPE_ROUTER_VIDEO_MAX_BYTES: a job
-whose MP4 is bigger fails with both sizes named, and one within it completes with its
-bytes. The stages are a fake worker's control API (tests/unit/test_router_results.py)
+"""A finished video's bytes in the router: a job whose MP4 is over
+OMNIPIPE_ROUTER_VIDEO_MAX_BYTES fails with both sizes named and one within it completes
+with its bytes; the content answers byte ranges and HEAD; slow downloads hold a part each,
+not the video. The stages are a fake worker's control API (tests/unit/test_router_results.py)
 standing in for tiny Wan's three workers; the store is a real redis-server."""
 
 from __future__ import annotations

@@ -28,6 +28,19 @@ GENERATE_DEFAULTS: dict[str, Any] = {
     "subtalker_temperature": 0.9,
     "max_new_tokens": 2048,
 }
+# Qwen3TTSSpeakerEncoderConfig's defaults: the released Base configs give only enc_dim and
+# sample_rate, and qwen-tts fills in the rest from these.
+SPEAKER_ENCODER_DEFAULTS: dict[str, Any] = {
+    "mel_dim": 128,
+    "enc_dim": 1024,
+    "enc_channels": [512, 512, 512, 512, 1536],
+    "enc_kernel_sizes": [5, 3, 3, 3, 1],
+    "enc_dilations": [1, 2, 3, 4, 1],
+    "enc_attention_channels": 128,
+    "enc_res2net_scale": 8,
+    "enc_se_channels": 128,
+    "sample_rate": 24000,
+}
 KINDS = ("custom_voice", "voice_design", "base")
 CHUNK_FRAMES = 25  # talker -> code2wav: 2 s of audio at 12.5 frames a second
 
@@ -119,7 +132,11 @@ def read_config(model_path: str) -> TTSConfig:
         tts_pad=int(doc["tts_pad_token_id"]),
         generate=generate,
         samples_per_frame=int(codec["decode_upsample_rate"]),
-        speaker_encoder=dict(doc.get("speaker_encoder_config") or {}) if kind == "base" else {},
+        speaker_encoder=(
+            {**SPEAKER_ENCODER_DEFAULTS, **(doc.get("speaker_encoder_config") or {})}
+            if kind == "base"
+            else {}
+        ),
     )
 
 

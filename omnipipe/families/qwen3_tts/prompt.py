@@ -10,7 +10,7 @@ pads, then the text in one of qwen-tts's two ways:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -29,8 +29,8 @@ class Voice:
     speaker: str | None
     language: str
     instruction: str | None
-    reference_clip: str | None = None
-    x_vector: torch.Tensor | None = None
+    reference_clip: str | None = field(default=None, compare=False)
+    x_vector: torch.Tensor | None = field(default=None, compare=False)
 
 
 # The assistant turn's template around the text, in tokens: "<|im_start|>assistant\n"
@@ -59,6 +59,9 @@ def language_code(config: TTSConfig, voice: Voice) -> int | None:
 
 @dataclass(frozen=True)
 class Prompt:
+    """The rows the talker is prefilled with, and what each step after them adds to the
+    frame it feeds back."""
+
     rows: torch.Tensor  # (1 x n x hidden)
     trailing: torch.Tensor  # (1 x k x hidden): what step i adds to its frame, i < k
     tts_pad: torch.Tensor  # (1 x 1 x hidden): what each later step adds

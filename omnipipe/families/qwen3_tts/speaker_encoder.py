@@ -55,7 +55,8 @@ def mel_filters(rate: int, n_fft: int, n_mels: int, f_min: float, f_max: float) 
 
 
 def log_mel(waveform: torch.Tensor, filters: torch.Tensor) -> torch.Tensor:
-    """(1, samples) at 24 kHz -> (1, frames, mels): qwen-tts's mel_spectrogram."""
+    """(1, samples) at 24 kHz -> (1, frames, mels): qwen-tts's mel_spectrogram. The reflect
+    padding needs more than (N_FFT - HOP) / 2 samples (clips.py asks for a second)."""
     padding = (N_FFT - HOP) // 2
     padded = functional.pad(waveform.unsqueeze(1), (padding, padding), mode="reflect").squeeze(1)
     spec = torch.stft(
@@ -203,8 +204,9 @@ class SpeakerEncoder(nn.Module):
         filters = self.filters
         assert isinstance(filters, torch.Tensor)
         with torch.inference_mode():
+            # On the CPU, as qwen-tts computes it: a GPU's STFT rounds differently.
             clip = torch.from_numpy(np.ascontiguousarray(waveform)).unsqueeze(0)
-            mels = log_mel(clip.to(filters.device), filters)
+            mels = log_mel(clip, filters.cpu()).to(filters.device)
             embedding: torch.Tensor = self(mels)[0]
         return embedding
 

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from omnipipe.families.qwen3_tts.clips import reference_clip
 from omnipipe.families.qwen3_tts.config import CHUNK_FRAMES, SPECIAL_CODES, TTSConfig, read_config
 from omnipipe.families.qwen3_tts.prompt import (
     Prompt,
@@ -29,7 +30,7 @@ from omnipipe.families.qwen3_tts.prompt import (
 )
 from omnipipe.families.qwen3_tts.speaker_encoder import SpeakerEncoder
 from omnipipe.families.qwen3_tts.talker_model import TalkerModel, checkpoint_weights
-from omnipipe.families.qwen3_tts.voices import reference_clip, voice_of
+from omnipipe.families.qwen3_tts.voices import voice_of
 from omnipipe.stagekit.code2wav import SAMPLE_RATE, chunk_codes
 from omnipipe.stagekit.params import int_param
 from omnipipe.stagekit.sampling import Sampling, next_token

@@ -9,21 +9,16 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
-from omnipipe.api.stage_spec import MediaLimits
 from omnipipe.families.qwen3_tts.config import TTSConfig
 from omnipipe.families.qwen3_tts.prompt import Voice
-from omnipipe.families.qwen3_tts.speaker_encoder import SAMPLE_RATE
-from omnipipe.stagekit.media import MediaBudget, charge_wav, decode_wav
 from omnipipe.stagekit.stage import StageInputError
 
 # /v1/audio/speech's task_type, vLLM-Omni's name for a checkpoint's kind: a client may
 # say which it expects, and a mismatch is refused rather than spoken otherwise.
 TASK_TYPES = {"custom_voice": "CustomVoice", "voice_design": "VoiceDesign", "base": "Base"}
 CLONING_FIELDS = ("ref_audio", "ref_text", "x_vector_only_mode")
-# A reference clip: qwen-tts's examples use 3 to 20 s; a minute is plenty for a voice.
-REFERENCE_LIMITS = MediaLimits(max_audio_clips=1, max_audio_clip_seconds=60.0)
+# The router's, for a Base request whose `voice` names an uploaded voice: that voice's clip.
+UPLOADED_CLIP = "voice_clip"
 
 
 def _text(params: dict[str, Any], name: str) -> str | None:
@@ -92,9 +87,9 @@ def voice_of(config: TTSConfig, params: dict[str, Any]) -> Voice:
 
 
 def _cloned(params: dict[str, Any], language: str, instruction: str | None) -> Voice:
-    """Base: the voice of `ref_audio`. qwen-tts's in-context mode (the clip's codes and
-    `ref_text` in the prompt) is not served yet, so x_vector_only_mode must say true;
-    `ref_text` is then not read, as in qwen-tts."""
+    """Base: the voice of `ref_audio`, or of the uploaded voice `voice` names. qwen-tts's
+    in-context mode (the clip's codes and `ref_text` in the prompt) is not served yet, so
+    a ref_audio needs x_vector_only_mode true; `ref_text` is then not read, as in qwen-tts."""
     if instruction is not None:
         raise StageInputError(
             "instructions: a Base model takes none; it speaks the voice of ref_audio",
@@ -102,9 +97,12 @@ def _cloned(params: dict[str, Any], language: str, instruction: str | None) -> V
         )
     clip = params.get("ref_audio")
     if clip is None or clip == "":
+        uploaded = params.get(UPLOADED_CLIP)
+        if isinstance(uploaded, str) and uploaded:
+            return Voice(None, language, None, reference_clip=uploaded)
         raise StageInputError(
-            "ref_audio: a Base model clones the voice of a reference clip; send one "
-            "(a WAV file, base64 or a data: URL)",
+            "ref_audio: a Base model clones the voice of a reference clip; send one (a WAV "
+            "file, base64 or a data: URL), or name a voice uploaded to /v1/audio/voices",
             "ref_audio",
         )
     if not isinstance(clip, str):
@@ -116,14 +114,3 @@ def _cloned(params: dict[str, Any], language: str, instruction: str | None) -> V
             "x_vector_only_mode",
         )
     return Voice(None, language, None, reference_clip=clip)
-
-
-def reference_clip(clip: str) -> np.ndarray:
-    """The reference clip (a WAV file, base64 or a data: URL) as mono float32 at 24 kHz,
-    refused past a minute or outside 8 to 192 kHz from its header, before it is decoded.
-    Another rate is resampled linearly, where qwen-tts uses soxr (librosa): the same
-    voice, not the same samples."""
-    if clip.startswith("data:"):
-        clip = clip.partition(",")[2]
-    charge_wav(clip, "ref_audio", MediaBudget(REFERENCE_LIMITS))
-    return decode_wav(clip, "ref_audio", SAMPLE_RATE)

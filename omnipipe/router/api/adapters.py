@@ -9,8 +9,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from omnipipe.api import ResolvedPipeline
 from omnipipe.api.adapters import MAX_SCALE
+from omnipipe.api.plain_text import shown
 from omnipipe.api.roles import Role
-from omnipipe.router.errors import BadRequest, shown
+from omnipipe.router.errors import BadRequest
 
 
 class LoraRequest(BaseModel):

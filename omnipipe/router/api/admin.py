@@ -13,7 +13,8 @@ from fastapi import APIRouter, Query
 from pydantic import BaseModel, ConfigDict, Field
 
 from omnipipe.api import ResolvedPipeline
-from omnipipe.router.errors import BadRequest, Conflict, StageUnavailable, shown
+from omnipipe.api.plain_text import shown
+from omnipipe.router.errors import BadRequest, Conflict, StageUnavailable
 from omnipipe.router.replicas import ReplicaPool
 
 # Waking a stage from sleep level 2 reloads its model: minutes on a real one.

@@ -41,7 +41,11 @@ def _span(header: str, length: int) -> tuple[int, int] | bool | None:
 PART_BYTES = 1 << 20
 
 
-def ranged(
+class BodyGone(Exception):
+    """The stored body went away before its first part was read."""
+
+
+async def ranged(
     length: int,
     read: Callable[[int, int], Awaitable[bytes]],
     media_type: str,
@@ -50,10 +54,12 @@ def ranged(
 ) -> Response:
     """The body (or a part of it) as the request's Range asks, streamed a part at a time
     as the client takes it; headers only for HEAD, which ignores Range (RFC 9110 defines
-    ranges for GET alone). `read(first, last)`: the body's bytes first..last, fewer when
-    it went away meanwhile (the response then ends short of its Content-Length, which a
-    client sees as a broken download). `etag`: the body's strong validator (it never
-    changes), for a client resuming with If-Range."""
+    ranges for GET alone). `read(first, last)`: the body's bytes first..last. The first
+    part is read before the status line, so a store that fails or a body gone by then is
+    the caller's error (read's exception, or BodyGone); later, a body that went away
+    ends the response short of its Content-Length, which a client sees as a broken
+    download. `etag`: the body's strong validator (it never changes), for a client
+    resuming with If-Range."""
     validator = f'"{etag}"'
     headers = {"Accept-Ranges": "bytes", "ETag": validator}
     head = request.method == "HEAD"
@@ -72,9 +78,14 @@ def ranged(
     headers["Content-Length"] = str(last - first + 1)
     if head:
         return Response(b"", status_code=status, headers=headers, media_type=media_type)
+    starts = range(first, last + 1, PART_BYTES)
+    opening = await read(first, min(first + PART_BYTES, last + 1) - 1)
+    if not opening:
+        raise BodyGone
 
     async def parts() -> AsyncIterator[bytes]:
-        for start in range(first, last + 1, PART_BYTES):
+        yield opening
+        for start in starts[1:]:
             end = min(start + PART_BYTES, last + 1) - 1
             part = await read(start, end)
             if part:

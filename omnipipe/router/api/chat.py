@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from omnipipe.api import ResolvedPipeline
 from omnipipe.api.families import RequestExtensions
+from omnipipe.api.plain_text import shown
 from omnipipe.api.spec import Role
 from omnipipe.router.api.adapters import LoraRequest, set_stage_lora
 from omnipipe.router.api.audio import pcm_of, wav_bytes
@@ -38,7 +39,7 @@ from omnipipe.router.api.common import (
 from omnipipe.router.api.images import parse_size
 from omnipipe.router.api.inputs import check_processor_kwargs, check_sampling, check_token_range
 from omnipipe.router.api.messages import MESSAGE_SCHEMA, thinker_messages
-from omnipipe.router.errors import BadRequest, OpenAIError, shown
+from omnipipe.router.errors import BadRequest, OpenAIError
 from omnipipe.router.orchestrator import Orchestrator
 from omnipipe.router.outputs import Output
 

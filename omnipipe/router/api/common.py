@@ -15,10 +15,11 @@ from pydantic import BaseModel, ValidationError
 
 from omnipipe.api import ResolvedPipeline
 from omnipipe.api.families import RequestExtensions, RequestProblem, family_of, load_attribute
+from omnipipe.api.plain_text import shown
 from omnipipe.api.spec import Role
 from omnipipe.api.stage_spec import Sampling
 from omnipipe.router.api.inputs import check_sampling, check_token_range
-from omnipipe.router.errors import BadRequest, ModelNotFound, shown
+from omnipipe.router.errors import BadRequest, ModelNotFound
 
 log = logging.getLogger(__name__)
 Body = TypeVar("Body", bound=BaseModel)

@@ -15,7 +15,7 @@ from starlette.datastructures import FormData, UploadFile
 from starlette.exceptions import HTTPException
 
 from omnipipe.api.edit import condition_size
-from omnipipe.api.plain_text import PLAIN_DECIMAL
+from omnipipe.api.plain_text import PLAIN_DECIMAL, shown
 from omnipipe.api.spec import Role
 from omnipipe.router.api.common import bad_request, check_model
 from omnipipe.router.api.images import (
@@ -32,7 +32,7 @@ from omnipipe.router.api.images import (
     response_fields,
 )
 from omnipipe.router.api.inputs import MAX_EDIT_IMAGE_BYTES, check_edit_image
-from omnipipe.router.errors import BadRequest, shown
+from omnipipe.router.errors import BadRequest
 from omnipipe.router.orchestrator import Orchestrator
 
 log = logging.getLogger(__name__)

@@ -25,6 +25,7 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from omnipipe.api import ResolvedPipeline
+from omnipipe.api.plain_text import shown
 from omnipipe.api.spec import Role
 from omnipipe.router.api.adapters import LoraRequest, lora_param, set_stage_lora
 from omnipipe.router.api.chat import AudioOptions, ChatPlan, ChatRequest
@@ -39,7 +40,7 @@ from omnipipe.router.api.common import (
 )
 from omnipipe.router.api.images import MAX_IMAGES, ImageGenerationRequest, image_params
 from omnipipe.router.api.messages import MESSAGE_SCHEMA
-from omnipipe.router.errors import BadRequest, OpenAIError, shown
+from omnipipe.router.errors import BadRequest, OpenAIError
 from omnipipe.router.orchestrator import Orchestrator
 from omnipipe.router.outputs import Output, OutputPart, StageDone
 

@@ -15,6 +15,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from omnipipe.api.plain_text import shown
 from omnipipe.api.spec import Role
 from omnipipe.router.api.adapters import LoraRequest, lora_param
 from omnipipe.router.api.common import (
@@ -29,7 +30,7 @@ from omnipipe.router.api.common import (
     unless_disconnected,
     with_family_checks,
 )
-from omnipipe.router.errors import BadRequest, OpenAIError, shown
+from omnipipe.router.errors import BadRequest, OpenAIError
 from omnipipe.router.orchestrator import Orchestrator
 from omnipipe.router.outputs import Output, OutputPart
 

@@ -13,7 +13,8 @@ import warnings
 import wave
 from typing import Any
 
-from omnipipe.router.errors import BadRequest, shown
+from omnipipe.api.plain_text import shown
+from omnipipe.router.errors import BadRequest
 
 # The thinker's limit on an input clip (stagekit/media.py holds the same).
 MAX_AUDIO_SECONDS = 300

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from omnipipe.api.plain_text import shown
 from omnipipe.router.api.inputs import MAX_VIDEOS, audio_part, image_part, video_part
-from omnipipe.router.errors import BadRequest, shown
+from omnipipe.router.errors import BadRequest
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 

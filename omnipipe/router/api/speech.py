@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import logging
 import random
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any, Literal
@@ -16,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from omnipipe.api import ResolvedPipeline
 from omnipipe.api.families import SPEECH_FIELDS, speech_fields
+from omnipipe.api.plain_text import shown
 from omnipipe.api.spec import Role
 from omnipipe.router.api.adapters import set_stage_lora
 from omnipipe.router.api.audio import pcm_of, wav_bytes
@@ -31,7 +33,7 @@ from omnipipe.router.api.common import (
 )
 from omnipipe.router.api.inputs import check_token_range
 from omnipipe.router.api.voices import NAME
-from omnipipe.router.errors import BadRequest, shown
+from omnipipe.router.errors import BadRequest, StageUnavailable
 from omnipipe.router.orchestrator import Orchestrator
 from omnipipe.router.outputs import Output
 from omnipipe.router.voice_store import VoiceStore
@@ -49,6 +51,9 @@ MEDIA_TYPES = {
     "aac": "audio/aac",
     "pcm": "audio/pcm",
 }
+
+
+log = logging.getLogger(__name__)
 
 
 class SpeechUsage:
@@ -136,15 +141,20 @@ class SpeechRequest(BaseModel):
     sampling_params_list: list[dict[str, Any] | None] | dict[str, Any] | None = None
 
 
-async def with_uploaded_voice(body: SpeechRequest, voices: VoiceStore | None) -> SpeechRequest:
-    """A `voice` that names an uploaded voice (and no ref_audio of its own) is spoken from
-    that voice's clip, as ref_audio with x_vector_only_mode."""
+async def uploaded_clip(body: SpeechRequest, voices: VoiceStore | None) -> str | None:
+    """The clip of the uploaded voice `voice` names, as a data: URL, for the talker alone:
+    a model with presets speaks its preset of that name and ignores it. A store that does
+    not answer leaves the voice as sent (speech does not depend on the voices' store)."""
     if voices is None or body.ref_audio is not None or not body.voice:
-        return body
-    if not NAME.fullmatch(body.voice) or (clip := await voices.clip(body.voice)) is None:
-        return body
-    ref_audio = "data:audio/wav;base64," + base64.b64encode(clip).decode()
-    return body.model_copy(update={"ref_audio": ref_audio, "x_vector_only_mode": True})
+        return None
+    if not NAME.fullmatch(body.voice):
+        return None
+    try:
+        clip = await voices.clip(body.voice)
+    except StageUnavailable:
+        log.warning("the voice store did not answer: voice %s is passed on as sent", body.voice)
+        return None
+    return None if clip is None else "data:audio/wav;base64," + base64.b64encode(clip).decode()
 
 
 def speech_router(
@@ -208,7 +218,11 @@ def speech_router(
     async def speech(request: Request) -> Response:
         body = await parse_body(SpeechRequest, request)
         check_model(body.model, model_ids())
-        params, emitters = plan(await with_uploaded_voice(body, voices))
+        clip = await uploaded_clip(body, voices)
+        params, emitters = plan(body)
+        talker = stage_with_role(pipeline, Role.TALKER)
+        if clip is not None and talker is not None:
+            params[talker] = {**params[talker], "voice_clip": clip}
         # An adapter of the thinker named as the model shapes what the talker hears.
         set_stage_lora(params, orchestrator.serving_pipeline(), body.model, None)
         usage = SpeechUsage()

@@ -22,7 +22,8 @@ from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException
 
 from omnipipe.api.param_limits import exceeded
-from omnipipe.router.api.byte_ranges import ranged
+from omnipipe.api.plain_text import shown
+from omnipipe.router.api.byte_ranges import BodyGone, ranged
 from omnipipe.router.api.common import (
     bad_request,
     check_model,
@@ -31,7 +32,7 @@ from omnipipe.router.api.common import (
     request_fields,
     with_family_checks,
 )
-from omnipipe.router.errors import BadRequest, Conflict, ModelNotFound, Overloaded, shown
+from omnipipe.router.errors import BadRequest, Conflict, ModelNotFound, Overloaded
 from omnipipe.router.orchestrator import Orchestrator
 from omnipipe.router.stage_limits import KnownLimits
 from omnipipe.router.videos.runner import UNFINISHED, VideoRunner, public
@@ -234,18 +235,26 @@ def videos_router(
                 f"video {video_id} is {job['status']}: its content is there once completed"
             )
         length = await store.content_length(video_id)
+        expired = VideoNotFound(f"video {video_id}'s content has expired", param="video_id")
         if not length:
-            raise VideoNotFound(f"video {video_id}'s content has expired", param="video_id")
+            raise expired
+        reading = False  # past the first part: the status line is out
 
         async def read(first: int, last: int) -> bytes:
+            nonlocal reading
+            if not reading:
+                reading = True
+                return await store.content_part(video_id, first, last)
             try:
                 return await store.content_part(video_id, first, last)
             except StoreUnavailable:
-                # The status went out with the first part: the download can only end short.
                 log.warning("video %s: the store went away mid-download", video_id)
                 return b""
 
-        return ranged(length, read, "video/mp4", request, etag=video_id)
+        try:
+            return await ranged(length, read, "video/mp4", request, etag=video_id)
+        except BodyGone:
+            raise expired from None
 
     @router.get("/v1/videos", response_model=None)
     async def listing(

@@ -18,7 +18,8 @@ from fastapi import APIRouter, Request
 from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException
 
-from omnipipe.router.errors import BadRequest, Conflict, ModelNotFound, shown
+from omnipipe.api.plain_text import shown
+from omnipipe.router.errors import BadRequest, Conflict, ModelNotFound
 from omnipipe.router.voice_store import VoicesFull, VoiceStore, VoiceTaken
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
@@ -86,7 +87,7 @@ async def _upload(request: Request) -> tuple[dict[str, str], bytes]:
         for key, value in form.multi_items():
             if isinstance(value, UploadFile):
                 if key != "audio_sample":
-                    raise BadRequest(f"{key}: a file where a text field belongs", param=key)
+                    raise BadRequest(f"{shown(key)}: a file where a text field belongs")
                 clip = await value.read(MAX_CLIP_BYTES + 1)
             else:
                 fields[key] = value
