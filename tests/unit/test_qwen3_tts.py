@@ -264,8 +264,14 @@ def test_a_clip_sent_again_is_not_encoded_again() -> None:
     try:
         voice = {"input": TEXT, "x_vector_only_mode": True}
         first = base.open(StageJob({**voice, "ref_audio": clip(1.0, seed=3)}, {})).voice
-        again = base.open(StageJob({**voice, "ref_audio": clip(1.0, seed=3)}, {})).voice
-        other = base.open(StageJob({**voice, "ref_audio": clip(1.0, seed=4)}, {})).voice
+        # As the worker opens a session: prepare() first, off the engine thread.
+        job = StageJob({**voice, "ref_audio": clip(1.0, seed=3)}, {})
+        base.prepare(job)
+        assert job.prepared[1] is None  # kept: not even decoded again
+        again = base.open(job).voice
+        job = StageJob({**voice, "ref_audio": clip(1.0, seed=4)}, {})
+        base.prepare(job)
+        other = base.open(job).voice
     finally:
         del encoder.x_vector
     assert made == [24000, 24000]

@@ -30,7 +30,7 @@ from omnipipe.families.qwen3_tts.prompt import (
 )
 from omnipipe.families.qwen3_tts.speaker_encoder import SpeakerEncoder
 from omnipipe.families.qwen3_tts.talker_model import TalkerModel, checkpoint_weights
-from omnipipe.families.qwen3_tts.voices import voice_of
+from omnipipe.families.qwen3_tts.voices import UPLOADED_CLIP, voice_of
 from omnipipe.stagekit.code2wav import SAMPLE_RATE, chunk_codes
 from omnipipe.stagekit.params import int_param
 from omnipipe.stagekit.sampling import Sampling, next_token
@@ -104,20 +104,31 @@ class TalkerStage(StreamingStage):
         ids: torch.Tensor = self.tokenizer(text, return_tensors="pt")["input_ids"]
         return ids.to(self.device)
 
-    def open(self, job: StageJob) -> Session:
-        return TalkerSession(self, job.params)
+    def prepare(self, job: StageJob) -> None:
+        """A Base request's reference clip, hashed and (unless its x-vector is kept)
+        decoded off the engine thread: up to a minute of audio, sent as base64."""
+        clip = job.params.get("ref_audio") or job.params.get(UPLOADED_CLIP)
+        if self.speaker_encoder is None or not isinstance(clip, str) or not clip:
+            return
+        key = hashlib.sha256(clip.encode()).digest()
+        job.prepared = (key, None if key in self.x_vectors else reference_clip(clip))
 
-    def cloned(self, voice: Voice) -> Voice:
+    def open(self, job: StageJob) -> Session:
+        return TalkerSession(self, job.params, job.prepared)
+
+    def cloned(self, voice: Voice, prepared: Any = None) -> Voice:
         """A Base request's voice with its reference clip's x-vector, made once for the
         last X_VECTORS clips seen (an uploaded voice is sent with every request that
-        names it)."""
+        names it). `prepared`: prepare()'s (clip hash, samples or None when kept)."""
         if voice.reference_clip is None:
             return voice
         assert self.speaker_encoder is not None
-        key = hashlib.sha256(voice.reference_clip.encode()).digest()
+        key, samples = prepared or (hashlib.sha256(voice.reference_clip.encode()).digest(), None)
         x_vector = self.x_vectors.pop(key, None)
         if x_vector is None:
-            x_vector = self.speaker_encoder.x_vector(reference_clip(voice.reference_clip))
+            if samples is None:
+                samples = reference_clip(voice.reference_clip)
+            x_vector = self.speaker_encoder.x_vector(samples)
         self.x_vectors[key] = x_vector
         while len(self.x_vectors) > X_VECTORS:
             self.x_vectors.popitem(last=False)
@@ -125,13 +136,13 @@ class TalkerStage(StreamingStage):
 
 
 class TalkerSession(Session):
-    def __init__(self, stage: TalkerStage, params: dict[str, Any]) -> None:
+    def __init__(self, stage: TalkerStage, params: dict[str, Any], prepared: Any = None) -> None:
         self.stage = stage
         config = stage.config
         text = params.get("input")
         if not isinstance(text, str) or not text.strip():
             raise StageInputError("input: a non-empty string is required", "input")
-        self.voice: Voice = stage.cloned(voice_of(config, params))
+        voice = voice_of(config, params)
         sampling = Sampling.from_params(stage.sampling, params.get("sampling"))
         sampling = sampling.with_request_seed(params)
         # generate() forces two codes before the end may be chosen: a request's own
@@ -154,8 +165,8 @@ class TalkerSession(Session):
             raise StageInputError(f"{FIRST}: at least 1 frame, not {self.first_chunk}", FIRST)
         self.text_ids = stage.token_ids(assistant_text(text))
         self.instruction_ids = (
-            stage.token_ids(instruction_text(self.voice.instruction))
-            if self.voice.instruction
+            stage.token_ids(instruction_text(voice.instruction))
+            if voice.instruction
             else None
         )
         # Each frame is one position in the talker's cache, past the prompt's.
@@ -169,6 +180,8 @@ class TalkerSession(Session):
                 f"{config.max_positions} positions), not {self.sampling.max_tokens}",
                 "max_new_tokens",
             )
+        # Last: a request refused above costs no speaker encoding.
+        self.voice: Voice = stage.cloned(voice, prepared)
         self.cache: Any = None
         self.length = 0  # positions in the talker's cache
         self.past_hidden: torch.Tensor | None = None
