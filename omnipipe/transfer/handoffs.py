@@ -16,7 +16,12 @@ from dataclasses import dataclass
 
 from omnipipe.transfer.auth import TransferRefused
 from omnipipe.transfer.base import SEND_ALONE, Outcome, Sender, Verdict
+from omnipipe.transfer.mailbox import UNCLAIMED
 from omnipipe.transfer.message import Message
+
+# Seconds between tries of a hand-off refused for lack of unclaimed room (1.5 s in all):
+# a submission sent at once with the input's request reaches its worker well within.
+CLAIM_WAITS = (0.05, 0.1, 0.2, 0.4, 0.75)
 
 
 @dataclass
@@ -66,12 +71,29 @@ class HandOffs:
         self, address: str, message: Message, pending: asyncio.Future[Verdict]
     ) -> None:
         verdict = await pending
-        if verdict.outcome is Outcome.REFUSED:
+        unclaimed = verdict.outcome is Outcome.REFUSED and UNCLAIMED in verdict.reason
+        if verdict.outcome is Outcome.REFUSED and not unclaimed:
             raise TransferRefused(
                 f"{address} refused request {message.request_id}: {verdict.reason}"
             )
-        if verdict.outcome is Outcome.BUSY:
-            await self.sender.send(address, message)
+        if verdict.outcome is Outcome.BUSY or unclaimed:
+            await self._send_alone(address, message)
+
+    async def _send_alone(self, address: str, message: Message) -> None:
+        """Sender.send, again a few times when the receiver's room for inputs of requests
+        not claimed yet is full: the router submits to every stage at once, so this input
+        may have come before its request's submission, whose claim gives it room. A
+        flood of inputs nobody will claim keeps that room full, and a real request's
+        hand-off waits out its own submission instead of failing."""
+        for pause in CLAIM_WAITS:
+            try:
+                await self.sender.send(address, message)
+                return
+            except TransferRefused as exc:
+                if UNCLAIMED not in str(exc):
+                    raise
+            await asyncio.sleep(pause)
+        await self.sender.send(address, message)
 
     def _flush(self, address: str) -> None:
         # A caller cancelled meanwhile takes its message back: it is never sent.

@@ -17,6 +17,9 @@ DEFAULT_MAX_BYTES = 1 << 30
 # requests a job is waiting on, so that a flood of inputs for requests that never come
 # (or a surge of new ones) cannot starve the requests already running.
 UNCLAIMED_SHARE = 0.75
+# What a refusal for lack of unclaimed room says: a sender whose request's submission has
+# not reached the receiver yet tries again shortly (HandOffs), since its claim frees it.
+UNCLAIMED = "which no job has claimed yet"
 
 
 class MailboxFull(Exception):
@@ -98,8 +101,8 @@ class Mailbox:
         unclaimed = not self._claimed(request_id)
         if unclaimed and self._unclaimed_bytes + nbytes > self.max_unclaimed_bytes:
             raise MailboxFull(
-                f"mailbox full: a {nbytes}-byte message for request {request_id}, which no "
-                f"job has claimed yet, would exceed the {self.max_unclaimed_bytes} bytes "
+                f"mailbox full: a {nbytes}-byte message for request {request_id}, {UNCLAIMED}, "
+                f"would exceed the {self.max_unclaimed_bytes} bytes "
                 f"that unclaimed inputs may hold of the {self.max_bytes}-byte cap "
                 f"({self._unclaimed_bytes} bytes held unclaimed)"
             )

@@ -330,3 +330,34 @@ async def test_batches_and_lone_messages_are_counted_as_frames(
     finally:
         await sender.close()
         await receiver.close()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+async def test_a_hand_off_before_its_submission_waits_for_the_claim_past_a_flood(
+    backend: str,
+) -> None:
+    """Inputs nobody will claim fill the unclaimed room; a real request's input that comes
+    before its own submission is refused for it, tried again, and taken once the
+    submission's claim arrives. An input whose request is never claimed still fails, in
+    about the 1.5 s of tries, with the mailbox's reason."""
+    mailbox = Mailbox(max_bytes=64 << 10)
+    receiver = make_receiver(backend, mailbox)
+    await receiver.start()
+    handoffs = HandOffs(make_sender(backend))
+    flood = Message("flood", "x", {"x": torch.zeros(mailbox.max_unclaimed_bytes // 4 - 1024)})
+    try:
+        await mailbox.put(flood)  # unclaimed, and most of the unclaimed room
+        sent = asyncio.create_task(handoffs.send(receiver.address, token("real", numel=2048)))
+        await asyncio.sleep(0.2)  # its first tries were refused meanwhile
+        assert not sent.done()
+        mailbox.claim("real")  # the submission arrives
+        await asyncio.wait_for(sent, GUARD)
+        assert (await _queued(mailbox, "real")).request_id == "real"
+        started = asyncio.get_running_loop().time()
+        with pytest.raises(TransferRefused, match="which no job has claimed yet"):
+            await handoffs.send(receiver.address, token("never", numel=2048))
+        assert 1.0 < asyncio.get_running_loop().time() - started < GUARD
+    finally:
+        await handoffs.close()
+        await handoffs.sender.close()
+        await receiver.close()

@@ -165,9 +165,7 @@ class TalkerSession(Session):
             raise StageInputError(f"{FIRST}: at least 1 frame, not {self.first_chunk}", FIRST)
         self.text_ids = stage.token_ids(assistant_text(text))
         self.instruction_ids = (
-            stage.token_ids(instruction_text(voice.instruction))
-            if voice.instruction
-            else None
+            stage.token_ids(instruction_text(voice.instruction)) if voice.instruction else None
         )
         # Each frame is one position in the talker's cache, past the prompt's.
         prompt = self.text_ids.shape[1] + PROMPT_TAGS
