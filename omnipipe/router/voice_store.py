@@ -9,12 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-import redis.asyncio as aioredis
-from redis.exceptions import RedisError
-
-from omnipipe.router.errors import StageUnavailable
-
-SOCKET_TIMEOUT_SECONDS = 5.0
+from omnipipe.router.redis_store import connect, reported
 
 # Adds a voice unless its name is taken (0) or the pipeline has as many as it keeps (2).
 _ADD = """
@@ -24,6 +19,7 @@ redis.call('HSET', KEYS[1], 'clip', ARGV[1], 'meta', ARGV[2])
 redis.call('SADD', KEYS[2], ARGV[4])
 return 1
 """
+_reported = reported("the voice store")
 
 
 class VoiceTaken(Exception):
@@ -34,66 +30,49 @@ class VoicesFull(Exception):
     """The pipeline keeps as many voices as it may."""
 
 
-def _unavailable(exc: RedisError) -> StageUnavailable:
-    return StageUnavailable("the voice store is unavailable; retry later", retry_after=5)
-
-
 class VoiceStore:
     def __init__(self, url: str, namespace: str, pipeline: str, max_voices: int) -> None:
         self.max_voices = max_voices
-        self.redis = aioredis.Redis.from_url(
-            url,
-            decode_responses=False,
-            socket_timeout=SOCKET_TIMEOUT_SECONDS,
-            socket_connect_timeout=SOCKET_TIMEOUT_SECONDS,
-        )
+        self.redis = connect(url)
         self.prefix = f"omnipipe:voices:{{{namespace}/{pipeline}}}:"
         self._add = self.redis.register_script(_ADD)
 
     def _key(self, name: str) -> str:
         return f"{self.prefix}voice:{name}"
 
+    @_reported
     async def add(self, name: str, clip: bytes, meta: dict[str, Any]) -> None:
-        try:
-            added = await self._add(
-                keys=[self._key(name), f"{self.prefix}names"],
-                args=[clip, json.dumps(meta), self.max_voices, name],
-            )
-        except RedisError as exc:
-            raise _unavailable(exc) from exc
+        added = await self._add(
+            keys=[self._key(name), f"{self.prefix}names"],
+            args=[clip, json.dumps(meta), self.max_voices, name],
+        )
         if added == 0:
             raise VoiceTaken(name)
         if added == 2:
             raise VoicesFull(name)
 
+    @_reported
     async def clip(self, name: str) -> bytes | None:
-        try:
-            raw = await self.redis.hget(self._key(name), "clip")
-        except RedisError as exc:
-            raise _unavailable(exc) from exc
+        raw = await self.redis.hget(self._key(name), "clip")
         return raw if raw is None or isinstance(raw, bytes) else raw.encode()
 
+    @_reported
     async def listed(self) -> list[dict[str, Any]]:
         """Every voice's meta, by name."""
-        try:
-            members = await self.redis.smembers(f"{self.prefix}names")
-            names = sorted(n.decode() if isinstance(n, bytes) else n for n in members)
-            async with self.redis.pipeline(transaction=False) as pipe:
-                for name in names:
-                    pipe.hget(self._key(name), "meta")
-                metas = await pipe.execute()
-        except RedisError as exc:
-            raise _unavailable(exc) from exc
+        members = await self.redis.smembers(f"{self.prefix}names")
+        names = sorted(n.decode() if isinstance(n, bytes) else n for n in members)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for name in names:
+                pipe.hget(self._key(name), "meta")
+            metas = await pipe.execute()
         return [json.loads(m) for m in metas if m is not None]
 
+    @_reported
     async def delete(self, name: str) -> bool:
-        try:
-            async with self.redis.pipeline(transaction=True) as tx:
-                tx.delete(self._key(name))
-                tx.srem(f"{self.prefix}names", name)
-                removed, _ = await tx.execute()
-        except RedisError as exc:
-            raise _unavailable(exc) from exc
+        async with self.redis.pipeline(transaction=True) as tx:
+            tx.delete(self._key(name))
+            tx.srem(f"{self.prefix}names", name)
+            removed, _ = await tx.execute()
         return bool(removed)
 
     async def close(self) -> None:

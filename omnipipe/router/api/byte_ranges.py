@@ -78,16 +78,16 @@ async def ranged(
     headers["Content-Length"] = str(last - first + 1)
     if head:
         return Response(b"", status_code=status, headers=headers, media_type=media_type)
-    starts = range(first, last + 1, PART_BYTES)
-    opening = await read(first, min(first + PART_BYTES, last + 1) - 1)
+    spans = [(s, min(s + PART_BYTES, last + 1) - 1) for s in range(first, last + 1, PART_BYTES)]
+    opening = await read(*spans[0])
     if not opening:
         raise BodyGone
 
     async def parts() -> AsyncIterator[bytes]:
-        yield opening
-        for start in starts[1:]:
-            end = min(start + PART_BYTES, last + 1) - 1
-            part = await read(start, end)
+        part = opening
+        for start, end in spans:
+            if start != first:
+                part = await read(start, end)
             if part:
                 yield part
             if len(part) < end - start + 1:

@@ -33,9 +33,10 @@ from omnipipe.router.api.common import (
 )
 from omnipipe.router.api.inputs import check_token_range
 from omnipipe.router.api.voices import NAME
-from omnipipe.router.errors import BadRequest, StageUnavailable
+from omnipipe.router.errors import BadRequest
 from omnipipe.router.orchestrator import Orchestrator
 from omnipipe.router.outputs import Output
+from omnipipe.router.redis_store import StoreUnavailable
 from omnipipe.router.voice_store import VoiceStore
 
 DEFAULT_SAMPLE_RATE = 24_000
@@ -151,7 +152,7 @@ async def uploaded_clip(body: SpeechRequest, voices: VoiceStore | None) -> str |
         return None
     try:
         clip = await voices.clip(body.voice)
-    except StageUnavailable:
+    except StoreUnavailable:
         log.warning("the voice store did not answer: voice %s is passed on as sent", body.voice)
         return None
     return None if clip is None else "data:audio/wav;base64," + base64.b64encode(clip).decode()

@@ -34,9 +34,10 @@ from omnipipe.router.api.common import (
 )
 from omnipipe.router.errors import BadRequest, Conflict, ModelNotFound, Overloaded
 from omnipipe.router.orchestrator import Orchestrator
+from omnipipe.router.redis_store import StoreUnavailable
 from omnipipe.router.stage_limits import KnownLimits
 from omnipipe.router.videos.runner import UNFINISHED, VideoRunner, public
-from omnipipe.router.videos.store import KeyReused, QueueFull, StoreUnavailable
+from omnipipe.router.videos.store import KeyReused, QueueFull
 
 log = logging.getLogger(__name__)
 
@@ -238,16 +239,16 @@ def videos_router(
         expired = VideoNotFound(f"video {video_id}'s content has expired", param="video_id")
         if not length:
             raise expired
-        reading = False  # past the first part: the status line is out
+        opening = True  # the first part's failure is the client's 503; later, the status is out
 
         async def read(first: int, last: int) -> bytes:
-            nonlocal reading
-            if not reading:
-                reading = True
-                return await store.content_part(video_id, first, last)
+            nonlocal opening
+            answered, opening = not opening, False
             try:
                 return await store.content_part(video_id, first, last)
             except StoreUnavailable:
+                if not answered:
+                    raise
                 log.warning("video %s: the store went away mid-download", video_id)
                 return b""
 

@@ -20,7 +20,8 @@ from typing import Any
 from omnipipe.router.errors import OpenAIError, Overloaded, StageUnavailable
 from omnipipe.router.metrics import RouterMetrics
 from omnipipe.router.orchestrator import Orchestrator
-from omnipipe.router.videos.store import StoreUnavailable, VideoStore
+from omnipipe.router.redis_store import StoreUnavailable
+from omnipipe.router.videos.store import VideoStore
 
 log = logging.getLogger(__name__)
 UNFINISHED = ("queued", "in_progress")

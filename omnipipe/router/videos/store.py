@@ -25,45 +25,15 @@ keys share a Redis Cluster slot, so its scripts may touch them all):
 
 from __future__ import annotations
 
-import functools
 import json
-from collections.abc import Awaitable, Callable
-from typing import Any, ParamSpec, TypeVar, cast
+from typing import Any, cast
 
-import redis.asyncio as aioredis
-from redis.exceptions import RedisError
-
-from omnipipe.router.errors import StageUnavailable
+from omnipipe.router.redis_store import connect, reported
 from omnipipe.router.videos import scripts
 
-P = ParamSpec("P")
-T = TypeVar("T")
+_reported = reported("the video job store")
 
 
-class StoreUnavailable(StageUnavailable):
-    """The Redis of the video jobs does not answer in time: a 503. What the call was
-    writing may still have been applied (a stalled Redis runs it once it wakes): a retried
-    create makes a second job unless both carry the same Idempotency-Key."""
-
-
-def _reported(call: Callable[P, Awaitable[T]]) -> Callable[P, Awaitable[T]]:
-    """A store call whose Redis failure is the client's 503, said plainly (the address
-    and the driver's words go to the log only)."""
-
-    @functools.wraps(call)
-    async def guarded(*args: P.args, **kwargs: P.kwargs) -> T:
-        try:
-            return await call(*args, **kwargs)
-        except RedisError as exc:
-            raise StoreUnavailable(
-                "the video job store is unavailable; retry later", retry_after=5
-            ) from exc
-
-    return guarded
-
-
-# A store that stops answering is a 503 in this long, not a hung request.
-SOCKET_TIMEOUT_SECONDS = 5.0
 # How long an Idempotency-Key names its job (Stripe's and OpenAI's day).
 IDEMPOTENCY_SECONDS = 24 * 3600
 
@@ -89,13 +59,7 @@ class VideoStore:
 
     def __init__(self, url: str, namespace: str, pipeline: str, max_unfinished: int = 1000) -> None:
         self.max_unfinished = max_unfinished
-        self.redis = aioredis.Redis.from_url(
-            url,
-            decode_responses=False,
-            socket_timeout=SOCKET_TIMEOUT_SECONDS,
-            socket_connect_timeout=SOCKET_TIMEOUT_SECONDS,
-            health_check_interval=30,
-        )
+        self.redis = connect(url)
         self.prefix = f"omnipipe:videos:{{{namespace}/{pipeline}}}:"
         self._take = self.redis.register_script(scripts.TAKE)
         self._claim = self.redis.register_script(scripts.CLAIM)
