@@ -293,6 +293,34 @@ CASES = [
         "to a denoiser stage, not a vae-decoder",
     ),
     Invalid(
+        "first-audio-scaling-of-a-denoiser",
+        lambda: with_spec(
+            stages=[
+                {
+                    "name": "denoise",
+                    "autoscaling": {"maxReplicas": 2, "metric": "first-audio-p90"},
+                }
+            ]
+        ),
+        "autoscaling.metric first-audio-p90 is timed by a talker or code2wav stage",
+        "spec.stages[denoise].autoscaling.metric: first-audio-p90 is timed by a talker or "
+        "code2wav stage, not a denoiser",
+    ),
+    Invalid(
+        "first-audio-scaling-of-a-custom-thinker",
+        lambda: custom(
+            {
+                "name": "llm",
+                "role": "thinker",
+                "engine": "vllm",
+                "autoscaling": {"maxReplicas": 2, "metric": "first-audio-p90"},
+            }
+        ),
+        "autoscaling.metric first-audio-p90 is timed by a talker or code2wav stage",
+        "spec.stages[llm].autoscaling.metric: first-audio-p90 is timed by a talker or "
+        "code2wav stage, not a thinker",
+    ),
+    Invalid(
         "step-cache-negative-threshold",
         lambda: with_stage(acceleration={"cache": {"threshold": -0.1}}),
         "spec.stages[0].acceleration.cache.threshold: Invalid value: -0.1",

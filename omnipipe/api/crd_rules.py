@@ -13,7 +13,8 @@ from omnipipe.api.adapters import ADAPTER_ROLES
 from omnipipe.api.crd_structural import Schema
 from omnipipe.api.families import CUSTOM, pipeline_types
 from omnipipe.api.resource import MAX_PIPELINE_NAME
-from omnipipe.api.roles import Role
+from omnipipe.api.roles import AUDIO_ROLES, Role
+from omnipipe.api.stage_spec import Metric
 
 
 def cel_str_list(items: tuple[str, ...] | list[str]) -> str:
@@ -133,30 +134,26 @@ def _thinker_adapters_whole() -> list[Schema]:
     return rules
 
 
-def _acceleration_on_denoisers() -> list[Schema]:
-    """acceleration only on a denoiser stage: its own role, or its type's default role for
-    a stage it names; one rule per type, as _per_pipeline's."""
+def _on_roles(present: str, roles: frozenset[Role], message: str) -> list[Schema]:
+    """A stage field (`present` is CEL over the stage `s`) set only on a stage of one of
+    the roles: its own role, or its type's default role for a stage it names; one rule
+    per type, as _per_pipeline's."""
     known = cel_str_list(list(pipeline_types()))
-    denoisers = [
-        (
-            f"self.pipeline != {json.dumps(name)}",
-            [s.name for s in p.stages if s.role is Role.DENOISER],
-        )
+    allowed = cel_str_list(sorted(r.value for r in roles))
+    typed = [
+        (f"self.pipeline != {json.dumps(name)}", [s.name for s in p.stages if s.role in roles])
         for name, p in pipeline_types().items()
     ]
-    denoisers.append((f"self.pipeline in {known}", []))
+    typed.append((f"self.pipeline in {known}", []))
     return [
         {
-            "rule": f"{skip} || !has(self.stages) || self.stages.all(s, "
-            "!has(s.acceleration) || "
-            f"(has(s.role) ? s.role == {json.dumps(Role.DENOISER.value)} : "
-            f"s.name in {cel_str_list(names)}))",
-            "message": "acceleration (step caching, CFG-parallel, quantization) applies to a "
-            "denoiser stage",
+            "rule": f"{skip} || !has(self.stages) || self.stages.all(s, !({present}) || "
+            f"(has(s.role) ? s.role in {allowed} : s.name in {cel_str_list(names)}))",
+            "message": message,
             "fieldPath": ".stages",
             "reason": "FieldValueInvalid",
         }
-        for skip, names in denoisers
+        for skip, names in typed
     ]
 
 
@@ -192,7 +189,17 @@ def stage_graph_rules() -> list[Schema]:
             "inputs must name earlier stages: the stage graph may not have cycles",
             "FieldValueInvalid",
         ),
-        *_acceleration_on_denoisers(),
+        *_on_roles(
+            "has(s.acceleration)",
+            frozenset({Role.DENOISER}),
+            "acceleration (step caching, CFG-parallel, quantization) applies to a denoiser stage",
+        ),
+        *_on_roles(
+            "has(s.autoscaling) && has(s.autoscaling.metric) && "
+            f"s.autoscaling.metric == {json.dumps(Metric.FIRST_AUDIO_P90.value)}",
+            AUDIO_ROLES,
+            "autoscaling.metric first-audio-p90 is timed by a talker or code2wav stage",
+        ),
         *_adapters_on_denoisers(),
         *_thinker_adapters_whole(),
     ]

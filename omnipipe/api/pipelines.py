@@ -17,8 +17,8 @@ from omnipipe.api.families import (
     pipeline_types,
 )
 from omnipipe.api.placement_spec import IMPLICIT_GROUP, Placement
-from omnipipe.api.roles import Engine, Role
-from omnipipe.api.stage_spec import Stage
+from omnipipe.api.roles import AUDIO_ROLES, Engine, Role
+from omnipipe.api.stage_spec import Metric, Stage
 
 
 class StageGraph(Protocol):
@@ -77,6 +77,7 @@ def check_stage_graph(spec: StageGraph) -> None:
                 f"the {spec.pipeline} pipeline does not define"
             )
     _check_acceleration(spec)
+    _check_first_audio(spec)
     _check_adapters(spec)
     _check_placement(spec)
     order = stage_order(spec)
@@ -137,6 +138,22 @@ def _check_acceleration(spec: StageGraph) -> None:
             raise ValueError(
                 f"spec.stages[{stage.name}].acceleration.cfgParallelSize: 2 needs two "
                 "devices: resources.gpus of 2 or more, or none (the CPU)"
+            )
+
+
+def _check_first_audio(spec: StageGraph) -> None:
+    """first-audio-p90 scales a stage that makes audio: elsewhere its series never exists
+    and the autoscaler would hold the stage at its count for good."""
+    known = pipeline_types().get(spec.pipeline)
+    roles = {s.name: s.role for s in known.stages} if known else {}
+    for stage in spec.stages:
+        role = stage.role or roles.get(stage.name)
+        scaling = stage.autoscaling
+        if scaling and scaling.metric is Metric.FIRST_AUDIO_P90 and role not in AUDIO_ROLES:
+            what = role.value if role else "stage with no role"
+            raise ValueError(
+                f"spec.stages[{stage.name}].autoscaling.metric: first-audio-p90 is timed by "
+                f"a talker or code2wav stage, not a {what}"
             )
 
 

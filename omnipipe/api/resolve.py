@@ -33,6 +33,7 @@ DEFAULT_TARGETS = {
     Metric.QUEUE_WAIT_P90: 1.0,
     Metric.KV_CACHE_USAGE: 0.8,
     Metric.VIDEO_JOBS: 2.0,
+    Metric.FIRST_AUDIO_P90: 1.0,
     Metric.PROMQL: 1.0,
 }
 

@@ -20,3 +20,8 @@ class Role(StrEnum):
     THINKER = "thinker"
     TALKER = "talker"
     CODE2WAV = "code2wav"
+
+
+# The stages whose first chunk of audio (codes or samples) the worker times
+# (omnipipe_stage_time_to_first_audio_seconds): what autoscaling on first-audio-p90 reads.
+AUDIO_ROLES = frozenset({Role.TALKER, Role.CODE2WAV})

@@ -25,6 +25,7 @@ class Metric(StrEnum):
     QUEUE_WAIT_P90 = "queue-wait-p90"
     KV_CACHE_USAGE = "kv-cache-usage"
     VIDEO_JOBS = "video-jobs"
+    FIRST_AUDIO_P90 = "first-audio-p90"
     PROMQL = "promql"
 
 
@@ -124,7 +125,9 @@ class Autoscaling(SpecModel):
     metric: Metric = Metric.INFLIGHT
     """Signal to scale on: inflight (running plus waiting requests per ready replica),
     queue-wait-p90 (seconds), kv-cache-usage (fraction, vLLM stages), video-jobs (a video
-    pipeline's unfinished jobs, queued or running, per replica) or promql (see query)."""
+    pipeline's unfinished jobs, queued or running, per replica), first-audio-p90 (seconds
+    from a request's submission to the stage's first audio: a talker or code2wav stage) or
+    promql (see query)."""
     target: Annotated[float, Field(gt=0)] | None = None
     """Target value of the metric per replica. Defaults depend on the metric."""
     query: Annotated[str, Field(min_length=1, max_length=4096)] | None = None

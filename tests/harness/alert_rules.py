@@ -18,6 +18,7 @@ RULES = CHART / "files/alerts.yaml"
 THRESHOLDS = {
     "OmnipipeEngineStalled": ("engineStallSeconds", "300"),
     "OmnipipeQueueWaitHigh": ("queueWaitObjectiveSeconds", "10"),
+    "OmnipipeFirstAudioSlow": ("firstAudioObjectiveSeconds", "2"),
     "OmnipipeErrorRatioHigh": ("errorRatio", "0.05"),
     "OmnipipeVideoJobsWaiting": ("videoJobWaitSeconds", "1800"),
 }

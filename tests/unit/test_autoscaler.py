@@ -168,6 +168,14 @@ def test_queries_select_the_stage_and_pick_the_signal_kind() -> None:
     assert jobs.kind is SignalKind.TOTAL
     assert jobs.value == f"sum(max by (status) ({every}))"
     assert jobs.demand.endswith(f" + sum(max by (status) ({every}))")
+    audio = signal_queries(
+        "ns", "t", "talker", Autoscaling(max_replicas=3, metric=Metric.FIRST_AUDIO_P90)
+    )
+    assert audio.kind is SignalKind.LEVEL
+    assert audio.value == (
+        "histogram_quantile(0.9, sum by (le) (rate(omnipipe_stage_time_to_first_audio_seconds"
+        '_bucket{namespace="ns",pipeline="t",stage="talker"}[1m])))'
+    )
     raw = signal_queries(
         "ns", "p", "s", Autoscaling(max_replicas=3, metric=Metric.PROMQL, query="vector(1)")
     )

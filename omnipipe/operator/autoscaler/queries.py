@@ -49,6 +49,14 @@ def signal_queries(namespace: str, pipeline: str, stage: str, policy: Autoscalin
             f"time() - max(timestamp(omnipipe_stage_requests_running{{{sel}}}))",
             demand,
         )
+    if policy.metric is Metric.FIRST_AUDIO_P90:
+        return SignalQueries(
+            SignalKind.LEVEL,
+            "histogram_quantile(0.9, sum by (le) "
+            f"(rate(omnipipe_stage_time_to_first_audio_seconds_bucket{{{sel}}}[1m])))",
+            f"time() - max(timestamp(omnipipe_stage_requests_running{{{sel}}}))",
+            demand,
+        )
     if policy.metric is Metric.KV_CACHE_USAGE:
         # vLLM's own gauge, which the worker re-exports with pipeline and stage labels.
         return SignalQueries(
