@@ -34,6 +34,7 @@ from omnipipe.router.api.generate import GenerateRequest, generate_router
 from omnipipe.router.api.images import ImageGenerationRequest, images_router
 from omnipipe.router.api.models import model_ids, models_router
 from omnipipe.router.api.speech import SpeechRequest, speech_router
+from omnipipe.router.api.speech_stream import speech_stream_router
 from omnipipe.router.api.video_only import video_only_router
 from omnipipe.router.api.videos import VideoCreateRequest, videos_router
 from omnipipe.router.api.voices import voices_router
@@ -255,6 +256,7 @@ def build_app(pipeline: ResolvedPipeline, settings: RouterSettings) -> FastAPI:
         app.include_router(edits_router(orchestrator, serving_ids))
         app.include_router(chat_router(pipeline, orchestrator, serving_ids))
         app.include_router(speech_router(pipeline, orchestrator, serving_ids, voices))
+        app.include_router(speech_stream_router(pipeline, orchestrator, serving_ids, voices))
         if voices is not None:
             app.include_router(voices_router(voices))
         app.include_router(generate_router(pipeline, orchestrator, serving_ids))

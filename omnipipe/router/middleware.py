@@ -80,6 +80,14 @@ class GuardMiddleware:
         return None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "websocket":
+            # The key as a request's, in the handshake's Authorization header. A refused
+            # handshake is closed before it is accepted: the client gets an HTTP 403.
+            if self._reject(scope) is not None:
+                await send({"type": "websocket.close", "code": 1008})
+                return
+            await self.app(scope, receive, send)
+            return
         if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
             await self.app(scope, receive, send)
             return

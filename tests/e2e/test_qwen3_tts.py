@@ -18,6 +18,7 @@ import httpx
 import numpy as np
 import openai
 import pytest
+import websockets.sync.client
 
 from tests.e2e.conftest import Served, start_serve, stop_cleanly
 from tests.harness.tts_reference import pcm_of, reference_outputs
@@ -103,6 +104,52 @@ def test_mp3_and_server_sent_events_with_usage(
     # The talker's prompt: the assistant turn around the text, byte by byte here.
     assert len(TEXT.encode()) < usage["input_tokens"] < 100
     assert usage["total_tokens"] == usage["input_tokens"] + usage["output_tokens"]
+
+
+def test_text_written_in_pieces_is_spoken_a_sentence_at_a_time_over_a_websocket(
+    client: openai.OpenAI, served: Served, expected: dict[str, np.ndarray]
+) -> None:
+    """WS /v1/audio/speech/stream: three sentences sent seven characters at a time come
+    back as three sentences of audio, in order; the first is qwen-tts's own for the seed,
+    and each is what /v1/audio/speech says for that sentence alone."""
+    sentences = [TEXT, "Bring a coat!", "Is it cold?"]
+    text = " ".join(sentences)
+    url = served.base_url.replace("http://", "ws://", 1) + "/audio/speech/stream"
+    config = {"model": MODEL, "voice": "vivian", "response_format": "pcm", **SPOKEN}
+    audio: dict[int, bytearray] = {}
+    spoken: list[str] = []
+    with websockets.sync.client.connect(url, open_timeout=30) as ws:
+        ws.send(json.dumps({"type": "session.config", "stream_audio": True, **config}))
+        for i in range(0, len(text), 7):
+            ws.send(json.dumps({"type": "input.text", "text": text[i : i + 7]}))
+        ws.send(json.dumps({"type": "input.done"}))
+        current = -1
+        while True:
+            message = ws.recv(timeout=120)
+            if isinstance(message, bytes):
+                audio[current].extend(message)
+                continue
+            event = json.loads(message)
+            assert event["type"] != "error", event
+            if event["type"] == "audio.start":
+                current = event["sentence_index"]
+                spoken.append(event["sentence_text"])
+                audio[current] = bytearray()
+            elif event["type"] == "audio.done":
+                assert event["total_bytes"] == len(audio[event["sentence_index"]])
+            elif event["type"] == "session.done":
+                assert event["total_sentences"] == 3
+                break
+    assert spoken == sentences
+    first = np.frombuffer(bytes(audio[0]), dtype="<i2")
+    assert len(first) == len(expected["wav"])
+    assert np.abs(first.astype(np.float64) - pcm_of(expected["wav"])).max() <= 1
+    for i, sentence in enumerate(sentences[1:], start=1):
+        alone = client.audio.speech.create(
+            model=MODEL, input=sentence, voice="vivian", response_format="pcm", extra_body=SPOKEN
+        )
+        assert len(audio[i]) > 0
+        assert bytes(audio[i]) == alone.content
 
 
 def test_what_the_model_cannot_speak_is_refused_by_name(client: openai.OpenAI) -> None:

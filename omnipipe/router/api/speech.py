@@ -158,6 +158,77 @@ async def uploaded_clip(body: SpeechRequest, voices: VoiceStore | None) -> str |
     return None if clip is None else "data:audio/wav;base64," + base64.b64encode(clip).decode()
 
 
+def speech_plan(
+    pipeline: ResolvedPipeline, body: SpeechRequest
+) -> tuple[dict[str, dict[str, Any]], set[str]]:
+    """Each stage's parameters for the request, and the stages whose outputs come back."""
+    thinker = stage_with_role(pipeline, Role.THINKER)
+    talker = stage_with_role(pipeline, Role.TALKER)
+    code2wav = stage_with_role(pipeline, Role.CODE2WAV)
+    reader = thinker or talker  # the stage that reads the text
+    if reader is None or code2wav is None:
+        raise BadRequest(f"model {shown(body.model)} does not produce speech", param="model")
+    if body.stream_format == "sse" and body.response_format == "wav":
+        raise BadRequest(
+            "stream_format sse sends the audio in pieces, and a WAV's header needs its "
+            "length: ask for pcm, mp3, aac, opus or flac",
+            param="response_format",
+        )
+    refuse_fields_not_taken(body, pipeline.pipeline)
+    overrides = sampling_overrides(pipeline, body.sampling_params_list)
+    if body.max_new_tokens is not None and talker is not None:
+        overrides[talker] = {**overrides.get(talker, {}), "max_tokens": body.max_new_tokens}
+        check_token_range(
+            {**pipeline.stage(talker).sampling, **overrides[talker]},
+            in_entry=False,
+            top_level="max_new_tokens",
+        )
+    common = {
+        "voice": body.voice,
+        "seed": body.seed if body.seed is not None else random.randrange(2**31),
+        # Only the fields its type takes are set (refuse_fields_not_taken).
+        **{name: getattr(body, name) for name in taken_fields(body)},
+    }
+    params: dict[str, dict[str, Any]] = {
+        s.name: {**common, "sampling": overrides.get(s.name)} for s in pipeline.stages
+    }
+    if thinker is not None:
+        params[thinker] = {
+            **params[thinker],
+            "messages": [{"role": "user", "content": body.input}],
+            "forced_reply": body.input,
+            "audio": True,
+        }
+    else:
+        params[reader] = {**params[reader], "input": body.input}
+    # The code2wav stage encodes and stretches (stagekit/audio_output.py).
+    params[code2wav] = {
+        **params[code2wav],
+        "response_format": body.response_format,
+        "speed": body.speed,
+    }
+    # Under SSE the reader's result counts the input's tokens for the usage.
+    return params, {code2wav, reader} if body.stream_format == "sse" else {code2wav}
+
+
+async def speech_outputs(
+    pipeline: ResolvedPipeline,
+    orchestrator: Orchestrator,
+    body: SpeechRequest,
+    voices: VoiceStore | None,
+    usage: SpeechUsage,
+) -> AsyncGenerator[Output]:
+    """The outputs that carry the request's audio, its usage counted into `usage`."""
+    clip = await uploaded_clip(body, voices)
+    params, emitters = speech_plan(pipeline, body)
+    talker = stage_with_role(pipeline, Role.TALKER)
+    if clip is not None and talker is not None:
+        params[talker] = {**params[talker], "voice_clip": clip}
+    # An adapter of the thinker named as the model shapes what the talker hears.
+    set_stage_lora(params, orchestrator.serving_pipeline(), body.model, None)
+    return usage.audio_of(orchestrator.stream(params, emitters))
+
+
 def speech_router(
     pipeline: ResolvedPipeline,
     orchestrator: Orchestrator,
@@ -166,68 +237,12 @@ def speech_router(
 ) -> APIRouter:
     router = APIRouter()
 
-    def plan(body: SpeechRequest) -> tuple[dict[str, dict[str, Any]], set[str]]:
-        thinker = stage_with_role(pipeline, Role.THINKER)
-        talker = stage_with_role(pipeline, Role.TALKER)
-        code2wav = stage_with_role(pipeline, Role.CODE2WAV)
-        reader = thinker or talker  # the stage that reads the text
-        if reader is None or code2wav is None:
-            raise BadRequest(f"model {shown(body.model)} does not produce speech", param="model")
-        if body.stream_format == "sse" and body.response_format == "wav":
-            raise BadRequest(
-                "stream_format sse sends the audio in pieces, and a WAV's header needs its "
-                "length: ask for pcm, mp3, aac, opus or flac",
-                param="response_format",
-            )
-        refuse_fields_not_taken(body, pipeline.pipeline)
-        overrides = sampling_overrides(pipeline, body.sampling_params_list)
-        if body.max_new_tokens is not None and talker is not None:
-            overrides[talker] = {**overrides.get(talker, {}), "max_tokens": body.max_new_tokens}
-            check_token_range(
-                {**pipeline.stage(talker).sampling, **overrides[talker]},
-                in_entry=False,
-                top_level="max_new_tokens",
-            )
-        common = {
-            "voice": body.voice,
-            "seed": body.seed if body.seed is not None else random.randrange(2**31),
-            # Only the fields its type takes are set (refuse_fields_not_taken).
-            **{name: getattr(body, name) for name in taken_fields(body)},
-        }
-        params: dict[str, dict[str, Any]] = {
-            s.name: {**common, "sampling": overrides.get(s.name)} for s in pipeline.stages
-        }
-        if thinker is not None:
-            params[thinker] = {
-                **params[thinker],
-                "messages": [{"role": "user", "content": body.input}],
-                "forced_reply": body.input,
-                "audio": True,
-            }
-        else:
-            params[reader] = {**params[reader], "input": body.input}
-        # The code2wav stage encodes and stretches (stagekit/audio_output.py).
-        params[code2wav] = {
-            **params[code2wav],
-            "response_format": body.response_format,
-            "speed": body.speed,
-        }
-        # Under SSE the reader's result counts the input's tokens for the usage.
-        return params, {code2wav, reader} if body.stream_format == "sse" else {code2wav}
-
     @router.post("/v1/audio/speech", response_model=None, openapi_extra=json_body(SpeechRequest))
     async def speech(request: Request) -> Response:
         body = await parse_body(SpeechRequest, request)
         check_model(body.model, model_ids())
-        clip = await uploaded_clip(body, voices)
-        params, emitters = plan(body)
-        talker = stage_with_role(pipeline, Role.TALKER)
-        if clip is not None and talker is not None:
-            params[talker] = {**params[talker], "voice_clip": clip}
-        # An adapter of the thinker named as the model shapes what the talker hears.
-        set_stage_lora(params, orchestrator.serving_pipeline(), body.model, None)
         usage = SpeechUsage()
-        outputs = usage.audio_of(orchestrator.stream(params, emitters))
+        outputs = await speech_outputs(pipeline, orchestrator, body, voices, usage)
         if body.response_format == "wav":
             pcm, rate = bytearray(), DEFAULT_SAMPLE_RATE
 
