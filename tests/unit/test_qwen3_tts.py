@@ -162,6 +162,44 @@ def test_codes_and_audio_equal_qwen_tts(
     assert np.abs(wav).max() > 10 * ONE_STEP  # audible: the comparison is not of silence
 
 
+def test_sessions_stepped_together_each_equal_qwen_tts(
+    reference: dict[str, dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The talker's sessions stepped as the worker hands them over (their code predictors
+    run as one batch), each opened a step after the last and ending at its own length:
+    every session's codes are still qwen-tts's own for its case, greedy or seeded."""
+    model = "qwen3-tts-custom-voice"
+    talker = load(model, Role.TALKER)
+    batches: list[int] = []
+    frames_of = talker.model.frames
+
+    def counted(past_hidden: torch.Tensor, *args: Any) -> Any:
+        batches.append(past_hidden.shape[0])
+        return frames_of(past_hidden, *args)
+
+    monkeypatch.setattr(talker.model, "frames", counted)
+    waiting = list(CASES[model])
+    live: dict[str, Any] = {}
+    codes: dict[str, list[torch.Tensor]] = {c["name"]: [] for c in waiting}
+    while waiting or live:
+        if waiting:
+            case = waiting.pop(0)
+            live[case["name"]] = talker.open(StageJob(params_of(case), {}))
+        names = list(live)
+        outcomes = talker.step_sessions([(live[n], []) for n in names])
+        for name, step in zip(names, outcomes, strict=True):
+            assert step is not None
+            assert not isinstance(step, Exception), step
+            if "codes" in step.tensors:
+                codes[name].append(step.tensors["codes"])
+            if step.done:
+                live.pop(name).close()
+    assert max(batches) == len(CASES[model])  # all three completed frames as one batch
+    for case in CASES[model]:
+        expected = reference[f"{model}-{case['name']}"]["codes"]
+        np.testing.assert_array_equal(torch.cat(codes[case["name"]]).numpy(), expected)
+
+
 def test_a_request_the_model_cannot_speak_is_refused_by_name() -> None:
     custom = load("qwen3-tts-custom-voice", Role.TALKER)
     design = load("qwen3-tts-voice-design", Role.TALKER)

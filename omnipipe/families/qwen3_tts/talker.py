@@ -39,6 +39,7 @@ from omnipipe.stagekit.stage import (
     Session,
     StageInputError,
     StageJob,
+    StepOutcome,
     StepResult,
     StreamingStage,
 )
@@ -116,6 +117,30 @@ class TalkerStage(StreamingStage):
     def open(self, job: StageJob) -> Session:
         return TalkerSession(self, job.params, job.prepared)
 
+    def step_sessions(self, work: Sequence[tuple[Session, Sequence[Chunk]]]) -> list[StepOutcome]:
+        """The sessions that complete a frame have their code predictors run as one batch
+        (fifteen forwards for them all, not fifteen each); then each steps its talker."""
+        framing = [s for s, _ in work if isinstance(s, TalkerSession) and s.completes_frame()]
+        if len(framing) > 1:
+            hidden, codes = [], []
+            for session in framing:
+                assert session.past_hidden is not None
+                assert session.code is not None
+                hidden.append(session.past_hidden)
+                codes.append(session.code)
+            try:
+                with torch.inference_mode():
+                    picked, embeds = self.model.frames(
+                        torch.cat(hidden), codes, [s.predictor_pick() for s in framing]
+                    )
+            except Exception as exc:  # the batch's failure is each of its sessions'
+                for session in framing:
+                    session.framed = exc
+            else:
+                for i, session in enumerate(framing):
+                    session.framed = (picked[i], embeds[i : i + 1])
+        return super().step_sessions(work)
+
     def cloned(self, voice: Voice, prepared: Any = None) -> Voice:
         """A Base request's voice with its reference clip's x-vector, made once for the
         last X_VECTORS clips seen (an uploaded voice is sent with every request that
@@ -188,6 +213,15 @@ class TalkerSession(Session):
         self.codes: list[int] = []  # first codes so far, for the repetition penalty
         self.frames: list[list[int]] = []
         self.sent = 0
+        # The frame the stage's batch completed for this step, or why it could not.
+        self.framed: tuple[list[int], torch.Tensor] | Exception | None = None
+
+    def completes_frame(self) -> bool:
+        """Its next step completes the frame of a first code chosen (not its prompt's)."""
+        return self.cache is not None and self.code is not None
+
+    def predictor_pick(self) -> Any:
+        return self._pick(self.predictor, [], ())
 
     def _pick(self, sampling: Sampling, seen: list[int], suppress: tuple[int, ...]) -> Any:
         def pick(logits: torch.Tensor) -> int:
@@ -233,8 +267,11 @@ class TalkerSession(Session):
                 assert self.code is not None
                 assert self.past_hidden is not None
                 assert self.prompt is not None
-                rest, frame = model.frame(
-                    self.past_hidden, self.code, self._pick(self.predictor, [], ())
+                framed, self.framed = self.framed, None
+                if isinstance(framed, Exception):
+                    raise framed
+                rest, frame = framed or model.frame(
+                    self.past_hidden, self.code, self.predictor_pick()
                 )
                 row = self.prompt.step_row(len(self.frames))
                 self.frames.append([self.code, *rest])

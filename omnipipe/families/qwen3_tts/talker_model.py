@@ -10,7 +10,7 @@ applied to all rows and then sliced."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -119,31 +119,44 @@ class TalkerModel(nn.Module):
         """The frame whose first code is `code`: the predictor's other codes, each chosen by
         `pick` from its logits, and the frame's summed embedding (1 x 1 x hidden), the
         talker's next input before its text row."""
+        picked, embeds = self.frames(past_hidden, [code], [pick])
+        return picked[0], embeds
+
+    def frames(
+        self,
+        past_hidden: torch.Tensor,
+        codes: Sequence[int],
+        picks: Sequence[Callable[[torch.Tensor], int]],
+    ) -> tuple[list[list[int]], torch.Tensor]:
+        """frame() for several sessions as one batch (past_hidden B x 1 x hidden, a first
+        code and a pick each): every frame starts the predictor afresh at position 0, so
+        the rows line up with no padding, whatever each session's length."""
         from transformers import DynamicCache
 
         device = past_hidden.device
-        first = self.codec_rows(torch.tensor([[code]], device=device))
+        first = self.codec_rows(torch.tensor([[c] for c in codes], device=device))
         cache = DynamicCache()
         embeds = torch.cat((past_hidden, first), dim=1)
-        picked: list[int] = []
+        picked: list[list[int]] = [[] for _ in codes]
         for group in range(len(self.predictor_heads)):
             if group > 0:
                 embeds = self.predictor_embeddings[group - 1](
-                    torch.tensor([[picked[-1]]], device=device)
+                    torch.tensor([[p[-1]] for p in picked], device=device)
                 )
             start = cache.get_seq_length()
-            positions = torch.arange(start, start + embeds.shape[1], device=device)[None]
+            positions = torch.arange(start, start + embeds.shape[1], device=device)
             out = self.predictor(
                 inputs_embeds=self.projection(embeds),
-                position_ids=positions,
+                position_ids=positions[None].expand(len(codes), -1),
                 past_key_values=cache,
                 use_cache=True,
             )
             logits = self.predictor_heads[group](out.last_hidden_state)[:, -1, :].float()
-            picked.append(pick(logits[0]))
+            for b, (row, pick) in enumerate(zip(picked, picks, strict=True)):
+                row.append(pick(logits[b]))
         rows = [first] + [
-            self.predictor_embeddings[i](torch.tensor([[c]], device=device))
-            for i, c in enumerate(picked)
+            self.predictor_embeddings[i](torch.tensor([[p[i]] for p in picked], device=device))
+            for i in range(len(self.predictor_heads))
         ]
         return picked, torch.cat(rows, dim=1).sum(1, keepdim=True)
 
