@@ -143,7 +143,10 @@ class AsyncOmni(ControlCalls):
         """Every emitting stage's outputs as they are made. `params` are the router's
         request fields: max_tokens, temperature, seed, voice; size, n,
         num_inference_steps, guidance_scale, negative_prompt, lora ({"name", "scale"}:
-        a LoRA adapter of spec.adapters).
+        a LoRA adapter of spec.adapters). A text-to-speech graph (Qwen3-TTS) reads the
+        prompt aloud: voice (a preset or an uploaded voice), seed, max_tokens (its codes),
+        and /v1/audio/speech's language, instructions, task_type, ref_audio,
+        x_vector_only_mode, speed and initial_codec_chunk_frames.
 
         A request_id names one running request of this client: a second generate() with
         the id of one still running raises DuplicateRequestId (a ValueError) at its first

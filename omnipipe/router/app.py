@@ -259,7 +259,7 @@ def build_app(pipeline: ResolvedPipeline, settings: RouterSettings) -> FastAPI:
         app.include_router(speech_stream_router(pipeline, orchestrator, serving_ids, voices))
         if voices is not None:
             app.include_router(voices_router(voices))
-        app.include_router(generate_router(pipeline, orchestrator, serving_ids))
+        app.include_router(generate_router(pipeline, orchestrator, serving_ids, voices))
     else:
         known = KnownLimits(pool, client, {CREDENTIAL_HEADER: credential} if credential else {})
         app.include_router(videos_router(orchestrator, serving_ids, videos, known))

@@ -20,6 +20,7 @@ import openai
 import pytest
 import websockets.sync.client
 
+from omnipipe.client import Omni, OmniError
 from tests.e2e.conftest import Served, start_serve, stop_cleanly
 from tests.harness.tts_reference import pcm_of, reference_outputs
 from tests.harness.voice_clips import clip
@@ -152,6 +153,26 @@ def test_text_written_in_pieces_is_spoken_a_sentence_at_a_time_over_a_websocket(
         assert bytes(audio[i]) == alone.content
 
 
+def test_the_python_api_speaks_the_prompt_as_the_speech_api_does(
+    served: Served, expected: dict[str, np.ndarray]
+) -> None:
+    """Omni.generate() of a text-to-speech graph reads its prompt aloud: the audio is
+    qwen-tts's own for the seed; what the model cannot take is an OmniError naming it."""
+    with Omni(base_url=served.base_url) as omni:
+        [result] = omni.generate(TEXT, voice="vivian", seed=42, language="english", max_tokens=30)
+        with pytest.raises(OmniError) as refused:
+            omni.generate(TEXT, voice="alloy")
+        with pytest.raises(OmniError) as imaged:
+            omni.generate(TEXT, output_modalities=["image"])
+    pcm = samples_of(result.audio_wav)
+    assert len(pcm) == len(expected["wav"])
+    assert np.abs(pcm.astype(np.float64) - pcm_of(expected["wav"])).max() <= 1
+    assert {o.final_output_type for o in result.outputs} == {"audio"}
+    assert {o.stage for o in result.outputs} == {"code2wav"}
+    assert (refused.value.status, refused.value.param) == (400, "voice")
+    assert (imaged.value.status, imaged.value.param) == (400, "output_modalities")
+
+
 def test_what_the_model_cannot_speak_is_refused_by_name(client: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError, match="dylan, ryan, vivian") as refused:
         client.audio.speech.create(model=MODEL, input=TEXT, voice="alloy")
@@ -201,6 +222,11 @@ def test_a_base_model_speaks_in_the_voice_of_the_clip_sent() -> None:
             by_name = c.audio.speech.create(
                 model=base, input=TEXT, voice="reader", extra_body=SPOKEN
             )
+        # The Python API speaks the uploaded voice too.
+        with Omni(base_url=serve.base_url) as omni:
+            [said] = omni.generate(
+                TEXT, voice="reader", seed=42, language="english", max_tokens=30
+            )
     finally:
         stop_cleanly(serve)
     pcm = samples_of(r.content)
@@ -209,3 +235,4 @@ def test_a_base_model_speaks_in_the_voice_of_the_clip_sent() -> None:
     assert np.abs(pcm).max() > 10
     assert refused.value.body["param"] == "ref_audio"  # type: ignore[index]
     assert by_name.content == r.content
+    assert samples_of(said.audio_wav).tobytes() == r.content[44:]  # the same, past the header

@@ -40,11 +40,31 @@ from omnipipe.router.api.common import (
 )
 from omnipipe.router.api.images import MAX_IMAGES, ImageGenerationRequest, image_params
 from omnipipe.router.api.messages import MESSAGE_SCHEMA
+from omnipipe.router.api.speech import (
+    MAX_SPOKEN_CHARS,
+    SpeechRequest,
+    speech_plan,
+    uploaded_clip,
+)
 from omnipipe.router.errors import BadRequest, OpenAIError
 from omnipipe.router.orchestrator import Orchestrator
 from omnipipe.router.outputs import Output, OutputPart, StageDone
+from omnipipe.router.voice_store import VoiceStore
 
 log = logging.getLogger(__name__)
+# The speech fields a text-to-speech graph's generate request may add (/v1/audio/speech's).
+SPEECH_EXTRA = frozenset(
+    {
+        "instructions",
+        "language",
+        "task_type",
+        "ref_audio",
+        "ref_text",
+        "x_vector_only_mode",
+        "speed",
+        "initial_codec_chunk_frames",
+    }
+)
 Modality = Literal["text", "audio", "image"]
 
 
@@ -116,11 +136,7 @@ def _plan(
         return plan.params, plan.emitters
     if stage_with_role(pipeline, Role.DENOISER) is None:
         # A text-to-speech graph: no thinker to chat with, no denoiser to draw.
-        raise BadRequest(
-            f"model {shown(body.model)} ({pipeline.pipeline}) speaks text given to it: "
-            "POST /v1/audio/speech",
-            param="model",
-        )
+        return speech_plan(pipeline, speech_request(pipeline, body))
     if wanted - {"image"}:
         raise BadRequest(
             f"model {shown(body.model)} ({pipeline.pipeline}) makes images only",
@@ -148,6 +164,40 @@ def _plan(
     if (lora := lora_param(orchestrator.serving_pipeline(), body.model, body.lora)) is not None:
         params["lora"] = lora
     return {stage: params for stage in orchestrator.stages}, set(orchestrator.outputs)
+
+
+def speech_request(pipeline: ResolvedPipeline, body: GenerateRequest) -> SpeechRequest:
+    """A text-to-speech graph's request: the prompt read aloud, as /v1/audio/speech would
+    with raw PCM; the speech fields a TTS model takes (language, instructions, ref_audio,
+    ...) come as the client's other fields, and max_tokens caps the talker's codes."""
+    if "image" in (body.output_modalities or []) or "text" in (body.output_modalities or []):
+        raise BadRequest(
+            f"model {shown(body.model)} ({pipeline.pipeline}) makes audio only",
+            param="output_modalities",
+        )
+    if body.prompt is None:
+        raise BadRequest(
+            f"model {shown(body.model)} reads a text prompt aloud: give prompt", param="prompt"
+        )
+    if len(body.prompt) > MAX_SPOKEN_CHARS:
+        raise BadRequest(
+            f"prompt: at most {MAX_SPOKEN_CHARS} characters are read aloud in one request",
+            param="prompt",
+        )
+    extra = {k: v for k, v in (body.model_extra or {}).items() if k in SPEECH_EXTRA}
+    return SpeechRequest.model_validate(
+        {
+            **extra,
+            "model": body.model,
+            "input": body.prompt,
+            "voice": body.voice,
+            "seed": body.seed,
+            "max_new_tokens": body.max_tokens,
+            "sampling_params_list": body.sampling_params_list,
+            "response_format": "pcm",
+        },
+        strict=True,
+    )
 
 
 def _line(request_id: str, event: dict[str, Any]) -> bytes:
@@ -192,7 +242,10 @@ async def _lines(
 
 
 def generate_router(
-    pipeline: ResolvedPipeline, orchestrator: Orchestrator, model_ids: Callable[[], set[str]]
+    pipeline: ResolvedPipeline,
+    orchestrator: Orchestrator,
+    model_ids: Callable[[], set[str]],
+    voices: VoiceStore | None = None,
 ) -> APIRouter:
     router = APIRouter()
 
@@ -202,8 +255,13 @@ def generate_router(
         check_model(body.model, model_ids())
         try:
             params, emitters = _plan(pipeline, orchestrator, body)
+            speaks = not {Role.THINKER, Role.DENOISER} & {s.role for s in pipeline.stages}
+            clip = await uploaded_clip(speech_request(pipeline, body), voices) if speaks else None
         except ValidationError as exc:  # an endpoint's own request, built from this one
             raise bad_request(exc, body.model_dump(mode="json")) from None
+        talker = stage_with_role(pipeline, Role.TALKER)
+        if clip is not None and talker is not None:
+            params[talker] = {**params[talker], "voice_clip": clip}
         outputs = orchestrator.stream_stages(params, emitters)
         # The first item before the status line: a request the stages refuse keeps its 4xx.
         first = await first_output(outputs)

@@ -40,6 +40,7 @@ from omnipipe.router.redis_store import StoreUnavailable
 from omnipipe.router.voice_store import VoiceStore
 
 DEFAULT_SAMPLE_RATE = 24_000
+MAX_SPOKEN_CHARS = 4096  # a request's text, as OpenAI's speech API takes it
 # Codec frames a request may ask for: a talker's context at most (32k for the released
 # Qwen-Omni talkers; at 50 codes a second that is Qwen2.5-Omni's 11 minutes).
 MAX_NEW_TOKENS = 32_768
@@ -116,7 +117,7 @@ class SpeechRequest(BaseModel):
     model_config = ConfigDict(extra="allow", allow_inf_nan=False)
 
     model: str
-    input: str = Field(min_length=1, max_length=4096)
+    input: str = Field(min_length=1, max_length=MAX_SPOKEN_CHARS)
     voice: str | None = None
     response_format: Literal["wav", "mp3", "flac", "opus", "aac", "pcm"] = "wav"
     """pcm: 16-bit little-endian mono at the X-Sample-Rate header's rate (24 kHz); opus in
