@@ -25,10 +25,11 @@ from omnipipe.api import ResolvedPipeline
 from omnipipe.api.constants import CREDENTIAL_HEADER, UPSTREAM_KEEP_ALIVE_SECONDS
 from omnipipe.api.families import keeps_voices, makes_video
 from omnipipe.api.loading import new_versions
+from omnipipe.api.roles import Role
 from omnipipe.api.tracing import make_tracer
 from omnipipe.router.api.admin import AdminService, admin_router
 from omnipipe.router.api.chat import ChatRequest, chat_router
-from omnipipe.router.api.common import error_param
+from omnipipe.router.api.common import error_param, stage_with_role
 from omnipipe.router.api.edits import ImageEditRequest, edits_router
 from omnipipe.router.api.generate import GenerateRequest, generate_router
 from omnipipe.router.api.images import ImageGenerationRequest, images_router
@@ -251,19 +252,6 @@ def build_app(pipeline: ResolvedPipeline, settings: RouterSettings) -> FastAPI:
 
     app.include_router(models_router(orchestrator.serving_pipeline, int(time.time())))
     credential = settings.pipeline_credential
-    if videos is None:
-        app.include_router(images_router(orchestrator, serving_ids))
-        app.include_router(edits_router(orchestrator, serving_ids))
-        app.include_router(chat_router(pipeline, orchestrator, serving_ids))
-        app.include_router(speech_router(pipeline, orchestrator, serving_ids, voices))
-        app.include_router(speech_stream_router(pipeline, orchestrator, serving_ids, voices))
-        if voices is not None:
-            app.include_router(voices_router(voices))
-        app.include_router(generate_router(pipeline, orchestrator, serving_ids, voices))
-    else:
-        known = KnownLimits(pool, client, {CREDENTIAL_HEADER: credential} if credential else {})
-        app.include_router(videos_router(orchestrator, serving_ids, videos, known))
-        app.include_router(video_only_router(pipeline))
     admin = AdminService(
         orchestrator.serving_pipeline,
         pool,
@@ -271,6 +259,19 @@ def build_app(pipeline: ResolvedPipeline, settings: RouterSettings) -> FastAPI:
         {CREDENTIAL_HEADER: credential} if credential else {},
         local=settings.replicas_file is not None,
     )
+    if videos is None:
+        app.include_router(images_router(orchestrator, serving_ids))
+        app.include_router(edits_router(orchestrator, serving_ids))
+        app.include_router(chat_router(pipeline, orchestrator, serving_ids))
+        app.include_router(speech_router(pipeline, orchestrator, serving_ids, voices))
+        app.include_router(speech_stream_router(pipeline, orchestrator, serving_ids, voices))
+        if stage_with_role(pipeline, Role.TALKER) is not None:
+            app.include_router(voices_router(voices, admin.preset_voices))
+        app.include_router(generate_router(pipeline, orchestrator, serving_ids, voices))
+    else:
+        known = KnownLimits(pool, client, {CREDENTIAL_HEADER: credential} if credential else {})
+        app.include_router(videos_router(orchestrator, serving_ids, videos, known))
+        app.include_router(video_only_router(pipeline))
     app.include_router(admin_router(admin))
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app

@@ -149,6 +149,11 @@ class Stage(ABC):
         which the router checks before it takes a request; read once, after load()."""
         return ()
 
+    def preset_voices(self) -> Sequence[str]:
+        """The voices the loaded model speaks by name (a TTS model's preset speakers, an
+        omni model's), which GET /v1/audio/voices lists; none for most stages."""
+        return ()
+
     def text_tokenizer(self) -> Any | None:
         """The tokenizer of the stage's text model (a transformers tokenizer, saved whole
         by get_tokenizer); None: the stage reads no text."""

@@ -241,6 +241,13 @@ class StageControl:
         runtime = self._loaded()
         return StageLimits(stage=self.stage, limits=runtime.param_limits).model_dump()
 
+    async def preset_voices(self) -> list[str]:
+        """The loaded model's voices by name; a stage asleep at level 2 cannot say."""
+        stage = self._loaded().stage
+        if stage is None:
+            raise ControlRefused(f"stage {self.stage} is asleep: its voices are not loaded")
+        return list(stage.preset_voices())
+
     async def tokenizer_files(self) -> dict[str, str]:
         """The tokenizer, as save_pretrained writes it: file name -> base64 content."""
         runtime = self._loaded()
@@ -327,6 +334,10 @@ def control_router(control: StageControl) -> APIRouter:
     @router.get("/limits")
     async def limits() -> dict[str, Any]:
         return await answer(control.limits())  # type: ignore[no-any-return]
+
+    @router.get("/voices")
+    async def voices() -> dict[str, Any]:
+        return {"stage": control.stage, "voices": await answer(control.preset_voices())}
 
     @router.get("/tokenizer")
     async def tokenizer() -> dict[str, Any]:

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import numpy as np
 import openai
 import pytest
@@ -126,6 +127,15 @@ def stream_events(client: openai.OpenAI, **kw: Any) -> list[tuple[float, str, An
             if choice.finish_reason:
                 events.append((now, "finish", choice.finish_reason))
     return events
+
+
+def test_the_voices_listing_names_the_speakers_of_the_checkpoint(served: Served) -> None:
+    """GET /v1/audio/voices of an omni model: the speakers its thinker hands the talker,
+    as the checkpoint spells them (Qwen3-Omni keys them in lower case; they are named
+    capitalised, as requests name them)."""
+    listed = httpx.get(f"{served.base_url}/audio/voices", timeout=30).json()
+    assert sorted(listed["voices"]) == ["Chelsie", "Ethan"]
+    assert all(v["preset"] for v in listed["data"])
 
 
 def test_stream_sends_text_first_and_audio_last(client: openai.OpenAI, variant: Variant) -> None:

@@ -173,6 +173,17 @@ def test_the_python_api_speaks_the_prompt_as_the_speech_api_does(
     assert (imaged.value.status, imaged.value.param) == (400, "output_modalities")
 
 
+def test_the_voices_listing_names_the_model_presets(served: Served) -> None:
+    """GET /v1/audio/voices on a CustomVoice model: its preset speakers, asked of the
+    talker, and no uploaded voice yet."""
+    listed = httpx.get(f"{served.base_url}/audio/voices", timeout=30)
+    assert listed.status_code == 200, listed.text
+    body = listed.json()
+    assert sorted(body["voices"]) == ["dylan", "ryan", "vivian"]
+    assert body["data"] == [{"object": "voice", "name": n, "preset": True} for n in body["voices"]]
+    assert body["uploaded_voices"] == []
+
+
 def test_what_the_model_cannot_speak_is_refused_by_name(client: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError, match="dylan, ryan, vivian") as refused:
         client.audio.speech.create(model=MODEL, input=TEXT, voice="alloy")
@@ -224,9 +235,7 @@ def test_a_base_model_speaks_in_the_voice_of_the_clip_sent() -> None:
             )
         # The Python API speaks the uploaded voice too.
         with Omni(base_url=serve.base_url) as omni:
-            [said] = omni.generate(
-                TEXT, voice="reader", seed=42, language="english", max_tokens=30
-            )
+            [said] = omni.generate(TEXT, voice="reader", seed=42, language="english", max_tokens=30)
     finally:
         stop_cleanly(serve)
     pcm = samples_of(r.content)

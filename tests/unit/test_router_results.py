@@ -119,6 +119,7 @@ class FakeWorker:
     cancelled: list[str] = field(default_factory=list)
     traceparents: list[str | None] = field(default_factory=list)
     submitted: list[SubmitRequest] = field(default_factory=list)
+    voices: list[str] | None = None  # GET /control/voices; None: a worker without it
 
     def app(self) -> FastAPI:
         app = FastAPI()
@@ -134,6 +135,12 @@ class FakeWorker:
                 "waiting": 0,
                 "transfer_address": "tcp://127.0.0.1:1",
             }
+
+        @app.get("/control/voices")
+        async def voices() -> JSONResponse:
+            if self.voices is None:
+                return JSONResponse({"detail": "Not Found"}, status_code=404)
+            return JSONResponse({"stage": "s", "voices": self.voices})
 
         @app.post("/v1/requests")
         async def submit(request: Request) -> StreamingResponse:

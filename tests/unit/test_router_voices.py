@@ -207,3 +207,22 @@ def test_speech_does_not_depend_on_the_voices_store(
         assert spoken.status_code == 200, spoken.text
         assert spoken.content == PCM
         assert client.get("/v1/audio/voices").status_code == 503
+
+
+@pytest.mark.usefixtures("redis")
+def test_the_listing_names_the_presets_the_stages_give_then_the_uploaded(
+    tmp_path: Path, serve_worker: Callable[[FakeWorker], str]
+) -> None:
+    worker = FakeWorker(results({"audio": "", "sample_rate": 24000}), voices=["vivian", "ryan"])
+    with routers(tmp_path, serve_worker(worker)) as [client]:
+        assert upload(client, "narrator", wav(1.5)).status_code == 200
+        assert upload(client, "vivian", wav(1.5)).status_code == 200  # a preset's name
+        body = client.get("/v1/audio/voices").json()
+    assert body["voices"] == ["vivian", "ryan", "narrator"]  # each stage asked, once each
+    assert [(v["name"], v["preset"]) for v in body["data"]] == [
+        ("vivian", True),
+        ("ryan", True),
+        ("narrator", False),
+        ("vivian", False),
+    ]
+    assert [v["name"] for v in body["uploaded_voices"]] == ["narrator", "vivian"]

@@ -101,6 +101,9 @@ class TalkerStage(StreamingStage):
         eos, vocab = self.config.eos, self.config.vocab
         self.suppressed = tuple(i for i in range(vocab - SPECIAL_CODES, vocab) if i != eos)
 
+    def preset_voices(self) -> list[str]:
+        return list(self.config.speakers)
+
     def token_ids(self, text: str) -> torch.Tensor:
         ids: torch.Tensor = self.tokenizer(text, return_tensors="pt")["input_ids"]
         return ids.to(self.device)

@@ -177,6 +177,21 @@ class AdminService:
             raise StageUnavailable("no ready replica gave its tokenizer; try again")
         raise Conflict("no stage has a tokenizer: " + "; ".join(refusals), code="unsupported")
 
+    async def preset_voices(self) -> list[str]:
+        """Every stage's preset voices (one ready replica asked per stage: its replicas
+        run one model), in the order the stages name them. A stage that cannot say now
+        adds none: the listing does not wait for it."""
+        stages = self._stages(None)
+        asked = [(s, next(iter(self._pool.urls(s, ready_only=True)), None)) for s in stages]
+        answers = await asyncio.gather(
+            *(self._call("GET", url, "/control/voices", None) for _, url in asked if url)
+        )
+        names: dict[str, None] = {}
+        for status, answer in answers:
+            if status == 200:
+                names.update(dict.fromkeys(str(v) for v in answer.get("voices", [])))
+        return list(names)
+
     def adapters(self) -> dict[str, Any]:
         return {
             "adapters": [

@@ -3,7 +3,8 @@ speaker's consent, a name) is spoken by name in /v1/audio/speech's `voice` on a 
 that clones (Qwen3-TTS Base), and listed and deleted. The clip is kept in the router's
 Redis (router/voice_store.py), so every router replica of the pipeline speaks it and a
 restarted router still does; each talker replica makes its x-vector once. The clip is
-checked from its WAV header here: bytes, seconds and sample rate."""
+checked from its WAV header here: bytes, seconds and sample rate. The listing also names
+the model's preset voices, on every pipeline that speaks."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import re
 import struct
 import time
 import wave
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -105,8 +107,30 @@ async def _upload(request: Request) -> tuple[dict[str, str], bytes]:
         await form.close()
 
 
-def voices_router(store: VoiceStore) -> APIRouter:
+def voices_router(
+    store: VoiceStore | None, presets: Callable[[], Awaitable[list[str]]]
+) -> APIRouter:
+    """The listing for every pipeline that speaks: the model's preset voices (asked of its
+    stages), then the uploaded ones; upload and delete where voices are kept (`store`)."""
     router = APIRouter()
+
+    @router.get("/v1/audio/voices", response_model=None)
+    async def listing() -> dict[str, Any]:
+        named = await presets()
+        uploaded = await store.listed() if store is not None else []
+        return {
+            "object": "list",
+            "data": [
+                *({"object": "voice", "name": n, "preset": True} for n in named),
+                *({**v, "preset": False} for v in uploaded),
+            ],
+            # vLLM-Omni's fields: every name, and the uploaded voices' entries.
+            "voices": [*named, *(v["name"] for v in uploaded if v["name"] not in named)],
+            "uploaded_voices": uploaded,
+        }
+
+    if store is None:
+        return router
 
     @router.post("/v1/audio/voices", response_model=None)
     async def upload(request: Request) -> dict[str, Any]:
@@ -136,10 +160,6 @@ def voices_router(store: VoiceStore) -> APIRouter:
                 param="name",
             ) from None
         return voice
-
-    @router.get("/v1/audio/voices", response_model=None)
-    async def listing() -> dict[str, Any]:
-        return {"object": "list", "data": await store.listed()}
 
     @router.delete("/v1/audio/voices/{name}", response_model=None)
     async def delete(name: str) -> dict[str, Any]:

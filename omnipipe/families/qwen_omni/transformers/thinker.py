@@ -76,6 +76,9 @@ class ThinkerStage(StreamingStage):
         speakers: dict[str, Any] = self.model.speaker_map
         return speakers
 
+    def preset_voices(self) -> list[str]:
+        return self.handoff.voices
+
     def text_tokenizer(self) -> Any:
         return self.tokenizer
 

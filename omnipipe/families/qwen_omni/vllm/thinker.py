@@ -79,6 +79,9 @@ class VllmThinkerBase(StreamingStage):
         """The checkpoint's speaker map; none by default."""
         return {}
 
+    def preset_voices(self) -> list[str]:
+        return self.handoff.voices
+
     def text_tokenizer(self) -> Any:
         return self.tokenizer
 
