@@ -25,6 +25,7 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from omnipipe.api import ResolvedPipeline
+from omnipipe.api.families import SPEECH_FIELDS
 from omnipipe.api.plain_text import shown
 from omnipipe.api.spec import Role
 from omnipipe.router.api.adapters import LoraRequest, lora_param, set_stage_lora
@@ -53,18 +54,7 @@ from omnipipe.router.voice_store import VoiceStore
 
 log = logging.getLogger(__name__)
 # The speech fields a text-to-speech graph's generate request may add (/v1/audio/speech's).
-SPEECH_EXTRA = frozenset(
-    {
-        "instructions",
-        "language",
-        "task_type",
-        "ref_audio",
-        "ref_text",
-        "x_vector_only_mode",
-        "speed",
-        "initial_codec_chunk_frames",
-    }
-)
+SPEECH_EXTRA = SPEECH_FIELDS | {"speed"}
 Modality = Literal["text", "audio", "image"]
 
 
