@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -104,29 +104,21 @@ def scaled_events(cluster: Cluster, namespace: str) -> str:
     ).stdout
 
 
-class Load:
-    """Concurrent image requests against the local workers until stopped."""
+class Clients:
+    """`count` openai clients of the local workers, each sending `call`'s request again
+    and again until stopped."""
 
-    def __init__(self, served: Served, concurrency: int) -> None:
+    def __init__(self, served: Served, count: int, call: Callable[[openai.OpenAI], object]) -> None:
         self.stop = threading.Event()
-        self.threads = [
-            threading.Thread(target=self._run, args=(served,)) for _ in range(concurrency)
-        ]
+        self.call = call
+        self.threads = [threading.Thread(target=self._run, args=(served,)) for _ in range(count)]
 
     def _run(self, served: Served) -> None:
         with openai.OpenAI(base_url=served.base_url, api_key="x", max_retries=0, timeout=120) as c:
             while not self.stop.is_set():
-                c.images.generate(
-                    model="scaled",
-                    prompt="load",
-                    # Denoise-bound, so that requests queue at denoise: at 256x256 the
-                    # decode took as long as 30 steps, and once every worker had its
-                    # own thread budget, requests waited at decode instead.
-                    size="64x64",
-                    extra_body={"num_inference_steps": 150},
-                )
+                self.call(c)
 
-    def __enter__(self) -> Load:
+    def __enter__(self) -> Clients:
         for t in self.threads:
             t.start()
         return self
@@ -137,6 +129,25 @@ class Load:
         self.stop.set()
         for t in self.threads:
             t.join(timeout=120)
+
+
+def _denoise_bound_image(c: openai.OpenAI) -> object:
+    return c.images.generate(
+        model="scaled",
+        prompt="load",
+        # Denoise-bound, so that requests queue at denoise: at 256x256 the decode took as
+        # long as 30 steps, and once every worker had its own thread budget, requests
+        # waited at decode instead.
+        size="64x64",
+        extra_body={"num_inference_steps": 150},
+    )
+
+
+class Load(Clients):
+    """Concurrent image requests against the local workers until stopped."""
+
+    def __init__(self, served: Served, concurrency: int) -> None:
+        super().__init__(served, concurrency, _denoise_bound_image)
 
 
 def test_scales_up_under_load_and_down_after_the_window(

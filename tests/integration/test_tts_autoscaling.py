@@ -5,8 +5,6 @@ first-audio-p90 while code2wav keeps its own count."""
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,7 +16,7 @@ from tests.e2e.conftest import Served, start_serve
 from tests.harness.cluster import Cluster
 from tests.harness.prometheus import Prometheus, prometheus
 from tests.integration.conftest import Operator, wait_for
-from tests.integration.test_autoscaling import replicas, stage_status
+from tests.integration.test_autoscaling import Clients, replicas, stage_status
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 NAME = "tts-scaled"
@@ -59,16 +57,14 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     s.stop()
 
 
-def speech_load(served: Served, stop: threading.Event) -> None:
-    with openai.OpenAI(base_url=served.base_url, api_key="x", max_retries=0, timeout=120) as c:
-        while not stop.is_set():
-            c.audio.speech.create(
-                model=NAME,
-                input="The train leaves at noon.",
-                voice="vivian",
-                response_format="pcm",
-                extra_body={"max_new_tokens": 20},
-            )
+def speak(c: openai.OpenAI) -> object:
+    return c.audio.speech.create(
+        model=NAME,
+        input="The train leaves at noon.",
+        voice="vivian",
+        response_format="pcm",
+        extra_body={"max_new_tokens": 20},
+    )
 
 
 def test_the_autoscaler_scales_a_talker_on_its_time_to_first_audio(
@@ -99,11 +95,7 @@ def test_the_autoscaler_scales_a_talker_on_its_time_to_first_audio(
     )
     assert replicas(cluster, namespace, NAME, "talker") == 1
 
-    stop = threading.Event()
-    threads = [threading.Thread(target=speech_load, args=(served, stop)) for _ in range(2)]
-    for t in threads:
-        t.start()
-    try:
+    with Clients(served, 2, speak):
         wait_for(
             "the talker to time first audio",
             lambda: any(float(r["value"][1]) > 0 for r in prom.query(count)),
@@ -114,11 +106,6 @@ def test_the_autoscaler_scales_a_talker_on_its_time_to_first_audio(
             lambda: (replicas(cluster, namespace, NAME, "talker") or 0) >= 2,
             timeout=90,
         )
-    finally:
-        stop.set()
-        started = time.monotonic()
-        for t in threads:
-            t.join(timeout=120 - (time.monotonic() - started))
     st = stage_status(cluster, namespace, NAME, "talker")
     assert st["metric"] == "first-audio-p90"
     assert st["metricValue"] > 0.001

@@ -4,8 +4,6 @@ operator scales the stage's Deployment in the real API server on kv-cache-usage.
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,7 +15,7 @@ from tests.e2e.conftest import Served, start_serve
 from tests.harness.cluster import Cluster
 from tests.harness.prometheus import Prometheus, prometheus
 from tests.integration.conftest import Operator, wait_for
-from tests.integration.test_autoscaling import replicas, stage_status
+from tests.integration.test_autoscaling import Clients, replicas, stage_status
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 NAME = "vllm-chat"
@@ -63,12 +61,10 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     s.stop()
 
 
-def chat_load(served: Served, stop: threading.Event) -> None:
-    with openai.OpenAI(base_url=served.base_url, api_key="x", max_retries=0, timeout=120) as c:
-        while not stop.is_set():
-            c.chat.completions.create(
-                model=NAME, messages=[{"role": "user", "content": "tell me everything"}]
-            )
+def chat(c: openai.OpenAI) -> object:
+    return c.chat.completions.create(
+        model=NAME, messages=[{"role": "user", "content": "tell me everything"}]
+    )
 
 
 def test_the_autoscaler_scales_a_vllm_thinker_on_its_kv_cache_usage(
@@ -98,11 +94,7 @@ def test_the_autoscaler_scales_a_vllm_thinker_on_its_kv_cache_usage(
     )
     assert replicas(cluster, namespace, NAME, "llm") == 1
 
-    stop = threading.Event()
-    threads = [threading.Thread(target=chat_load, args=(served, stop)) for _ in range(4)]
-    for t in threads:
-        t.start()
-    try:
+    with Clients(served, 4, chat):
         wait_for(
             "vLLM to report KV blocks in use",
             lambda: any(float(r["value"][1]) > 0 for r in prom.query(series)),
@@ -113,11 +105,6 @@ def test_the_autoscaler_scales_a_vllm_thinker_on_its_kv_cache_usage(
             lambda: (replicas(cluster, namespace, NAME, "llm") or 0) >= 2,
             timeout=90,
         )
-    finally:
-        stop.set()
-        started = time.monotonic()
-        for t in threads:
-            t.join(timeout=120 - (time.monotonic() - started))
     st = stage_status(cluster, namespace, NAME, "llm")
     assert st["metric"] == "kv-cache-usage"
     assert st["metricValue"] > 0
