@@ -164,6 +164,11 @@ def test_the_python_api_speaks_the_prompt_as_the_speech_api_does(
             omni.generate(TEXT, voice="alloy")
         with pytest.raises(OmniError) as imaged:
             omni.generate(TEXT, output_modalities=["image"])
+        # What a text-to-speech graph has no use for is refused, never dropped unsaid.
+        with pytest.raises(OmniError) as unused:
+            omni.generate(TEXT, voice="vivian", temperature=0.5)
+        with pytest.raises(OmniError) as too_long:
+            omni.generate(TEXT, voice="vivian", max_tokens=40_000)
     pcm = samples_of(result.audio_wav)
     assert len(pcm) == len(expected["wav"])
     assert np.abs(pcm.astype(np.float64) - pcm_of(expected["wav"])).max() <= 1
@@ -171,6 +176,8 @@ def test_the_python_api_speaks_the_prompt_as_the_speech_api_does(
     assert {o.stage for o in result.outputs} == {"code2wav"}
     assert (refused.value.status, refused.value.param) == (400, "voice")
     assert (imaged.value.status, imaged.value.param) == (400, "output_modalities")
+    assert (unused.value.status, unused.value.param) == (400, "temperature")
+    assert (too_long.value.status, too_long.value.param) == (400, "max_tokens")
 
 
 def test_the_voices_listing_names_the_model_presets(served: Served) -> None:

@@ -112,7 +112,8 @@ def test_three_sentences_written_in_pieces_are_spoken_in_order_with_one_seed(
             {"type": "audio.start", **where, "sentence_text": text, "format": "pcm"}
             | {"sample_rate": 24000},
             PCM,
-            {"type": "audio.done", **where, "total_bytes": len(PCM), "error": False},
+            {"type": "audio.done", **where, "total_bytes": len(PCM), "error": False}
+            | {"cancelled": False},
         ]
     done = {"type": "session.done", "utterance_index": 0, "total_sentences": 3}
     assert seen == [*expected, done | {"cancelled": False}]
@@ -180,7 +181,13 @@ def test_cancel_stops_the_stages_and_drops_what_waits(
         "total_sentences": 2,
         "cancelled": True,
     }
-    assert all(isinstance(m, bytes) for m in seen[:-1])  # no audio.done for the stopped one
+    # The stopped sentence's audio ends with its audio.done, marked so, before the end.
+    stopped = seen[-2]
+    assert stopped["type"] == "audio.done"
+    assert (stopped["sentence_index"], stopped["cancelled"], stopped["error"]) == (0, True, False)
+    audio = b"".join(m for m in seen[:-2] if isinstance(m, bytes))
+    assert stopped["total_bytes"] == len(PCM) + len(audio)  # what was sent, the first too
+    assert all(isinstance(m, bytes) for m in seen[:-2])
     assert after[0]["sentence_text"] == "After."
     assert after[0]["utterance_index"] == 1
     first = worker.submitted[0].request_id
@@ -266,3 +273,45 @@ def test_a_client_that_writes_far_ahead_of_speech_is_told_and_bounded(
         events_until(ws, "session.done")
     inputs = [s.params["input"] for s in worker.submitted if "input" in s.params]
     assert len(inputs) <= 2  # the slow one, and at most the next before the cancel
+
+
+@pytest.mark.parametrize("router", [FakeWorker(slow_first())], indirect=True)
+def test_cancel_ends_every_utterance_it_drops_and_never_waits(
+    router: tuple[TestClient, FakeWorker],
+) -> None:
+    """Utterance 0 ended (input.done) but not yet spoken, utterance 1 being written: a
+    cancel stops both, and each gets its session.done, cancelled, in order."""
+    client, _ = router
+    with client.websocket_connect("/v1/audio/speech/stream", headers=KEY) as ws:
+        ws.send_json({**CONFIG, "stream_audio": True})
+        ws.send_json({"type": "input.text", "text": "First one. Second one. Third one."})
+        ws.send_json({"type": "input.done"})
+        ws.send_json({"type": "input.text", "text": "Next utterance"})
+        assert ws.receive_json()["type"] == "audio.start"
+        ws.send_json({"type": "input.cancel"})
+        ws.send_json({"type": "input.cancel"})  # a second, at once: nothing left but itself
+        seen = [m for m in events_until(ws, "session.done") if isinstance(m, dict)]
+        seen += [events_until(ws, "session.done")[-1], events_until(ws, "session.done")[-1]]
+    assert seen[0]["type"] == "audio.done"
+    assert seen[0]["cancelled"] is True
+    ends = [(e["utterance_index"], e["total_sentences"], e["cancelled"]) for e in seen[1:]]
+    assert ends == [(0, 3, True), (1, 0, True), (2, 0, True)]
+
+
+def test_a_hostile_message_costs_little_and_is_named(
+    router: tuple[TestClient, FakeWorker],
+) -> None:
+    client, _ = router
+    with client.websocket_connect("/v1/audio/speech/stream", headers=KEY) as ws:
+        ws.send_text("[" * 100_000 + "]" * 100_000)  # past the parser's depth
+        assert ws.receive_json()["message"] == "a message is not JSON"
+        ws.send_text('{"type": "x", "a": [' + "0," * 100_001 + "0]}")
+        assert "100000 commas and colons" in ws.receive_json()["message"]
+        ws.send_json(CONFIG)
+        started = time.process_time()
+        for _ in range(5):  # runs of stops with no space after them: one pass each
+            ws.send_json({"type": "input.text", "text": "." * 4096})
+        ws.send_json({"type": "input.cancel"})
+        events_until(ws, "session.done")
+        # Was 1.2 to 1.6 s of CPU a message in the sentence splitter alone.
+        assert time.process_time() - started < 2.0

@@ -42,6 +42,7 @@ from omnipipe.router.api.common import (
 from omnipipe.router.api.images import MAX_IMAGES, ImageGenerationRequest, image_params
 from omnipipe.router.api.messages import MESSAGE_SCHEMA
 from omnipipe.router.api.speech import (
+    MAX_NEW_TOKENS,
     MAX_SPOKEN_CHARS,
     SpeechRequest,
     speech_plan,
@@ -55,6 +56,22 @@ from omnipipe.router.voice_store import VoiceStore
 log = logging.getLogger(__name__)
 # The speech fields a text-to-speech graph's generate request may add (/v1/audio/speech's).
 SPEECH_EXTRA = SPEECH_FIELDS | {"speed"}
+# The request's fields that a text-to-speech graph has no use for: refused when set,
+# never dropped unsaid.
+NOT_SPOKEN = frozenset(
+    {
+        "messages",
+        "temperature",
+        "top_p",
+        "mm_processor_kwargs",
+        "n",
+        "size",
+        "negative_prompt",
+        "num_inference_steps",
+        "guidance_scale",
+        "lora",
+    }
+)
 Modality = Literal["text", "audio", "image"]
 
 
@@ -168,6 +185,18 @@ def speech_request(pipeline: ResolvedPipeline, body: GenerateRequest) -> SpeechR
     if body.prompt is None:
         raise BadRequest(
             f"model {shown(body.model)} reads a text prompt aloud: give prompt", param="prompt"
+        )
+    if refused := sorted(NOT_SPOKEN & body.model_fields_set):
+        name = refused[0]
+        raise BadRequest(
+            f"model {shown(body.model)} ({pipeline.pipeline}) reads its prompt aloud and "
+            f"takes no {name}",
+            param=name,
+        )
+    if body.max_tokens is not None and body.max_tokens > MAX_NEW_TOKENS:
+        raise BadRequest(
+            f"max_tokens: at most {MAX_NEW_TOKENS} codes for speech, not {body.max_tokens}",
+            param="max_tokens",
         )
     if len(body.prompt) > MAX_SPOKEN_CHARS:
         raise BadRequest(

@@ -7,8 +7,14 @@ from __future__ import annotations
 import re
 
 # A sentence ends at . ! ? or an ellipsis followed by space (closing quotes and brackets
-# stay with it), at a full-width stop, which needs no space, or at a line break.
-_END = re.compile(r"""[.!?\u2026]+["'\u201d\u2019)\]]*\s+|[\u3002\uff01\uff1f\uff1b]+|\n+""")
+# stay with it), at a full-width stop, which needs no space, or at a line break. A match
+# starts only where a run of stops does, and takes its runs whole (possessive): a long
+# run of dots with no space after it costs one pass, not one per dot (4096 dots took a
+# second and a half of the router's loop).
+_END = re.compile(
+    r"""(?<![.!?\u2026])[.!?\u2026]++["'\u201d\u2019)\]]*+\s+"""
+    r"|[\u3002\uff01\uff1f\uff1b]+|\n+"
+)
 # Where a long sentence may be cut instead: after a clause's mark, else at a space.
 _CLAUSE = re.compile(r"[,;:\u3001\uff0c\u2014]\s*")
 # A sentence longer than this is spoken a clause at a time: the first audio of a long,

@@ -41,6 +41,9 @@ log = logging.getLogger(__name__)
 # Sentences waiting to be spoken: a client that writes far faster than speech is made is
 # told so, not left to grow the router's memory.
 MAX_QUEUED_SENTENCES = 256
+# Commas and colons a message may hold, as an HTTP body's (router/middleware.py): JSON
+# members cost the loop a microsecond each, and a config is a few dozen.
+MAX_SEPARATORS = 100_000
 # One input.text message at most: as much as one speech request's input.
 MAX_TEXT_CHARS = 4096
 # A connection with nothing to speak and no message for this long is closed.
@@ -56,6 +59,8 @@ class Sentence:
     text: str
     config: SpeechRequest
     stream_audio: bool
+    started: bool = False  # audio.start sent
+    sent: int = 0  # audio bytes sent
 
 
 @dataclass
@@ -97,6 +102,9 @@ class SpeechStream:
         self.session = Session()
         self.queue: asyncio.Queue[Sentence | UtteranceEnd] = asyncio.Queue()
         self.speaking: asyncio.Task[None] | None = None
+        # The sentence being spoken, in a task of its own: input.cancel stops it alone,
+        # and never waits for it.
+        self.current: asyncio.Task[None] | None = None
         self.sending = asyncio.Lock()
 
     async def send(self, event: dict[str, Any] | bytes) -> None:
@@ -111,8 +119,13 @@ class SpeechStream:
         try:
             await self.read()
         finally:
-            self.speaking.cancel()
-            await asyncio.gather(self.speaking, return_exceptions=True)
+            for task in (self.current, self.speaking):
+                if task is not None:
+                    task.cancel()
+            await asyncio.gather(
+                *(t for t in (self.current, self.speaking) if t is not None),
+                return_exceptions=True,
+            )
 
     async def read(self) -> None:
         while True:
@@ -135,9 +148,15 @@ class SpeechStream:
         """One client message; False once the client closes the session."""
         if message.get("text") is None:
             raise BadRequest("messages are JSON text frames; a binary frame was sent")
+        text = message["text"]
+        if text.count(",") + text.count(":") > MAX_SEPARATORS:
+            raise BadRequest(
+                f"a message holds over {MAX_SEPARATORS} commas and colons: far more than "
+                "any message of this protocol needs"
+            )
         try:
-            event = json.loads(message["text"])
-        except ValueError:
+            event = json.loads(text)
+        except (ValueError, RecursionError):  # nested past the parser's depth: no message
             raise BadRequest("a message is not JSON") from None
         kind = event.get("type") if isinstance(event, dict) else None
         if kind == "session.config":
@@ -239,15 +258,20 @@ class SpeechStream:
         session.sentences = 0
 
     async def cancel(self) -> None:
-        """Stop the sentence being spoken and drop the rest of the utterance."""
+        """Stop speaking: the sentence being spoken (its stages cancelled) and every one
+        waiting, of this utterance and of those already ended, each of which still gets
+        its session.done (cancelled)."""
         self.session.splitter.clear()
+        ended: list[UtteranceEnd] = []
         while not self.queue.empty():
-            self.queue.get_nowait()
-        if self.speaking is not None:
-            self.speaking.cancel()
-            await asyncio.gather(self.speaking, return_exceptions=True)
+            item = self.queue.get_nowait()
+            if isinstance(item, UtteranceEnd):
+                ended.append(UtteranceEnd(item.utterance, item.sentences, cancelled=True))
+        if self.current is not None:
+            self.current.cancel()
+        for end in ended:
+            self.queue.put_nowait(end)
         self.end_utterance(cancelled=True)
-        self.speaking = asyncio.create_task(self.speak())
 
     async def speak(self) -> None:
         while True:
@@ -262,7 +286,24 @@ class SpeechStream:
                     }
                 )
                 continue
-            await self.speak_one(item)
+            self.current = asyncio.create_task(self.speak_one(item))
+            try:
+                await asyncio.wait({self.current})
+            finally:
+                if not self.current.done():  # the connection is closing
+                    self.current.cancel()
+            if self.current.cancelled() and item.started:
+                # Stopped by input.cancel: its audio ends here.
+                where = {"utterance_index": item.utterance, "sentence_index": item.index}
+                await self.send(
+                    {
+                        "type": "audio.done",
+                        **where,
+                        "total_bytes": item.sent,
+                        "error": False,
+                        "cancelled": True,
+                    }
+                )
 
     async def speak_one(self, sentence: Sentence) -> None:
         config = sentence.config
@@ -275,7 +316,7 @@ class SpeechStream:
 
         async def start() -> None:
             nonlocal started
-            started = True
+            started = sentence.started = True
             await self.send(
                 {
                     "type": "audio.start",
@@ -299,6 +340,7 @@ class SpeechStream:
                     total += len(piece)
                     if sentence.stream_audio:
                         await self.send(piece)
+                        sentence.sent = total
                     else:
                         whole.extend(piece)
         except OpenAIError as exc:
@@ -320,7 +362,15 @@ class SpeechStream:
             audio = wav_bytes(bytes(whole), rate) if config.response_format == "wav" else whole
             total = len(audio)
             await self.send(bytes(audio))
-        await self.send({"type": "audio.done", **where, "total_bytes": total, "error": error})
+        await self.send(
+            {
+                "type": "audio.done",
+                **where,
+                "total_bytes": total,
+                "error": error,
+                "cancelled": False,
+            }
+        )
 
 
 def speech_stream_router(
