@@ -7,6 +7,7 @@ side interpreter, never imported:
 Prints one JSON line: each request's seconds and the audio seconds it made (after one
 request that pays the one-time costs)."""
 
+import gc
 import json
 import sys
 import time
@@ -33,3 +34,7 @@ def main():
 
 if __name__ == "__main__":
     main()
+    # Timed by its caller to the end: the interpreter's collections at exit would walk
+    # torch's and transformers' objects for a second and more (bench/_common.py's
+    # without_exit_collection).
+    gc.freeze()

@@ -24,7 +24,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, cast
@@ -89,6 +89,38 @@ def release(served: Served) -> None:
         stop_cleanly(served)
 
 
+class Releasing:
+    """release() of the serves handed to it: each at once (background=False, as a full
+    run does), or (--quick) in the background, its stop (seconds of waiting on its
+    processes' exits) overlapping what is measured next. join() waits for every stop and
+    raises the first failure; a `with` calls it on the way out (when nothing else is raised)."""
+
+    def __init__(self, background: bool) -> None:
+        self.pool = ThreadPoolExecutor(4) if background else None
+        self.stops: list[Future[None]] = []
+
+    def __call__(self, served: Served) -> None:
+        if self.pool is None:
+            release(served)
+        else:
+            self.stops.append(self.pool.submit(release, served))
+
+    def join(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=True)
+        if errors := [e for f in self.stops if (e := f.exception()) is not None]:
+            raise errors[0]
+
+    def __enter__(self) -> Releasing:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, *rest: object) -> None:
+        if kind is None:
+            self.join()
+        elif self.pool is not None:  # stops waited for, the error on its way out kept
+            self.pool.shutdown(wait=True)
+
+
 class Together:
     """The serves of `texts` (manifests by name), started at once in the background: what
     the caller does before its first take() overlaps their start. take(name) waits until
@@ -122,6 +154,11 @@ class Together:
                 names = ", ".join(self.futures)
                 print(f"{names}: serves started together, ready in {took:.0f}s", flush=True)
         return self.ready
+
+    def wait(self) -> None:
+        """Until every serve started here is ready (raising as take() does): what the
+        caller measures next then runs beside idle serves, not starting ones."""
+        self._wait()
 
     def take(self, name: str) -> Served | None:
         if name in self.shared:

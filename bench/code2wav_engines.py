@@ -20,7 +20,7 @@ import time
 from typing import Any
 
 import torch
-from _common import at_levels, record, table
+from _common import at_levels, record, table, without_exit_collection
 
 from omnipipe.api.spec import Engine, Role
 from omnipipe.checkpoints.tiny import resolve_model_path
@@ -147,3 +147,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    without_exit_collection()

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import gc
 import io
 import json
 import os
@@ -535,3 +536,6 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    # The interpreter's collections at exit would walk torch's and diffusers' objects for
+    # a second (bench/_common.py's without_exit_collection; this file runs on its own).
+    gc.freeze()

@@ -27,6 +27,7 @@ from _wrk import closed_loop_rps, run
 
 from omnipipe.local.ports import free_port
 
+HERE = Path(__file__).resolve().parent
 STAGES = ("s1", "s2", "s3")
 BODY = json.dumps({"model": "pipe", "prompt": "x", "size": "64x64"})
 
@@ -63,85 +64,94 @@ def measure(url: str, levels: list[int], seconds: float, repeats: int) -> dict[i
 def run_all(
     work: Path, stage_s: float, levels: list[int], seconds: float, repeats: int, quick: bool
 ) -> dict[str, dict[int, float]]:
-    here = Path(__file__).resolve().parent
     py = sys.executable
     (work / "pipe.yaml").write_text(manifest(stage_s, work))
     results: dict[str, dict[int, float]] = {}
     mono = free_port()
-    with running(
-        [py, str(here / "_monolith.py"), str(mono), str(stage_s), str(len(STAGES))],
-        f"http://127.0.0.1:{mono}/health",
-        work / "monolith.log",
-    ):
-        print("monolithic (one process, stages in sequence) ...", flush=True)
-        results["monolithic"] = measure(
-            f"http://127.0.0.1:{mono}/v1/images/generations", levels, seconds, repeats
-        )
     with contextlib.ExitStack() as stack:
-        # --quick starts the four processes together and then waits for them: their
-        # imports overlap on the cores instead of running one after another.
-        starting: list[tuple[str, subprocess.Popen[bytes]]] = []
-        replicas = {}
-        for stage in STAGES:
-            control, transfer = free_port(), free_port()
-            proc = stack.enter_context(
-                running(
-                    [
-                        py,
-                        str(here / "_sleep_worker.py"),
-                        "worker",
-                        "--pipeline",
-                        str(work / "pipe.yaml"),
-                        "--stage",
-                        stage,
-                        "--host",
-                        "127.0.0.1",
-                        "--port",
-                        str(control),
-                        "--transfer-port",
-                        str(transfer),
-                        "--advertise-host",
-                        "127.0.0.1",
-                    ],
-                    f"http://127.0.0.1:{control}/ready",
-                    work / f"{stage}.log",
-                    wait=not quick,
-                )
+        # --quick starts omnipipe's four processes together, before the monolith is
+        # measured (its stages sleep: it leaves the cores to their imports), and then
+        # waits for them.
+        started = start_omnipipe(stack, work, quick) if quick else None
+        with running(
+            [py, str(HERE / "_monolith.py"), str(mono), str(stage_s), str(len(STAGES))],
+            f"http://127.0.0.1:{mono}/health",
+            work / "monolith.log",
+        ):
+            print("monolithic (one process, stages in sequence) ...", flush=True)
+            results["monolithic"] = measure(
+                f"http://127.0.0.1:{mono}/v1/images/generations", levels, seconds, repeats
             )
-            starting.append((f"http://127.0.0.1:{control}/ready", proc))
-            replicas[stage] = [f"http://127.0.0.1:{control}"]
-        (work / "replicas.json").write_text(json.dumps(replicas))
-        router = free_port()
+        router, starting = started or start_omnipipe(stack, work, quick)
+        for url, proc in starting:
+            wait_http(url, proc=proc)
+        print("omnipipe (3 stage workers + router) ...", flush=True)
+        results["omnipipe"] = measure(f"{router}/v1/images/generations", levels, seconds, repeats)
+    return results
+
+
+def start_omnipipe(
+    stack: contextlib.ExitStack, work: Path, quick: bool
+) -> tuple[str, list[tuple[str, subprocess.Popen[bytes]]]]:
+    """The three sleeping stages' workers and the router, in `stack`: the router's URL,
+    and each process with the URL that answers once it is ready. quick: the four start
+    together, for the caller to wait for; else each is waited for before the next."""
+    py = sys.executable
+    starting: list[tuple[str, subprocess.Popen[bytes]]] = []
+    replicas = {}
+    for stage in STAGES:
+        control, transfer = free_port(), free_port()
         proc = stack.enter_context(
             running(
                 [
                     py,
-                    "-m",
-                    "omnipipe.cli",
-                    "router",
+                    str(HERE / "_sleep_worker.py"),
+                    "worker",
                     "--pipeline",
                     str(work / "pipe.yaml"),
+                    "--stage",
+                    stage,
                     "--host",
                     "127.0.0.1",
                     "--port",
-                    str(router),
-                    "--replicas-file",
-                    str(work / "replicas.json"),
+                    str(control),
+                    "--transfer-port",
+                    str(transfer),
+                    "--advertise-host",
+                    "127.0.0.1",
                 ],
-                f"http://127.0.0.1:{router}/ready",
-                work / "router.log",
+                f"http://127.0.0.1:{control}/ready",
+                work / f"{stage}.log",
                 wait=not quick,
             )
         )
-        starting.append((f"http://127.0.0.1:{router}/ready", proc))
-        if quick:
-            for url, proc in starting:
-                wait_http(url, proc=proc)
-        print("omnipipe (3 stage workers + router) ...", flush=True)
-        results["omnipipe"] = measure(
-            f"http://127.0.0.1:{router}/v1/images/generations", levels, seconds, repeats
+        starting.append((f"http://127.0.0.1:{control}/ready", proc))
+        replicas[stage] = [f"http://127.0.0.1:{control}"]
+    (work / "replicas.json").write_text(json.dumps(replicas))
+    router = free_port()
+    proc = stack.enter_context(
+        running(
+            [
+                py,
+                "-m",
+                "omnipipe.cli",
+                "router",
+                "--pipeline",
+                str(work / "pipe.yaml"),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(router),
+                "--replicas-file",
+                str(work / "replicas.json"),
+            ],
+            f"http://127.0.0.1:{router}/ready",
+            work / "router.log",
+            wait=not quick,
         )
-    return results
+    )
+    starting.append((f"http://127.0.0.1:{router}/ready", proc))
+    return f"http://127.0.0.1:{router}", starting
 
 
 def main() -> None:

@@ -22,6 +22,7 @@ compare a process against a pipeline of two, each with its own share.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import subprocess
 import tempfile
@@ -32,7 +33,7 @@ from typing import Any
 
 import httpx
 from _common import median, record, table
-from _serves import serving
+from _serves import release, serving
 
 from omnipipe.checkpoints.tiny import resolve_model_path
 from omnipipe.families.qwen3_tts.reference_env import reference_python
@@ -157,19 +158,27 @@ def main() -> None:
     levels = [int(x) for x in (args.levels or ("1,4" if args.quick else "1,4,16,32")).split(",")]
     requests = args.requests or (2 if args.quick else 4)
     max_new_tokens = args.max_new_tokens or (16 if args.quick else 60)
-    print(f"qwen-tts (anchor): {requests * 2} requests, one at a time", flush=True)
-    rows: dict[str, Any] = {"qwen-tts": anchor(requests * 2, max_new_tokens)}
     with (
         tempfile.TemporaryDirectory(prefix="omnipipe-bench-tts-") as work,
-        serving(Path(work), {"tts": MANIFEST}) as serves,
+        contextlib.ExitStack() as stack,
     ):
+        # --quick: the serve starts while the anchor runs (on one torch thread), not after.
+        serves = stack.enter_context(serving(Path(work), {"tts": MANIFEST})) if args.quick else None
+        print(f"qwen-tts (anchor): {requests * 2} requests, one at a time", flush=True)
+        rows: dict[str, Any] = {"qwen-tts": anchor(requests * 2, max_new_tokens)}
+        serves = serves or stack.enter_context(serving(Path(work), {"tts": MANIFEST}))
         served = serves.take("tts")
         assert served is not None
-        one_request(served.base_url, 0, max_new_tokens)  # one-time costs
-        ours: dict[str, dict[str, float]] = {}
-        for clients in levels:
-            print(f"omnipipe: {clients} clients, {requests} requests each", flush=True)
-            ours[str(clients)] = level_of(served.base_url, clients, requests, max_new_tokens)
+        try:
+            one_request(served.base_url, 0, max_new_tokens)  # one-time costs
+            ours: dict[str, dict[str, float]] = {}
+            for clients in levels:
+                print(f"omnipipe: {clients} clients, {requests} requests each", flush=True)
+                ours[str(clients)] = level_of(served.base_url, clients, requests, max_new_tokens)
+        finally:
+            # Taken, it is ours to stop (close() stops only those not taken): left running,
+            # it outlived the run, a whole TTS pipeline's memory each time.
+            release(served)
         serves.close()
     rows["omnipipe"] = ours
     named = [("qwen-tts c1", rows["qwen-tts"]), *((f"omnipipe c{c}", r) for c, r in ours.items())]

@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import ModuleType
 from typing import Any, NoReturn
@@ -222,13 +223,13 @@ class SharedServes:
 
     def stop(self) -> None:
         ready = self.starting.take_all() if self.ready is None else self.ready
-        failures = []
-        for served in ready.values():
-            try:
-                stop_cleanly(served)
-            except AssertionError as exc:
-                failures.append(str(exc))
+        # Side by side: a stop is seconds of waiting on its processes' exits.
+        with ThreadPoolExecutor(max(1, len(ready))) as pool:
+            stops = [pool.submit(stop_cleanly, served) for served in ready.values()]
+        failures = [str(e) for f in stops if isinstance(e := f.exception(), AssertionError)]
         assert not failures, failures
+        for stop in stops:
+            stop.result()
 
 
 @pytest.fixture(scope="module")
