@@ -56,6 +56,7 @@ def test_chart_takes_thresholds_labels_and_runbook_url_from_values(tmp_path: Pat
     thresholds = {
         "engineStallSeconds": 600,
         "queueWaitObjectiveSeconds": 2.5,
+        "firstAudioObjectiveSeconds": 0.75,
         "errorRatio": 0.2,
         "videoJobWaitSeconds": 900,
     }
