@@ -34,6 +34,7 @@ from omnipipe.router.api.speech import (
     speech_plan,
 )
 from omnipipe.router.errors import BadRequest, OpenAIError
+from omnipipe.router.middleware import MAX_BODY_SEPARATORS
 from omnipipe.router.orchestrator import Orchestrator
 from omnipipe.router.voice_store import VoiceStore
 
@@ -41,9 +42,6 @@ log = logging.getLogger(__name__)
 # Sentences waiting to be spoken: a client that writes far faster than speech is made is
 # told so, not left to grow the router's memory.
 MAX_QUEUED_SENTENCES = 256
-# Commas and colons a message may hold, as an HTTP body's (router/middleware.py): JSON
-# members cost the loop a microsecond each, and a config is a few dozen.
-MAX_SEPARATORS = 100_000
 # One input.text message at most: as much as one speech request's input.
 MAX_TEXT_CHARS = 4096
 # A connection with nothing to speak and no message for this long is closed.
@@ -149,9 +147,11 @@ class SpeechStream:
         if message.get("text") is None:
             raise BadRequest("messages are JSON text frames; a binary frame was sent")
         text = message["text"]
-        if text.count(",") + text.count(":") > MAX_SEPARATORS:
+        # As an HTTP body's (router/middleware.py): JSON members cost the loop a
+        # microsecond each, and a config is a few dozen.
+        if text.count(",") + text.count(":") > MAX_BODY_SEPARATORS:
             raise BadRequest(
-                f"a message holds over {MAX_SEPARATORS} commas and colons: far more than "
+                f"a message holds over {MAX_BODY_SEPARATORS} commas and colons: far more than "
                 "any message of this protocol needs"
             )
         try:
@@ -312,11 +312,9 @@ class SpeechStream:
         total, error = 0, False
         whole = bytearray()
         rate = DEFAULT_SAMPLE_RATE
-        started = False
 
         async def start() -> None:
-            nonlocal started
-            started = sentence.started = True
+            sentence.started = True
             await self.send(
                 {
                     "type": "audio.start",
@@ -334,7 +332,7 @@ class SpeechStream:
             async with contextlib.aclosing(outputs):
                 async for output in outputs:
                     rate = int(output.data["sample_rate"])
-                    if not started:
+                    if not sentence.started:
                         await start()
                     piece = pcm_of(output.data)
                     total += len(piece)
@@ -356,7 +354,7 @@ class SpeechStream:
             await self.send(
                 {**error_event(OpenAIError("the sentence could not be spoken")), **where}
             )
-        if not error and not started:
+        if not error and not sentence.started:
             await start()  # a sentence that made no audio: told, as one that did
         if not error and not sentence.stream_audio:
             audio = wav_bytes(bytes(whole), rate) if config.response_format == "wav" else whole
