@@ -45,8 +45,7 @@ from omnipipe.router.api.speech import (
     MAX_NEW_TOKENS,
     MAX_SPOKEN_CHARS,
     SpeechRequest,
-    speech_plan,
-    uploaded_clip,
+    speech_params,
 )
 from omnipipe.router.errors import BadRequest, OpenAIError
 from omnipipe.router.orchestrator import Orchestrator
@@ -141,9 +140,6 @@ def _plan(
         plan = ChatPlan(pipeline, chat)
         set_stage_lora(plan.params, orchestrator.serving_pipeline(), body.model, body.lora)
         return plan.params, plan.emitters
-    if stage_with_role(pipeline, Role.DENOISER) is None:
-        # A text-to-speech graph: no thinker to chat with, no denoiser to draw.
-        return speech_plan(pipeline, speech_request(pipeline, body))
     if wanted - {"image"}:
         raise BadRequest(
             f"model {shown(body.model)} ({pipeline.pipeline}) makes images only",
@@ -273,14 +269,14 @@ def generate_router(
         body = await parse_body(GenerateRequest, request)
         check_model(body.model, model_ids())
         try:
-            params, emitters = _plan(pipeline, orchestrator, body)
-            speaks = not {Role.THINKER, Role.DENOISER} & {s.role for s in pipeline.stages}
-            clip = await uploaded_clip(speech_request(pipeline, body), voices) if speaks else None
+            # A text-to-speech graph: no thinker to chat with, no denoiser to draw.
+            if not {Role.THINKER, Role.DENOISER} & {s.role for s in pipeline.stages}:
+                speech = speech_request(pipeline, body)
+                params, emitters = await speech_params(pipeline, orchestrator, speech, voices)
+            else:
+                params, emitters = _plan(pipeline, orchestrator, body)
         except ValidationError as exc:  # an endpoint's own request, built from this one
             raise bad_request(exc, body.model_dump(mode="json")) from None
-        talker = stage_with_role(pipeline, Role.TALKER)
-        if clip is not None and talker is not None:
-            params[talker] = {**params[talker], "voice_clip": clip}
         outputs = orchestrator.stream_stages(params, emitters)
         # The first item before the status line: a request the stages refuse keeps its 4xx.
         first = await first_output(outputs)

@@ -212,6 +212,23 @@ def speech_plan(
     return params, {code2wav, reader} if body.stream_format == "sse" else {code2wav}
 
 
+async def speech_params(
+    pipeline: ResolvedPipeline,
+    orchestrator: Orchestrator,
+    body: SpeechRequest,
+    voices: VoiceStore | None,
+) -> tuple[dict[str, dict[str, Any]], set[str]]:
+    """speech_plan's, with the clip of an uploaded voice `voice` names for the talker."""
+    clip = await uploaded_clip(body, voices)
+    params, emitters = speech_plan(pipeline, body)
+    talker = stage_with_role(pipeline, Role.TALKER)
+    if clip is not None and talker is not None:
+        params[talker] = {**params[talker], "voice_clip": clip}
+    # An adapter of the thinker named as the model shapes what the talker hears.
+    set_stage_lora(params, orchestrator.serving_pipeline(), body.model, None)
+    return params, emitters
+
+
 async def speech_outputs(
     pipeline: ResolvedPipeline,
     orchestrator: Orchestrator,
@@ -220,13 +237,7 @@ async def speech_outputs(
     usage: SpeechUsage,
 ) -> AsyncGenerator[Output]:
     """The outputs that carry the request's audio, its usage counted into `usage`."""
-    clip = await uploaded_clip(body, voices)
-    params, emitters = speech_plan(pipeline, body)
-    talker = stage_with_role(pipeline, Role.TALKER)
-    if clip is not None and talker is not None:
-        params[talker] = {**params[talker], "voice_clip": clip}
-    # An adapter of the thinker named as the model shapes what the talker hears.
-    set_stage_lora(params, orchestrator.serving_pipeline(), body.model, None)
+    params, emitters = await speech_params(pipeline, orchestrator, body, voices)
     return usage.audio_of(orchestrator.stream(params, emitters))
 
 
