@@ -52,9 +52,12 @@ class VoiceStore:
             raise VoicesFull(name)
 
     @_reported
-    async def clip(self, name: str) -> bytes | None:
-        raw = await self.redis.hget(self._key(name), "clip")
-        return raw if raw is None or isinstance(raw, bytes) else raw.encode()
+    async def voice(self, name: str) -> tuple[bytes, dict[str, Any]] | None:
+        """A voice's clip and what is said of it, or None when there is no such voice."""
+        raw, meta = await self.redis.hmget(self._key(name), ["clip", "meta"])
+        if raw is None or meta is None:
+            return None
+        return raw if isinstance(raw, bytes) else raw.encode(), json.loads(meta)
 
     @_reported
     async def listed(self) -> list[dict[str, Any]]:

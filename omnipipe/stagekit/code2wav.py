@@ -124,6 +124,7 @@ class ChunkedCode2WavSession(Session):
         self.context_codes = stage.context_codes
         self.parts: list[torch.Tensor] = []
         self.count = 0
+        self.prefix = 0  # leading codes decoded as context only (a codec's in-context prompt)
         self.decoded = 0
         self.upstream_done = False
 
@@ -179,7 +180,7 @@ class ChunkedCode2WavSession(Session):
         # The last piece, empty when nothing is left, says how many codes became audio:
         # the speech's usage counts them as its output tokens.
         last = {"audio": base64.b64encode(tail).decode(), "sample_rate": SAMPLE_RATE}
-        return StepResult(outputs=[{**last, "codes": self.count}], done=True)
+        return StepResult(outputs=[{**last, "codes": self.count - self.prefix}], done=True)
 
     def step(self, chunks: Sequence[Chunk]) -> StepResult | None:
         planned = self.plan(chunks)

@@ -2,7 +2,8 @@
 audio qwen-tts's own generate_custom_voice makes for the seed (within one 16-bit step),
 in WAV, MP3 and as server-sent events with OpenAI's usage; what the model cannot speak
 is refused by name. `omnipipe serve tiny://qwen3-tts-base`: the voice of a reference clip
-sent with the request is generate_voice_clone's, and so is that of the same clip uploaded
+sent with the request (from its x-vector, and in context with its transcript) is
+generate_voice_clone's, and so is that of the same clip uploaded
 once as a voice and named."""
 
 from __future__ import annotations
@@ -214,20 +215,36 @@ def test_what_the_model_cannot_speak_is_refused_by_name(client: openai.OpenAI) -
 
 def test_a_base_model_speaks_in_the_voice_of_the_clip_sent() -> None:
     """A reference clip in the request's ref_audio (a data: URL of a WAV), cloned from its
-    x-vector: the speech is qwen-tts's generate_voice_clone's for the seed."""
+    x-vector, and in context with its transcript (ref_text): the speech is qwen-tts's
+    generate_voice_clone's for the seed, and so is that of the clip uploaded as a voice
+    (with its transcript: in context)."""
     base = "tiny://qwen3-tts-base"
     reference_clip = clip(2.0)
+    transcript = "A clip to clone."
     spoken = {**SPOKEN, "ref_audio": reference_clip, "x_vector_only_mode": True}
+    in_context = {**SPOKEN, "ref_audio": reference_clip, "ref_text": transcript}
     case = {**{k: SPOKEN[k] for k in ("seed", "language", "max_new_tokens")}, "text": TEXT}
     expected = reference_outputs(
-        {"base": ("qwen3-tts-base", {**case, "ref_audio": reference_clip})}
-    )["base"]
+        {
+            "base": ("qwen3-tts-base", {**case, "ref_audio": reference_clip}),
+            "icl": (
+                "qwen3-tts-base",
+                {**case, "ref_audio": reference_clip, "ref_text": transcript},
+            ),
+        }
+    )
     serve = start_serve(base)
     try:
         with openai.OpenAI(base_url=serve.base_url, api_key="any", max_retries=0) as c:
             r = c.audio.speech.create(model=base, input=TEXT, voice="alloy", extra_body=spoken)
+            icl = c.audio.speech.create(
+                model=base, input=TEXT, voice="alloy", extra_body=in_context
+            )
             with pytest.raises(openai.BadRequestError, match="clones the voice") as refused:
                 c.audio.speech.create(model=base, input=TEXT, voice="alloy")
+            no_text = {**SPOKEN, "ref_audio": reference_clip}
+            with pytest.raises(openai.BadRequestError, match="transcript") as untold:
+                c.audio.speech.create(model=base, input=TEXT, voice="alloy", extra_body=no_text)
             # The same clip uploaded once as a voice, then spoken by its name.
             wav_bytes = base64.b64decode(reference_clip.partition(",")[2])
             made = httpx.post(
@@ -240,15 +257,34 @@ def test_a_base_model_speaks_in_the_voice_of_the_clip_sent() -> None:
             by_name = c.audio.speech.create(
                 model=base, input=TEXT, voice="reader", extra_body=SPOKEN
             )
+            told = httpx.post(
+                f"{serve.base_url}/audio/voices",
+                data={"name": "teller", "consent": "true", "ref_text": transcript},
+                files={"audio_sample": ("teller.wav", wav_bytes, "audio/wav")},
+                timeout=30,
+            )
+            assert told.status_code == 200, told.text
+            told_by_name = c.audio.speech.create(
+                model=base, input=TEXT, voice="teller", extra_body=SPOKEN
+            )
         # The Python API speaks the uploaded voice too.
         with Omni(base_url=serve.base_url) as omni:
             [said] = omni.generate(TEXT, voice="reader", seed=42, language="english", max_tokens=30)
     finally:
         stop_cleanly(serve)
     pcm = samples_of(r.content)
-    assert len(pcm) == len(expected["wav"])
-    assert np.abs(pcm.astype(np.float64) - pcm_of(expected["wav"])).max() <= 1
+    assert len(pcm) == len(expected["base"]["wav"])
+    assert np.abs(pcm.astype(np.float64) - pcm_of(expected["base"]["wav"])).max() <= 1
     assert np.abs(pcm).max() > 10
+    # In context: qwen-tts's audio past the clip's, whose cut its float rounding may place
+    # one sample early (tests/unit/test_qwen3_tts_cloning.py).
+    pcm, wav = samples_of(icl.content), expected["icl"]["wav"]
+    assert len(pcm) == len(expected["icl"]["codes"]) * SAMPLES_PER_FRAME
+    assert 0 <= len(wav) - len(pcm) <= 1
+    assert np.abs(pcm.astype(np.float64) - pcm_of(wav[len(wav) - len(pcm) :])).max() <= 1
+    assert icl.content != r.content
     assert refused.value.body["param"] == "ref_audio"  # type: ignore[index]
+    assert untold.value.body["param"] == "ref_text"  # type: ignore[index]
     assert by_name.content == r.content
+    assert told_by_name.content == icl.content
     assert samples_of(said.audio_wav).tobytes() == r.content[44:]  # the same, past the header

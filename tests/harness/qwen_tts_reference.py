@@ -5,8 +5,9 @@ by the tests.
     python -P qwen_tts_reference.py CASES.json
 
 CASES.json is a list of {"checkpoint", "out", "text", "speaker", "language", "instruct",
-"ref_audio" (a data: URL of a WAV, Base's x-vector cloning), "seed", "max_new_tokens"},
-or of {"checkpoint", "out", "decode": codes}: a case with a
+"ref_audio" (a data: URL of a WAV, Base's cloning), "ref_text" (its transcript: cloning in
+context, else from the x-vector alone), "seed", "max_new_tokens"}, or of {"checkpoint",
+"out", "decode": codes}, or of {"checkpoint", "out", "encode": a clip}: a case with a
 seed samples (torch.manual_seed(seed) first, as
 a user of qwen-tts seeds it), one without is greedy. Each case writes its "out" (.npz)
 with the codes (frames x 16) and the waveform (float32, 24 kHz); each checkpoint is
@@ -33,6 +34,9 @@ def speak(tts, case, captured):
     if "decode" in case:
         codes, wavs, rate = decode(tts, case)
         return save(case, codes, wavs, rate)
+    if "encode" in case:  # the speech tokenizer's codes of a clip (no audio)
+        codes = tts.model.speech_tokenizer.encode(case["encode"]).audio_codes[0]
+        return save(case, codes.cpu(), [np.zeros(0, np.float32)], 24000)
     kwargs = {"max_new_tokens": case["max_new_tokens"]} if case.get("max_new_tokens") else {}
     if case.get("seed") is None:
         kwargs.update(do_sample=False, subtalker_dosample=False)
@@ -51,7 +55,8 @@ def speak(tts, case, captured):
             text=case["text"],
             language=case["language"],
             ref_audio=case["ref_audio"],
-            x_vector_only_mode=True,
+            ref_text=case.get("ref_text"),
+            x_vector_only_mode=not case.get("ref_text"),
             **kwargs,
         )
     else:

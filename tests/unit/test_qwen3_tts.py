@@ -81,7 +81,9 @@ def params_of(case: dict[str, Any]) -> dict[str, Any]:
         params["voice"] = case["speaker"]
     if case.get("instruct"):
         params["instructions"] = case["instruct"]
-    if case.get("ref_audio"):
+    if case.get("ref_text"):
+        params.update(ref_audio=case["ref_audio"], ref_text=case["ref_text"])
+    elif case.get("ref_audio"):
         params.update(ref_audio=case["ref_audio"], x_vector_only_mode=True)
     sampling: dict[str, Any] = {}
     if case.get("seed") is None:
@@ -227,7 +229,9 @@ def test_a_request_the_model_cannot_speak_is_refused_by_name() -> None:
         ("ref_audio", custom, {**ryan, "ref_audio": clip(1.0)}),  # only Base clones
         ("x_vector_only_mode", design, {"input": TEXT, "x_vector_only_mode": True}),
         ("ref_audio", base, {"input": TEXT, "x_vector_only_mode": True}),
-        ("x_vector_only_mode", base, {**cloned, "x_vector_only_mode": False}),
+        # In context (qwen-tts's default) reads the clip's transcript: none was sent.
+        ("ref_text", base, {**cloned, "x_vector_only_mode": False}),
+        ("x_vector_only_mode", base, {**cloned, "x_vector_only_mode": "yes"}),
         ("instructions", base, {**cloned, "instructions": "Whisper."}),
         ("ref_audio", base, {**cloned, "ref_audio": "bm90IGEgd2F2"}),  # "not a wav"
         ("ref_audio", base, {**cloned, "ref_audio": clip(61.0, rate=8000)}),  # past 60 s

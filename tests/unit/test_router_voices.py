@@ -120,7 +120,10 @@ def test_a_voice_uploaded_once_is_spoken_listed_and_deleted_across_routers(
     sent = [s for s in worker.submitted if s.request_id == worker.submitted[-1].request_id]
     talker = next(s for s in sent if s.params.get("input") == "Hi.")
     assert talker.params["voice_clip"] == "data:audio/wav;base64," + base64.b64encode(clip).decode()
+    # With the transcript it was uploaded with: a Base model clones it in context.
+    assert talker.params["voice_ref_text"] == "Hello there."
     assert "ref_audio" not in talker.params
+    assert "ref_text" not in talker.params
     assert [s for s in sent if "voice_clip" in s.params] == [talker]
     # A router started afresh finds it; a delete through it is seen by the others.
     with routers(tmp_path, url, count=2) as (three, four):

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from omnipipe.families.qwen3_tts.code2wav_model import load_code2wav
-from omnipipe.families.qwen3_tts.config import CHUNK_FRAMES
+from omnipipe.families.qwen3_tts.config import CHUNK_FRAMES, PREFIX_CODES
 from omnipipe.stagekit.code2wav import (
     ChunkedCode2WavSession,
     ChunkedCode2WavStage,
@@ -24,7 +24,7 @@ from omnipipe.stagekit.code2wav import (
     chunk_codes,
     decode_causal,
 )
-from omnipipe.stagekit.stage import Session, StageJob
+from omnipipe.stagekit.stage import Chunk, Session, StageJob, StepResult
 
 WINDOW_FRAMES = 300  # qwen-tts's chunked_decode(chunk_size=300, left_context_size=25)
 WINDOW_CONTEXT = 25
@@ -51,6 +51,18 @@ class Code2WavSession(ChunkedCode2WavSession):
     def __init__(self, stage: Code2WavStage, params: dict[str, Any]) -> None:
         super().__init__(stage, params)
         self.stage = stage
+
+    def plan(self, chunks: Sequence[Chunk]) -> Decode | StepResult | None:
+        """An in-context clone's first chunk brings the reference clip's codes: they lead
+        the stream, its windows counted from them as qwen-tts decodes reference and
+        speech as one, but are not decoded themselves (their audio is not sent): the
+        speech's first chunk takes its window's context from them."""
+        for chunk in chunks:
+            prefix = chunk.tensors.get(PREFIX_CODES)
+            if prefix is not None and self.count == 0:
+                self.parts.append(prefix)
+                self.count = self.decoded = self.prefix = len(prefix)
+        return super().plan(chunks)
 
     def span(self, start: int) -> tuple[int, int]:
         window = start - start % WINDOW_FRAMES

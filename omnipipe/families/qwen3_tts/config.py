@@ -43,6 +43,9 @@ SPEAKER_ENCODER_DEFAULTS: dict[str, Any] = {
 }
 KINDS = ("custom_voice", "voice_design", "base")
 CHUNK_FRAMES = 25  # talker -> code2wav: 2 s of audio at 12.5 frames a second
+# Talker -> code2wav, in the first chunk of an in-context clone: the reference clip's
+# codes, decoded ahead of the speech as qwen-tts decodes them, their audio not sent.
+PREFIX_CODES = "prefix_codes"
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,10 @@ class Voice:
     instruction: str | None
     reference_clip: str | None = field(default=None, compare=False)
     x_vector: torch.Tensor | None = field(default=None, compare=False)
+    # In-context cloning (Base): the clip's transcript, and its codes (frames x groups)
+    # once the talker has encoded the clip; None for cloning from the x-vector alone.
+    reference_text: str | None = None
+    reference_codes: torch.Tensor | None = field(default=None, compare=False)
 
 
 # The assistant turn's template around the text, in tokens: "<|im_start|>assistant\n"
@@ -40,6 +44,11 @@ TEMPLATE_TOKENS = 3 + 5
 
 def assistant_text(text: str) -> str:
     return f"<|im_start|>assistant\n{text}<|im_end|>\n<|im_start|>assistant\n"
+
+
+def reference_text(text: str) -> str:
+    """The reference clip's transcript as qwen-tts tokenizes it (it slices [3:-2])."""
+    return f"<|im_start|>assistant\n{text}<|im_end|>\n"
 
 
 def instruction_text(instruction: str) -> str:
@@ -78,8 +87,11 @@ def prompt_embeds(
     instruction_ids: torch.Tensor | None,
     voice: Voice,
     streaming_text: bool = False,
+    reference_ids: torch.Tensor | None = None,
 ) -> Prompt:
-    """text_ids: the assistant turn's ids (1 x m), role and tail included."""
+    """text_ids: the assistant turn's ids (1 x m), role and tail included;
+    reference_ids: the reference transcript's (reference_text()), for in-context cloning
+    with voice.reference_codes."""
     device = text_ids.device
 
     def ids(values: list[int]) -> torch.Tensor:
@@ -112,7 +124,12 @@ def prompt_embeds(
     )
     words = text_ids[:, 3:-5]
     start = model.codec_rows(ids([config.code("bos")]))
-    if streaming_text:
+    if voice.reference_codes is not None and reference_ids is not None:
+        rows, trailing = in_context_rows(
+            model, reference_ids[:, 3:-2], words, voice.reference_codes, tts_eos, tts_pad, start
+        )
+        parts = [role, tagged, rows]
+    elif streaming_text:
         parts = [role, tagged, model.text_rows(words[:, :1]) + start]
         trailing = torch.cat((model.text_rows(words[:, 1:]), tts_eos), dim=1)
     else:
@@ -124,3 +141,25 @@ def prompt_embeds(
     if instruction_ids is not None:
         parts.insert(0, model.text_rows(instruction_ids))
     return Prompt(torch.cat(parts, dim=1), trailing, tts_pad)
+
+
+def in_context_rows(
+    model: TalkerModel,
+    reference_words: torch.Tensor,
+    words: torch.Tensor,
+    codes: torch.Tensor,
+    tts_eos: torch.Tensor,
+    tts_pad: torch.Tensor,
+    start: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """qwen-tts's in-context prompt, text streamed in (generate_voice_clone's default): the
+    transcript's and the text's rows (then tts_eos) laid over codec bos and the clip's
+    frames, row for row; the text's rows past the frames are what the steps add, and when
+    the frames outnumber the rows, the rows run on as tts_pad."""
+    text = torch.cat((model.text_rows(torch.cat((reference_words, words), dim=1)), tts_eos), dim=1)
+    codec = torch.cat((start, model.reference_rows(codes.to(start.device))), dim=1)
+    frames = codec.shape[1]
+    if text.shape[1] > frames:
+        return text[:, :frames] + codec, text[:, frames:]
+    padded = torch.cat([text] + [tts_pad] * (frames - text.shape[1]), dim=1)
+    return padded + codec, tts_pad[:, :0]

@@ -20,14 +20,22 @@ from typing import Any
 import torch
 
 from omnipipe.families.qwen3_tts.clips import reference_clip
-from omnipipe.families.qwen3_tts.config import CHUNK_FRAMES, SPECIAL_CODES, TTSConfig, read_config
+from omnipipe.families.qwen3_tts.config import (
+    CHUNK_FRAMES,
+    PREFIX_CODES,
+    SPECIAL_CODES,
+    TTSConfig,
+    read_config,
+)
 from omnipipe.families.qwen3_tts.prompt import (
     Prompt,
     Voice,
     assistant_text,
     instruction_text,
     prompt_embeds,
+    reference_text,
 )
+from omnipipe.families.qwen3_tts.reference_codes import ReferenceCodes
 from omnipipe.families.qwen3_tts.speaker_encoder import SpeakerEncoder
 from omnipipe.families.qwen3_tts.talker_model import TalkerModel, checkpoint_weights
 from omnipipe.families.qwen3_tts.voices import UPLOADED_CLIP, voice_of
@@ -45,11 +53,20 @@ from omnipipe.stagekit.stage import (
 )
 
 MIN_TOKENS = 2  # generate() forces min_new_tokens=2
-X_VECTORS = 256  # reference clips whose x-vectors are kept (a few KB each)
+CLIPS = 256  # reference clips whose x-vectors (a few KB) and codes (~50 KB a minute) are kept
 FIRST = "initial_codec_chunk_frames"
 # Prompt rows besides the text's own tokens: the codec's tags, the speaker, an instruction
 # (counted separately when asked for), tts_eos and the start row; a bound, not exact.
 PROMPT_TAGS = 8
+
+
+@dataclasses.dataclass(frozen=True)
+class EncodedClip:
+    """What a reference clip gives a cloned voice: its x-vector, and its codes once a
+    request has cloned it in context."""
+
+    x_vector: torch.Tensor
+    codes: torch.Tensor | None = None
 
 
 def talker_sampling(generate: dict[str, Any]) -> Sampling:
@@ -83,11 +100,13 @@ class TalkerStage(StreamingStage):
         model.load_checkpoint(self.model_path)
         self.model = model.to(self.device).eval()
         self.speaker_encoder: SpeakerEncoder | None = None
-        self.x_vectors: OrderedDict[bytes, torch.Tensor] = OrderedDict()
+        self.reference_codes: ReferenceCodes | None = None
+        self.clips: OrderedDict[bytes, EncodedClip] = OrderedDict()
         if self.config.kind == "base":
             encoder = SpeakerEncoder(self.config.speaker_encoder)
             encoder.load_checkpoint(self.model_path, checkpoint_weights(Path(self.model_path)))
             self.speaker_encoder = encoder.to(self.device).eval()
+            self.reference_codes = ReferenceCodes(self.model_path).to(self.device).eval()
         self.tokenizer = Qwen2Tokenizer.from_pretrained(self.model_path)
         self.sampling = Sampling.from_params(
             talker_sampling(self.config.generate), self.spec.sampling
@@ -109,13 +128,13 @@ class TalkerStage(StreamingStage):
         return ids.to(self.device)
 
     def prepare(self, job: StageJob) -> None:
-        """A Base request's reference clip, hashed and (unless its x-vector is kept)
+        """A Base request's reference clip, hashed and (unless it is kept encoded)
         decoded off the engine thread: up to a minute of audio, sent as base64."""
         clip = job.params.get("ref_audio") or job.params.get(UPLOADED_CLIP)
         if self.speaker_encoder is None or not isinstance(clip, str) or not clip:
             return
         key = hashlib.sha256(clip.encode()).digest()
-        job.prepared = (key, None if key in self.x_vectors else reference_clip(clip))
+        job.prepared = (key, None if key in self.clips else reference_clip(clip))
 
     def open(self, job: StageJob) -> Session:
         return TalkerSession(self, job.params, job.prepared)
@@ -145,22 +164,30 @@ class TalkerStage(StreamingStage):
         return super().step_sessions(work)
 
     def cloned(self, voice: Voice, prepared: Any = None) -> Voice:
-        """A Base request's voice with its reference clip's x-vector, made once for the
-        last X_VECTORS clips seen (an uploaded voice is sent with every request that
-        names it). `prepared`: prepare()'s (clip hash, samples or None when kept)."""
+        """A Base request's voice with its reference clip's x-vector (and its codes, in
+        context), made once for the last CLIPS clips seen (an uploaded voice is sent with
+        every request that names it). `prepared`: prepare()'s (clip hash, samples or None
+        when kept)."""
         if voice.reference_clip is None:
             return voice
         assert self.speaker_encoder is not None
+        assert self.reference_codes is not None
         key, samples = prepared or (hashlib.sha256(voice.reference_clip.encode()).digest(), None)
-        x_vector = self.x_vectors.pop(key, None)
-        if x_vector is None:
+        encoded = self.clips.pop(key, None)
+        if encoded is None or (voice.reference_text is not None and encoded.codes is None):
             if samples is None:
                 samples = reference_clip(voice.reference_clip)
-            x_vector = self.speaker_encoder.x_vector(samples)
-        self.x_vectors[key] = x_vector
-        while len(self.x_vectors) > X_VECTORS:
-            self.x_vectors.popitem(last=False)
-        return dataclasses.replace(voice, reference_clip=None, x_vector=x_vector)
+            if encoded is None:
+                encoded = EncodedClip(self.speaker_encoder.x_vector(samples))
+            if voice.reference_text is not None:
+                encoded = dataclasses.replace(encoded, codes=self.reference_codes.codes(samples))
+        self.clips[key] = encoded
+        while len(self.clips) > CLIPS:
+            self.clips.popitem(last=False)
+        codes = encoded.codes if voice.reference_text is not None else None
+        return dataclasses.replace(
+            voice, reference_clip=None, x_vector=encoded.x_vector, reference_codes=codes
+        )
 
 
 class TalkerSession(Session):
@@ -195,19 +222,20 @@ class TalkerSession(Session):
         self.instruction_ids = (
             stage.token_ids(instruction_text(voice.instruction)) if voice.instruction else None
         )
+        self.reference_ids = (
+            stage.token_ids(reference_text(voice.reference_text))
+            if voice.reference_text is not None
+            else None
+        )
         # Each frame is one position in the talker's cache, past the prompt's.
         prompt = self.text_ids.shape[1] + PROMPT_TAGS
-        if self.instruction_ids is not None:
-            prompt += self.instruction_ids.shape[1]
-        room = config.max_positions - prompt
-        if self.sampling.max_tokens > room:
-            raise StageInputError(
-                f"max_new_tokens: at most {room} for this input (the talker's "
-                f"{config.max_positions} positions), not {self.sampling.max_tokens}",
-                "max_new_tokens",
-            )
+        for ids in (self.instruction_ids, self.reference_ids):
+            prompt += 0 if ids is None else ids.shape[1]
+        self._check_room(prompt, "this input")
         # Last: a request refused above costs no speaker encoding.
         self.voice: Voice = stage.cloned(voice, prepared)
+        if self.voice.reference_codes is not None:  # the clip's frames sit in the prompt too
+            self._check_room(prompt + len(self.voice.reference_codes), "this input and clip")
         self.cache: Any = None
         self.length = 0  # positions in the talker's cache
         self.past_hidden: torch.Tensor | None = None
@@ -218,6 +246,15 @@ class TalkerSession(Session):
         self.sent = 0
         # The frame the stage's batch completed for this step, or why it could not.
         self.framed: tuple[list[int], torch.Tensor] | Exception | None = None
+
+    def _check_room(self, prompt: int, what: str) -> None:
+        room = self.stage.config.max_positions - prompt
+        if self.sampling.max_tokens > room:
+            raise StageInputError(
+                f"max_new_tokens: at most {room} for {what} (the talker's "
+                f"{self.stage.config.max_positions} positions), not {self.sampling.max_tokens}",
+                "max_new_tokens",
+            )
 
     def completes_frame(self) -> bool:
         """Its next step completes the frame of a first code chosen (not its prompt's)."""
@@ -262,6 +299,7 @@ class TalkerSession(Session):
                     # qwen-tts's default for each kind: generate_voice_clone streams the
                     # text in, the other generate functions give it whole.
                     streaming_text=self.stage.config.kind == "base",
+                    reference_ids=self.reference_ids,
                 )
                 self.cache = DynamicCache()
                 self.past_hidden, logits = model.forward_rows(self.prompt.rows, self.cache, 0)
@@ -290,9 +328,12 @@ class TalkerSession(Session):
         if len(self.frames) - self.sent < due and not done:
             return StepResult()
         chunk = self.frames[self.sent :]
+        tensors = {"codes": torch.tensor(chunk, dtype=torch.long)} if chunk else {}
+        if self.sent == 0 and self.voice.reference_codes is not None:
+            tensors[PREFIX_CODES] = self.voice.reference_codes
         self.sent = len(self.frames)
         return StepResult(
-            tensors={"codes": torch.tensor(chunk, dtype=torch.long)} if chunk else {},
+            tensors=tensors,
             done=done,
             audio_seconds=len(chunk) * self.stage.config.samples_per_frame / SAMPLE_RATE,
         )

@@ -100,6 +100,15 @@ class TalkerModel(nn.Module):
         out: torch.Tensor = self.codec_embedding(ids)
         return out
 
+    def reference_rows(self, codes: torch.Tensor) -> torch.Tensor:
+        """A reference clip's codes (frames x groups) as the talker reads them in an
+        in-context prompt (1 x frames x hidden): each frame's codes embedded by their
+        group's table and summed, as qwen-tts's generate_icl_prompt sums them."""
+        rows = [self.codec_rows(codes[:, :1])] + [
+            table(codes[:, i + 1 : i + 2]) for i, table in enumerate(self.predictor_embeddings)
+        ]
+        return torch.cat(rows, dim=1).sum(1).unsqueeze(0)
+
     def forward_rows(
         self, embeds: torch.Tensor, cache: Any, start: int
     ) -> tuple[torch.Tensor, torch.Tensor]:

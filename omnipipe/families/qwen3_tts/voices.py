@@ -1,8 +1,8 @@
 """A speech request's voice, language and instructions, checked against what the
 checkpoint's kind takes: CustomVoice speaks one of its preset speakers, with an optional
 style instruction (not on the 0.6B models); VoiceDesign speaks the voice its
-instructions describe; Base clones the voice of a reference clip (`ref_audio`), from its
-x-vector alone so far. VoiceDesign and Base have no presets (`voice`, which OpenAI's
+instructions describe; Base clones the voice of a reference clip (`ref_audio`), in context
+or from its x-vector alone. VoiceDesign and Base have no presets (`voice`, which OpenAI's
 client always sends, is not read)."""
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ TASK_TYPES = {"custom_voice": "CustomVoice", "voice_design": "VoiceDesign", "bas
 CLONING_FIELDS = ("ref_audio", "ref_text", "x_vector_only_mode")
 # The router's, for a Base request whose `voice` names an uploaded voice: that voice's clip.
 UPLOADED_CLIP = "voice_clip"
+UPLOADED_TEXT = "voice_ref_text"  # and its transcript, when it was uploaded with one
 
 
 def _text(params: dict[str, Any], name: str) -> str | None:
@@ -87,19 +88,25 @@ def voice_of(config: TTSConfig, params: dict[str, Any]) -> Voice:
 
 
 def _cloned(params: dict[str, Any], language: str, instruction: str | None) -> Voice:
-    """Base: the voice of `ref_audio`, or of the uploaded voice `voice` names. qwen-tts's
-    in-context mode (the clip's codes and `ref_text` in the prompt) is not served yet, so
-    a ref_audio needs x_vector_only_mode true; `ref_text` is then not read, as in qwen-tts."""
+    """Base: the voice of `ref_audio`, or of the uploaded voice `voice` names. As in
+    qwen-tts: in context (the clip's codes and `ref_text`, its transcript, in the prompt),
+    or from the clip's x-vector alone when x_vector_only_mode is true (`ref_text` is then
+    not read). An uploaded voice is cloned in context when it was uploaded with its
+    transcript."""
     if instruction is not None:
         raise StageInputError(
             "instructions: a Base model takes none; it speaks the voice of ref_audio",
             "instructions",
         )
+    only_x_vector = params.get("x_vector_only_mode")
+    if only_x_vector is not None and not isinstance(only_x_vector, bool):
+        raise StageInputError("x_vector_only_mode: true or false", "x_vector_only_mode")
     clip = params.get("ref_audio")
     if clip is None or clip == "":
         uploaded = params.get(UPLOADED_CLIP)
         if isinstance(uploaded, str) and uploaded:
-            return Voice(None, language, None, reference_clip=uploaded)
+            text = None if only_x_vector else _text(params, UPLOADED_TEXT)
+            return Voice(None, language, None, reference_clip=uploaded, reference_text=text)
         raise StageInputError(
             "ref_audio: a Base model clones the voice of a reference clip; send one (a WAV "
             "file, base64 or a data: URL), or name a voice uploaded to /v1/audio/voices",
@@ -107,10 +114,13 @@ def _cloned(params: dict[str, Any], language: str, instruction: str | None) -> V
         )
     if not isinstance(clip, str):
         raise StageInputError("ref_audio: a string is required (base64 WAV)", "ref_audio")
-    if params.get("x_vector_only_mode") is not True:
+    if only_x_vector:
+        return Voice(None, language, None, reference_clip=clip)
+    text = _text(params, "ref_text")
+    if text is None:
         raise StageInputError(
-            "x_vector_only_mode: this server clones from the clip's speaker embedding alone "
-            "(in-context cloning with ref_text is not served yet); send true",
-            "x_vector_only_mode",
+            "ref_text: cloning in context reads the reference clip's transcript; send it, "
+            "or x_vector_only_mode=true to clone from the clip's speaker embedding alone",
+            "ref_text",
         )
-    return Voice(None, language, None, reference_clip=clip)
+    return Voice(None, language, None, reference_clip=clip, reference_text=text)

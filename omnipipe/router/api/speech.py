@@ -143,20 +143,27 @@ class SpeechRequest(BaseModel):
     sampling_params_list: list[dict[str, Any] | None] | dict[str, Any] | None = None
 
 
-async def uploaded_clip(body: SpeechRequest, voices: VoiceStore | None) -> str | None:
-    """The clip of the uploaded voice `voice` names, as a data: URL, for the talker alone:
-    a model with presets speaks its preset of that name and ignores it. A store that does
-    not answer leaves the voice as sent (speech does not depend on the voices' store)."""
+async def uploaded_voice(body: SpeechRequest, voices: VoiceStore | None) -> dict[str, str] | None:
+    """The uploaded voice `voice` names, for the talker alone: its clip as a data: URL and
+    the transcript it was uploaded with, if any (then it is cloned in context). A model
+    with presets speaks its preset of that name and ignores it. A store that does not
+    answer leaves the voice as sent (speech does not depend on the voices' store)."""
     if voices is None or body.ref_audio is not None or not body.voice:
         return None
     if not NAME.fullmatch(body.voice):
         return None
     try:
-        clip = await voices.clip(body.voice)
+        found = await voices.voice(body.voice)
     except StoreUnavailable:
         log.warning("the voice store did not answer: voice %s is passed on as sent", body.voice)
         return None
-    return None if clip is None else "data:audio/wav;base64," + base64.b64encode(clip).decode()
+    if found is None:
+        return None
+    clip, meta = found
+    uploaded = {"voice_clip": "data:audio/wav;base64," + base64.b64encode(clip).decode()}
+    if isinstance(meta.get("ref_text"), str) and meta["ref_text"]:
+        uploaded["voice_ref_text"] = meta["ref_text"]
+    return uploaded
 
 
 def speech_plan(
@@ -218,12 +225,13 @@ async def speech_params(
     body: SpeechRequest,
     voices: VoiceStore | None,
 ) -> tuple[dict[str, dict[str, Any]], set[str]]:
-    """speech_plan's, with the clip of an uploaded voice `voice` names for the talker."""
-    clip = await uploaded_clip(body, voices)
+    """speech_plan's, with the clip (and transcript) of the uploaded voice `voice` names
+    for the talker."""
+    uploaded = await uploaded_voice(body, voices)
     params, emitters = speech_plan(pipeline, body)
     talker = stage_with_role(pipeline, Role.TALKER)
-    if clip is not None and talker is not None:
-        params[talker] = {**params[talker], "voice_clip": clip}
+    if uploaded is not None and talker is not None:
+        params[talker] = {**params[talker], **uploaded}
     # An adapter of the thinker named as the model shapes what the talker hears.
     set_stage_lora(params, orchestrator.serving_pipeline(), body.model, None)
     return params, emitters
