@@ -52,6 +52,22 @@ def test_the_splitter_gives_each_sentence_once_it_is_complete() -> None:
     assert rest.flush() == ["no end yet"]
 
 
+def test_abbreviations_and_initials_do_not_end_a_sentence() -> None:
+    s = SentenceSplitter()
+    assert s.feed("Dr. Smith met J. R. R. Tolkien in the U.S. on Jan. 3, e.g. at noon. ") == [
+        "Dr. Smith met J. R. R. Tolkien in the U.S. on Jan. 3, e.g. at noon."
+    ]
+    assert s.feed("Bring a pen, paper, etc. and a coat. Yes! ") == [
+        "Bring a pen, paper, etc. and a coat.",
+        "Yes!",
+    ]
+    # A word that is no abbreviation still ends its sentence at its period.
+    assert s.feed("I said no. Then I left. ") == ["I said no.", "Then I left."]
+    # Periods of initials past the limit do not hold a long text back.
+    held = SentenceSplitter(max_chars=40)
+    assert held.feed("a. " * 30) != []
+
+
 def test_a_long_sentence_is_spoken_a_clause_at_a_time() -> None:
     s = SentenceSplitter(max_chars=40)
     pieces = s.feed("one two three four five, six seven eight nine ten eleven twelve")

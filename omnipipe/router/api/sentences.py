@@ -15,6 +15,47 @@ _END = re.compile(
     r"""(?<![.!?\u2026])[.!?\u2026]++["'\u201d\u2019)\]]*+\s+"""
     r"|[\u3002\uff01\uff1f\uff1b]+|\n+"
 )
+# A period after one of these, or after a single letter (an initial: "J. R. R.", "U.S."),
+# is not a sentence's end: "Dr. Smith" is one sentence, not "Dr." and then "Smith".
+ABBREVIATIONS = frozenset(
+    [
+        "mr",
+        "mrs",
+        "ms",
+        "dr",
+        "prof",
+        "sr",
+        "jr",
+        "st",
+        "mt",
+        "vs",
+        "etc",
+        "cf",
+        "al",
+        "approx",
+        "fig",
+        "vol",
+        "inc",
+        "ltd",
+        "co",
+        "corp",
+        "dept",
+        "jan",
+        "feb",
+        "mar",
+        "apr",
+        "jun",
+        "jul",
+        "aug",
+        "sep",
+        "sept",
+        "oct",
+        "nov",
+        "dec",
+    ]
+)
+_WORD_BEFORE = re.compile(r"([\w.]+)$")
+_INITIALS = re.compile(r"(?:[^\W\d_]\.)*[^\W\d_]")  # "j", "u.s", "e.g"
 # Where a long sentence may be cut instead: after a clause's mark, else at a space.
 _CLAUSE = re.compile(r"[,;:\u3001\uff0c\u2014]\s*")
 # A sentence longer than this is spoken a clause at a time: the first audio of a long,
@@ -33,7 +74,7 @@ class SentenceSplitter:
         self.buffer += text
         pieces: list[str] = []
         while True:
-            end = _END.search(self.buffer)
+            end = self._sentence_end()
             if end is not None and end.end() <= self.max_chars:
                 cut = end.end()
             elif len(self.buffer) > self.max_chars:
@@ -44,6 +85,21 @@ class SentenceSplitter:
             if piece:
                 pieces.append(piece)
         return pieces
+
+    def _sentence_end(self) -> re.Match[str] | None:
+        """The first end of a sentence in the buffer, past the periods of abbreviations
+        and initials; only those within max_chars are looked at."""
+        for end in _END.finditer(self.buffer, 0, self.max_chars + 1):
+            if end.group().rstrip() != "." or not self._abbreviated(end.start()):
+                return end
+        return None
+
+    def _abbreviated(self, period: int) -> bool:
+        word = _WORD_BEFORE.search(self.buffer, max(0, period - 16), period)
+        if word is None:
+            return False
+        name = word.group(1).lower()
+        return name in ABBREVIATIONS or _INITIALS.fullmatch(name) is not None
 
     def flush(self) -> list[str]:
         """What is left, once the writer says the text is complete."""
