@@ -264,7 +264,9 @@ def build_app(pipeline: ResolvedPipeline, settings: RouterSettings) -> FastAPI:
         app.include_router(edits_router(orchestrator, serving_ids))
         app.include_router(chat_router(pipeline, orchestrator, serving_ids))
         app.include_router(speech_router(pipeline, orchestrator, serving_ids, voices))
-        app.include_router(speech_stream_router(pipeline, orchestrator, serving_ids, voices))
+        app.include_router(
+            speech_stream_router(pipeline, orchestrator, serving_ids, voices, admin.preset_voices)
+        )
         if stage_with_role(pipeline, Role.TALKER) is not None:
             app.include_router(voices_router(voices, admin.preset_voices))
         app.include_router(generate_router(pipeline, orchestrator, serving_ids, voices))

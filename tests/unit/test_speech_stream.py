@@ -270,6 +270,28 @@ def test_the_handshake_needs_the_api_key(router: tuple[TestClient, FakeWorker]) 
     assert worker.submitted == []
 
 
+@pytest.mark.parametrize(
+    "router", [FakeWorker(results(AUDIO), voices=["Vivian", "Ryan"])], indirect=True
+)
+def test_a_voice_the_model_lacks_is_refused_at_session_config(
+    router: tuple[TestClient, FakeWorker],
+) -> None:
+    """Refused once, when configured, not by every sentence's talker; the presets match
+    whatever their case, as the talker matches them."""
+    client, worker = router
+    with client.websocket_connect("/v1/audio/speech/stream", headers=KEY) as ws:
+        ws.send_json({**CONFIG, "voice": "alloy"})
+        refused = ws.receive_json()
+        assert refused["error"]["param"] == "voice"
+        assert "(Vivian, Ryan)" in refused["message"]
+        ws.send_json({"type": "input.text", "text": "Hi. "})
+        assert ws.receive_json()["error"]["message"] == "send session.config before input.text"
+        ws.send_json({**CONFIG, "voice": "ryan"})
+        ws.send_json({"type": "input.text", "text": "Hi. "})
+        assert ws.receive_json()["type"] == "audio.start"
+    assert [s.params["voice"] for s in worker.submitted if "input" in s.params] == ["ryan"]
+
+
 @pytest.mark.parametrize("router", [FakeWorker(slow_first())], indirect=True)
 def test_a_client_that_writes_far_ahead_of_speech_is_told_and_bounded(
     router: tuple[TestClient, FakeWorker],

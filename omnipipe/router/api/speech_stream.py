@@ -33,6 +33,7 @@ from omnipipe.router.api.speech import (
     speech_outputs,
     speech_plan,
 )
+from omnipipe.router.api.voices import Presets, check_preset_voice
 from omnipipe.router.errors import BadRequest, OpenAIError
 from omnipipe.router.middleware import MAX_BODY_SEPARATORS
 from omnipipe.router.orchestrator import Orchestrator
@@ -94,9 +95,10 @@ class SpeechStream:
         orchestrator: Orchestrator,
         model_ids: Callable[[], set[str]],
         voices: VoiceStore | None,
+        presets: Presets,
     ) -> None:
         self.ws, self.pipeline, self.orchestrator = ws, pipeline, orchestrator
-        self.model_ids, self.voices = model_ids, voices
+        self.model_ids, self.voices, self.presets = model_ids, voices, presets
         self.session = Session()
         self.queue: asyncio.Queue[Sentence | UtteranceEnd] = asyncio.Queue()
         self.speaking: asyncio.Task[None] | None = None
@@ -160,7 +162,7 @@ class SpeechStream:
             raise BadRequest("a message is not JSON") from None
         kind = event.get("type") if isinstance(event, dict) else None
         if kind == "session.config":
-            self.configure(event)
+            await self.configure(event)
         elif kind == "input.text":
             text = event.get("text")
             if not isinstance(text, str):
@@ -189,7 +191,7 @@ class SpeechStream:
             )
         return True
 
-    def configure(self, event: dict[str, Any]) -> None:
+    async def configure(self, event: dict[str, Any]) -> None:
         session = self.session
         if session.splitter.buffer:
             raise BadRequest(
@@ -223,6 +225,7 @@ class SpeechStream:
         if config.seed is None:
             config = config.model_copy(update={"seed": session.seed})
         speech_plan(self.pipeline, config)  # what the model cannot take is refused now
+        await check_preset_voice(config.voice, self.presets)
         session.config, session.stream_audio = config, stream_audio
 
     def check_room(self, dropped: str) -> None:
@@ -375,7 +378,8 @@ def speech_stream_router(
     pipeline: ResolvedPipeline,
     orchestrator: Orchestrator,
     model_ids: Callable[[], set[str]],
-    voices: VoiceStore | None = None,
+    voices: VoiceStore | None,
+    presets: Presets,
 ) -> APIRouter:
     router = APIRouter()
 
@@ -383,6 +387,6 @@ def speech_stream_router(
     async def speech_stream(ws: WebSocket) -> None:
         await ws.accept()
         with contextlib.suppress(WebSocketDisconnect):
-            await SpeechStream(ws, pipeline, orchestrator, model_ids, voices).run()
+            await SpeechStream(ws, pipeline, orchestrator, model_ids, voices, presets).run()
 
     return router

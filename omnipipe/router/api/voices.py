@@ -107,9 +107,22 @@ async def _upload(request: Request) -> tuple[dict[str, str], bytes]:
         await form.close()
 
 
-def voices_router(
-    store: VoiceStore | None, presets: Callable[[], Awaitable[list[str]]]
-) -> APIRouter:
+Presets = Callable[[], Awaitable[list[str]]]
+
+
+async def check_preset_voice(voice: str | None, presets: Presets) -> None:
+    """A voice that a model with preset voices lacks (they are matched as its talker
+    matches them, whatever the case): refused once, before any text is spoken, not by
+    each sentence's talker. A model without presets (one that clones) is not asked."""
+    named = await presets()
+    if voice and named and voice.lower() not in {n.lower() for n in named}:
+        raise BadRequest(
+            f"voice: {shown(voice)} is not one of this model's voices ({', '.join(named)})",
+            param="voice",
+        )
+
+
+def voices_router(store: VoiceStore | None, presets: Presets) -> APIRouter:
     """The listing for every pipeline that speaks: the model's preset voices (asked of its
     stages), then the uploaded ones; upload and delete where voices are kept (`store`)."""
     router = APIRouter()
