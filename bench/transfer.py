@@ -40,6 +40,8 @@ import _raw_ucxx
 from _common import REPO, median, record, table
 from _handoff import KV_BLOCK_BYTES, KV_BLOCKS, WAKE_GAP, Receivers, idle_run, kv_run, omnipipe_run
 
+from omnipipe.local.ports import free_port
+
 KIB, MIB = 1024, 1024 * 1024
 SIZES = {"4KiB": 4 * KIB, "1MiB": MIB, "64MiB": 64 * MIB}
 ITERATIONS = {"4KiB": 2000, "1MiB": 200, "64MiB": 20}
@@ -162,7 +164,7 @@ FINAL = re.compile(r"^Final:\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)
 
 def perftest(test: str, size: int, n: int) -> tuple[float, float]:
     """(median overhead in seconds, average bandwidth in bytes/s) from ucx_perftest."""
-    port = 20000 + os.getpid() % 20000
+    port = free_port()  # from this run's ports (OMNIPIPE_PORT_RANGE), as its serves' are
     server = subprocess.Popen(
         ["ucx_perftest", "-p", str(port)],
         stdout=subprocess.DEVNULL,

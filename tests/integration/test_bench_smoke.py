@@ -1,26 +1,29 @@
 """Each benchmark's --quick mode runs end to end (no timing is asserted): it prints its
 table and a last `name: key=value ...` line, and appends one JSON line with the machine.
 
-The pipelines that several benchmarks run (SHARED) are started once, beside the last
-benchmarks that run on one core, and lent to the tests of TestSharedServes, which run last
-(bench/_serves.py says how a benchmark borrows one)."""
+Two lanes. The benchmarks of BESIDE run one after another in a lane of their own from
+the module's start, on ports of their own; their tests, last, check what each printed.
+The others run in pytest's order meanwhile. The pipelines that several benchmarks run
+(SHARED) are started once, beside the benchmarks that run on one core, and lent to the
+tests of TestSharedServes (bench/_serves.py says how a benchmark borrows one)."""
 
 from __future__ import annotations
 
 import importlib
 import json
 import os
-import subprocess
 import sys
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import ModuleType
-from typing import Any, NoReturn
+from typing import Any
 
 import pytest
 
+from omnipipe.local.ports import PORT_RANGE_ENV, port_range
 from tests.e2e.conftest import stop_cleanly
+from tests.harness.bench_runs import Beside, run_quick
 from tests.integration.conftest import REPO
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
@@ -45,40 +48,36 @@ spec:
 """,
 }
 BORROWED = "borrowing the shared serve at "
+# The second lane's benchmarks, in its order: none borrows a shared serve.
+BESIDE: dict[str, tuple[str, ...]] = {
+    "reconcile": (),
+    "tts": ("--levels", "1,2", "--requests", "1"),
+    "pipelining": (),
+    "router_overhead": (),
+    "transfer": (),
+    "diffusion_real_size": ("--device", "cpu", "--size", "tiny"),
+    "local_handoff": ("--device", "cpu"),
+    "code2wav_engines": ("--codes", "50"),
+}
 
 
-def not_json(token: str) -> NoReturn:
-    raise ValueError(f"{token} is not JSON")
-
-
-def run_quick(
-    name: str, tmp_path: Path, *extra: str, env: dict[str, str] | None = None
-) -> tuple[str, dict[str, object]]:
-    proc = subprocess.run(
-        [sys.executable, str(REPO / f"bench/{name}.py"), "--quick", *extra],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=540,
-        env={**os.environ, "OMNIPIPE_BENCH_RESULTS": str(tmp_path), **(env or {})},
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    last = proc.stdout.strip().splitlines()[-1]
-    assert last.startswith(f"{name}: "), last
-    assert all("=" in pair for pair in last.removeprefix(f"{name}: ").split())
-    [line] = (tmp_path / f"{name}.jsonl").read_text().splitlines()
-    result = json.loads(line, parse_constant=not_json)
-    assert result["quick"] is True
-    assert result["machine"]["cpus"] >= 1
-    # Which code was measured: this checkout's HEAD, marked when it has changes.
-    head = subprocess.run(
-        ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.strip()
-    assert result["commit"].removesuffix("+changes") == head
-    return proc.stdout, result["results"]
+@pytest.fixture(scope="module", autouse=True)
+def beside(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Beside]:
+    """The second lane, from the module's first test: its ports are the upper half of
+    this run's, and this process (its serves, its benchmarks) keeps the lower half."""
+    low, high = port_range()
+    middle = (low + high) // 2
+    before = os.environ.get(PORT_RANGE_ENV)
+    os.environ[PORT_RANGE_ENV] = f"{low}-{middle}"
+    lane = Beside(BESIDE, tmp_path_factory.mktemp("beside"), f"{middle + 1}-{high}")
+    try:
+        yield lane
+    finally:
+        lane.stop()
+        if before is None:
+            os.environ.pop(PORT_RANGE_ENV, None)
+        else:
+            os.environ[PORT_RANGE_ENV] = before
 
 
 def test_autoscale_reaction_quick(tmp_path: Path) -> None:
@@ -87,81 +86,8 @@ def test_autoscale_reaction_quick(tmp_path: Path) -> None:
     assert results["up_decision_s"] > 0  # type: ignore[operator]
 
 
-def test_transfer_quick(tmp_path: Path) -> None:
-    out, results = run_quick("transfer", tmp_path)
-    for size in ("4KiB", "1MiB", "64MiB"):
-        paths = results[size]
-        assert set(paths) == {  # type: ignore[arg-type]
-            *("memcpy", "ucx_perftest", "raw-ucxx", "socket", "omnipipe-ucx", "omnipipe-tcp")
-        }
-        assert all(p["gbps"] > 0 for p in paths.values())  # type: ignore[index, union-attr]
-    assert "x raw-ucxx" in out
-    assert "x socket" in out
-    kv = results["kv-16MiB"]
-    assert set(kv) == {"ucx-blocks", "ucx-contiguous", "tcp-blocks", "tcp-contiguous"}  # type: ignore[arg-type]
-    assert all(r["gbps"] > 0 for r in kv.values())  # type: ignore[index, union-attr]
-    for idle in results["idle"].values():  # type: ignore[union-attr]
-        assert idle["hot_p50_us"] > 0
-        assert idle["receiver_idle_cpu"] >= 0
-
-
-def test_router_overhead_quick(tmp_path: Path) -> None:
-    _out, results = run_quick("router_overhead", tmp_path)
-    assert set(results) == {"direct", "vllm-router", "omnipipe"}
-    for path in results.values():
-        assert set(path) == {"1", "64", "512"}  # type: ignore[arg-type]
-        assert all(r["errors"] == 0 and r["rps"] > 0 for r in path.values())  # type: ignore[index, union-attr]
-
-
-def test_pipelining_quick(tmp_path: Path) -> None:
-    _, results = run_quick("pipelining", tmp_path)
-    assert set(results["omnipipe"]) == set(results["monolithic"]) == {"1", "4", "16"}  # type: ignore[arg-type]
-
-
-def test_reconcile_quick(tmp_path: Path) -> None:
-    _, results = run_quick("reconcile", tmp_path)
-    for n in ("1", "3"):
-        ours = results["omnipipe"][n]  # type: ignore[index]
-        assert ours["ready_s"] > 0
-        assert ours["requests_per_pipeline"] > 0  # the operator's requests were counted
-        assert results["direct"][n]["ready_s"] > 0  # type: ignore[index]
-
-
-def test_diffusion_real_size_path_runs_on_the_cpu_at_a_tiny_size(tmp_path: Path) -> None:
-    """The GPU side's code, at a tiny size on the CPU: the monolith, the stages sharing
-    its modules, the step probe, and the step cache forced to reuse."""
-    out, results = run_quick("diffusion_real_size", tmp_path, "--device", "cpu", "--size", "tiny")
-    assert "split_c1_time_vs_monolith_c1=" in out
-    rows = results["results"]
-    for name in ("split_c1", "split_c4", "split_cache_c1", "split_cache_forced_all_c1"):
-        assert rows[name]["latents_finite"] is True  # type: ignore[index]
-    assert rows["split_c4"]["request_steps"] == {"computed": 16, "reused": 0}  # type: ignore[index]
-    forced = rows["split_cache_forced_all_c1"]["request_steps"]  # type: ignore[index]
-    assert forced["reused"] > 0  # type: ignore[index]
-    assert rows["monolith_c4"]["s_per_image"] > 0  # type: ignore[index]
-
-
-def test_local_handoff_quick(tmp_path: Path) -> None:
-    out, results = run_quick("local_handoff", tmp_path, "--device", "cpu")
-    assert "by reference" in out
-    assert results["device"] == "cpu"
-    for size in ("4096", "1048576"):
-        row = results[size]  # type: ignore[index]
-        assert row["local_us"] > 0
-        assert row["copy_us"] > 0
-
-
-# One torch thread each: the shared serves start on the other core meanwhile.
-@pytest.mark.usefixtures("shared_serves_starting")
-@pytest.mark.parametrize(
-    ("name", "extra", "rate"),
-    [
-        ("talker_engines", (), "codes_per_s"),
-        ("code2wav_engines", ("--codes", "50"), "audio_s_per_s"),
-    ],
-)
-def test_engine_benches_quick(name: str, extra: tuple[str, ...], rate: str, tmp_path: Path) -> None:
-    out, results = run_quick(name, tmp_path, *extra)
+def check_engines(out: str, results: dict[str, object], rate: str) -> None:
+    """talker_engines' and code2wav_engines': each family on both engines, at 1 and 4."""
     assert "vLLM/transformers" in out
     for family in ("qwen2.5-omni", "qwen3-omni"):
         for engine in ("vllm", "transformers"):
@@ -172,15 +98,10 @@ def test_engine_benches_quick(name: str, extra: tuple[str, ...], rate: str, tmp_
                 assert r["round_s"] > 0
 
 
-def test_tts_quick(tmp_path: Path) -> None:
-    out, results = run_quick("tts", tmp_path, "--levels", "1,2", "--requests", "1")
-    assert "RTF p50" in out
-    for row in [results["qwen-tts"], *results["omnipipe"].values()]:  # type: ignore[attr-defined]
-        assert 0 < row["ttfa_p50_s"] <= row["ttfa_p99_s"]
-        assert row["audio_s_per_s"] > 0
-        assert row["rtf_p50"] > 0
-    assert set(results["omnipipe"]) == {"1", "2"}  # type: ignore[arg-type]
-    assert results["summary"]["audio_c2_over_c1"] > 0  # type: ignore[index]
+# One torch thread: the shared serves start on the other core meanwhile.
+@pytest.mark.usefixtures("shared_serves_starting")
+def test_talker_engines_quick(tmp_path: Path) -> None:
+    check_engines(*run_quick("talker_engines", tmp_path), "codes_per_s")
 
 
 def bench_serves() -> ModuleType:
@@ -328,3 +249,85 @@ class TestSharedServes:
         shares = results["steps_reused_share"]
         assert shares["split graph"] == 0  # type: ignore[index]
         assert shares["split graph + step cache"] > 0  # type: ignore[index]
+
+
+# The second lane's benchmarks, checked as each has run there.
+
+
+def test_reconcile_quick(beside: Beside) -> None:
+    _, results = beside.result("reconcile")
+    for n in ("1", "3"):
+        ours = results["omnipipe"][n]  # type: ignore[index]
+        assert ours["ready_s"] > 0
+        assert ours["requests_per_pipeline"] > 0  # the operator's requests were counted
+        assert results["direct"][n]["ready_s"] > 0  # type: ignore[index]
+
+
+def test_tts_quick(beside: Beside) -> None:
+    out, results = beside.result("tts")
+    assert "RTF p50" in out
+    for row in [results["qwen-tts"], *results["omnipipe"].values()]:  # type: ignore[attr-defined]
+        assert 0 < row["ttfa_p50_s"] <= row["ttfa_p99_s"]
+        assert row["audio_s_per_s"] > 0
+        assert row["rtf_p50"] > 0
+    assert set(results["omnipipe"]) == {"1", "2"}  # type: ignore[arg-type]
+    assert results["summary"]["audio_c2_over_c1"] > 0  # type: ignore[index]
+
+
+def test_pipelining_quick(beside: Beside) -> None:
+    _, results = beside.result("pipelining")
+    assert set(results["omnipipe"]) == set(results["monolithic"]) == {"1", "4", "16"}  # type: ignore[arg-type]
+
+
+def test_router_overhead_quick(beside: Beside) -> None:
+    _out, results = beside.result("router_overhead")
+    assert set(results) == {"direct", "vllm-router", "omnipipe"}
+    for path in results.values():
+        assert set(path) == {"1", "64", "512"}  # type: ignore[arg-type]
+        assert all(r["errors"] == 0 and r["rps"] > 0 for r in path.values())  # type: ignore[index, union-attr]
+
+
+def test_transfer_quick(beside: Beside) -> None:
+    out, results = beside.result("transfer")
+    for size in ("4KiB", "1MiB", "64MiB"):
+        paths = results[size]
+        assert set(paths) == {  # type: ignore[arg-type]
+            *("memcpy", "ucx_perftest", "raw-ucxx", "socket", "omnipipe-ucx", "omnipipe-tcp")
+        }
+        assert all(p["gbps"] > 0 for p in paths.values())  # type: ignore[index, union-attr]
+    assert "x raw-ucxx" in out
+    assert "x socket" in out
+    kv = results["kv-16MiB"]
+    assert set(kv) == {"ucx-blocks", "ucx-contiguous", "tcp-blocks", "tcp-contiguous"}  # type: ignore[arg-type]
+    assert all(r["gbps"] > 0 for r in kv.values())  # type: ignore[index, union-attr]
+    for idle in results["idle"].values():  # type: ignore[union-attr]
+        assert idle["hot_p50_us"] > 0
+        assert idle["receiver_idle_cpu"] >= 0
+
+
+def test_diffusion_real_size_path_runs_on_the_cpu_at_a_tiny_size(beside: Beside) -> None:
+    """The GPU side's code, at a tiny size on the CPU: the monolith, the stages sharing
+    its modules, the step probe, and the step cache forced to reuse."""
+    out, results = beside.result("diffusion_real_size")
+    assert "split_c1_time_vs_monolith_c1=" in out
+    rows = results["results"]
+    for name in ("split_c1", "split_c4", "split_cache_c1", "split_cache_forced_all_c1"):
+        assert rows[name]["latents_finite"] is True  # type: ignore[index]
+    assert rows["split_c4"]["request_steps"] == {"computed": 16, "reused": 0}  # type: ignore[index]
+    forced = rows["split_cache_forced_all_c1"]["request_steps"]  # type: ignore[index]
+    assert forced["reused"] > 0  # type: ignore[index]
+    assert rows["monolith_c4"]["s_per_image"] > 0  # type: ignore[index]
+
+
+def test_local_handoff_quick(beside: Beside) -> None:
+    out, results = beside.result("local_handoff")
+    assert "by reference" in out
+    assert results["device"] == "cpu"
+    for size in ("4096", "1048576"):
+        row = results[size]  # type: ignore[index]
+        assert row["local_us"] > 0
+        assert row["copy_us"] > 0
+
+
+def test_code2wav_engines_quick(beside: Beside) -> None:
+    check_engines(*beside.result("code2wav_engines"), "audio_s_per_s")
