@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -101,6 +102,18 @@ def hpa_replay(
     return median(ups), median(downs)
 
 
+@contextmanager
+def kept_on_failure(work: Path) -> Iterator[None]:
+    """The run's folder (etcd's data, the logs: tens of MB) is removed once all in it has
+    stopped, unless the run failed: then it stays, for its logs."""
+    try:
+        yield
+    except BaseException:
+        log(f"failed: the operator's, the control plane's and prometheus's logs stay in {work}")
+        raise
+    shutil.rmtree(work, ignore_errors=True)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="short load and windows")
@@ -125,6 +138,7 @@ def main() -> int:
     # One request at a time, so demand is a clean step, not a batch-shaped sawtooth.
     react = write_pipeline(work, "react", transfer="tcp")
     with (
+        kept_on_failure(work),
         serve_of(react, {"OMNIPIPE_WORKER_MAX_BATCH": "1"}, early=args.quick) as take_serve,
         control_plane(work / "k8s", with_pods=True) as cluster,
         prometheus(work / "prom") as prom,
