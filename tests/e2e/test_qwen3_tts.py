@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import time
 import wave
 from collections.abc import Iterator
 
@@ -211,6 +212,40 @@ def test_what_the_model_cannot_speak_is_refused_by_name(client: openai.OpenAI) -
     with pytest.raises(openai.BadRequestError, match="makes no images") as refused:
         client.images.generate(model=MODEL, prompt="a lighthouse")
     assert refused.value.body["param"] == "model"  # type: ignore[index]
+
+
+def test_a_client_that_hangs_up_mid_speech_frees_both_stages(
+    client: openai.OpenAI, served: Served
+) -> None:
+    """POST /v1/audio/speech streamed, the client gone after its first audio: the router
+    cancels the request on the talker and code2wav at once, and neither records it as
+    completed."""
+    stages = ("talker-0", "code2wav-0")
+
+    def load() -> list[float]:
+        return [
+            served.metric(s, "omnipipe_stage_requests_running")
+            + served.metric(s, "omnipipe_stage_requests_waiting")
+            for s in stages
+        ]
+
+    def completed() -> list[float]:
+        return [served.metric(s, "omnipipe_stage_request_duration_seconds_count") for s in stages]
+
+    before = completed()
+    long = {"max_tokens": 3000, "min_tokens": 3000}  # minutes of speech: it cannot end first
+    spoken = {"sampling_params_list": [long], "initial_codec_chunk_frames": 1, "seed": 1}
+    with client.audio.speech.with_streaming_response.create(
+        model=MODEL, input=TEXT, voice="vivian", response_format="pcm", extra_body=spoken
+    ) as streamed:
+        pieces = streamed.iter_bytes(1024)  # kept: a dropped iterator closes the stream
+        assert next(pieces)  # audio: both stages hold the request
+        assert load() == [1, 1]
+    deadline = time.monotonic() + 10
+    while load() != [0, 0] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert load() == [0, 0], "the stages still hold the abandoned speech"
+    assert completed() == before  # cancelled, not finished
 
 
 def test_a_base_model_speaks_in_the_voice_of_the_clip_sent() -> None:
