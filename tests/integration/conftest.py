@@ -15,10 +15,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from omnipipe.local.ports import free_port
-from tests.e2e.conftest import pytest_runtest_makereport  # noqa: F401  (serve output on failure)
+from tests.e2e.conftest import (
+    Served,
+    pytest_runtest_makereport,  # noqa: F401  (serve output on failure)
+    start_serve,
+)
 from tests.harness.cluster import Cluster, control_plane, service_account_kubeconfig
+from tests.harness.prometheus import Prometheus, prometheus
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.integration
@@ -102,6 +108,37 @@ def running_operator(cluster: Cluster) -> Iterator[Operator]:
 def operator(cluster: Cluster) -> Iterator[Operator]:
     with running_operator(cluster) as op:
         yield op
+
+
+@pytest.fixture(scope="module")
+def prom(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]:
+    """A real Prometheus for the module's tests to point at their workers."""
+    with prometheus(tmp_path_factory.mktemp("prometheus")) as p:
+        yield p
+
+
+def pipeline_yaml(name: str, spec: dict[str, object]) -> str:
+    """An OmniPipeline named `name`, as a user writes one."""
+    return yaml.safe_dump(
+        {
+            "apiVersion": "omnipipe.io/v1alpha1",
+            "kind": "OmniPipeline",
+            "metadata": {"name": name},
+            "spec": spec,
+        }
+    )
+
+
+@contextmanager
+def serving(folder: Path, name: str, text: str) -> Iterator[Served]:
+    """`omnipipe serve` of the pipeline file `text`, written to folder/<name>.yaml."""
+    path = folder / f"{name}.yaml"
+    path.write_text(text)
+    served = start_serve(path)
+    try:
+        yield served
+    finally:
+        served.stop()
 
 
 _namespaces = iter(range(1, 10_000))

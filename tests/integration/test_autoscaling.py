@@ -23,12 +23,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 
 @pytest.fixture(scope="module")
-def prom(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]:
-    with prometheus(tmp_path_factory.mktemp("prometheus")) as p:
-        yield p
-
-
-@pytest.fixture(scope="module")
 def workers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     # One request at a time: demand then stays steady instead of dipping between batches.
     s = start_serve(

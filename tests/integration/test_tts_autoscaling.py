@@ -6,27 +6,19 @@ first-audio-p90 while code2wav keeps its own count."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import openai
 import pytest
-import yaml
 
-from tests.e2e.conftest import Served, start_serve
+from tests.e2e.conftest import Served
 from tests.harness.cluster import Cluster
-from tests.harness.prometheus import Prometheus, prometheus
-from tests.integration.conftest import Operator, wait_for
+from tests.harness.prometheus import Prometheus
+from tests.integration.conftest import Operator, pipeline_yaml, serving, wait_for
 from tests.integration.test_autoscaling import Clients, replicas, stage_status
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 NAME = "tts-scaled"
 MODEL = "tiny://qwen3-tts-custom-voice"
-
-
-@pytest.fixture(scope="module")
-def prom(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]:
-    with prometheus(tmp_path_factory.mktemp("prometheus")) as p:
-        yield p
 
 
 def manifest(prometheus_url: str | None = None, talker: dict[str, object] | None = None) -> str:
@@ -38,23 +30,13 @@ def manifest(prometheus_url: str | None = None, talker: dict[str, object] | None
     }
     if prometheus_url is not None:
         spec["prometheusUrl"] = prometheus_url
-    return yaml.safe_dump(
-        {
-            "apiVersion": "omnipipe.io/v1alpha1",
-            "kind": "OmniPipeline",
-            "metadata": {"name": NAME},
-            "spec": spec,
-        }
-    )
+    return pipeline_yaml(NAME, spec)
 
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    path: Path = tmp_path_factory.mktemp("tts") / f"{NAME}.yaml"
-    path.write_text(manifest())
-    s = start_serve(path)
-    yield s
-    s.stop()
+    with serving(tmp_path_factory.mktemp("tts"), NAME, manifest()) as s:
+        yield s
 
 
 def speak(c: openai.OpenAI) -> object:

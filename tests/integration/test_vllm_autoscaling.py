@@ -5,16 +5,14 @@ operator scales the stage's Deployment in the real API server on kv-cache-usage.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import openai
 import pytest
-import yaml
 
-from tests.e2e.conftest import Served, start_serve
+from tests.e2e.conftest import Served
 from tests.harness.cluster import Cluster
-from tests.harness.prometheus import Prometheus, prometheus
-from tests.integration.conftest import Operator, wait_for
+from tests.harness.prometheus import Prometheus
+from tests.integration.conftest import Operator, pipeline_yaml, serving, wait_for
 from tests.integration.test_autoscaling import Clients, replicas, stage_status
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
@@ -29,12 +27,6 @@ STAGE = {
 }
 
 
-@pytest.fixture(scope="module")
-def prom(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheus]:
-    with prometheus(tmp_path_factory.mktemp("prometheus")) as p:
-        yield p
-
-
 def manifest(extra: dict[str, object] | None = None) -> str:
     spec: dict[str, object] = {
         "model": "tiny://qwen2.5-omni",
@@ -42,23 +34,13 @@ def manifest(extra: dict[str, object] | None = None) -> str:
         "transfer": {"backend": "tcp"},
         "stages": [{**STAGE, **(extra or {})}],
     }
-    return yaml.safe_dump(
-        {
-            "apiVersion": "omnipipe.io/v1alpha1",
-            "kind": "OmniPipeline",
-            "metadata": {"name": NAME},
-            "spec": spec,
-        }
-    )
+    return pipeline_yaml(NAME, spec)
 
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
-    path: Path = tmp_path_factory.mktemp("vllm") / f"{NAME}.yaml"
-    path.write_text(manifest())
-    s = start_serve(path)
-    yield s
-    s.stop()
+    with serving(tmp_path_factory.mktemp("vllm"), NAME, manifest()) as s:
+        yield s
 
 
 def chat(c: openai.OpenAI) -> object:
