@@ -53,7 +53,7 @@ from omnipipe.stagekit.stage import (
 )
 
 MIN_TOKENS = 2  # generate() forces min_new_tokens=2
-CLIPS = 256  # reference clips whose x-vectors (a few KB) and codes (~50 KB a minute) are kept
+CLIPS = 256  # reference clips whose x-vectors (a few KB) and codes (94 KB a minute) are kept
 FIRST = "initial_codec_chunk_frames"
 # Prompt rows besides the text's own tokens: the codec's tags, the speaker, an instruction
 # (counted separately when asked for), tts_eos and the start row; a bound, not exact.
