@@ -1,6 +1,6 @@
 """Qwen3-TTS (the model authors' qwen-tts): text to speech with preset voices and style
 instructions (CustomVoice), a voice described in words (VoiceDesign) or the voice of a
-reference clip (Base, from its speaker embedding). A talker that
+reference clip (Base, in context or from its speaker embedding). A talker that
 makes 16-code frames (its code predictor inside it) streams them to code2wav, the 12 Hz
 speech tokenizer's decoder."""
 
