@@ -17,6 +17,10 @@ machine's cores between them (worker/threads.py). On the CPU the c1 ratios to qw
 compare a process against a pipeline of two, each with its own share.
 
     .venv/bin/python bench/tts.py [--quick] [--levels 1,4,16,32] [--requests 4]
+        [--engines transformers,vllm]
+
+With both engines, each talker's serve runs the same levels, one after the other, and the
+table gives each beside the other and the anchor.
 """
 
 from __future__ import annotations
@@ -39,13 +43,23 @@ from omnipipe.checkpoints.tiny import resolve_model_path
 from omnipipe.families.qwen3_tts.reference_env import reference_python
 
 MODEL = "tiny://qwen3-tts-custom-voice"
-MANIFEST = f"""apiVersion: omnipipe.io/v1alpha1
+ENGINES = ("transformers", "vllm")
+
+
+def manifest(engine: str) -> str:
+    """The pipeline with its talker on `engine` (code2wav on transformers either way)."""
+    return f"""apiVersion: omnipipe.io/v1alpha1
 kind: OmniPipeline
-metadata: {{name: tts}}
+metadata: {{name: tts-{engine}}}
 spec:
   model: {MODEL}
   pipeline: qwen3-tts
+  stages:
+  - name: talker
+    engine: {engine}
 """
+
+
 TEXT = "The train to the airport leaves from platform four at a quarter past noon."
 VOICE = "vivian"
 RATE = 24000  # 16-bit mono PCM
@@ -154,7 +168,17 @@ def main() -> None:
     parser.add_argument("--levels", default=None, help="comma-separated (default 1,4,16,32)")
     parser.add_argument("--requests", type=int, default=None, help="per client, per level")
     parser.add_argument("--max-new-tokens", type=int, default=None)
+    parser.add_argument(
+        "--engines",
+        default=None,
+        help="the talker's engines, comma-separated (default transformers,vllm; --quick "
+        "transformers)",
+    )
     args = parser.parse_args()
+    engines = (args.engines or ("transformers" if args.quick else ",".join(ENGINES))).split(",")
+    unknown = sorted(set(engines) - set(ENGINES))
+    if unknown:
+        parser.error(f"--engines: {', '.join(unknown)} is not one of {', '.join(ENGINES)}")
     levels = [int(x) for x in (args.levels or ("1,4" if args.quick else "1,4,16,32")).split(",")]
     requests = args.requests or (2 if args.quick else 4)
     max_new_tokens = args.max_new_tokens or (16 if args.quick else 60)
@@ -162,26 +186,38 @@ def main() -> None:
         tempfile.TemporaryDirectory(prefix="omnipipe-bench-tts-") as work,
         contextlib.ExitStack() as stack,
     ):
-        # --quick: the serve starts while the anchor runs (on one torch thread), not after.
-        serves = stack.enter_context(serving(Path(work), {"tts": MANIFEST})) if args.quick else None
+        texts = {engine: manifest(engine) for engine in engines}
+        # --quick: the serves start while the anchor runs (on one torch thread), not after.
+        serves = stack.enter_context(serving(Path(work), texts)) if args.quick else None
         print(f"qwen-tts (anchor): {requests * 2} requests, one at a time", flush=True)
         rows: dict[str, Any] = {"qwen-tts": anchor(requests * 2, max_new_tokens)}
-        serves = serves or stack.enter_context(serving(Path(work), {"tts": MANIFEST}))
-        served = serves.take("tts")
-        assert served is not None
-        try:
-            one_request(served.base_url, 0, max_new_tokens)  # one-time costs
-            ours: dict[str, dict[str, float]] = {}
-            for clients in levels:
-                print(f"omnipipe: {clients} clients, {requests} requests each", flush=True)
-                ours[str(clients)] = level_of(served.base_url, clients, requests, max_new_tokens)
-        finally:
-            # Taken, it is ours to stop (close() stops only those not taken): left running,
-            # it outlived the run, a whole TTS pipeline's memory each time.
-            release(served)
+        serves = serves or stack.enter_context(serving(Path(work), texts))
+        by_engine: dict[str, dict[str, dict[str, float]]] = {}
+        for engine in engines:
+            served = serves.take(engine)
+            assert served is not None
+            try:
+                one_request(served.base_url, 0, max_new_tokens)  # one-time costs
+                by_engine[engine] = {}
+                for clients in levels:
+                    print(f"omnipipe, talker on {engine}: {clients} clients", flush=True)
+                    by_engine[engine][str(clients)] = level_of(
+                        served.base_url, clients, requests, max_new_tokens
+                    )
+            finally:
+                # Taken, it is ours to stop (close() stops only those not taken): left
+                # running, it outlived the run, a whole TTS pipeline's memory each time.
+                release(served)
         serves.close()
+    # The first engine's rows are "omnipipe" (the transformers talker's by default).
+    ours = by_engine[engines[0]]
     rows["omnipipe"] = ours
-    named = [("qwen-tts c1", rows["qwen-tts"]), *((f"omnipipe c{c}", r) for c, r in ours.items())]
+    for engine in engines[1:]:
+        rows[f"omnipipe-{engine}"] = by_engine[engine]
+    named = [
+        ("qwen-tts c1", rows["qwen-tts"]),
+        *((f"{engine} c{c}", r) for engine in engines for c, r in by_engine[engine].items()),
+    ]
     lines = [
         [
             *(name, f"{r['ttfa_p50_s'] * 1e3:.0f}", f"{r['ttfa_p99_s'] * 1e3:.0f}"),
@@ -199,10 +235,20 @@ def main() -> None:
         "ttfa_c1_vs_qwen_tts": ratio(low["ttfa_p50_s"], rows["qwen-tts"]["ttfa_p50_s"]),
         "rtf_c1_vs_qwen_tts": ratio(low["rtf_p50"], rows["qwen-tts"]["rtf_p50"]),
     }
-    if "16" in ours and "1" in ours:
-        ttfa = ratio(ours["16"]["ttfa_p50_s"], ours["1"]["ttfa_p50_s"])
-        audio = ratio(ours["16"]["audio_s_per_s"], ours["1"]["audio_s_per_s"])
-        print(f"targets (#42): TTFA p50 c16/c1 <= 2: {ttfa:.2f}; audio/s c16/c1 >= 4: {audio:.2f}")
+    for engine in engines[1:]:
+        theirs = by_engine[engine]
+        for c in (str(levels[0]), str(levels[-1])):
+            summary[f"{engine}_audio_c{c}_over_{engines[0]}"] = ratio(
+                theirs[c]["audio_s_per_s"], ours[c]["audio_s_per_s"]
+            )
+    for engine, levels_of in by_engine.items():
+        if "16" in levels_of and "1" in levels_of:
+            ttfa = ratio(levels_of["16"]["ttfa_p50_s"], levels_of["1"]["ttfa_p50_s"])
+            audio = ratio(levels_of["16"]["audio_s_per_s"], levels_of["1"]["audio_s_per_s"])
+            print(
+                f"targets (#42), talker on {engine}: TTFA p50 c16/c1 <= 2: {ttfa:.2f}; "
+                f"audio/s c16/c1 >= 4: {audio:.2f}"
+            )
     rows["summary"] = summary
     record("tts", rows, args.quick)
     print("tts: " + " ".join(f"{k}={v:.2f}" for k, v in summary.items()))

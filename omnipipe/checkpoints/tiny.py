@@ -20,7 +20,8 @@ log = logging.getLogger(__name__)
 # Bump when a builder changes, so stale caches are rebuilt.
 # 9: built by `omnipipe fetch`, marked with its .omnipipe-complete.
 # 10: the Qwen Omni talkers' head_dim is 32, as vLLM's CPU attention needs.
-TINY_FORMAT = "10-fetch"
+# 11: the Qwen3-TTS talkers' head_dim is 32 too (their talker on vLLM).
+TINY_FORMAT = "11-fetch"
 
 
 def default_cache_dir() -> Path:

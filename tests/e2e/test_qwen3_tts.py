@@ -14,6 +14,7 @@ import json
 import time
 import wave
 from collections.abc import Iterator
+from pathlib import Path
 
 import av
 import httpx
@@ -323,3 +324,37 @@ def test_a_base_model_speaks_in_the_voice_of_the_clip_sent() -> None:
     assert by_name.content == r.content
     assert told_by_name.content == icl.content
     assert samples_of(said.audio_wav).tobytes() == r.content[44:]  # the same, past the header
+
+
+def test_the_talker_on_vllm_speaks_qwen_tts_own_greedy_speech(tmp_path: Path) -> None:
+    """`engine: vllm` on the talker: the served greedy WAV is generate_custom_voice's."""
+    case = {"text": TEXT, "speaker": "ryan", "language": "english"}
+    expected = reference_outputs({"greedy": ("qwen3-tts-custom-voice", case)})["greedy"]
+    manifest = tmp_path / "tts-vllm.yaml"
+    manifest.write_text(
+        f"""apiVersion: omnipipe.io/v1alpha1
+kind: OmniPipeline
+metadata: {{name: tts-vllm}}
+spec:
+  model: {MODEL}
+  pipeline: qwen3-tts
+  stages:
+  - name: talker
+    engine: vllm
+    engineArgs: {{max_model_len: 2048}}
+"""
+    )
+    serve = start_serve(manifest)
+    try:
+        with openai.OpenAI(base_url=serve.base_url, api_key="any", max_retries=0) as c:
+            r = c.audio.speech.create(
+                model="tts-vllm",
+                input=TEXT,
+                voice="ryan",
+                extra_body={"language": "english", "sampling_params_list": [{"temperature": 0}]},
+            )
+    finally:
+        stop_cleanly(serve)
+    pcm = samples_of(r.content)
+    assert len(pcm) == len(expected["codes"]) * SAMPLES_PER_FRAME == len(expected["wav"])
+    assert np.abs(pcm.astype(np.float64) - pcm_of(expected["wav"])).max() <= 1

@@ -68,7 +68,7 @@ CASES: dict[str, list[dict[str, Any]]] = {
             "text": "Where is the station?",
             "language": "auto",
             "ref_audio": clip(3.0, seed=1),
-            "seed": 11,
+            "seed": 10,  # 21 frames, then its end (seed 11 ended at 3 frames, too few to chunk)
             "max_new_tokens": 40,
         },
     ],

@@ -36,7 +36,7 @@ CASES = [
         "ref_audio": clip(1.2, seed=2),
         "ref_text": "A transcript far longer than a clip of barely more than a second holds "
         "in frames, so that its rows run on past the clip's codes in the prompt.",
-        "seed": 11,
+        "seed": 10,  # 28 frames, then its end
         "max_new_tokens": 30,
     },
     {  # 313 frames of reference: code2wav's first window (300) ends inside the clip

@@ -33,6 +33,7 @@ FAMILY = Family(
             ),
             stage_classes={
                 (Role.TALKER, Engine.TRANSFORMERS): f"{PACKAGE}.talker:TalkerStage",
+                (Role.TALKER, Engine.VLLM): f"{PACKAGE}.vllm.talker:VllmTalkerStage",
                 (Role.CODE2WAV, Engine.TRANSFORMERS): f"{PACKAGE}.code2wav:Code2WavStage",
             },
             speech_fields=frozenset(

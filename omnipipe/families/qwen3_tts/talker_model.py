@@ -22,10 +22,10 @@ from omnipipe.families.qwen3_tts.config import TTSConfig, qwen3_config
 PREFIX = "talker."
 # Released weight names under talker. -> this module's.
 RENAMES = (
-    ("code_predictor.model.codec_embedding.", "predictor_embeddings."),
-    ("code_predictor.model.", "predictor."),
-    ("code_predictor.lm_head.", "predictor_heads."),
-    ("code_predictor.small_to_mtp_projection.", "projection."),
+    ("code_predictor.model.codec_embedding.", "code_predictor.embeddings."),
+    ("code_predictor.model.", "code_predictor.model."),
+    ("code_predictor.lm_head.", "code_predictor.heads."),
+    ("code_predictor.small_to_mtp_projection.", "code_predictor.projection."),
     ("model.codec_embedding.", "codec_embedding."),
     ("model.text_embedding.", "text_embedding."),
     ("model.", "model."),
@@ -48,13 +48,72 @@ class TextProjection(nn.Module):
         return out
 
 
-class TalkerModel(nn.Module):
+class CodePredictor(nn.Module):
+    """The talker's code predictor: from the talker's last state and a frame's first code,
+    the frame's other codes, one group at a time (transformers' dense Qwen3 decoder)."""
+
     def __init__(self, config: TTSConfig) -> None:
         super().__init__()
         from transformers import Qwen3Model
 
         t, p = config.talker, config.predictor
         hidden, groups = int(t["hidden_size"]), config.groups
+        self.model = Qwen3Model(qwen3_config(p))
+        vocab, small = int(p["vocab_size"]), int(p["hidden_size"])
+        # Its code tables are at the talker's width: the talker sums them too.
+        self.embeddings = nn.ModuleList(nn.Embedding(vocab, hidden) for _ in range(groups - 1))
+        self.heads = nn.ModuleList(nn.Linear(small, vocab, bias=False) for _ in range(groups - 1))
+        self.projection: nn.Module = (
+            nn.Linear(hidden, small, bias=True) if small != hidden else nn.Identity()
+        )
+
+    def frames(
+        self,
+        past_hidden: torch.Tensor,
+        first: torch.Tensor,
+        picks: Sequence[Callable[[torch.Tensor], int]],
+    ) -> tuple[list[list[int]], torch.Tensor]:
+        """The frames of several requests as one batch (past_hidden B x 1 x hidden, their
+        first codes' embeddings `first` B x 1 x hidden, a pick each): every frame starts
+        the predictor afresh at position 0, so the rows line up with no padding. Each
+        frame's other codes, each chosen by its pick from its logits, and each frame's
+        summed embedding (B x 1 x hidden), the talker's next input before its row."""
+        from transformers import DynamicCache
+
+        device = past_hidden.device
+        cache = DynamicCache()
+        embeds = torch.cat((past_hidden, first), dim=1)
+        picked: list[list[int]] = [[] for _ in picks]
+        for group in range(len(self.heads)):
+            if group > 0:
+                embeds = self.embeddings[group - 1](
+                    torch.tensor([[p[-1]] for p in picked], device=device)
+                )
+            start = cache.get_seq_length()
+            positions = torch.arange(start, start + embeds.shape[1], device=device)
+            out = self.model(
+                inputs_embeds=self.projection(embeds),
+                position_ids=positions[None].expand(len(picks), -1),
+                past_key_values=cache,
+                use_cache=True,
+            )
+            logits = self.heads[group](out.last_hidden_state)[:, -1, :].float()
+            for b, (row, pick) in enumerate(zip(picked, picks, strict=True)):
+                row.append(pick(logits[b]))
+        rows = [first] + [
+            self.embeddings[i](torch.tensor([[p[i]] for p in picked], device=device))
+            for i in range(len(self.heads))
+        ]
+        return picked, torch.cat(rows, dim=1).sum(1, keepdim=True)
+
+
+class TalkerModel(nn.Module):
+    def __init__(self, config: TTSConfig) -> None:
+        super().__init__()
+        from transformers import Qwen3Model
+
+        t = config.talker
+        hidden = int(t["hidden_size"])
         self.text_embedding = nn.Embedding(int(t["text_vocab_size"]), int(t["text_hidden_size"]))
         self.text_projection = TextProjection(
             int(t["text_hidden_size"]), hidden, t.get("hidden_act", "silu")
@@ -62,18 +121,7 @@ class TalkerModel(nn.Module):
         self.codec_embedding = nn.Embedding(config.vocab, hidden)
         self.model = Qwen3Model(qwen3_config(t))
         self.codec_head = nn.Linear(hidden, config.vocab, bias=False)
-        self.predictor = Qwen3Model(qwen3_config(p))
-        vocab, small = int(p["vocab_size"]), int(p["hidden_size"])
-        # The predictor's code tables are at the talker's width: the talker sums them too.
-        self.predictor_embeddings = nn.ModuleList(
-            nn.Embedding(vocab, hidden) for _ in range(groups - 1)
-        )
-        self.predictor_heads = nn.ModuleList(
-            nn.Linear(small, vocab, bias=False) for _ in range(groups - 1)
-        )
-        self.projection: nn.Module = (
-            nn.Linear(hidden, small, bias=True) if small != hidden else nn.Identity()
-        )
+        self.code_predictor = CodePredictor(config)
 
     def load_checkpoint(self, model_path: str) -> None:
         """The talker's weights from the checkpoint, every one accounted for: each of
@@ -81,7 +129,7 @@ class TalkerModel(nn.Module):
         ours: dict[str, torch.Tensor] = {}
         for name, tensor in checkpoint_weights(Path(model_path)):
             if name.startswith(PREFIX):
-                ours[_renamed(name.removeprefix(PREFIX))] = tensor
+                ours[renamed(name.removeprefix(PREFIX))] = tensor
         missing, unexpected = self.load_state_dict(ours, strict=False)
         # transformers' stacks keep an input embedding of their own; ours are the codec's.
         missing = [m for m in missing if not m.endswith("embed_tokens.weight")]
@@ -105,7 +153,7 @@ class TalkerModel(nn.Module):
         in-context prompt (1 x frames x hidden): each frame's codes embedded by their
         group's table and summed, as qwen-tts's generate_icl_prompt sums them."""
         rows = [self.codec_rows(codes[:, :1])] + [
-            table(codes[:, i + 1 : i + 2]) for i, table in enumerate(self.predictor_embeddings)
+            table(codes[:, i + 1 : i + 2]) for i, table in enumerate(self.code_predictor.embeddings)
         ]
         return torch.cat(rows, dim=1).sum(1).unsqueeze(0)
 
@@ -138,39 +186,12 @@ class TalkerModel(nn.Module):
         picks: Sequence[Callable[[torch.Tensor], int]],
     ) -> tuple[list[list[int]], torch.Tensor]:
         """frame() for several sessions as one batch (past_hidden B x 1 x hidden, a first
-        code and a pick each): every frame starts the predictor afresh at position 0, so
-        the rows line up with no padding, whatever each session's length."""
-        from transformers import DynamicCache
-
-        device = past_hidden.device
-        first = self.codec_rows(torch.tensor([[c] for c in codes], device=device))
-        cache = DynamicCache()
-        embeds = torch.cat((past_hidden, first), dim=1)
-        picked: list[list[int]] = [[] for _ in codes]
-        for group in range(len(self.predictor_heads)):
-            if group > 0:
-                embeds = self.predictor_embeddings[group - 1](
-                    torch.tensor([[p[-1]] for p in picked], device=device)
-                )
-            start = cache.get_seq_length()
-            positions = torch.arange(start, start + embeds.shape[1], device=device)
-            out = self.predictor(
-                inputs_embeds=self.projection(embeds),
-                position_ids=positions[None].expand(len(codes), -1),
-                past_key_values=cache,
-                use_cache=True,
-            )
-            logits = self.predictor_heads[group](out.last_hidden_state)[:, -1, :].float()
-            for b, (row, pick) in enumerate(zip(picked, picks, strict=True)):
-                row.append(pick(logits[b]))
-        rows = [first] + [
-            self.predictor_embeddings[i](torch.tensor([[p[i]] for p in picked], device=device))
-            for i in range(len(self.predictor_heads))
-        ]
-        return picked, torch.cat(rows, dim=1).sum(1, keepdim=True)
+        code and a pick each): the code predictor's (CodePredictor.frames)."""
+        first = self.codec_rows(torch.tensor([[c] for c in codes], device=past_hidden.device))
+        return self.code_predictor.frames(past_hidden, first, picks)
 
 
-def _renamed(name: str) -> str:
+def renamed(name: str) -> str:
     for old, new in RENAMES:
         if name.startswith(old):
             return new + name.removeprefix(old)

@@ -126,14 +126,15 @@ def talker_config(kind, ids, hidden=32, text_hidden=48):
         num_hidden_layers=2,
         num_attention_heads=2,
         num_key_value_heads=1,
-        head_dim=16,
+        # vLLM's CPU attention needs head_dim >= 32 (the talker on vLLM).
+        head_dim=32,
         hidden_act="silu",
         max_position_embeddings=32768,
         rms_norm_eps=1e-6,
         rope_theta=1000000,
         rope_scaling={
             "interleaved": True,
-            "mrope_section": [4, 2, 2],
+            "mrope_section": [8, 4, 4],  # head_dim / 2
             "rope_type": "default",
             "type": "default",
         },

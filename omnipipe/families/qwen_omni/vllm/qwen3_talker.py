@@ -25,7 +25,7 @@ from omnipipe.families.qwen_omni.qwen3 import (
     samples_per_frame,
 )
 from omnipipe.families.qwen_omni.qwen3_talker_prompt import project_text, talker_prompt
-from omnipipe.families.qwen_omni.vllm.qwen3_frames import FrameFeed, FrameState
+from omnipipe.families.qwen_omni.vllm.qwen3_frames import FrameState, Qwen3FrameFeed
 from omnipipe.families.qwen_omni.vllm.talker import VllmTalkerBase, VllmTalkerSession
 from omnipipe.stagekit.code2wav import SAMPLE_RATE, chunk_codes
 from omnipipe.stagekit.sampling import Sampling
@@ -36,7 +36,7 @@ from omnipipe.stagekit.vllm.feed import RowFeed
 class VllmQwen3TalkerStage(VllmTalkerBase):
     architecture = "OmnipipeQwen3OmniTalker"
     model_class = "omnipipe.families.qwen_omni.vllm.qwen3_talker_model:Qwen3OmniTalkerForVllm"
-    feed: FrameFeed
+    feed: Qwen3FrameFeed
 
     def configure(self, config: Any) -> None:
         self.full_config = config
@@ -59,7 +59,7 @@ class VllmQwen3TalkerStage(VllmTalkerBase):
             self.talker.config.audio_config = config.thinker_config.audio_config
 
     def make_feed(self) -> RowFeed:
-        return FrameFeed(self.groups)
+        return Qwen3FrameFeed(self.groups)
 
     def open(self, job: StageJob) -> Session:
         return Qwen3TalkerSession(self, job.params)

@@ -26,9 +26,9 @@ from vllm.model_executor.models.qwen3_moe import (
 )
 from vllm.model_executor.models.utils import PPMissingLayer, maybe_prefix
 
-from omnipipe.families.qwen_omni.vllm.qwen3_frames import FrameFeed
 from omnipipe.families.qwen_omni.vllm.talker_model import FedTalker
 from omnipipe.stagekit.vllm.feed import StepFeed
+from omnipipe.stagekit.vllm.frames import FrameFeed, fed_inputs
 
 
 class Qwen3TalkerDecoderLayer(Qwen3MoeDecoderLayer):
@@ -89,16 +89,10 @@ class Qwen3OmniTalkerForVllm(FedTalker):
         **kwargs: Any,
     ) -> torch.Tensor:
         assert input_ids is not None, "the talker takes codec ids, not embeddings"
-        feed = self.feed
         codec = self.codec_embedding(input_ids)
-        if feed is None or self.frames is None:  # vLLM's profile and warm-up runs
-            summed = codec
-        else:
-            frames, totals = self.frames.frame_embeddings(feed, input_ids)
-            rows = feed.rows.to(codec.dtype)
-            own = torch.where(frames[:, None], totals.to(codec.dtype), codec)
-            summed = torch.where(feed.add_codec[:, None], own + rows, rows)
-            positions = feed.positions
+        summed, fed = fed_inputs(self.feed, self.frames, codec, input_ids)
+        if fed is not None:
+            positions = fed
         hidden: torch.Tensor = self.model(None, positions, None, inputs_embeds=summed)
         return hidden
 
