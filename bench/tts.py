@@ -50,7 +50,7 @@ def manifest(engine: str) -> str:
     """The pipeline with its talker on `engine` (code2wav on transformers either way)."""
     return f"""apiVersion: omnipipe.io/v1alpha1
 kind: OmniPipeline
-metadata: {{name: tts-{engine}}}
+metadata: {{name: tts}}
 spec:
   model: {MODEL}
   pipeline: qwen3-tts
