@@ -289,6 +289,8 @@ def test_a_voice_the_model_lacks_is_refused_at_session_config(
         ws.send_json({**CONFIG, "voice": "ryan"})
         ws.send_json({"type": "input.text", "text": "Hi. "})
         assert ws.receive_json()["type"] == "audio.start"
+        events_until(ws, "audio.done")  # spoken whole before the session ends
+        ws.send_json({"type": "session.close"})
     assert [s.params["voice"] for s in worker.submitted if "input" in s.params] == ["ryan"]
 
 
