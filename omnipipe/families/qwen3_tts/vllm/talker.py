@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from omnipipe.families.qwen3_tts.config import PREFIX_CODES, SPECIAL_CODES, qwen3_config
+from omnipipe.families.qwen3_tts.config import PREFIX_CODES, qwen3_config
 from omnipipe.families.qwen3_tts.prompt import prompt_embeds
 from omnipipe.families.qwen3_tts.talker import TalkerSession, TalkerStage
 from omnipipe.families.qwen3_tts.vllm.frames import TalkerFrameFeed
@@ -54,22 +54,22 @@ class VllmTalkerStage(TalkerStage):
         # The stage keeps the text tables and the codec embedding for the prompt's rows;
         # vLLM runs the decoder and the code predictor.
         self.model.model.layers = nn.ModuleList()
-        eos, vocab = self.config.eos, self.config.vocab
-        self.stop_codes = frozenset({eos})
-        # generate() suppresses the codec's specials (the top ids) except eos.
-        self.allowed = [i for i in range(vocab) if i < vocab - SPECIAL_CODES or i == eos]
+        self.stop_codes = frozenset({self.config.eos})
+        # The codes vLLM may pick: all but those the transformers talker suppresses.
+        suppressed = set(self.suppressed)
+        self.allowed = [i for i in range(self.config.vocab) if i not in suppressed]
         ModelRegistry.register_model(ARCHITECTURE, MODEL_CLASS)
         engine_args = {k: v for k, v in self.spec.engine_args.items() if k != "chunk_codes"}
         with tempfile.TemporaryDirectory() as folder:
             decoder = qwen3_config(self.config.talker)
-            decoder.vocab_size = vocab
+            decoder.vocab_size = self.config.vocab
             decoder.architectures = [ARCHITECTURE]
             setattr(decoder, CHECKPOINT_KEY, str(Path(self.model_path).resolve()))
             decoder.save_pretrained(folder)
             # The checkpoint's generation config is qwen-tts's sampling; vLLM reads this
             # one for its stop codes.
             (Path(folder) / "generation_config.json").write_text(
-                json.dumps({"eos_token_id": [eos]})
+                json.dumps({"eos_token_id": [self.config.eos]})
             )
             fixed = {
                 "hf_config_path": folder,
@@ -195,23 +195,22 @@ class VllmTalkerSession(TalkerSession):
             return
         self.finished = True
 
-    def _made(self) -> list[list[int]]:
-        """The frames so far: each first code fed back, with the predictor's codes."""
+    def _collect(self) -> None:
+        """Adds to self.frames each first code fed back since, with the predictor's codes
+        (the frames so far stay: one lookup a frame, not all of them every step)."""
         state = self.frame_state
         if state is None:
-            return []
-        out = []
-        for i, code in enumerate(self.codes):
-            rest = state.codes.get(state.frames_from + i)
+            return
+        while len(self.frames) < len(self.codes):
+            rest = state.codes.get(state.frames_from + len(self.frames))
             if rest is None:
                 break
-            out.append([code, *rest])
-        return out
+            self.frames.append([self.codes[len(self.frames)], *rest])
 
     def result(self) -> StepResult | None:
         if self.error is not None:
             raise self.error
-        self.frames = self._made()
+        self._collect()
         due = self.first_chunk if self.sent == 0 else self.stage.chunk_codes
         if len(self.frames) - self.sent < due and not self.finished:
             result = StepResult()
