@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
 from typing import NoReturn
@@ -23,17 +24,32 @@ def not_json(token: str) -> NoReturn:
 
 
 def run_quick(
-    name: str, tmp_path: Path, *extra: str, env: dict[str, str] | None = None
+    name: str,
+    tmp_path: Path,
+    *extra: str,
+    env: dict[str, str] | None = None,
+    started: Callable[[subprocess.Popen[str]], None] | None = None,
 ) -> tuple[str, dict[str, object]]:
-    proc = subprocess.run(
-        [sys.executable, str(REPO / f"bench/{name}.py"), "--quick", *extra],
-        capture_output=True,
+    """bench/<name>.py --quick, its results recorded under tmp_path, checked; `started`
+    is given the process (a lane stops it through it)."""
+    args = [sys.executable, str(REPO / f"bench/{name}.py"), "--quick", *extra]
+    proc = subprocess.Popen(
+        args,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
         cwd=REPO,
-        timeout=540,
         env={**os.environ, "OMNIPIPE_BENCH_RESULTS": str(tmp_path), **(env or {})},
     )
-    return checked(name, tmp_path, proc)
+    if started is not None:
+        started(proc)
+    try:
+        out, err = proc.communicate(timeout=540)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    return checked(name, tmp_path, subprocess.CompletedProcess(args, proc.returncode, out, err))
 
 
 def checked(
@@ -88,18 +104,12 @@ class Beside:
     def _quick(self, name: str, extra: tuple[str, ...]) -> tuple[str, dict[str, object]]:
         results = self.work / name
         results.mkdir()
-        env = {**os.environ, "OMNIPIPE_BENCH_RESULTS": str(results), PORT_RANGE_ENV: self.ports}
-        args = [sys.executable, str(REPO / f"bench/{name}.py"), "--quick", *extra]
-        self.proc = proc = subprocess.Popen(
-            args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, env=env
+        return run_quick(
+            name, results, *extra, env={PORT_RANGE_ENV: self.ports}, started=self._started
         )
-        try:
-            out, err = proc.communicate(timeout=540)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.communicate()
-        return checked(name, results, subprocess.CompletedProcess(args, proc.returncode, out, err))
+
+    def _started(self, proc: subprocess.Popen[str]) -> None:
+        self.proc = proc
 
     def result(self, name: str) -> tuple[str, dict[str, object]]:
         return self.runs[name].result(timeout=600)
