@@ -259,6 +259,8 @@ def build_app(pipeline: ResolvedPipeline, settings: RouterSettings) -> FastAPI:
         {CREDENTIAL_HEADER: credential} if credential else {},
         local=settings.replicas_file is not None,
     )
+    if voices is not None:
+        voices.make_prompt = admin.voice_prompt
     if videos is None:
         app.include_router(images_router(orchestrator, serving_ids))
         app.include_router(edits_router(orchestrator, serving_ids))

@@ -1,12 +1,14 @@
 """Uploaded voices in Redis, where the router replicas of a pipeline share them and a
 restarted router finds them: the Redis that keeps video jobs (OMNIPIPE_ROUTER_VIDEO_STORE).
 Keys, under `omnipipe:voices:{<namespace>/<pipeline>}:` (one Redis Cluster slot):
-`voice:<name>` a hash of the clip (`clip`, the WAV as uploaded) and what is said of it
-(`meta`, JSON); `names` the set of names, what the count per pipeline is checked against."""
+`voice:<name>` a hash of the clip (`clip`, the WAV as uploaded), what is said of it
+(`meta`, JSON) and its prompt (`prompt`, JSON: what the talker made of the clip, once);
+`names` the set of names, what the count per pipeline is checked against."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from omnipipe.router.redis_store import connect, reported
@@ -16,7 +18,14 @@ _ADD = """
 if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
 if redis.call('SCARD', KEYS[2]) >= tonumber(ARGV[3]) then return 2 end
 redis.call('HSET', KEYS[1], 'clip', ARGV[1], 'meta', ARGV[2])
+if ARGV[5] ~= 'null' then redis.call('HSET', KEYS[1], 'prompt', ARGV[5]) end
 redis.call('SADD', KEYS[2], ARGV[4])
+return 1
+"""
+# A prompt made after the upload, kept unless the voice was deleted meanwhile.
+_SET_PROMPT = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
+redis.call('HSET', KEYS[1], 'prompt', ARGV[1])
 return 1
 """
 _reported = reported("the voice store")
@@ -30,21 +39,41 @@ class VoicesFull(Exception):
     """The pipeline keeps as many voices as it may."""
 
 
+class ClipRefused(Exception):
+    """The talker refused a voice's clip (too short, not audio it reads): its reason."""
+
+
+# A clip (and its transcript) -> its prompt, or None when none can be made now.
+PromptMaker = Callable[[bytes, str | None], Awaitable[dict[str, Any] | None]]
+
+
+class StoredVoice:
+    def __init__(self, clip: bytes, meta: dict[str, Any], prompt: dict[str, Any] | None):
+        self.clip, self.meta, self.prompt = clip, meta, prompt
+
+
 class VoiceStore:
+    """`make_prompt`, set by the app once it can reach the stages: how a voice's prompt
+    is made (by a talker replica); none: voices are spoken from their clips."""
+
     def __init__(self, url: str, namespace: str, pipeline: str, max_voices: int) -> None:
         self.max_voices = max_voices
         self.redis = connect(url)
         self.prefix = f"omnipipe:voices:{{{namespace}/{pipeline}}}:"
         self._add = self.redis.register_script(_ADD)
+        self._set_prompt = self.redis.register_script(_SET_PROMPT)
+        self.make_prompt: PromptMaker | None = None
 
     def _key(self, name: str) -> str:
         return f"{self.prefix}voice:{name}"
 
     @_reported
-    async def add(self, name: str, clip: bytes, meta: dict[str, Any]) -> None:
+    async def add(
+        self, name: str, clip: bytes, meta: dict[str, Any], prompt: dict[str, Any] | None
+    ) -> None:
         added = await self._add(
             keys=[self._key(name), f"{self.prefix}names"],
-            args=[clip, json.dumps(meta), self.max_voices, name],
+            args=[clip, json.dumps(meta), self.max_voices, name, json.dumps(prompt or None)],
         )
         if added == 0:
             raise VoiceTaken(name)
@@ -52,12 +81,18 @@ class VoiceStore:
             raise VoicesFull(name)
 
     @_reported
-    async def voice(self, name: str) -> tuple[bytes, dict[str, Any]] | None:
-        """A voice's clip and what is said of it, or None when there is no such voice."""
-        raw, meta = await self.redis.hmget(self._key(name), ["clip", "meta"])
+    async def voice(self, name: str) -> StoredVoice | None:
+        """A voice's clip, what is said of it and its prompt (None until one is made),
+        or None when there is no such voice."""
+        raw, meta, prompt = await self.redis.hmget(self._key(name), ["clip", "meta", "prompt"])
         if raw is None or meta is None:
             return None
-        return raw if isinstance(raw, bytes) else raw.encode(), json.loads(meta)
+        clip = raw if isinstance(raw, bytes) else raw.encode()
+        return StoredVoice(clip, json.loads(meta), json.loads(prompt) if prompt else None)
+
+    @_reported
+    async def set_prompt(self, name: str, prompt: dict[str, Any]) -> None:
+        await self._set_prompt(keys=[self._key(name)], args=[json.dumps(prompt)])
 
     @_reported
     async def listed(self) -> list[dict[str, Any]]:

@@ -154,6 +154,13 @@ class Stage(ABC):
         omni model's), which GET /v1/audio/voices lists; none for most stages."""
         return ()
 
+    def voice_prompt(self, clip: str, reference_text: str | None) -> dict[str, Any]:
+        """A cloning model's prompt for a voice uploaded to the router: what its clip
+        (base64 WAV) gives, made once on the engine thread and kept by the router (JSON),
+        which sends it with each request that names the voice. A client's fault in the
+        clip is a StageInputError; a stage that clones no voice refuses."""
+        raise NotImplementedError(f"{type(self).__name__} clones no voice")
+
     def text_tokenizer(self) -> Any | None:
         """The tokenizer of the stage's text model (a transformers tokenizer, saved whole
         by get_tokenizer); None: the stage reads no text."""

@@ -20,7 +20,7 @@ from fastapi import APIRouter, HTTPException
 from pydantic import BaseModel, Field
 
 from omnipipe.api.param_limits import StageLimits
-from omnipipe.stagekit.stage import Stage
+from omnipipe.stagekit.stage import Stage, StageInputError
 from omnipipe.worker.profiler import ControlRefused, ProfileLimits, StageProfiler, resident_bytes
 from omnipipe.worker.runtime import StageRuntime
 
@@ -45,6 +45,11 @@ class SleepBody(BaseModel):
 
 class CacheBody(BaseModel):
     cache: Literal["prefix", "mm"]
+
+
+class VoicePromptBody(BaseModel):
+    clip: str = Field(max_length=16 << 20)  # base64: the router's 10 MiB clip and then some
+    ref_text: str | None = Field(default=None, max_length=4096)
 
 
 def _memory_bytes(device: torch.device) -> int:
@@ -248,6 +253,22 @@ class StageControl:
             raise ControlRefused(f"stage {self.stage} is asleep: its voices are not loaded")
         return list(stage.preset_voices())
 
+    async def voice_prompt(self, clip: str, ref_text: str | None) -> dict[str, Any]:
+        """An uploaded voice's prompt, made on the engine thread between batches (an
+        upload is rare, and the encoders are the model's)."""
+        stage = self._loaded().stage
+        if stage is None:
+            raise ControlRefused(f"stage {self.stage} is asleep: its encoders are not loaded")
+        if type(stage).voice_prompt is Stage.voice_prompt:
+            raise ControlRefused(f"stage {self.stage} clones no voice")
+        try:
+            prompt: dict[str, Any] = await self._loaded().between_batches(
+                stage.voice_prompt, clip, ref_text
+            )
+        except NotImplementedError as exc:
+            raise ControlRefused(f"stage {self.stage}: {exc}") from None
+        return prompt
+
     async def tokenizer_files(self) -> dict[str, str]:
         """The tokenizer, as save_pretrained writes it: file name -> base64 content."""
         runtime = self._loaded()
@@ -302,6 +323,8 @@ def control_router(control: StageControl) -> APIRouter:
             raise HTTPException(503, detail=str(exc)) from None
         except ControlRefused as exc:
             raise HTTPException(409, detail=str(exc)) from None
+        except StageInputError as exc:
+            raise HTTPException(400, detail=exc.message) from None
 
     @router.get("")
     async def state() -> dict[str, Any]:
@@ -338,6 +361,11 @@ def control_router(control: StageControl) -> APIRouter:
     @router.get("/voices")
     async def voices() -> dict[str, Any]:
         return {"stage": control.stage, "voices": await answer(control.preset_voices())}
+
+    @router.post("/voice_prompt")
+    async def voice_prompt(body: VoicePromptBody) -> dict[str, Any]:
+        prompt = await answer(control.voice_prompt(body.clip, body.ref_text))
+        return {"stage": control.stage, "prompt": prompt}
 
     @router.get("/tokenizer")
     async def tokenizer() -> dict[str, Any]:

@@ -249,11 +249,16 @@ def test_a_client_that_hangs_up_mid_speech_frees_both_stages(
     assert completed() == before  # cancelled, not finished
 
 
+def wav_of(data_url: str) -> bytes:
+    return base64.b64decode(data_url.partition(",")[2])
+
+
 def test_a_base_model_speaks_in_the_voice_of_the_clip_sent() -> None:
     """A reference clip in the request's ref_audio (a data: URL of a WAV), cloned from its
     x-vector, and in context with its transcript (ref_text): the speech is qwen-tts's
     generate_voice_clone's for the seed, and so is that of the clip uploaded as a voice
-    (with its transcript: in context)."""
+    (with its transcript: in context), spoken from the prompt the talker made of it at
+    the upload."""
     base = "tiny://qwen3-tts-base"
     reference_clip = clip(2.0)
     transcript = "A clip to clone."
@@ -282,7 +287,7 @@ def test_a_base_model_speaks_in_the_voice_of_the_clip_sent() -> None:
             with pytest.raises(openai.BadRequestError, match="transcript") as untold:
                 c.audio.speech.create(model=base, input=TEXT, voice="alloy", extra_body=no_text)
             # The same clip uploaded once as a voice, then spoken by its name.
-            wav_bytes = base64.b64decode(reference_clip.partition(",")[2])
+            wav_bytes = wav_of(reference_clip)
             made = httpx.post(
                 f"{serve.base_url}/audio/voices",
                 data={"name": "reader", "consent": "true"},
@@ -302,6 +307,13 @@ def test_a_base_model_speaks_in_the_voice_of_the_clip_sent() -> None:
             assert told.status_code == 200, told.text
             told_by_name = c.audio.speech.create(
                 model=base, input=TEXT, voice="teller", extra_body=SPOKEN
+            )
+            # The talker encodes a voice's clip at its upload, and refuses one too short.
+            brief = httpx.post(
+                f"{serve.base_url}/audio/voices",
+                data={"name": "brief", "consent": "true"},
+                files={"audio_sample": ("brief.wav", wav_of(clip(0.5)), "audio/wav")},
+                timeout=30,
             )
         # The Python API speaks the uploaded voice too.
         with Omni(base_url=serve.base_url) as omni:
@@ -323,6 +335,9 @@ def test_a_base_model_speaks_in_the_voice_of_the_clip_sent() -> None:
     assert untold.value.body["param"] == "ref_text"  # type: ignore[index]
     assert by_name.content == r.content
     assert told_by_name.content == icl.content
+    assert brief.status_code == 400, brief.text
+    assert brief.json()["error"]["param"] == "audio_sample"
+    assert "at least 1 s" in brief.json()["error"]["message"]
     assert samples_of(said.audio_wav).tobytes() == r.content[44:]  # the same, past the header
 
 

@@ -6,6 +6,8 @@ reference's, and the audio is within one 16-bit step of it."""
 
 from __future__ import annotations
 
+import base64
+import json
 from typing import Any
 
 import numpy as np
@@ -144,3 +146,56 @@ def test_a_clip_too_long_for_the_talker_with_its_input_is_refused_by_name() -> N
     assert "clip" in caught.value.message
     # From its x-vector alone, the same clip takes no positions.
     talker.open(StageJob({**params, "x_vector_only_mode": True}, {})).close()
+
+
+def test_a_voice_prompt_made_at_upload_speaks_as_qwen_tts_clones_its_clip(
+    reference: dict[str, dict[str, Any]],
+) -> None:
+    """An uploaded voice's prompt (x-vector and codes, made once, kept by the router as
+    JSON) in place of its clip: the same codes and audio as qwen-tts cloning the clip."""
+    talker, code2wav = load(MODEL, Role.TALKER), load(MODEL, Role.CODE2WAV)
+    case = CASES[0]
+    prompt = json.loads(json.dumps(talker.voice_prompt(case["ref_audio"], case["ref_text"])))
+    params = {
+        **{k: v for k, v in params_of(case).items() if k not in ("ref_audio", "ref_text")},
+        "voice": "mine",
+        "voice_prompt": prompt,
+        "voice_ref_text": case["ref_text"],
+    }
+    codes, pcm = speak(talker, code2wav, params)
+    np.testing.assert_array_equal(codes, reference[case["name"]]["codes"])
+    wav = reference[case["name"]]["wav"]
+    assert np.abs(pcm.astype(np.float64) - pcm_of(wav[len(wav) - len(pcm) :])).max() <= 1
+    # Made without a transcript: the x-vector alone, as x_vector_only_mode clones the clip.
+    only = talker.voice_prompt(case["ref_audio"], None)
+    assert "codes" not in only
+    plain = {k: v for k, v in params.items() if k != "voice_ref_text"}
+    from_prompt = speak(talker, code2wav, {**plain, "voice_prompt": only})[0]
+    from_clip = speak(talker, code2wav, params_of({**case, "ref_text": None}))[0]
+    np.testing.assert_array_equal(from_prompt, from_clip)
+
+
+def test_a_prompt_another_model_made_or_a_bad_clip_is_refused_by_name() -> None:
+    talker = load(MODEL, Role.TALKER)
+    prompt = talker.voice_prompt(clip(1.5, seed=9), "My own voice.")
+    short_vector = {**prompt, "x_vector": base64.b64encode(b"\0" * 8).decode()}
+    high_code = np.frombuffer(base64.b64decode(prompt["codes"]), "<i2").copy()
+    high_code[0] = 4000
+    for bad in [
+        short_vector,
+        {**prompt, "x_vector": "not base64!"},
+        {**prompt, "format": 99},
+        {**prompt, "frames": prompt["frames"] + 1},
+        {**prompt, "codes": base64.b64encode(high_code.tobytes()).decode()},
+        "a string",
+    ]:
+        job = StageJob({"input": TEXT, "voice_prompt": bad, "voice_ref_text": "Mine."}, {})
+        with pytest.raises(StageInputError) as caught:
+            talker.open(job)
+        assert caught.value.param == "voice"
+        assert "upload the voice again" in caught.value.message
+    with pytest.raises(StageInputError) as short:
+        talker.voice_prompt(clip(0.5), None)
+    assert short.value.param == "ref_audio"
+    with pytest.raises(NotImplementedError, match="Base model"):
+        load("qwen3-tts-custom-voice", Role.TALKER).voice_prompt(clip(1.5), None)

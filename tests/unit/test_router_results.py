@@ -14,6 +14,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 import uvicorn
@@ -120,6 +121,10 @@ class FakeWorker:
     traceparents: list[str | None] = field(default_factory=list)
     submitted: list[SubmitRequest] = field(default_factory=list)
     voices: list[str] | None = None  # GET /control/voices; None: a worker without it
+    # POST /control/voice_prompt: the status and body it answers a call's body with;
+    # None: a worker without it. Each call's body is kept.
+    voice_prompt: Callable[[dict[str, Any]], tuple[int, dict[str, Any]]] | None = None
+    prompt_calls: list[dict[str, Any]] = field(default_factory=list)
 
     def app(self) -> FastAPI:
         app = FastAPI()
@@ -141,6 +146,15 @@ class FakeWorker:
             if self.voices is None:
                 return JSONResponse({"detail": "Not Found"}, status_code=404)
             return JSONResponse({"stage": "s", "voices": self.voices})
+
+        @app.post("/control/voice_prompt")
+        async def voice_prompt(request: Request) -> JSONResponse:
+            if self.voice_prompt is None:
+                return JSONResponse({"detail": "Not Found"}, status_code=404)
+            body = await request.json()
+            self.prompt_calls.append(body)
+            status, answer = self.voice_prompt(body)
+            return JSONResponse(answer, status_code=status)
 
         @app.post("/v1/requests")
         async def submit(request: Request) -> StreamingResponse:

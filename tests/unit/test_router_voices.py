@@ -229,3 +229,80 @@ def test_the_listing_names_the_presets_the_stages_give_then_the_uploaded(
         ("vivian", False),
     ]
     assert [v["name"] for v in body["uploaded_voices"]] == ["narrator", "vivian"]
+
+
+def made_prompt(body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    """A talker's prompt for the clip: one that names the clip it was made of."""
+    clip = base64.b64decode(body["clip"])
+    return 200, {
+        "stage": "talker",
+        "prompt": {"format": 1, "of": len(clip), "text": body["ref_text"]},
+    }
+
+
+@pytest.mark.usefixtures("redis")
+def test_a_voice_s_prompt_is_made_once_at_upload_and_sent_in_place_of_its_clip(
+    tmp_path: Path, serve_worker: Callable[[FakeWorker], str]
+) -> None:
+    worker = FakeWorker(
+        results({"audio": base64.b64encode(PCM).decode(), "sample_rate": 24000}),
+        voice_prompt=made_prompt,
+    )
+    url = serve_worker(worker)
+    clip = wav(1.5)
+    speak = {"model": "tts", "input": "Hi.", "voice": "narrator", "response_format": "pcm"}
+    with routers(tmp_path, url, count=2) as (one, two):
+        assert upload(one, "narrator", clip, ref_text="Hello there.").status_code == 200
+        assert two.post("/v1/audio/speech", json=speak).status_code == 200
+    with routers(tmp_path, url) as (three,):  # a router started afresh
+        assert three.post("/v1/audio/speech", json=speak).status_code == 200
+    assert worker.prompt_calls == [
+        {"clip": base64.b64encode(clip).decode(), "ref_text": "Hello there."}
+    ]
+    talkers = [s for s in worker.submitted if s.params.get("input") == "Hi."]
+    assert len(talkers) == 2
+    for talker in talkers:
+        assert talker.params["voice_prompt"] == {
+            "format": 1,
+            "of": len(clip),
+            "text": "Hello there.",
+        }
+        assert talker.params["voice_ref_text"] == "Hello there."
+        assert "voice_clip" not in talker.params
+
+
+@pytest.mark.usefixtures("redis")
+def test_a_prompt_no_talker_could_make_at_upload_is_made_by_the_first_speech(
+    tmp_path: Path, serve_worker: Callable[[FakeWorker], str]
+) -> None:
+    answers = iter([(503, {"detail": "loading"}), (200, {"prompt": {"format": 1}})])
+    worker = FakeWorker(
+        results({"audio": base64.b64encode(PCM).decode(), "sample_rate": 24000}),
+        voice_prompt=lambda body: next(answers),
+    )
+    url = serve_worker(worker)
+    speak = {"model": "tts", "input": "Hi.", "voice": "narrator", "response_format": "pcm"}
+    with routers(tmp_path, url, count=2) as (one, two):
+        assert upload(one, "narrator", wav(1.5)).status_code == 200  # kept without one
+        assert one.post("/v1/audio/speech", json=speak).status_code == 200
+        assert two.post("/v1/audio/speech", json=speak).status_code == 200
+    assert len(worker.prompt_calls) == 2  # the upload's, and the first speech's
+    talkers = [s for s in worker.submitted if s.params.get("input") == "Hi."]
+    assert [t.params["voice_prompt"] for t in talkers] == [{"format": 1}, {"format": 1}]
+    assert all("voice_ref_text" not in t.params for t in talkers)  # uploaded without one
+
+
+@pytest.mark.usefixtures("redis")
+def test_a_clip_the_talker_refuses_is_not_kept(
+    tmp_path: Path, serve_worker: Callable[[FakeWorker], str]
+) -> None:
+    refusal = "ref_audio: the clip is 0.80 s; a voice's clip is at least 1 s"
+    worker = FakeWorker(results({}), voice_prompt=lambda body: (400, {"detail": refusal}))
+    with routers(tmp_path, serve_worker(worker)) as (client,):
+        refused = upload(client, "narrator", wav(0.8))
+        assert refused.status_code == 400, refused.text
+        assert refused.json()["error"]["param"] == "audio_sample"
+        assert refused.json()["error"]["message"] == (
+            "audio_sample: the clip is 0.80 s; a voice's clip is at least 1 s"
+        )
+        assert client.get("/v1/audio/voices").json()["data"] == []

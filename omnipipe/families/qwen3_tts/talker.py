@@ -38,6 +38,7 @@ from omnipipe.families.qwen3_tts.prompt import (
 from omnipipe.families.qwen3_tts.reference_codes import ReferenceCodes
 from omnipipe.families.qwen3_tts.speaker_encoder import SpeakerEncoder
 from omnipipe.families.qwen3_tts.talker_model import TalkerModel, checkpoint_weights
+from omnipipe.families.qwen3_tts.voice_prompts import prompt_of
 from omnipipe.families.qwen3_tts.voices import UPLOADED_CLIP, voice_of
 from omnipipe.stagekit.code2wav import SAMPLE_RATE, chunk_codes
 from omnipipe.stagekit.params import int_param
@@ -122,6 +123,15 @@ class TalkerStage(StreamingStage):
 
     def preset_voices(self) -> list[str]:
         return list(self.config.speakers)
+
+    def voice_prompt(self, clip: str, reference_text: str | None) -> dict[str, Any]:
+        if self.speaker_encoder is None or self.reference_codes is None:
+            raise NotImplementedError(
+                f"a {self.config.kind} model speaks no cloned voice; a Base model does"
+            )
+        samples = reference_clip(clip)
+        codes = self.reference_codes.codes(samples) if reference_text is not None else None
+        return prompt_of(self.speaker_encoder.x_vector(samples), codes)
 
     def token_ids(self, text: str) -> torch.Tensor:
         ids: torch.Tensor = self.tokenizer(text, return_tensors="pt")["input_ids"]

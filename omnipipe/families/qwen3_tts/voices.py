@@ -11,13 +11,15 @@ from typing import Any
 
 from omnipipe.families.qwen3_tts.config import TTSConfig
 from omnipipe.families.qwen3_tts.prompt import Voice
+from omnipipe.families.qwen3_tts.voice_prompts import UPLOADED_PROMPT, read_prompt
 from omnipipe.stagekit.stage import StageInputError
 
 # /v1/audio/speech's task_type, vLLM-Omni's name for a checkpoint's kind: a client may
 # say which it expects, and a mismatch is refused rather than spoken otherwise.
 TASK_TYPES = {"custom_voice": "CustomVoice", "voice_design": "VoiceDesign", "base": "Base"}
 CLONING_FIELDS = ("ref_audio", "ref_text", "x_vector_only_mode")
-# The router's, for a Base request whose `voice` names an uploaded voice: that voice's clip.
+# The router's, for a Base request whose `voice` names an uploaded voice without a prompt
+# (UPLOADED_PROMPT): that voice's clip.
 UPLOADED_CLIP = "voice_clip"
 UPLOADED_TEXT = "voice_ref_text"  # and its transcript, when it was uploaded with one
 
@@ -54,7 +56,7 @@ def voice_of(config: TTSConfig, params: dict[str, Any]) -> Voice:
         )
     cloning = [f for f in CLONING_FIELDS if params.get(f) not in (None, "")]
     if config.kind == "base":
-        return _cloned(params, language, instruction)
+        return _cloned(config, params, language, instruction)
     if cloning:
         raise StageInputError(
             f"{cloning[0]}: only a Base model clones a voice; this is a "
@@ -87,12 +89,15 @@ def voice_of(config: TTSConfig, params: dict[str, Any]) -> Voice:
     return Voice(speaker, language, instruction)
 
 
-def _cloned(params: dict[str, Any], language: str, instruction: str | None) -> Voice:
+def _cloned(
+    config: TTSConfig, params: dict[str, Any], language: str, instruction: str | None
+) -> Voice:
     """Base: the voice of `ref_audio`, or of the uploaded voice `voice` names. As in
     qwen-tts: in context (the clip's codes and `ref_text`, its transcript, in the prompt),
     or from the clip's x-vector alone when x_vector_only_mode is true (`ref_text` is then
     not read). An uploaded voice is cloned in context when it was uploaded with its
-    transcript."""
+    transcript: from its prompt, made when it was uploaded (voice_prompts.py), or from its
+    clip when it has none."""
     if instruction is not None:
         raise StageInputError(
             "instructions: a Base model takes none; it speaks the voice of ref_audio",
@@ -103,6 +108,13 @@ def _cloned(params: dict[str, Any], language: str, instruction: str | None) -> V
         raise StageInputError("x_vector_only_mode: true or false", "x_vector_only_mode")
     clip = params.get("ref_audio")
     if clip is None or clip == "":
+        prompt = params.get(UPLOADED_PROMPT)
+        if prompt is not None:
+            text = None if only_x_vector else _text(params, UPLOADED_TEXT)
+            x_vector, codes = read_prompt(config, prompt, in_context=text is not None)
+            return Voice(
+                None, language, None, x_vector=x_vector, reference_text=text, reference_codes=codes
+            )
         uploaded = params.get(UPLOADED_CLIP)
         if isinstance(uploaded, str) and uploaded:
             text = None if only_x_vector else _text(params, UPLOADED_TEXT)

@@ -5,6 +5,7 @@ all stages. Guarded by the API key like /v1 (GuardMiddleware)."""
 from __future__ import annotations
 
 import asyncio
+import base64
 from collections.abc import Callable
 from typing import Any, Literal
 
@@ -14,14 +15,19 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from omnipipe.api import ResolvedPipeline
 from omnipipe.api.plain_text import shown
+from omnipipe.api.spec import Role
+from omnipipe.router.api.common import stage_with_role
 from omnipipe.router.errors import BadRequest, Conflict, StageUnavailable
 from omnipipe.router.replicas import ReplicaPool
+from omnipipe.router.voice_store import ClipRefused
 
 # Waking a stage from sleep level 2 reloads its model: minutes on a real one.
 CONTROL_TIMEOUT_SECONDS = 900.0
 # A read (a replica's state, its tokenizer) answers at once or is stuck: one stuck
 # replica is reported as such, and never holds the answer about the others.
 READ_TIMEOUT_SECONDS = 5.0
+# Encoding a voice's clip (up to a minute) between two of the talker's batches.
+VOICE_PROMPT_TIMEOUT_SECONDS = 60.0
 
 # Admin action -> the worker's control call (path, body fields taken from the request).
 ACTIONS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -103,9 +109,14 @@ class AdminService:
         return list(dict.fromkeys(named))
 
     async def _call(
-        self, method: str, url: str, path: str, body: dict[str, Any] | None
+        self,
+        method: str,
+        url: str,
+        path: str,
+        body: dict[str, Any] | None,
+        limit_s: float | None = None,
     ) -> tuple[int, Any]:
-        limit = READ_TIMEOUT_SECONDS if method == "GET" else CONTROL_TIMEOUT_SECONDS
+        limit = limit_s or (READ_TIMEOUT_SECONDS if method == "GET" else CONTROL_TIMEOUT_SECONDS)
         try:
             resp = await self._client.request(
                 method, f"{url}{path}", json=body, headers=self._headers, timeout=limit
@@ -191,6 +202,27 @@ class AdminService:
             if status == 200:
                 names.update(dict.fromkeys(str(v) for v in answer.get("voices", [])))
         return list(names)
+
+    async def voice_prompt(self, clip: bytes, ref_text: str | None) -> dict[str, Any] | None:
+        """An uploaded voice's prompt, made by a ready replica of the talker (each makes
+        the same); None when the model clones no voice or no replica can make it now
+        (the voice is then spoken from its clip, and its prompt made on a later request).
+        ClipRefused when the talker refuses the clip."""
+        talker = stage_with_role(self._pipeline(), Role.TALKER)
+        if talker is None:
+            return None
+        body = {"clip": base64.b64encode(clip).decode(), "ref_text": ref_text}
+        for url in self._pool.urls(talker, ready_only=True):
+            status, answer = await self._call(
+                "POST", url, "/control/voice_prompt", body, VOICE_PROMPT_TIMEOUT_SECONDS
+            )
+            if status == 200:
+                return dict(answer["prompt"])
+            if status == 400:
+                raise ClipRefused(str(answer))
+            if status == 409:
+                return None  # the model clones none, or its replicas are asleep
+        return None
 
     def adapters(self) -> dict[str, Any]:
         return {

@@ -37,7 +37,7 @@ from omnipipe.router.errors import BadRequest
 from omnipipe.router.orchestrator import Orchestrator
 from omnipipe.router.outputs import Output
 from omnipipe.router.redis_store import StoreUnavailable
-from omnipipe.router.voice_store import VoiceStore
+from omnipipe.router.voice_store import ClipRefused, VoiceStore
 
 DEFAULT_SAMPLE_RATE = 24_000
 MAX_SPOKEN_CHARS = 4096  # a request's text, as OpenAI's speech API takes it
@@ -143,11 +143,13 @@ class SpeechRequest(BaseModel):
     sampling_params_list: list[dict[str, Any] | None] | dict[str, Any] | None = None
 
 
-async def uploaded_voice(body: SpeechRequest, voices: VoiceStore | None) -> dict[str, str] | None:
-    """The uploaded voice `voice` names, for the talker alone: its clip as a data: URL and
-    the transcript it was uploaded with, if any (then it is cloned in context). A model
-    with presets speaks its preset of that name and ignores it. A store that does not
-    answer leaves the voice as sent (speech does not depend on the voices' store)."""
+async def uploaded_voice(body: SpeechRequest, voices: VoiceStore | None) -> dict[str, Any] | None:
+    """The uploaded voice `voice` names, for the talker alone: its prompt (made once, at
+    the upload or by the first request after it), or its clip as a data: URL while no
+    talker could make one; and the transcript it was uploaded with, if any (then it is
+    cloned in context). A model with presets speaks its preset of that name and ignores
+    it. A store that does not answer leaves the voice as sent (speech does not depend on
+    the voices' store)."""
     if voices is None or body.ref_audio is not None or not body.voice:
         return None
     if not NAME.fullmatch(body.voice):
@@ -159,10 +161,25 @@ async def uploaded_voice(body: SpeechRequest, voices: VoiceStore | None) -> dict
         return None
     if found is None:
         return None
-    clip, meta = found
-    uploaded = {"voice_clip": "data:audio/wav;base64," + base64.b64encode(clip).decode()}
-    if isinstance(meta.get("ref_text"), str) and meta["ref_text"]:
-        uploaded["voice_ref_text"] = meta["ref_text"]
+    ref_text = found.meta.get("ref_text") if isinstance(found.meta.get("ref_text"), str) else None
+    prompt = found.prompt
+    if prompt is None and voices.make_prompt is not None:
+        try:
+            prompt = await voices.make_prompt(found.clip, ref_text or None)
+        except ClipRefused as exc:
+            raise BadRequest(
+                f"voice: {body.voice}'s clip is refused ({exc}): upload it again", param="voice"
+            ) from None
+        if prompt is not None:
+            with contextlib.suppress(StoreUnavailable):  # made again by a later request
+                await voices.set_prompt(body.voice, prompt)
+    uploaded: dict[str, Any] = (
+        {"voice_prompt": prompt}
+        if prompt is not None
+        else {"voice_clip": "data:audio/wav;base64," + base64.b64encode(found.clip).decode()}
+    )
+    if ref_text:
+        uploaded["voice_ref_text"] = ref_text
     return uploaded
 
 

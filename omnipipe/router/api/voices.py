@@ -2,9 +2,11 @@
 speaker's consent, a name) is spoken by name in /v1/audio/speech's `voice` on a model
 that clones (Qwen3-TTS Base), and listed and deleted. The clip is kept in the router's
 Redis (router/voice_store.py), so every router replica of the pipeline speaks it and a
-restarted router still does; each talker replica makes its x-vector once. The clip is
-checked from its WAV header here: bytes, seconds and sample rate. The listing also names
-the model's preset voices, on every pipeline that speaks."""
+restarted router still does, with its prompt: what a talker made of the clip at the
+upload (its x-vector, and its codes when it came with its transcript), made once and sent
+with each request that names it. The clip is checked from its WAV header here: bytes,
+seconds and sample rate; the talker refuses what it cannot encode (a 400 too). The
+listing also names the model's preset voices, on every pipeline that speaks."""
 
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ from starlette.exceptions import HTTPException
 
 from omnipipe.api.plain_text import shown
 from omnipipe.router.errors import BadRequest, Conflict, ModelNotFound
-from omnipipe.router.voice_store import VoicesFull, VoiceStore, VoiceTaken
+from omnipipe.router.voice_store import ClipRefused, VoicesFull, VoiceStore, VoiceTaken
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 MAX_CLIP_BYTES = 10 << 20  # vLLM-Omni's
@@ -122,6 +124,18 @@ async def check_preset_voice(voice: str | None, presets: Presets) -> None:
         )
 
 
+async def _prompt(store: VoiceStore, clip: bytes, ref_text: str | None) -> dict[str, Any] | None:
+    """The voice's prompt, made now by a talker; None when none can make it now (the
+    first request that speaks the voice makes it)."""
+    if store.make_prompt is None:
+        return None
+    try:
+        return await store.make_prompt(clip, ref_text)
+    except ClipRefused as exc:
+        reason = str(exc).removeprefix("ref_audio: ")
+        raise BadRequest(f"audio_sample: {reason}", param="audio_sample") from None
+
+
 def voices_router(store: VoiceStore | None, presets: Presets) -> APIRouter:
     """The listing for every pipeline that speaks: the model's preset voices (asked of its
     stages), then the uploaded ones; upload and delete where voices are kept (`store`)."""
@@ -163,8 +177,9 @@ def voices_router(store: VoiceStore | None, presets: Presets) -> APIRouter:
             **clip_facts(clip),
             "ref_text": ref_text,
         }
+        prompt = await _prompt(store, clip, ref_text)
         try:
-            await store.add(name, clip, voice)
+            await store.add(name, clip, voice, prompt)
         except VoiceTaken:
             raise Conflict(f"voice {name!r} exists: delete it first", param="name") from None
         except VoicesFull:
