@@ -13,8 +13,9 @@ import pytest
 from tests.e2e.conftest import Served
 from tests.harness.cluster import Cluster
 from tests.harness.prometheus import Prometheus
-from tests.integration.conftest import Operator, pipeline_yaml, serving, wait_for
-from tests.integration.test_autoscaling import Clients, replicas, stage_status
+from tests.integration.conftest import Operator, pipeline_yaml, serving
+from tests.integration.scale_up import scales_up_on_signal
+from tests.integration.test_autoscaling import replicas
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 NAME = "tts-scaled"
@@ -52,44 +53,22 @@ def speak(c: openai.OpenAI) -> object:
 def test_the_autoscaler_scales_a_talker_on_its_time_to_first_audio(
     cluster: Cluster, operator: Operator, namespace: str, prom: Prometheus, served: Served
 ) -> None:
-    url = served.workers["talker-0"][0].removeprefix("http://")
-    prom.set_targets([{"targets": [url], "labels": {"namespace": namespace}}])
-    count = (
-        "omnipipe_stage_time_to_first_audio_seconds_count"
-        f'{{namespace="{namespace}",pipeline="{NAME}",stage="talker"}}'
-    )
-    wait_for("Prometheus to scrape the talker", lambda: bool(prom.query(count)), timeout=60)
-    assert float(prom.query(count)[0]["value"][1]) == 0.0  # no request yet
-
-    autoscaling = {
-        "minReplicas": 1,
-        "maxReplicas": 3,
-        "metric": "first-audio-p90",
+    st = scales_up_on_signal(
+        cluster,
+        namespace,
+        prom,
+        served,
+        name=NAME,
+        stage="talker",
+        # Its count: 0 before any request, more once the talker has timed a first audio.
+        series="omnipipe_stage_time_to_first_audio_seconds_count",
+        metric="first-audio-p90",
         # A tiny talker's first codes come in tenths of a second: every one is late.
-        "target": 0.001,
-        "maxStep": 2,
-        "scaleUpStabilizationSeconds": 0,
-    }
-    body = manifest(prom.url, {"autoscaling": autoscaling})
-    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=body)
-    wait_for(
-        "the talker Deployment", lambda: replicas(cluster, namespace, NAME, "talker") is not None
+        target=0.001,
+        manifest=lambda a: manifest(prom.url, {"autoscaling": a}),
+        load=speak,
+        clients=2,
     )
-    assert replicas(cluster, namespace, NAME, "talker") == 1
-
-    with Clients(served, 2, speak):
-        wait_for(
-            "the talker to time first audio",
-            lambda: any(float(r["value"][1]) > 0 for r in prom.query(count)),
-            timeout=90,
-        )
-        wait_for(
-            "scale-up on first-audio-p90",
-            lambda: (replicas(cluster, namespace, NAME, "talker") or 0) >= 2,
-            timeout=90,
-        )
-    st = stage_status(cluster, namespace, NAME, "talker")
-    assert st["metric"] == "first-audio-p90"
     assert st["metricValue"] > 0.001
     # code2wav is not autoscaled: it keeps the one replica its type gives it.
     assert replicas(cluster, namespace, NAME, "code2wav") == 1

@@ -12,8 +12,8 @@ import pytest
 from tests.e2e.conftest import Served
 from tests.harness.cluster import Cluster
 from tests.harness.prometheus import Prometheus
-from tests.integration.conftest import Operator, pipeline_yaml, serving, wait_for
-from tests.integration.test_autoscaling import Clients, replicas, stage_status
+from tests.integration.conftest import Operator, pipeline_yaml, serving
+from tests.integration.scale_up import scales_up_on_signal
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 NAME = "vllm-chat"
@@ -52,41 +52,24 @@ def chat(c: openai.OpenAI) -> object:
 def test_the_autoscaler_scales_a_vllm_thinker_on_its_kv_cache_usage(
     cluster: Cluster, operator: Operator, namespace: str, prom: Prometheus, served: Served
 ) -> None:
-    url = served.workers["llm-0"][0].removeprefix("http://")
-    prom.set_targets([{"targets": [url], "labels": {"namespace": namespace}}])
-    series = f'vllm:kv_cache_usage_perc{{namespace="{namespace}",pipeline="{NAME}",stage="llm"}}'
-    wait_for("Prometheus to scrape vLLM's gauge", lambda: bool(prom.query(series)), timeout=60)
-    assert float(prom.query(series)[0]["value"][1]) == 0.0  # idle: no KV block in use
+    def with_prometheus(a: dict[str, object]) -> str:
+        return manifest({"autoscaling": a}).replace(
+            "spec:\n", "spec:\n  prometheusUrl: " + prom.url + "\n", 1
+        )
 
-    autoscaling = {
-        "minReplicas": 1,
-        "maxReplicas": 3,
-        "metric": "kv-cache-usage",
+    st = scales_up_on_signal(
+        cluster,
+        namespace,
+        prom,
+        served,
+        name=NAME,
+        stage="llm",
+        series="vllm:kv_cache_usage_perc",  # vLLM's gauge: 0 while no KV block is in use
+        metric="kv-cache-usage",
         # The tiny model's requests fill a sliver of a 1 GiB cache: any use is "above".
-        "target": 1e-9,
-        "maxStep": 2,
-        "scaleUpStabilizationSeconds": 0,
-    }
-    body = manifest({"autoscaling": autoscaling}).replace(
-        "spec:\n", "spec:\n  prometheusUrl: " + prom.url + "\n", 1
+        target=1e-9,
+        manifest=with_prometheus,
+        load=chat,
+        clients=4,
     )
-    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=body)
-    wait_for(
-        "the thinker Deployment", lambda: replicas(cluster, namespace, NAME, "llm") is not None
-    )
-    assert replicas(cluster, namespace, NAME, "llm") == 1
-
-    with Clients(served, 4, chat):
-        wait_for(
-            "vLLM to report KV blocks in use",
-            lambda: any(float(r["value"][1]) > 0 for r in prom.query(series)),
-            timeout=90,
-        )
-        wait_for(
-            "scale-up on kv-cache-usage",
-            lambda: (replicas(cluster, namespace, NAME, "llm") or 0) >= 2,
-            timeout=90,
-        )
-    st = stage_status(cluster, namespace, NAME, "llm")
-    assert st["metric"] == "kv-cache-usage"
     assert st["metricValue"] > 0
