@@ -17,7 +17,7 @@ machine's cores between them (worker/threads.py). On the CPU the c1 ratios to qw
 compare a process against a pipeline of two, each with its own share.
 
     .venv/bin/python bench/tts.py [--quick] [--levels 1,4,16,32] [--requests 4]
-        [--engines transformers,vllm]
+        [--engines vllm,transformers]
 
 With both engines, each talker's serve runs the same levels, one after the other, and the
 table gives each beside the other and the anchor.
@@ -27,11 +27,13 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -41,9 +43,10 @@ from _serves import release, serving
 
 from omnipipe.checkpoints.tiny import resolve_model_path
 from omnipipe.families.qwen3_tts.reference_env import reference_python
+from tests.e2e.conftest import Served
 
 MODEL = "tiny://qwen3-tts-custom-voice"
-ENGINES = ("transformers", "vllm")
+ENGINES = ("vllm", "transformers")  # the default first
 
 
 def manifest(engine: str) -> str:
@@ -91,6 +94,46 @@ def one_request(url: str, seed: int, max_new_tokens: int) -> tuple[float, float,
                 first = time.perf_counter() - started
             size += len(chunk)
     return first, time.perf_counter() - started, size / 2 / RATE
+
+
+# Where first audio goes (#42's profile of its TTFA target): the workers' own histograms,
+# their mean over a level (the difference of their sums over that of their counts).
+BREAKDOWN = {
+    "talker_queue": ("talker", "omnipipe_stage_queue_wait_seconds"),
+    "talker_first_codes": ("talker", "omnipipe_stage_time_to_first_audio_seconds"),
+    "code2wav_queue": ("code2wav", "omnipipe_stage_queue_wait_seconds"),
+    "code2wav_first_audio": ("code2wav", "omnipipe_stage_time_to_first_audio_seconds"),
+}
+
+
+def histogram_totals(served: Served) -> dict[str, tuple[float, float]]:
+    """BREAKDOWN's histograms' (sum, count), over each stage's workers."""
+    totals: dict[str, tuple[float, float]] = {}
+    for key, (stage, name) in BREAKDOWN.items():
+        workers = [w for w in served.workers if w.rsplit("-", 1)[0] == stage]
+        totals[key] = (
+            sum(served.metric(w, f"{name}_sum") for w in workers),
+            sum(served.metric(w, f"{name}_count") for w in workers),
+        )
+    return totals
+
+
+def breakdown_of(
+    served: Served, run: Callable[[], dict[str, float]]
+) -> tuple[dict[str, float], dict[str, float | None]]:
+    """run()'s row, and BREAKDOWN's means over it in ms (None: no such event)."""
+    before = histogram_totals(served)
+    row = run()
+    after = histogram_totals(served)
+    means: dict[str, float | None] = {}
+    for key, (total, count) in after.items():
+        n = count - before[key][1]
+        means[key] = (total - before[key][0]) / n * 1e3 if n else None
+    return row, means
+
+
+def shown_ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f}"
 
 
 def level_of(url: str, clients: int, requests: int, max_new_tokens: int) -> dict[str, float]:
@@ -171,8 +214,8 @@ def main() -> None:
     parser.add_argument(
         "--engines",
         default=None,
-        help="the talker's engines, comma-separated (default transformers,vllm; --quick "
-        "transformers)",
+        help="the talker's engines, comma-separated (default vllm,transformers; --quick "
+        "transformers, the one that starts in seconds)",
     )
     args = parser.parse_args()
     engines = (args.engines or ("transformers" if args.quick else ",".join(ENGINES))).split(",")
@@ -193,23 +236,26 @@ def main() -> None:
         rows: dict[str, Any] = {"qwen-tts": anchor(requests * 2, max_new_tokens)}
         serves = serves or stack.enter_context(serving(Path(work), texts))
         by_engine: dict[str, dict[str, dict[str, float]]] = {}
+        profiles: dict[str, dict[str, dict[str, float | None]]] = {}
         for engine in engines:
             served = serves.take(engine)
             assert served is not None
             try:
                 one_request(served.base_url, 0, max_new_tokens)  # one-time costs
-                by_engine[engine] = {}
+                by_engine[engine], profiles[engine] = {}, {}
                 for clients in levels:
                     print(f"omnipipe, talker on {engine}: {clients} clients", flush=True)
-                    by_engine[engine][str(clients)] = level_of(
-                        served.base_url, clients, requests, max_new_tokens
+                    run = functools.partial(
+                        level_of, served.base_url, clients, requests, max_new_tokens
                     )
+                    row, means = breakdown_of(served, run)
+                    by_engine[engine][str(clients)], profiles[engine][str(clients)] = row, means
             finally:
                 # Taken, it is ours to stop (close() stops only those not taken): left
                 # running, it outlived the run, a whole TTS pipeline's memory each time.
                 release(served)
         serves.close()
-    # The first engine's rows are "omnipipe" (the transformers talker's by default).
+    # The first engine's rows are "omnipipe" (the vLLM talker's, the default, by default).
     ours = by_engine[engines[0]]
     rows["omnipipe"] = ours
     for engine in engines[1:]:
@@ -226,6 +272,17 @@ def main() -> None:
         for name, r in named
     ]
     print(table(["server", "TTFA p50 ms", "TTFA p99 ms", "audio s/s", "RTF p50"], lines))
+    print("where first audio goes (the workers' means, ms):")
+    print(
+        table(
+            ["server", *BREAKDOWN],
+            [
+                [f"{engine} c{c}", *(shown_ms(r[key]) for key in BREAKDOWN)]
+                for engine in engines
+                for c, r in profiles[engine].items()
+            ],
+        )
+    )
     low, high = ours[str(levels[0])], ours[str(levels[-1])]
     summary = {
         f"ttfa_c{levels[-1]}_over_c{levels[0]}": ratio(high["ttfa_p50_s"], low["ttfa_p50_s"]),
@@ -250,6 +307,7 @@ def main() -> None:
                 f"audio/s c16/c1 >= 4: {audio:.2f}"
             )
     rows["summary"] = summary
+    rows["first_audio_breakdown_ms"] = profiles
     record("tts", rows, args.quick)
     print("tts: " + " ".join(f"{k}={v:.2f}" for k, v in summary.items()))
 

@@ -36,9 +36,28 @@ SPOKEN = {"seed": 42, "language": "english", "max_new_tokens": 30}
 SAMPLES_PER_FRAME = 1920
 
 
+def on_transformers(directory: Path, model: str) -> Path:
+    """`model`'s pipeline with its talker on transformers, whose seeded speech is
+    qwen-tts's own (vLLM, the default, draws its first codes with its own generator)."""
+    manifest = directory / "tts-transformers.yaml"
+    manifest.write_text(
+        f"""apiVersion: omnipipe.io/v1alpha1
+kind: OmniPipeline
+metadata: {{name: {model.removeprefix("tiny://")}}}
+spec:
+  model: {model}
+  pipeline: qwen3-tts
+  stages:
+  - name: talker
+    engine: transformers
+"""
+    )
+    return manifest
+
+
 @pytest.fixture(scope="module")
-def served() -> Iterator[Served]:
-    serve = start_serve(MODEL)
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    serve = start_serve(on_transformers(tmp_path_factory.mktemp("tts"), MODEL))
     try:
         yield serve
     finally:
@@ -253,7 +272,7 @@ def wav_of(data_url: str) -> bytes:
     return base64.b64decode(data_url.partition(",")[2])
 
 
-def test_a_base_model_speaks_in_the_voice_of_the_clip_sent() -> None:
+def test_a_base_model_speaks_in_the_voice_of_the_clip_sent(tmp_path: Path) -> None:
     """A reference clip in the request's ref_audio (a data: URL of a WAV), cloned from its
     x-vector, and in context with its transcript (ref_text): the speech is qwen-tts's
     generate_voice_clone's for the seed, and so is that of the clip uploaded as a voice
@@ -274,7 +293,7 @@ def test_a_base_model_speaks_in_the_voice_of_the_clip_sent() -> None:
             ),
         }
     )
-    serve = start_serve(base)
+    serve = start_serve(on_transformers(tmp_path, base))
     try:
         with openai.OpenAI(base_url=serve.base_url, api_key="any", max_retries=0) as c:
             r = c.audio.speech.create(model=base, input=TEXT, voice="alloy", extra_body=spoken)

@@ -87,6 +87,9 @@ def test_qwen3_tts_speaks_from_weights_on_a_volume_through_the_router_service(
             "model": f"tiny://{MODEL}",
             "pipeline": "qwen3-tts",
             "weights": {"source": "claim", "claimName": claim, "path": MODEL},
+            # This tests serving through the Service, not the engine: the talker on
+            # transformers (the vLLM talker, the default, is tests/e2e's and bench/tts.py's).
+            "stages": [{"name": "talker", "engine": "transformers"}],
         },
     }
     try:

@@ -28,7 +28,9 @@ FAMILY = Family(
             ),
             checkpoints=("qwen3_tts",),
             stages=(
-                StageDefaults("talker", Role.TALKER, Engine.TRANSFORMERS),
+                # The faster engine under load (bench/tts.py, docs/speech.md): vLLM's
+                # continuous batch steps every request's talker at once.
+                StageDefaults("talker", Role.TALKER, Engine.VLLM),
                 StageDefaults("code2wav", Role.CODE2WAV, Engine.TRANSFORMERS, inputs=("talker",)),
             ),
             stage_classes={
