@@ -65,6 +65,9 @@ class PipelineType:
     # The optional /v1/audio/speech fields its stages read (SPEECH_FIELDS); a request
     # that sets another is refused by name, not served as if it had not.
     speech_fields: frozenset[str] = frozenset()
+    # How many input images an edit of this type takes at most (/v1/images/edits' image
+    # fields), for a type that edits (it has a VAE encoder stage).
+    max_edit_images: int = 1
     # The Stage class that runs each (role, engine) on a checkpoint of this type, as
     # "module:Class": the checkpoint's own type picks the table, so one pipeline's
     # stages run on a checkpoint of another type with that type's classes.
@@ -302,6 +305,12 @@ def speech_fields(pipeline: str) -> frozenset[str]:
     """The optional speech fields pipeline type `pipeline` takes."""
     kind = pipeline_types().get(pipeline)
     return frozenset() if kind is None else kind.speech_fields
+
+
+def max_edit_images(pipeline: str) -> int:
+    """How many input images an edit on pipeline type `pipeline` takes at most."""
+    kind = pipeline_types().get(pipeline)
+    return 1 if kind is None else kind.max_edit_images
 
 
 def keeps_voices(pipeline: str) -> bool:

@@ -1,5 +1,6 @@
 """Image editing through the official openai client (images.edit) and curl's multipart
-form against `omnipipe serve examples/tiny-image-edit.yaml`."""
+form against `omnipipe serve examples/tiny-image-edit.yaml`, and with several input
+images against `omnipipe serve examples/tiny-image-edit-plus.yaml`."""
 
 from __future__ import annotations
 
@@ -74,7 +75,7 @@ def test_openai_list_form_and_bad_images(client: openai.OpenAI) -> None:
     assert decode(item.b64_json).size == (1024, 1024)
     with pytest.raises(openai.BadRequestError, match="not a PNG, JPEG or WebP"):
         client.images.edit(model=MODEL, image=("x.png", b"nope", "image/png"), prompt="x")
-    with pytest.raises(openai.BadRequestError, match="one image per edit"):
+    with pytest.raises(openai.BadRequestError, match="at most 1 input image, got 2"):
         client.images.edit(
             model=MODEL,
             image=[("a.png", png(), "image/png"), ("b.png", png(), "image/png")],
@@ -115,3 +116,33 @@ def test_an_edit_at_1024(client: openai.OpenAI) -> None:
     )
     [item] = r.data or []
     assert decode(item.b64_json).size == (1024, 1024)
+
+
+def test_an_edit_plus_model_edits_with_two_images() -> None:
+    """Qwen-Image-Edit-Plus: both inputs reach the stages (another second image, another
+    edit; the same two, the same edit for the seed), and a fourth is refused by name."""
+    plus = start_serve(REPO / "examples/tiny-image-edit-plus.yaml", timeout=300)
+    try:
+        with openai.OpenAI(base_url=plus.base_url, api_key="unused", max_retries=0) as c:
+
+            def edit(*images: bytes) -> bytes:
+                r = c.images.edit(
+                    model="tiny-image-edit-plus",
+                    image=[(f"{i}.png", data, "image/png") for i, data in enumerate(images)],
+                    prompt="the cat of picture 1 on the sofa of picture 2",
+                    size="64x96",
+                    extra_body={**FAST, "seed": 5},
+                )
+                [item] = r.data or []
+                image = decode(item.b64_json)
+                assert image.size == (64, 96)
+                return image.tobytes()
+
+            cat, sofa, chair = png(80, 48), png(48, 64), png(64, 64)
+            first = edit(cat, sofa)
+            assert edit(cat, sofa) == first
+            assert edit(cat, chair) != first
+            with pytest.raises(openai.BadRequestError, match="at most 3 input images, got 4"):
+                edit(cat, sofa, chair, cat)
+    finally:
+        stop_cleanly(plus)

@@ -174,7 +174,10 @@ def test_a_type_no_family_of_the_operators_registers_is_stalled_naming_the_insta
     )
     stalled = conditions["Stalled"]
     assert stalled["reason"] == "PipelineTypeNotInstalled"
-    for family in ("qwen-image (qwen-image, qwen-image-edit)", "sketch (sketch-image)"):
+    for family in (
+        "qwen-image (qwen-image, qwen-image-edit, qwen-image-edit-plus)",
+        "sketch (sketch-image)",
+    ):
         assert family in stalled["message"]
     assert f"{ELSEWHERE!r} is not installed" in stalled["message"]
     assert (conditions["Ready"]["status"], conditions["Reconciling"]["status"]) == (

@@ -79,6 +79,22 @@ def render_model(model: str, capsys: pytest.CaptureFixture[str]) -> dict[str, ob
     return doc
 
 
+@pytest.mark.parametrize(
+    ("model", "pipeline"),
+    [
+        ("tiny://qwen-image-edit", "qwen-image-edit"),
+        ("tiny://qwen-image-edit-plus", "qwen-image-edit-plus"),
+    ],
+)
+def test_an_edit_checkpoint_is_served_as_its_pipeline_class_says(
+    model: str, pipeline: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """QwenImageEditPipeline and QwenImageEditPlusPipeline (Qwen-Image-Edit-2509 and
+    -2511's model_index.json) share their components' classes: the pipeline class
+    alone tells them apart."""
+    assert render_model(model, capsys)["spec"] == {"model": model, "pipeline": pipeline}
+
+
 def test_render_model_prints_the_pipeline_its_checkpoint_says(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -47,7 +47,7 @@ PNG = _png()
 PARAMS: dict[str, Any] = {
     "prompt": "make it blue",
     "negative_prompt": "blurry",
-    "image": base64.b64encode(PNG).decode(),
+    "images": [base64.b64encode(PNG).decode()],
     "width": 96,
     "height": 64,
     "n": 2,
@@ -104,8 +104,10 @@ def test_stages_equal_the_whole_diffusers_pipeline(path: str, stages: dict[str, 
 
     encoded = stages["encode"].run(StageJob(PARAMS, {})).tensors
     image_latents = stages["encode-image"].run(StageJob(PARAMS, {})).tensors
-    # The VAE sees the image at about a megapixel, whatever size the edit asks for.
-    assert tuple(image_latents["image_latents"].shape) == (1, 4, 1, 100, 164)
+    # The VAE sees the image at about a megapixel, whatever size the edit asks for: its
+    # latents packed in 2x2 patches, 50 x 82 of them.
+    assert tuple(image_latents["image_latents"].shape) == (1, 50 * 82, 16)
+    assert image_latents["image_shapes"].tolist() == [[50, 82]]
     steps: list[int] = []
     denoise = stages["denoise"]
     denoise.progress = lambda: steps.append(1)
@@ -125,7 +127,7 @@ def test_stages_equal_the_whole_diffusers_pipeline(path: str, stages: dict[str, 
 
 def test_a_cancelled_edit_stops_before_its_first_step(stages: dict[str, Stage]) -> None:
     enc = {"prompt_embeds": torch.zeros(1, 3, 16), "prompt_mask": torch.ones(1, 3)}
-    image = {"image_latents": torch.zeros(1, 4, 1, 100, 164)}
+    image = {"image_latents": torch.zeros(1, 50 * 82, 16), "image_shapes": torch.tensor([[50, 82]])}
     job = StageJob({**PARAMS, "n": 1}, {"encode": enc, "encode-image": image})
     job.cancelled.set()
     steps: list[int] = []
@@ -135,8 +137,18 @@ def test_a_cancelled_edit_stops_before_its_first_step(stages: dict[str, Stage]) 
     assert result.tensors["latents"].shape == (1, 24, 16)
 
 
-@pytest.mark.parametrize("data", ["", "not base64!", base64.b64encode(b"not an image").decode()])
-def test_a_bad_input_image_is_the_clients_error(stages: dict[str, Stage], data: str) -> None:
+@pytest.mark.parametrize(
+    "images",
+    [
+        [""],
+        ["not base64!"],
+        [base64.b64encode(b"not an image").decode()],
+        [],
+        "not a list",
+        [base64.b64encode(PNG).decode()] * 2,  # this model edits one
+    ],
+)
+def test_a_bad_input_image_is_the_clients_error(stages: dict[str, Stage], images: Any) -> None:
     for name in ("encode", "encode-image"):
         with pytest.raises(StageInputError, match="image"):
-            stages[name].run(StageJob({**PARAMS, "image": data}, {}))
+            stages[name].run(StageJob({**PARAMS, "images": images}, {}))

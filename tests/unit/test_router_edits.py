@@ -23,6 +23,7 @@ pytestmark = pytest.mark.timeout(60)
 REPO = Path(__file__).resolve().parents[2]
 EDIT = resolve(load_file(REPO / "examples/tiny-image-edit.yaml"))
 TEXT_TO_IMAGE = resolve(load_file(REPO / "examples/tiny-text-to-image.yaml"))
+EDIT_PLUS = resolve(load_file(REPO / "examples/tiny-image-edit-plus.yaml"))
 FORM = {"model": "tiny-image-edit", "prompt": "make it blue"}
 
 
@@ -78,7 +79,7 @@ def test_a_valid_edit_passes_every_check_and_waits_for_stages(client: TestClient
             {**FORM},
             [("image[]", ("a.png", png(), "image/png")), ("image[]", ("b.png", png(), "i/p"))],
             "image",
-            "one image per edit, got 2",
+            "edits with at most 1 input image, got 2",
         ),
         ({**FORM, "image": "text"}, {}, "image", "must be a file part"),
         ({**FORM}, {"image": ("a.txt", b"not an image", "text/plain")}, "image", "not a PNG"),
@@ -106,6 +107,30 @@ def test_bad_edits_are_400_naming_the_problem(
     assert err["type"] == "invalid_request_error"
     assert err["param"] == param
     assert words in err["message"], err["message"]
+
+
+def test_an_edit_plus_model_takes_up_to_three_images_each_checked(tmp_path: Path) -> None:
+    form = {**FORM, "model": "tiny-image-edit-plus"}
+
+    def images(*sizes: tuple[int, int]) -> list[tuple[str, tuple[str, bytes, str]]]:
+        return [("image[]", (f"{i}.png", png(*size), "image/png")) for i, size in enumerate(sizes)]
+
+    with TestClient(app_for(tmp_path, EDIT_PLUS), raise_server_exceptions=False) as c:
+        for count in (1, 2, 3):  # 503: every check passed, and no stage is there
+            assert error(post(c, form, images(*[(64, 48)] * count)), 503)
+        err = error(post(c, form, images(*[(64, 48)] * 4)))
+        assert (err["param"], err["message"]) == (
+            "image",
+            "image: model 'tiny-image-edit-plus' edits with at most 3 input images, got 4",
+        )
+        # Each input is checked, and named by its place.
+        err = error(post(c, form, images((64, 48), (640, 96))))
+        assert err["param"] == "image[1]"
+        assert "at most 4:1" in err["message"]
+        bad = [*images((64, 48)), ("image[]", ("b.txt", b"no image", "text/plain"))]
+        assert error(post(c, form, bad))["param"] == "image[1]"
+        # Past what any model takes: the form itself is refused.
+        assert error(post(c, form, images(*[(16, 16)] * 11)))["param"] is None
 
 
 def test_unknown_model_is_404(client: TestClient) -> None:

@@ -1,5 +1,6 @@
-"""Qwen-Image and Qwen-Image-Edit (diffusers' pipelines/qwenimage): a text or
-vision-language encoder, a DiT denoiser with true CFG, and the VAE."""
+"""Qwen-Image, Qwen-Image-Edit and Qwen-Image-Edit-Plus (2509, 2511: several input
+images) (diffusers' pipelines/qwenimage): a text or vision-language encoder, a DiT
+denoiser with true CFG, and the VAE."""
 
 from omnipipe.api.families import Family, PipelineType, StageDefaults
 from omnipipe.api.roles import Engine, Role
@@ -10,7 +11,7 @@ EDIT = "omnipipe.families.qwen_image.edit"
 
 FAMILY = Family(
     name="qwen-image",
-    description="Qwen-Image text to image and Qwen-Image-Edit image editing (diffusers).",
+    description="Qwen-Image text to image and Qwen-Image-Edit (and -Edit-Plus) image editing.",
     pipelines=(
         PipelineType(
             name="qwen-image",
@@ -51,10 +52,42 @@ FAMILY = Family(
                 (Role.VAE_DECODER, Engine.DIFFUSERS): f"{STAGES}:DecodeStage",
             },
         ),
+        PipelineType(
+            name="qwen-image-edit-plus",
+            description=(
+                "Image editing with one to three input images (Qwen-Image-Edit-2509 and "
+                "-2511): vision-language encoder (each input, named, and the edit prompt) and "
+                "VAE encoder (each input) -> DiT denoiser (true CFG) -> VAE."
+            ),
+            example_models=(
+                "Qwen/Qwen-Image-Edit-2511",
+                "Qwen/Qwen-Image-Edit-2509",
+                "tiny://qwen-image-edit-plus",
+            ),
+            checkpoints=("QwenImageEditPlusPipeline",),
+            max_edit_images=3,
+            stages=(
+                StageDefaults("encode", Role.TEXT_ENCODER, Engine.TRANSFORMERS),
+                StageDefaults("encode-image", Role.VAE_ENCODER, Engine.DIFFUSERS),
+                StageDefaults(
+                    "denoise", Role.DENOISER, Engine.DIFFUSERS, inputs=("encode", "encode-image")
+                ),
+                StageDefaults("decode", Role.VAE_DECODER, Engine.DIFFUSERS, inputs=("denoise",)),
+            ),
+            stage_classes={
+                (Role.TEXT_ENCODER, Engine.TRANSFORMERS): f"{EDIT}:EditTextEncodeStage",
+                (Role.VAE_ENCODER, Engine.DIFFUSERS): f"{EDIT}:ImageEncodeStage",
+                (Role.DENOISER, Engine.DIFFUSERS): f"{EDIT}:EditDenoiseStage",
+                (Role.VAE_DECODER, Engine.DIFFUSERS): f"{STAGES}:DecodeStage",
+            },
+        ),
     ),
     tiny_models={
         "qwen-image": "omnipipe.families.qwen_image.tiny:build_qwen_image",
         "qwen-image-edit": "omnipipe.families.qwen_image.tiny_edit:build_qwen_image_edit",
+        "qwen-image-edit-plus": (
+            "omnipipe.families.qwen_image.tiny_edit:build_qwen_image_edit_plus"
+        ),
         # LoRA adapters of tiny://qwen-image's DiT, for spec.adapters[].source.
         "qwen-image-lora": "omnipipe.families.qwen_image.tiny_lora:build_lora",
         "qwen-image-lora-2": "omnipipe.families.qwen_image.tiny_lora:build_lora_2",

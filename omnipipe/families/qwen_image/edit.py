@@ -1,7 +1,8 @@
-"""Qwen-Image-Edit split into stages, reproducing QwenImageEditPipeline.__call__:
-encode (the edit prompt and the negative prompt, each beside the input image) and
-encode-image (the VAE's latents of the input image) -> denoise (true CFG, the image
-latents joined to the noise in sequence) -> decode (qwen_image.DecodeStage)."""
+"""Qwen-Image-Edit split into stages, reproducing QwenImageEditPipeline.__call__ (one
+input image) and QwenImageEditPlusPipeline.__call__ (2509 and 2511: up to three): encode
+(the edit prompt and the negative prompt, each beside the input images) and encode-image
+(the VAE's latents of each input) -> denoise (true CFG, the inputs' latents joined to the
+noise in sequence) -> decode (qwen_image.DecodeStage)."""
 
 from __future__ import annotations
 
@@ -12,21 +13,61 @@ import numpy as np
 import torch
 from PIL import Image
 
-from omnipipe.api.edit import condition_size
-from omnipipe.families.qwen_image.loading import load_qwen_image
+from omnipipe.api.edit import CONDITION_PIXELS, condition_size
+from omnipipe.families.qwen_image.loading import QWEN_IMAGE_EDIT_PLUS, load_qwen_image
 from omnipipe.families.qwen_image.stages import schedule_shift
 from omnipipe.stagekit.media import decode_image
 from omnipipe.stagekit.params import int_param, prompt_of
-from omnipipe.stagekit.stage import Stage, StageJob, StageResult, Tensors
+from omnipipe.stagekit.stage import Stage, StageInputError, StageJob, StageResult, Tensors
+
+# QwenImageEditPlusPipeline's: its vision-language encoder sees each input at about
+# 384x384 (the VAE at a megapixel, as QwenImageEditPipeline's one input); Qwen's model
+# cards give it one to three inputs.
+PLUS_CONDITION_PIXELS = 384 * 384
+PLUS_MAX_IMAGES = 3
 
 
-# diffusers' calculate_shift defaults, used when the scheduler config names none.
-def condition_image(pipe: Any, params: dict[str, Any]) -> Image.Image:
-    """The request's input image at the conditioning size, as the pipeline resizes it."""
-    image = decode_image(params.get("image"), "image")
-    width, height = condition_size(image.width, image.height)
-    resized: Image.Image = pipe.image_processor.resize(image, height, width)
-    return resized
+def is_plus(pipe: Any) -> bool:
+    return type(pipe).__name__ == QWEN_IMAGE_EDIT_PLUS
+
+
+def input_images(pipe: Any, params: dict[str, Any]) -> list[Image.Image]:
+    """The request's input images, as many as the checkpoint edits with."""
+    images = params.get("images")
+    most = PLUS_MAX_IMAGES if is_plus(pipe) else 1
+    if not isinstance(images, list) or not images:
+        raise StageInputError("image: an input image is required", "image")
+    if len(images) > most:
+        raise StageInputError(
+            f"image: this model edits with at most {most} input image{'s' * (most > 1)}, "
+            f"got {len(images)}",
+            "image",
+        )
+    return [decode_image(data, "image") for data in images]
+
+
+def resized(pipe: Any, image: Image.Image, pixels: int = CONDITION_PIXELS) -> Image.Image:
+    width, height = condition_size(image.width, image.height, pixels)
+    out: Image.Image = pipe.image_processor.resize(image, height, width)
+    return out
+
+
+def encoder_images(pipe: Any, params: dict[str, Any]) -> list[Image.Image]:
+    """What the vision-language encoder sees of each input, as the pipeline resizes it."""
+    pixels = PLUS_CONDITION_PIXELS if is_plus(pipe) else CONDITION_PIXELS
+    return [resized(pipe, image, pixels) for image in input_images(pipe, params)]
+
+
+def vae_pixels(pipe: Any, image: Image.Image) -> torch.Tensor:
+    """An input as the VAE takes it, (1, 3, 1, h, w) at about a megapixel: the Plus
+    pipeline preprocesses the input itself to that size, the Edit one its resized copy."""
+    if is_plus(pipe):
+        width, height = condition_size(image.width, image.height)
+        pixels: torch.Tensor = pipe.image_processor.preprocess(image, height, width)
+    else:
+        image = resized(pipe, image)
+        pixels = pipe.image_processor.preprocess(image, image.height, image.width)
+    return pixels.unsqueeze(2)
 
 
 class EditTextEncodeStage(Stage):
@@ -45,7 +86,9 @@ class EditTextEncodeStage(Stage):
 
     def run(self, job: StageJob) -> StageResult:
         prompt = prompt_of(job.params)
-        image = condition_image(self.pipe, job.params)
+        images = encoder_images(self.pipe, job.params)
+        # The Plus pipeline names each input ("Picture 1: ..."); the Edit one takes one.
+        image: Any = images if is_plus(self.pipe) else images[0]
         negative = job.params.get("negative_prompt")
         out: Tensors = {}
         for prefix, text in (("prompt", prompt), ("negative_prompt", negative)):
@@ -62,24 +105,32 @@ class EditTextEncodeStage(Stage):
 
 
 class ImageEncodeStage(Stage):
-    """Input image -> the VAE's normalised latents (the distribution's mode), the
-    denoiser's conditioning."""
+    """Input images -> the VAE's normalised latents of each (the distribution's mode),
+    packed in 2x2 patches and joined in sequence, the denoiser's conditioning; and each
+    one's packed (height, width)."""
 
     def load(self) -> None:
         self.pipe = load_qwen_image(self.model_path, self.device, {"vae"})
 
     def run(self, job: StageJob) -> StageResult:
         pipe = self.pipe
-        image = condition_image(pipe, job.params)
-        pixels = pipe.image_processor.preprocess(image, image.height, image.width)
-        pixels = pixels.unsqueeze(2).to(self.device, pipe.vae.dtype)
-        with torch.inference_mode():
-            latents = pipe.vae.encode(pixels).latent_dist.mode()
-            z = pipe.vae.config.z_dim
-            mean = torch.tensor(pipe.vae.config.latents_mean).view(1, z, 1, 1, 1)
-            std = torch.tensor(pipe.vae.config.latents_std).view(1, z, 1, 1, 1)
-            latents = (latents - mean.to(latents)) / std.to(latents)
-        return StageResult(tensors={"image_latents": latents})
+        z = pipe.vae.config.z_dim
+        mean = torch.tensor(pipe.vae.config.latents_mean).view(1, z, 1, 1, 1)
+        std = torch.tensor(pipe.vae.config.latents_std).view(1, z, 1, 1, 1)
+        packed, shapes = [], []
+        for image in input_images(pipe, job.params):
+            pixels = vae_pixels(pipe, image).to(self.device, pipe.vae.dtype)
+            with torch.inference_mode():
+                latents = pipe.vae.encode(pixels).latent_dist.mode()
+                latents = (latents - mean.to(latents)) / std.to(latents)
+            packed.append(pack(latents))
+            shapes.append([latents.shape[3] // 2, latents.shape[4] // 2])
+        return StageResult(
+            tensors={
+                "image_latents": torch.cat(packed, dim=1),
+                "image_shapes": torch.tensor(shapes),
+            }
+        )
 
 
 def pack(latents: torch.Tensor) -> torch.Tensor:
@@ -105,7 +156,10 @@ class EditDenoiseStage(Stage):
     def batch_key(self, job: StageJob) -> Hashable | None:
         enc, img = job.inputs.get("encode", {}), job.inputs.get("encode-image", {})
         shapes = tuple((k, tuple(v.shape)) for k, v in sorted({**enc, **img}.items()))
-        return (self._geometry(job.params), shapes)
+        # Inputs of other sizes with as many latents in all place them otherwise.
+        inputs = img.get("image_shapes")
+        sizes = () if inputs is None else tuple(map(tuple, inputs.tolist()))
+        return (self._geometry(job.params), shapes, sizes)
 
     def run(self, job: StageJob) -> StageResult:
         return self.run_batch([job])[0]
@@ -136,7 +190,7 @@ class EditDenoiseStage(Stage):
         assert embeds is not None
         assert image_latents is not None
         dtype = embeds.dtype
-        image_latents = pack(image_latents.to(dtype))
+        image_latents = image_latents.to(dtype)
         do_cfg = neg_embeds is not None and guidance > 1
 
         scale = pipe.vae_scale_factor
@@ -156,8 +210,8 @@ class EditDenoiseStage(Stage):
         ]
         # (n, 1, channels, h, w) noise read as (n, channels, 1, h, w), as the pipeline packs it.
         latents = pack(torch.cat(noise).reshape(-1, channels, 1, lat_h, lat_w)).to(device)
-        cond_h, cond_w = jobs[0].inputs["encode-image"]["image_latents"].shape[3:]
-        img_shapes = [[(1, lat_h // 2, lat_w // 2), (1, cond_h // 2, cond_w // 2)]] * len(latents)
+        inputs = jobs[0].inputs["encode-image"]["image_shapes"].tolist()
+        img_shapes = [[(1, lat_h // 2, lat_w // 2), *((1, h, w) for h, w in inputs)]] * len(latents)
 
         scheduler = pipe.scheduler
         sigmas = np.linspace(1.0, 1 / steps, steps)

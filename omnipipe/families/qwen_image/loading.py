@@ -10,7 +10,8 @@ import torch
 log = logging.getLogger(__name__)
 QWEN_IMAGE = "QwenImagePipeline"
 QWEN_IMAGE_EDIT = "QwenImageEditPipeline"
-PIPELINE_CLASSES = (QWEN_IMAGE, QWEN_IMAGE_EDIT)
+QWEN_IMAGE_EDIT_PLUS = "QwenImageEditPlusPipeline"  # 2509 and 2511: several input images
+PIPELINE_CLASSES = (QWEN_IMAGE, QWEN_IMAGE_EDIT, QWEN_IMAGE_EDIT_PLUS)
 
 
 def pipeline_class_name(model_path: str) -> str:
@@ -27,7 +28,7 @@ def pipeline_class_name(model_path: str) -> str:
 
 
 def load_qwen_image(model_path: str, device: torch.device, keep: set[str]) -> Any:
-    """The checkpoint's pipeline (QwenImagePipeline or QwenImageEditPipeline) with only
+    """The checkpoint's pipeline (one of PIPELINE_CLASSES) with only
     `keep` loaded; the rest are None so a stage never holds weights it does not run (the
     text encoder alone is 7B for the real model)."""
     import diffusers

@@ -17,7 +17,19 @@ VISION_TOKENS = ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>", "<|vision
 
 
 def build_qwen_image_edit(target: Path) -> None:
-    from diffusers import FlowMatchEulerDiscreteScheduler, QwenImageEditPipeline
+    build_edit(target, "QwenImageEditPipeline")
+
+
+def build_qwen_image_edit_plus(target: Path) -> None:
+    """tiny://qwen-image-edit-plus: QwenImageEditPlusPipeline (2509, 2511) with the same
+    tiny components; the released checkpoints differ from the Edit one in weights and
+    pipeline class, not in their components' classes."""
+    build_edit(target, "QwenImageEditPlusPipeline")
+
+
+def build_edit(target: Path, pipeline_class: str) -> None:
+    import diffusers
+    from diffusers import FlowMatchEulerDiscreteScheduler
     from transformers import (
         Qwen2VLImageProcessor,
         Qwen2VLProcessor,
@@ -47,7 +59,7 @@ def build_qwen_image_edit(target: Path) -> None:
         video_processor=Qwen2VLVideoProcessor(),
         tokenizer=tokenizer,
     )
-    pipe = QwenImageEditPipeline(
+    pipe = getattr(diffusers, pipeline_class)(
         transformer=tiny_qwen_image_transformer(),
         vae=tiny_qwen_image_vae(),
         scheduler=FlowMatchEulerDiscreteScheduler(),

@@ -1,12 +1,13 @@
 """/v1/images/edits: OpenAI's image-edit API (a multipart form) on an image-edit stage
-graph. The router reads the image's header only; the encoders decode it."""
+graph, with as many input images as its model edits with. The router reads each image's
+header only; the encoders decode them."""
 
 from __future__ import annotations
 
 import base64
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
@@ -15,6 +16,7 @@ from starlette.datastructures import FormData, UploadFile
 from starlette.exceptions import HTTPException
 
 from omnipipe.api.edit import condition_size
+from omnipipe.api.families import max_edit_images
 from omnipipe.api.plain_text import PLAIN_DECIMAL, shown
 from omnipipe.api.spec import Role
 from omnipipe.router.api.common import bad_request, check_model
@@ -41,6 +43,9 @@ IMAGE_FIELDS = ("image", "image[]")
 # Stages that see the input image; the rest get the request without it.
 IMAGE_ROLES = (Role.TEXT_ENCODER, Role.VAE_ENCODER)
 MAX_FORM_FIELDS = 32
+# Files a form may carry: more than any model edits with, so that one over a model's
+# limit is refused naming the limit.
+MAX_FORM_IMAGES = 10
 
 
 class ImageEditRequest(BaseModel):
@@ -49,13 +54,17 @@ class ImageEditRequest(BaseModel):
     model_config = ConfigDict(extra="allow", allow_inf_nan=False)
 
     model: str
-    image: bytes = Field(max_length=MAX_EDIT_IMAGE_BYTES)
-    """The image to edit: one PNG, JPEG or WebP file, at most 4096x4096 pixels."""
+    image: list[Annotated[bytes, Field(max_length=MAX_EDIT_IMAGE_BYTES)]] = Field(
+        min_length=1, max_length=MAX_FORM_IMAGES
+    )
+    """The images to edit (image, or image[] for several): PNG, JPEG or WebP files, each
+    at most 4096x4096 pixels; as many as the model edits with (one for Qwen-Image-Edit,
+    up to three for Qwen-Image-Edit-Plus)."""
     prompt: str = Field(min_length=1, max_length=32_000)
     n: int = Field(default=1, ge=1, le=MAX_IMAGES)
     size: str = Field(default="auto", examples=["auto", "1024x1024"])
-    """WIDTHxHEIGHT (sides multiples of 16 from 16 to 2048), or auto: the input's aspect
-    ratio at about a megapixel."""
+    """WIDTHxHEIGHT (sides multiples of 16 from 16 to 2048), or auto: the (last) input's
+    aspect ratio at about a megapixel."""
     response_format: str = "b64_json"
     output_format: ImageFormat = "png"
     output_compression: int | None = Field(default=None, ge=0, le=100)
@@ -83,7 +92,7 @@ NUMBER_FIELDS = frozenset(
 
 async def read_form(request: Request) -> FormData:
     try:
-        return await request.form(max_files=len(IMAGE_FIELDS) * 2, max_fields=MAX_FORM_FIELDS)
+        return await request.form(max_files=MAX_FORM_IMAGES, max_fields=MAX_FORM_FIELDS)
     except HTTPException as exc:  # starlette's word for a malformed multipart body
         raise BadRequest(f"malformed multipart form: {exc.detail}") from None
 
@@ -92,10 +101,8 @@ async def parse_edit(form: FormData) -> ImageEditRequest:
     images = [v for key in IMAGE_FIELDS for v in form.getlist(key)]
     if not images:
         raise BadRequest("image: a file is required (multipart field image)", param="image")
-    if len(images) > 1:
-        raise BadRequest(f"image: one image per edit, got {len(images)}", param="image")
-    [image] = images
-    if not isinstance(image, UploadFile):
+    files = [image for image in images if isinstance(image, UploadFile)]
+    if len(files) < len(images):
         raise BadRequest("image: must be a file part, not a text field", param="image")
     if "mask" in form:
         raise BadRequest("mask: masked edits are not supported; the prompt says what changes")
@@ -112,9 +119,9 @@ async def parse_edit(form: FormData) -> ImageEditRequest:
             raise BadRequest(
                 f"{key}: must be a plain decimal number, got {shown(fields[key])}", param=key
             )
-    raw = await image.read(MAX_EDIT_IMAGE_BYTES + 1)
+    raws = [await image.read(MAX_EDIT_IMAGE_BYTES + 1) for image in files]
     try:
-        body = ImageEditRequest.model_validate({**fields, "image": raw})
+        body = ImageEditRequest.model_validate({**fields, "image": raws})
     except ValidationError as exc:
         raise bad_request(exc, fields) from None
     if body.model_extra:
@@ -122,16 +129,34 @@ async def parse_edit(form: FormData) -> ImageEditRequest:
     return body
 
 
+def checked_images(body: ImageEditRequest, most: int) -> list[tuple[int, int]]:
+    """Each input's (width, height), from its header; as many inputs as the model takes,
+    each of a shape the graph runs (its conditioning size within the sides it takes)."""
+    if len(body.image) > most:
+        raise BadRequest(
+            f"image: model {shown(body.model)} edits with at most {most} input "
+            f"image{'s' * (most > 1)}, got {len(body.image)}",
+            param="image",
+        )
+    sizes = []
+    for i, raw in enumerate(body.image):
+        param = "image" if len(body.image) == 1 else f"image[{i}]"
+        width, height = check_edit_image(raw, param)
+        cond_w, cond_h = condition_size(width, height)
+        for side in (cond_w, cond_h):
+            if not SIZE_MULTIPLE <= side <= MAX_SIDE:
+                raise BadRequest(
+                    f"{param}: {width}x{height} is too far from square (at most 4:1)",
+                    param=param,
+                )
+        sizes.append((width, height))
+    return sizes
+
+
 def edit_size(body: ImageEditRequest, width: int, height: int) -> tuple[int, int]:
-    """The output size; checks that the input's conditioning size is one the graph runs."""
-    cond_w, cond_h = condition_size(width, height)
-    for side in (cond_w, cond_h):
-        if not SIZE_MULTIPLE <= side <= MAX_SIDE:
-            raise BadRequest(
-                f"image: {width}x{height} is too far from square (at most 4:1)", param="image"
-            )
+    """The output size: the size asked, or auto: the last input's conditioning size."""
     if body.size == "auto":
-        return cond_w, cond_h
+        return condition_size(width, height)
     return parse_size(body.size)
 
 
@@ -153,16 +178,16 @@ def edits_router(orchestrator: Orchestrator, model_ids: Callable[[], set[str]]) 
                 f"pipeline {orchestrator.pipeline.name} generates images from text and does "
                 "not edit them: use POST /v1/images/generations"
             )
-        width, height = check_edit_image(body.image)
-        size = edit_size(body, width, height)
+        sizes = checked_images(body, max_edit_images(orchestrator.pipeline.pipeline))
+        size = edit_size(body, *sizes[-1])
         fields = body.model_dump(exclude={"image", "size"})
         params = image_params(ImageGenerationRequest(**fields), size)
-        image = base64.b64encode(body.image).decode()
+        images = [base64.b64encode(raw).decode() for raw in body.image]
         return await respond_with_images(
             request,
             orchestrator,
             {
-                s.name: {**params, "image": image} if s.role in IMAGE_ROLES else params
+                s.name: {**params, "images": images} if s.role in IMAGE_ROLES else params
                 for s in orchestrator.pipeline.stages
             },
             response_fields(params),

@@ -1,0 +1,136 @@
+"""The Qwen-Image-Edit-Plus stages (2509, 2511) on tiny://qwen-image-edit-plus, driven by
+hand: encode (the prompt beside each input, named), encode-image (each input's latents,
+joined) and denoise give the latents diffusers' QwenImageEditPlusPipeline gives run
+whole, with the same model, images, prompts and seeds, for one input and for two of
+other shapes."""
+
+from __future__ import annotations
+
+import base64
+import io
+from typing import Any
+
+import pytest
+import torch
+import yaml
+from PIL import Image
+
+from omnipipe.api import parse_resource, resolve
+from omnipipe.checkpoints.tiny import resolve_model_path
+from omnipipe.families.qwen_image.edit import EditDenoiseStage, EditTextEncodeStage
+from omnipipe.stagekit.stage import Stage, StageInputError, StageJob
+from omnipipe.worker.stage_classes import stage_class
+
+pytestmark = pytest.mark.timeout(600)
+MANIFEST = """
+apiVersion: omnipipe.io/v1alpha1
+kind: OmniPipeline
+metadata: {name: edit-plus}
+spec: {model: "tiny://qwen-image-edit-plus", pipeline: qwen-image-edit-plus}
+"""
+
+
+def picture(width: int, height: int, colour: tuple[int, int, int]) -> Image.Image:
+    image = Image.new("RGB", (width, height), colour)
+    for x in range(width):
+        image.putpixel((x, x % height), (0, 255, 0))
+    return image
+
+
+def encoded(image: Image.Image) -> str:
+    buf = io.BytesIO()
+    image.save(buf, format="PNG")
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+CAT, SOFA = picture(80, 48, (200, 30, 30)), picture(48, 64, (30, 30, 200))
+PARAMS: dict[str, Any] = {
+    "prompt": "the cat of picture 1 on the sofa of picture 2",
+    "negative_prompt": "blurry",
+    "width": 64,
+    "height": 96,
+    "n": 2,
+    "seed": 3,
+    "num_inference_steps": 2,
+    "guidance_scale": 4.0,
+}
+
+
+@pytest.fixture(scope="module")
+def path() -> str:
+    return resolve_model_path("tiny://qwen-image-edit-plus")
+
+
+@pytest.fixture(scope="module")
+def stages(path: str) -> dict[str, Stage]:
+    out = {}
+    for spec in resolve(parse_resource(yaml.safe_load(MANIFEST))).stages:
+        stage = stage_class(spec, path)(spec, path, "cpu")
+        stage.load()
+        out[spec.name] = stage
+    return out
+
+
+def test_the_plus_checkpoint_runs_the_edit_stages(stages: dict[str, Stage]) -> None:
+    assert type(stages["encode"]) is EditTextEncodeStage
+    assert type(stages["denoise"]) is EditDenoiseStage
+    assert type(stages["encode"].pipe).__name__ == "QwenImageEditPlusPipeline"
+
+
+@pytest.mark.parametrize("images", [[CAT], [CAT, SOFA]], ids=["one", "two"])
+def test_stages_equal_the_whole_diffusers_pipeline(
+    path: str, stages: dict[str, Stage], images: list[Image.Image]
+) -> None:
+    from diffusers import QwenImageEditPlusPipeline
+
+    pipe: Any = QwenImageEditPlusPipeline.from_pretrained(path)
+    pipe.set_progress_bar_config(disable=True)
+    with torch.inference_mode():
+        expected = pipe(
+            image=images,
+            prompt=PARAMS["prompt"],
+            negative_prompt=PARAMS["negative_prompt"],
+            true_cfg_scale=PARAMS["guidance_scale"],
+            height=PARAMS["height"],
+            width=PARAMS["width"],
+            num_inference_steps=PARAMS["num_inference_steps"],
+            num_images_per_prompt=2,
+            generator=[torch.Generator().manual_seed(3), torch.Generator().manual_seed(4)],
+            output_type="latent",
+        ).images
+
+    params = {**PARAMS, "images": [encoded(image) for image in images]}
+    text = stages["encode"].run(StageJob(params, {})).tensors
+    image_latents = stages["encode-image"].run(StageJob(params, {})).tensors
+    # Each input at about a megapixel for the VAE, in its own shape.
+    shapes = [[50, 82], [74, 56]][: len(images)]  # 1312x800 and 896x1184, over 16
+    assert image_latents["image_shapes"].tolist() == shapes
+    assert image_latents["image_latents"].shape[1] == sum(h * w for h, w in shapes)
+    job = StageJob(params, {"encode": text, "encode-image": image_latents})
+    [result] = stages["denoise"].run_batch([job])
+    latents = result.tensors["latents"]
+    assert latents.shape == expected.shape == (2, 24, 16)
+    torch.testing.assert_close(latents, expected, rtol=1e-4, atol=1e-4)
+    assert not torch.allclose(latents[0], latents[1])
+
+
+def test_requests_whose_inputs_differ_in_shape_are_not_batched(stages: dict[str, Stage]) -> None:
+    """Two inputs of other shapes can make as many latents as one pair; the DiT places
+    them by shape, so such requests never share a batch."""
+    denoise = stages["denoise"]
+    text = {"prompt_embeds": torch.zeros(1, 3, 16), "prompt_mask": torch.ones(1, 3)}
+
+    def key(shapes: list[list[int]]) -> object:
+        latents = torch.zeros(1, sum(h * w for h, w in shapes), 16)
+        inputs = {"image_latents": latents, "image_shapes": torch.tensor(shapes)}
+        return denoise.batch_key(StageJob(PARAMS, {"encode": text, "encode-image": inputs}))
+
+    assert key([[2, 6], [3, 4]]) != key([[3, 4], [2, 6]])
+    assert key([[2, 6], [3, 4]]) == key([[2, 6], [3, 4]])
+
+
+def test_more_inputs_than_the_model_takes_are_refused(stages: dict[str, Stage]) -> None:
+    params = {**PARAMS, "images": [encoded(CAT)] * 4}
+    for name in ("encode", "encode-image"):
+        with pytest.raises(StageInputError, match="at most 3 input images, got 4"):
+            stages[name].run(StageJob(params, {}))
