@@ -12,14 +12,13 @@ from typing import Any
 
 import pytest
 import torch
-import yaml
 from PIL import Image
 
-from omnipipe.api import parse_resource, resolve
 from omnipipe.checkpoints.tiny import resolve_model_path
 from omnipipe.families.qwen_image.edit import EditDenoiseStage, EditTextEncodeStage
 from omnipipe.stagekit.stage import Stage, StageInputError, StageJob
-from omnipipe.worker.stage_classes import stage_class
+from tests.unit.test_image_edit_stages import PARAMS as EDIT_PARAMS
+from tests.unit.test_image_edit_stages import loaded_stages, whole_pipeline_latents
 
 pytestmark = pytest.mark.timeout(600)
 MANIFEST = """
@@ -44,15 +43,12 @@ def encoded(image: Image.Image) -> str:
 
 
 CAT, SOFA = picture(80, 48, (200, 30, 30)), picture(48, 64, (30, 30, 200))
+# The Edit stages' test's request, with its own prompt and an upright size.
 PARAMS: dict[str, Any] = {
+    **EDIT_PARAMS,
     "prompt": "the cat of picture 1 on the sofa of picture 2",
-    "negative_prompt": "blurry",
     "width": 64,
     "height": 96,
-    "n": 2,
-    "seed": 3,
-    "num_inference_steps": 2,
-    "guidance_scale": 4.0,
 }
 
 
@@ -63,12 +59,7 @@ def path() -> str:
 
 @pytest.fixture(scope="module")
 def stages(path: str) -> dict[str, Stage]:
-    out = {}
-    for spec in resolve(parse_resource(yaml.safe_load(MANIFEST))).stages:
-        stage = stage_class(spec, path)(spec, path, "cpu")
-        stage.load()
-        out[spec.name] = stage
-    return out
+    return loaded_stages(MANIFEST, path)
 
 
 def test_the_plus_checkpoint_runs_the_edit_stages(stages: dict[str, Stage]) -> None:
@@ -81,24 +72,8 @@ def test_the_plus_checkpoint_runs_the_edit_stages(stages: dict[str, Stage]) -> N
 def test_stages_equal_the_whole_diffusers_pipeline(
     path: str, stages: dict[str, Stage], images: list[Image.Image]
 ) -> None:
-    from diffusers import QwenImageEditPlusPipeline
-
-    pipe: Any = QwenImageEditPlusPipeline.from_pretrained(path)
-    pipe.set_progress_bar_config(disable=True)
-    with torch.inference_mode():
-        expected = pipe(
-            image=images,
-            prompt=PARAMS["prompt"],
-            negative_prompt=PARAMS["negative_prompt"],
-            true_cfg_scale=PARAMS["guidance_scale"],
-            height=PARAMS["height"],
-            width=PARAMS["width"],
-            num_inference_steps=PARAMS["num_inference_steps"],
-            num_images_per_prompt=2,
-            generator=[torch.Generator().manual_seed(3), torch.Generator().manual_seed(4)],
-            output_type="latent",
-        ).images
-
+    expected = whole_pipeline_latents(path, images, PARAMS)
+    assert type(stages["encode"].pipe).__name__ == "QwenImageEditPlusPipeline"
     params = {**PARAMS, "images": [encoded(image) for image in images]}
     text = stages["encode"].run(StageJob(params, {})).tensors
     image_latents = stages["encode-image"].run(StageJob(params, {})).tensors

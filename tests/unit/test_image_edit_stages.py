@@ -62,15 +62,43 @@ def path() -> str:
     return resolve_model_path("tiny://qwen-image-edit")
 
 
-@pytest.fixture(scope="module")
-def stages(path: str) -> dict[str, Stage]:
-    pipeline: ResolvedPipeline = resolve(parse_resource(yaml.safe_load(MANIFEST)))
+def loaded_stages(manifest: str, path: str) -> dict[str, Stage]:
+    """Every stage of the pipeline `manifest` describes, loaded from `path` on the CPU."""
+    pipeline: ResolvedPipeline = resolve(parse_resource(yaml.safe_load(manifest)))
     out = {}
     for spec in pipeline.stages:
         stage = stage_class(spec, path)(spec, path, "cpu")
         stage.load()
         out[spec.name] = stage
     return out
+
+
+@pytest.fixture(scope="module")
+def stages(path: str) -> dict[str, Stage]:
+    return loaded_stages(MANIFEST, path)
+
+
+def whole_pipeline_latents(path: str, image: Any, params: dict[str, Any]) -> torch.Tensor:
+    """The latents of the checkpoint's own diffusers pipeline, run whole on `image` (one
+    or a list) for the request `params`, two images with seeds 3 and 4."""
+    from diffusers import DiffusionPipeline
+
+    pipe: Any = DiffusionPipeline.from_pretrained(path)
+    pipe.set_progress_bar_config(disable=True)
+    with torch.inference_mode():
+        latents: torch.Tensor = pipe(
+            image=image,
+            prompt=params["prompt"],
+            negative_prompt=params["negative_prompt"],
+            true_cfg_scale=params["guidance_scale"],
+            height=params["height"],
+            width=params["width"],
+            num_inference_steps=params["num_inference_steps"],
+            num_images_per_prompt=2,
+            generator=[torch.Generator().manual_seed(3), torch.Generator().manual_seed(4)],
+            output_type="latent",
+        ).images
+    return latents
 
 
 def test_the_checkpoint_picks_the_edit_stages(stages: dict[str, Stage]) -> None:
@@ -84,23 +112,7 @@ def test_the_checkpoint_picks_the_edit_stages(stages: dict[str, Stage]) -> None:
 
 
 def test_stages_equal_the_whole_diffusers_pipeline(path: str, stages: dict[str, Stage]) -> None:
-    from diffusers import QwenImageEditPipeline
-
-    pipe: Any = QwenImageEditPipeline.from_pretrained(path)
-    pipe.set_progress_bar_config(disable=True)
-    with torch.inference_mode():
-        expected = pipe(
-            image=Image.open(io.BytesIO(PNG)),
-            prompt=PARAMS["prompt"],
-            negative_prompt=PARAMS["negative_prompt"],
-            true_cfg_scale=PARAMS["guidance_scale"],
-            height=PARAMS["height"],
-            width=PARAMS["width"],
-            num_inference_steps=PARAMS["num_inference_steps"],
-            num_images_per_prompt=2,
-            generator=[torch.Generator().manual_seed(3), torch.Generator().manual_seed(4)],
-            output_type="latent",
-        ).images
+    expected = whole_pipeline_latents(path, Image.open(io.BytesIO(PNG)), PARAMS)
 
     encoded = stages["encode"].run(StageJob(PARAMS, {})).tensors
     image_latents = stages["encode-image"].run(StageJob(PARAMS, {})).tensors

@@ -8,6 +8,20 @@ from omnipipe.api.roles import Engine, Role
 STAGES = "omnipipe.families.qwen_image.stages"
 DENOISE = "omnipipe.families.qwen_image.denoise"
 EDIT = "omnipipe.families.qwen_image.edit"
+# Qwen-Image-Edit's graph, and Qwen-Image-Edit-Plus's: the same stages, which read the
+# checkpoint's pipeline class for how many inputs it takes and at what sizes.
+EDIT_STAGES = (
+    StageDefaults("encode", Role.TEXT_ENCODER, Engine.TRANSFORMERS),
+    StageDefaults("encode-image", Role.VAE_ENCODER, Engine.DIFFUSERS),
+    StageDefaults("denoise", Role.DENOISER, Engine.DIFFUSERS, inputs=("encode", "encode-image")),
+    StageDefaults("decode", Role.VAE_DECODER, Engine.DIFFUSERS, inputs=("denoise",)),
+)
+EDIT_CLASSES = {
+    (Role.TEXT_ENCODER, Engine.TRANSFORMERS): f"{EDIT}:EditTextEncodeStage",
+    (Role.VAE_ENCODER, Engine.DIFFUSERS): f"{EDIT}:ImageEncodeStage",
+    (Role.DENOISER, Engine.DIFFUSERS): f"{EDIT}:EditDenoiseStage",
+    (Role.VAE_DECODER, Engine.DIFFUSERS): f"{STAGES}:DecodeStage",
+}
 
 FAMILY = Family(
     name="qwen-image",
@@ -37,20 +51,8 @@ FAMILY = Family(
             ),
             example_models=("Qwen/Qwen-Image-Edit", "tiny://qwen-image-edit"),
             checkpoints=("QwenImageEditPipeline",),
-            stages=(
-                StageDefaults("encode", Role.TEXT_ENCODER, Engine.TRANSFORMERS),
-                StageDefaults("encode-image", Role.VAE_ENCODER, Engine.DIFFUSERS),
-                StageDefaults(
-                    "denoise", Role.DENOISER, Engine.DIFFUSERS, inputs=("encode", "encode-image")
-                ),
-                StageDefaults("decode", Role.VAE_DECODER, Engine.DIFFUSERS, inputs=("denoise",)),
-            ),
-            stage_classes={
-                (Role.TEXT_ENCODER, Engine.TRANSFORMERS): f"{EDIT}:EditTextEncodeStage",
-                (Role.VAE_ENCODER, Engine.DIFFUSERS): f"{EDIT}:ImageEncodeStage",
-                (Role.DENOISER, Engine.DIFFUSERS): f"{EDIT}:EditDenoiseStage",
-                (Role.VAE_DECODER, Engine.DIFFUSERS): f"{STAGES}:DecodeStage",
-            },
+            stages=EDIT_STAGES,
+            stage_classes=EDIT_CLASSES,
         ),
         PipelineType(
             name="qwen-image-edit-plus",
@@ -66,20 +68,8 @@ FAMILY = Family(
             ),
             checkpoints=("QwenImageEditPlusPipeline",),
             max_edit_images=3,
-            stages=(
-                StageDefaults("encode", Role.TEXT_ENCODER, Engine.TRANSFORMERS),
-                StageDefaults("encode-image", Role.VAE_ENCODER, Engine.DIFFUSERS),
-                StageDefaults(
-                    "denoise", Role.DENOISER, Engine.DIFFUSERS, inputs=("encode", "encode-image")
-                ),
-                StageDefaults("decode", Role.VAE_DECODER, Engine.DIFFUSERS, inputs=("denoise",)),
-            ),
-            stage_classes={
-                (Role.TEXT_ENCODER, Engine.TRANSFORMERS): f"{EDIT}:EditTextEncodeStage",
-                (Role.VAE_ENCODER, Engine.DIFFUSERS): f"{EDIT}:ImageEncodeStage",
-                (Role.DENOISER, Engine.DIFFUSERS): f"{EDIT}:EditDenoiseStage",
-                (Role.VAE_DECODER, Engine.DIFFUSERS): f"{STAGES}:DecodeStage",
-            },
+            stages=EDIT_STAGES,
+            stage_classes=EDIT_CLASSES,
         ),
     ),
     tiny_models={
