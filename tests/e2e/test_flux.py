@@ -83,3 +83,53 @@ def test_a_negative_prompt_is_a_400_naming_it(client: openai.OpenAI) -> None:
     assert isinstance(error, dict)
     assert error["param"] == "negative_prompt"
     assert "FLUX.1 takes no negative prompt" in error["message"]
+
+
+def test_kontext_edits_through_the_openai_client_as_diffusers_does() -> None:
+    """`omnipipe serve tiny://flux1-kontext`: images.edit gives FluxKontextPipeline's
+    image for the seed, at the size asked; a second input image is refused by name."""
+    from diffusers import FluxKontextPipeline
+
+    source = Image.new("RGB", (96, 64), (200, 30, 30))
+    buf = io.BytesIO()
+    source.save(buf, format="PNG")
+    served = start_serve("tiny://flux1-kontext")
+    try:
+        with openai.OpenAI(base_url=served.base_url, api_key="any", max_retries=0) as c:
+            r = c.images.edit(
+                model="tiny://flux1-kontext",
+                image=("in.png", buf.getvalue(), "image/png"),
+                prompt="make it blue",
+                size="64x48",  # type: ignore[arg-type]
+                extra_body={"seed": 3, "num_inference_steps": 2, "guidance_scale": 2.5},
+            )
+            with pytest.raises(openai.BadRequestError, match="at most 1 input image, got 2"):
+                c.images.edit(
+                    model="tiny://flux1-kontext",
+                    image=[("a.png", buf.getvalue(), "image/png")] * 2,
+                    prompt="x",
+                )
+    finally:
+        stop_cleanly(served)
+    pipe = FluxKontextPipeline.from_pretrained(resolve_model_path("tiny://flux1-kontext"))
+    pipe.set_progress_bar_config(disable=True)
+    expected = pipe(
+        image=source,
+        prompt="make it blue",
+        width=64,
+        height=48,
+        max_area=64 * 48,  # the size asked is the size made (diffusers scales to this area)
+        num_inference_steps=2,
+        guidance_scale=2.5,
+        generator=[torch.Generator().manual_seed(3)],
+        output_type="np",
+    ).images
+    [item] = r.data or []
+    # Past the PNG's rounding, float rounding between the worker's process and this one
+    # over the input's 4096 tokens beside the noise's 12 (2.2e-4 at most, seen).
+    np.testing.assert_allclose(
+        pixels(item.b64_json)[None],
+        np.asarray(expected, dtype=np.float64),
+        rtol=0,
+        atol=PNG_STEP / 2 + 5e-4,
+    )

@@ -176,7 +176,9 @@ def test_openapi_describes_every_request_body(client: TestClient) -> None:
     assert image["output_format"]["enum"] == ["png", "jpeg", "webp"]
     assert image["background"]["enum"] == ["auto", "opaque", "transparent"]
     edit = schemas["ImageEditRequest"]
-    assert edit["properties"]["image"]["format"] == "binary"
+    # One file or several (image[]), as many as the model edits with.
+    assert edit["properties"]["image"]["type"] == "array"
+    assert edit["properties"]["image"]["items"]["format"] == "binary"
     assert {"model", "image", "prompt"} <= set(edit["required"])
 
 

@@ -34,6 +34,10 @@ from omnipipe.families.bagel.ranges import (
     scalar_problem,
 )
 
+# The image API's defaults (router/api/images.py), which BAGEL keeps where the client
+# sent none: its steps, and its guidance as the text CFG scale.
+IMAGE_API_STEPS, IMAGE_API_GUIDANCE = 50, 4.0
+
 
 class BagelChatImageOptions(BaseModel):
     model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
@@ -96,7 +100,7 @@ class BagelRequests:
                 "against the context without the prompt",
                 param="negative_prompt",
             )
-        if request["num_inference_steps"] < MIN_STEPS:
+        if request.get("num_inference_steps", IMAGE_API_STEPS) < MIN_STEPS:
             raise RequestProblem(
                 f"num_inference_steps: BAGEL's flow takes at least {MIN_STEPS}",
                 param="num_inference_steps",
@@ -104,7 +108,7 @@ class BagelRequests:
         # guidance_scale is the text CFG scale unless cfg_text_scale says otherwise.
         extra = dict(request)
         given_as = {} if "cfg_text_scale" in extra else {"cfg_text_scale": "guidance_scale"}
-        extra.setdefault("cfg_text_scale", request["guidance_scale"])
+        extra.setdefault("cfg_text_scale", request.get("guidance_scale", IMAGE_API_GUIDANCE))
         return bagel_image_params(extra, given_as)
 
     def chat_image_params(

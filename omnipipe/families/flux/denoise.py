@@ -5,9 +5,11 @@ Each step is one transformer forward for the whole batch, each row at its own re
 timestep and guidance: FLUX's text is T5's sequence padded to a fixed length and its
 positions depend only on the image's size, so requests of one size join a running batch
 at any step boundary with no padding or mask, and leave it at the next. No CFG: dev's
-guidance is an input of the model (distilled), and schnell has none. LoRA adapters and
-weight quantization come from the stage kit (stagekit/dit_adapters.py, dit_quantize.py);
-a request's adapter and scale are part of its batch key."""
+guidance is an input of the model (distilled), and schnell has none. Kontext's input
+image rides along: its tokens follow the noise's in each row (their positions set apart
+by the first axis), so its requests batch with those of the same input size. LoRA
+adapters and weight quantization come from the stage kit (stagekit/dit_adapters.py,
+dit_quantize.py); a request's adapter and scale are part of its batch key."""
 
 from __future__ import annotations
 
@@ -37,7 +39,7 @@ class FluxDenoising:
     """One request in flight: its latents and where it is in its schedule."""
 
     latents: torch.Tensor  # (n, image tokens, channels), packed
-    image_ids: torch.Tensor  # (image tokens, 3)
+    image_ids: torch.Tensor  # (image tokens [+ context tokens], 3)
     text: torch.Tensor  # (n, length, dim)
     pooled: torch.Tensor  # (n, dim)
     guidance: float
@@ -46,6 +48,14 @@ class FluxDenoising:
     serial: int
     lora: LoraChoice = None
     index: int = 0
+    # Kontext: the input image's packed latents (n, context tokens, channels), run after
+    # the noise's tokens at every step; their predictions are dropped.
+    context: torch.Tensor | None = None
+
+    def hidden(self) -> torch.Tensor:
+        if self.context is None:
+            return self.latents
+        return torch.cat([self.latents, self.context], dim=1)
 
 
 def size_of(params: dict[str, object]) -> tuple[int, int]:
@@ -78,8 +88,10 @@ class FluxDenoiseStage(SteppedStage):
 
     def batch_key(self, job: StageJob) -> Hashable | None:
         # Rows at different steps, guidance and prompts share a forward: only the image's
-        # size (its positions) and the LoRA adapter must agree.
-        return (*size_of(job.params), lora_key(job.params))
+        # size (its positions), a Kontext input's and the LoRA adapter must agree.
+        context = job.inputs.get("encode-image", {}).get("image_latents")
+        shape = None if context is None else tuple(context.shape)
+        return (*size_of(job.params), shape, lora_key(job.params))
 
     def _make_schedule(self, steps: int, image_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The scheduler's shifted sigmas and timesteps, as the pipeline sets them."""
@@ -99,6 +111,8 @@ class FluxDenoiseStage(SteppedStage):
         return scheduler.sigmas.clone(), scheduler.timesteps.clone()
 
     def begin(self, job: StageJob) -> FluxDenoising:
+        from diffusers import FluxPipeline
+
         pipe, device = self.pipe, self.device
         lora = lora_choice(job.params, self.adapters.names)
         width, height = size_of(job.params)
@@ -111,10 +125,18 @@ class FluxDenoiseStage(SteppedStage):
         text = enc["prompt_embeds"].to(device, dtype)
         generators = [torch.Generator(device="cpu").manual_seed(seed + i) for i in range(n)]
         channels = pipe.transformer.config.in_channels // 4
-        latents, image_ids = pipe.prepare_latents(
-            n, channels, height, width, text.dtype, device, generators
+        # FluxPipeline's draw, whichever pipeline class the checkpoint is (Kontext's
+        # prepare_latents draws the same noise, its input image aside).
+        latents, image_ids = FluxPipeline.prepare_latents(
+            pipe, n, channels, height, width, text.dtype, device, generators
         )
+        # The shift follows the noise's tokens alone, a Kontext input's aside.
         sigmas, timesteps = self._schedule(steps, int(latents.shape[1]))
+        context = None
+        if "encode-image" in job.inputs:
+            image = job.inputs["encode-image"]
+            context = image["image_latents"].to(device, dtype).repeat_interleave(n, dim=0)
+            image_ids = torch.cat([image_ids, image["image_ids"].to(device, image_ids.dtype)])
         return FluxDenoising(
             latents=latents,
             image_ids=image_ids,
@@ -125,12 +147,13 @@ class FluxDenoiseStage(SteppedStage):
             timesteps=timesteps,
             serial=next(self._serials),
             lora=lora,
+            context=context,
         )
 
     def step(self, states: Sequence[FluxDenoising]) -> None:
         device = self.device
         rows = [len(s.latents) for s in states]
-        hidden = torch.cat([s.latents for s in states])
+        hidden = torch.cat([s.hidden() for s in states])
         times = torch.cat([s.timesteps[s.index].expand(len(s.latents)) for s in states])
         guidance = None
         if self.guidance_embeds:
@@ -155,7 +178,8 @@ class FluxDenoiseStage(SteppedStage):
                 return_dict=False,
             )[0]
         self.count_steps("computed", len(states))
-        for state, noise in zip(states, torch.split(pred, rows), strict=True):
+        for state, out in zip(states, torch.split(pred, rows), strict=True):
+            noise = out[:, : state.latents.shape[1]]
             sigma, after = state.sigmas[state.index], state.sigmas[state.index + 1]
             step = state.latents.to(torch.float32) + (after - sigma) * noise
             state.latents = step.to(noise.dtype)

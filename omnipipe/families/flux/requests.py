@@ -1,6 +1,7 @@
-"""FLUX.1's request fields on the image API: diffusers' defaults where the client sent
-none (FluxPipeline's 28 steps and guidance 3.5, not the image API's 50 and 4), and no
-negative prompt. Imported by the router, so it stays light: no torch, no diffusers."""
+"""FLUX.1's request fields on the image API (and Kontext's on the edit API): diffusers'
+defaults where the client sent none (FluxPipeline's and FluxKontextPipeline's 28 steps
+and guidance 3.5, not the image API's 50 and 4), and no negative prompt. Imported by the
+router, so it stays light: no torch, no diffusers."""
 
 from __future__ import annotations
 
@@ -30,6 +31,10 @@ class FluxRequests:
         if request.get("guidance_scale") is None:
             params["guidance_scale"] = DEFAULT_GUIDANCE
         return params
+
+    def edit_params(self, request: Mapping[str, Any]) -> dict[str, Any]:
+        """Kontext's, on /v1/images/edits: FluxKontextPipeline's defaults are dev's."""
+        return self.image_params(request)
 
     def chat_image_params(
         self, request: Mapping[str, Any], parse_size: Callable[[str], tuple[int, int]]

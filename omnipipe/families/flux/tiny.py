@@ -1,8 +1,8 @@
-"""tiny://flux1-dev and tiny://flux1-schnell: FLUX.1's architecture (the DiT, the VAE, the
-CLIP and T5 text encoders) with tiny random weights, saved as diffusers checkpoints. The
-VAE keeps the released geometry (8x down, 16 latent channels, its scale and shift), so
-the DiT sees as many tokens at a size as the released model; dev embeds its guidance,
-schnell does not, as released."""
+"""tiny://flux1-dev, tiny://flux1-schnell and tiny://flux1-kontext: FLUX.1's
+architecture (the DiT, the VAE, the CLIP and T5 text encoders) with tiny random weights,
+saved as diffusers checkpoints. The VAE keeps the released geometry (8x down, 16 latent
+channels, its scale and shift), so the DiT sees as many tokens at a size as the released
+model; dev and Kontext embed their guidance, schnell does not, as released."""
 
 from __future__ import annotations
 
@@ -93,8 +93,9 @@ def _tokenizer(directory: Path, max_length: int) -> Any:
     return tokenizer
 
 
-def _build(target: Path, guidance_embeds: bool) -> None:
-    from diffusers import FlowMatchEulerDiscreteScheduler, FluxPipeline
+def _build(target: Path, guidance_embeds: bool, pipeline_class: str = "FluxPipeline") -> None:
+    import diffusers
+    from diffusers import FlowMatchEulerDiscreteScheduler
 
     clip, t5 = tiny_text_encoders()
     # The released schedulers: dev's shift follows the image's token count; schnell's is
@@ -107,7 +108,7 @@ def _build(target: Path, guidance_embeds: bool) -> None:
         shift=3.0 if guidance_embeds else 1.0,
         use_dynamic_shifting=guidance_embeds,
     )
-    pipe = FluxPipeline(
+    pipe = getattr(diffusers, pipeline_class)(
         scheduler=scheduler,
         vae=tiny_flux_vae(),
         text_encoder=clip,
@@ -125,3 +126,9 @@ def build_flux1_dev(target: Path) -> None:
 
 def build_flux1_schnell(target: Path) -> None:
     _build(target, guidance_embeds=False)
+
+
+def build_flux1_kontext(target: Path) -> None:
+    """tiny://flux1-kontext: FluxKontextPipeline over dev's tiny components, as the
+    released FLUX.1-Kontext-dev is dev's architecture with other weights."""
+    _build(target, guidance_embeds=True, pipeline_class="FluxKontextPipeline")

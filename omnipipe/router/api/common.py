@@ -107,8 +107,9 @@ def family_requests(pipeline: ResolvedPipeline) -> RequestExtensions | None:
 
 
 def request_fields(body: BaseModel) -> dict[str, Any]:
-    """The body as a family's extensions read it: its fields and its extensions."""
-    return {**body.model_dump(), **(body.model_extra or {})}
+    """The body as a family's extensions read it: the fields the client set (not the
+    API's defaults, which a family may replace with its model's) and its extensions."""
+    return {**body.model_dump(exclude_unset=True), **(body.model_extra or {})}
 
 
 def chat_makes_images(extensions: RequestExtensions | None) -> bool:

@@ -19,7 +19,13 @@ from omnipipe.api.edit import condition_size
 from omnipipe.api.families import max_edit_images
 from omnipipe.api.plain_text import PLAIN_DECIMAL, shown
 from omnipipe.api.spec import Role
-from omnipipe.router.api.common import bad_request, check_model
+from omnipipe.router.api.common import (
+    bad_request,
+    check_model,
+    family_requests,
+    request_fields,
+    with_family_checks,
+)
 from omnipipe.router.api.images import (
     MAX_IMAGES,
     MAX_SIDE,
@@ -182,6 +188,12 @@ def edits_router(orchestrator: Orchestrator, model_ids: Callable[[], set[str]]) 
         size = edit_size(body, *sizes[-1])
         fields = body.model_dump(exclude={"image", "size"})
         params = image_params(ImageGenerationRequest(**fields), size)
+        # A family's own defaults and refusals for an edit (FLUX.1 Kontext's).
+        extensions = family_requests(orchestrator.pipeline)
+        edit_params = getattr(extensions, "edit_params", None)
+        if edit_params is not None:
+            extra = {k: v for k, v in request_fields(body).items() if k != "image"}
+            params.update(with_family_checks(lambda: edit_params(extra)))
         images = [base64.b64encode(raw).decode() for raw in body.image]
         return await respond_with_images(
             request,
