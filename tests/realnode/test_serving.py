@@ -77,6 +77,53 @@ def test_text_to_image_serves_a_1024_image(node: RealNode, operator: str, namesp
     assert np.asarray(image).std() > 0, "a flat image: the stages did not run"
 
 
+def png_of(width: int, height: int, colour: tuple[int, int, int]) -> bytes:
+    buf = io.BytesIO()
+    Image.new("RGB", (width, height), colour).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def test_an_edit_with_two_images_serves_through_the_router_service(
+    node: RealNode, operator: str, namespace: str
+) -> None:
+    """Qwen-Image-Edit-Plus, a family added on the stage kit: its four stages as pods,
+    both input images reaching them through the router's Service."""
+    took = apply_and_wait_ready(
+        node, namespace, REPO / "examples/tiny-image-edit-plus.yaml", "tiny-image-edit-plus"
+    )
+    print(f"[realnode] tiny-image-edit-plus: apply to Ready in {took:.1f} s", file=sys.stderr)
+    stage_pods = pods(
+        node, namespace, "omnipipe.io/pipeline=tiny-image-edit-plus,omnipipe.io/stage"
+    )
+    assert sorted(p["metadata"]["labels"]["omnipipe.io/stage"] for p in stage_pods) == [
+        "decode",
+        "denoise",
+        "encode",
+        "encode-image",
+    ]
+    url = router_url(node, namespace, "tiny-image-edit-plus")
+    with openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=300) as client:
+
+        def edit(second: bytes) -> Image.Image:
+            r = client.images.edit(
+                model="tiny-image-edit-plus",
+                image=[
+                    ("cat.png", png_of(80, 48, (200, 30, 30)), "image/png"),
+                    ("sofa.png", second, "image/png"),
+                ],
+                prompt="the cat of picture 1 on the sofa of picture 2",
+                size="64x96",  # type: ignore[arg-type]
+                extra_body={"num_inference_steps": 2, "seed": 5},
+            )
+            return Image.open(io.BytesIO(base64.b64decode(r.data[0].b64_json or "")))
+
+        first = edit(png_of(48, 64, (30, 30, 200)))
+        other = edit(png_of(64, 64, (30, 200, 30)))
+    assert first.size == other.size == (64, 96)
+    assert np.asarray(first).std() > 0, "a flat image: the stages did not run"
+    assert first.tobytes() != other.tobytes(), "the second image did not reach the stages"
+
+
 def test_omni_streams_text_then_audio_and_speaks(
     node: RealNode, operator: str, namespace: str
 ) -> None:
