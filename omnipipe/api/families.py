@@ -68,6 +68,9 @@ class PipelineType:
     # How many input images an edit of this type takes at most (/v1/images/edits' image
     # fields), for a type that edits (it has a VAE encoder stage).
     max_edit_images: int = 1
+    # The roles of its stages that read an edit's input images (its VAE encoder, and its
+    # text encoder where that is a vision-language model): the others are not sent them.
+    edit_image_roles: frozenset[Role] = frozenset({Role.TEXT_ENCODER, Role.VAE_ENCODER})
     # The Stage class that runs each (role, engine) on a checkpoint of this type, as
     # "module:Class": the checkpoint's own type picks the table, so one pipeline's
     # stages run on a checkpoint of another type with that type's classes.
@@ -311,6 +314,13 @@ def max_edit_images(pipeline: str) -> int:
     """How many input images an edit on pipeline type `pipeline` takes at most."""
     kind = pipeline_types().get(pipeline)
     return 1 if kind is None else kind.max_edit_images
+
+
+def edit_image_roles(pipeline: str) -> frozenset[Role]:
+    """The roles of the stages that read an edit's input images on pipeline type
+    `pipeline` (a custom pipeline's: its encoders)."""
+    kind = pipeline_types().get(pipeline)
+    return PipelineType.edit_image_roles if kind is None else kind.edit_image_roles
 
 
 def keeps_voices(pipeline: str) -> bool:

@@ -45,6 +45,8 @@ FAMILY = Family(
             ),
             example_models=("black-forest-labs/FLUX.1-Kontext-dev", "tiny://flux1-kontext"),
             checkpoints=("FluxKontextPipeline",),
+            # CLIP and T5 read the prompt alone: the input image goes to the VAE.
+            edit_image_roles=frozenset({Role.VAE_ENCODER}),
             stages=(
                 StageDefaults("encode", Role.TEXT_ENCODER, Engine.TRANSFORMERS),
                 StageDefaults("encode-image", Role.VAE_ENCODER, Engine.DIFFUSERS),

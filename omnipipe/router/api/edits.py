@@ -16,9 +16,8 @@ from starlette.datastructures import FormData, UploadFile
 from starlette.exceptions import HTTPException
 
 from omnipipe.api.edit import condition_size
-from omnipipe.api.families import max_edit_images
+from omnipipe.api.families import edit_image_roles, max_edit_images
 from omnipipe.api.plain_text import PLAIN_DECIMAL, shown
-from omnipipe.api.spec import Role
 from omnipipe.router.api.common import (
     bad_request,
     check_model,
@@ -46,8 +45,6 @@ from omnipipe.router.orchestrator import Orchestrator
 log = logging.getLogger(__name__)
 # The openai client sends a list of images as `image[]`; one image is `image`.
 IMAGE_FIELDS = ("image", "image[]")
-# Stages that see the input image; the rest get the request without it.
-IMAGE_ROLES = (Role.TEXT_ENCODER, Role.VAE_ENCODER)
 MAX_FORM_FIELDS = 32
 # Files a form may carry: more than any model edits with, so that one over a model's
 # limit is refused naming the limit.
@@ -195,11 +192,13 @@ def edits_router(orchestrator: Orchestrator, model_ids: Callable[[], set[str]]) 
             extra = {k: v for k, v in request_fields(body).items() if k != "image"}
             params.update(with_family_checks(lambda: edit_params(extra)))
         images = [base64.b64encode(raw).decode() for raw in body.image]
+        # The stages that read the inputs get them; the rest, the request without them.
+        readers = edit_image_roles(orchestrator.pipeline.pipeline)
         return await respond_with_images(
             request,
             orchestrator,
             {
-                s.name: {**params, "images": images} if s.role in IMAGE_ROLES else params
+                s.name: {**params, "images": images} if s.role in readers else params
                 for s in orchestrator.pipeline.stages
             },
             response_fields(params),
