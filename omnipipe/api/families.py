@@ -81,6 +81,16 @@ class PipelineType:
         return tuple(s.name for s in self.stages)
 
 
+# The image-edit graph (Qwen-Image-Edit's, FLUX.1 Kontext's): a prompt encoder and the
+# input image's VAE encoder feed the denoiser, then the VAE decodes.
+EDIT_STAGES = (
+    StageDefaults("encode", Role.TEXT_ENCODER, Engine.TRANSFORMERS),
+    StageDefaults("encode-image", Role.VAE_ENCODER, Engine.DIFFUSERS),
+    StageDefaults("denoise", Role.DENOISER, Engine.DIFFUSERS, inputs=("encode", "encode-image")),
+    StageDefaults("decode", Role.VAE_DECODER, Engine.DIFFUSERS, inputs=("denoise",)),
+)
+
+
 class RequestProblem(ValueError):
     """A request a family's extensions refuse: the router answers 400 naming `param`."""
 

@@ -70,13 +70,14 @@ def split(request: pytest.FixtureRequest) -> tuple[str, list[np.ndarray]]:
 
 
 def reference(
-    model: str, params: dict[str, Any], lora: tuple[str, float] | None = None
+    model: str, params: dict[str, Any], lora: tuple[str, float] | None = None, **more: Any
 ) -> np.ndarray:
-    """FluxPipeline's images for `params`; with `lora` (an adapter's source and scale)
-    loaded through its own load_lora_weights."""
-    from diffusers import FluxPipeline
+    """The checkpoint's own pipeline's images for `params` (FluxPipeline's, or
+    FluxKontextPipeline's given `more`: its image and max_area); with `lora` (an
+    adapter's source and scale) loaded through its own load_lora_weights."""
+    from diffusers import DiffusionPipeline
 
-    pipe = FluxPipeline.from_pretrained(resolve_model_path(model))
+    pipe: Any = DiffusionPipeline.from_pretrained(resolve_model_path(model))
     pipe.set_progress_bar_config(disable=True)
     if lora is not None:
         pipe.load_lora_weights(lora[0], adapter_name="ink")
@@ -91,6 +92,7 @@ def reference(
         num_images_per_prompt=n,
         generator=[torch.Generator().manual_seed(seed + i) for i in range(n)],
         output_type="np",
+        **more,
     ).images
     return np.asarray(images)
 

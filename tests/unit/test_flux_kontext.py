@@ -6,38 +6,22 @@ share a batch; Kontext edits one image."""
 
 from __future__ import annotations
 
-import base64
-import io
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
-from PIL import Image
 
-from omnipipe.checkpoints.tiny import resolve_model_path
 from omnipipe.stagekit.stage import StageInputError, StageJob
-from tests.unit.test_flux import PIXEL_TOLERANCE, loaded
+from tests.harness.pictures import picture, png_base64
+from tests.unit.test_flux import PIXEL_TOLERANCE, loaded, reference
 
 pytestmark = pytest.mark.timeout(600)
 MODEL = "tiny://flux1-kontext"
 
 
-def picture(width: int, height: int) -> Image.Image:
-    image = Image.new("RGB", (width, height), (200, 30, 30))
-    for x in range(width):
-        image.putpixel((x, x % height), (0, 255, 0))
-    return image
-
-
-def encoded(image: Image.Image) -> str:
-    buf = io.BytesIO()
-    image.save(buf, format="PNG")
-    return base64.b64encode(buf.getvalue()).decode()
-
-
 WIDE = picture(96, 64)
-BASE = {"width": 64, "height": 48, "num_inference_steps": 3, "images": [encoded(WIDE)]}
+BASE = {"width": 64, "height": 48, "num_inference_steps": 3, "images": [png_base64(WIDE)]}
 REQUESTS = [
     {**BASE, "prompt": "make it blue", "guidance_scale": 2.5, "seed": 1},
     {**BASE, "prompt": "a hat on it", "guidance_scale": 5.0, "seed": 2, "n": 2},
@@ -73,33 +57,11 @@ def split() -> list[np.ndarray]:
     ]
 
 
-def reference(params: dict[str, Any]) -> np.ndarray:
-    """FluxKontextPipeline's images for `params`, at the size asked: its max_area is that
-    size's, so it does not scale the output to a megapixel (the image API's size is the
-    size made)."""
-    from diffusers import FluxKontextPipeline
-
-    pipe = FluxKontextPipeline.from_pretrained(resolve_model_path(MODEL))
-    pipe.set_progress_bar_config(disable=True)
-    n, seed = params.get("n", 1), params.get("seed", 0)
-    images = pipe(
-        image=WIDE,
-        prompt=params["prompt"],
-        width=params["width"],
-        height=params["height"],
-        max_area=params["width"] * params["height"],
-        num_inference_steps=params["num_inference_steps"],
-        guidance_scale=params["guidance_scale"],
-        num_images_per_prompt=n,
-        generator=[torch.Generator().manual_seed(seed + i) for i in range(n)],
-        output_type="np",
-    ).images
-    return np.asarray(images)
-
-
 @pytest.mark.parametrize("i", range(len(REQUESTS)))
 def test_the_split_graph_equals_diffusers_kontext_pipeline(split: list[np.ndarray], i: int) -> None:
-    expected = reference(REQUESTS[i])
+    # max_area is the size asked: diffusers' pipeline scales its output to that area.
+    params = REQUESTS[i]
+    expected = reference(MODEL, params, image=WIDE, max_area=params["width"] * params["height"])
     assert split[i].shape == expected.shape == (REQUESTS[i].get("n", 1), 48, 64, 3)
     np.testing.assert_allclose(split[i], expected, rtol=0, atol=PIXEL_TOLERANCE)
     others = [im[0] for j, im in enumerate(split) if j != i]
@@ -128,7 +90,7 @@ def test_edits_of_inputs_of_other_sizes_never_share_a_batch() -> None:
     assert key(52 * 78) == key(52 * 78)
 
 
-@pytest.mark.parametrize("images", [[], [encoded(WIDE)] * 2, "x"])
+@pytest.mark.parametrize("images", [[], [png_base64(WIDE)] * 2, "x"])
 def test_kontext_edits_one_image(images: Any) -> None:
     with pytest.raises(StageInputError, match="edits one image") as refused:
         stage("encode-image").run(StageJob({**BASE, "images": images}, {}))

@@ -6,8 +6,6 @@ other shapes."""
 
 from __future__ import annotations
 
-import base64
-import io
 from typing import Any
 
 import pytest
@@ -17,6 +15,7 @@ from PIL import Image
 from omnipipe.checkpoints.tiny import resolve_model_path
 from omnipipe.families.qwen_image.edit import EditDenoiseStage, EditTextEncodeStage
 from omnipipe.stagekit.stage import Stage, StageInputError, StageJob
+from tests.harness.pictures import picture, png_base64
 from tests.unit.test_image_edit_stages import PARAMS as EDIT_PARAMS
 from tests.unit.test_image_edit_stages import loaded_stages, whole_pipeline_latents
 
@@ -27,19 +26,6 @@ kind: OmniPipeline
 metadata: {name: edit-plus}
 spec: {model: "tiny://qwen-image-edit-plus", pipeline: qwen-image-edit-plus}
 """
-
-
-def picture(width: int, height: int, colour: tuple[int, int, int]) -> Image.Image:
-    image = Image.new("RGB", (width, height), colour)
-    for x in range(width):
-        image.putpixel((x, x % height), (0, 255, 0))
-    return image
-
-
-def encoded(image: Image.Image) -> str:
-    buf = io.BytesIO()
-    image.save(buf, format="PNG")
-    return base64.b64encode(buf.getvalue()).decode()
 
 
 CAT, SOFA = picture(80, 48, (200, 30, 30)), picture(48, 64, (30, 30, 200))
@@ -74,7 +60,7 @@ def test_stages_equal_the_whole_diffusers_pipeline(
 ) -> None:
     expected = whole_pipeline_latents(path, images, PARAMS)
     assert type(stages["encode"].pipe).__name__ == "QwenImageEditPlusPipeline"
-    params = {**PARAMS, "images": [encoded(image) for image in images]}
+    params = {**PARAMS, "images": [png_base64(image) for image in images]}
     text = stages["encode"].run(StageJob(params, {})).tensors
     image_latents = stages["encode-image"].run(StageJob(params, {})).tensors
     # Each input at about a megapixel for the VAE, in its own shape.
@@ -105,7 +91,7 @@ def test_requests_whose_inputs_differ_in_shape_are_not_batched(stages: dict[str,
 
 
 def test_more_inputs_than_the_model_takes_are_refused(stages: dict[str, Stage]) -> None:
-    params = {**PARAMS, "images": [encoded(CAT)] * 4}
+    params = {**PARAMS, "images": [png_base64(CAT)] * 4}
     for name in ("encode", "encode-image"):
         with pytest.raises(StageInputError, match="at most 3 input images, got 4"):
             stages[name].run(StageJob(params, {}))

@@ -2,7 +2,7 @@
 and T5 text encoders, the FLUX DiT with its distilled guidance (dev, Kontext) or none
 (schnell), and the VAE (Kontext's encodes the input image too)."""
 
-from omnipipe.api.families import Family, PipelineType, StageDefaults
+from omnipipe.api.families import EDIT_STAGES, Family, PipelineType, StageDefaults
 from omnipipe.api.roles import Engine, Role
 
 STAGES = "omnipipe.families.flux.stages"
@@ -47,14 +47,7 @@ FAMILY = Family(
             checkpoints=("FluxKontextPipeline",),
             # CLIP and T5 read the prompt alone: the input image goes to the VAE.
             edit_image_roles=frozenset({Role.VAE_ENCODER}),
-            stages=(
-                StageDefaults("encode", Role.TEXT_ENCODER, Engine.TRANSFORMERS),
-                StageDefaults("encode-image", Role.VAE_ENCODER, Engine.DIFFUSERS),
-                StageDefaults(
-                    "denoise", Role.DENOISER, Engine.DIFFUSERS, inputs=("encode", "encode-image")
-                ),
-                StageDefaults("decode", Role.VAE_DECODER, Engine.DIFFUSERS, inputs=("denoise",)),
-            ),
+            stages=EDIT_STAGES,
             stage_classes={
                 (Role.TEXT_ENCODER, Engine.TRANSFORMERS): f"{STAGES}:FluxEncodeStage",
                 (Role.VAE_ENCODER, Engine.DIFFUSERS): f"{KONTEXT}:KontextImageEncodeStage",

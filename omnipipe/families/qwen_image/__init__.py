@@ -2,20 +2,14 @@
 images) (diffusers' pipelines/qwenimage): a text or vision-language encoder, a DiT
 denoiser with true CFG, and the VAE."""
 
-from omnipipe.api.families import Family, PipelineType, StageDefaults
+from omnipipe.api.families import EDIT_STAGES, Family, PipelineType, StageDefaults
 from omnipipe.api.roles import Engine, Role
 
 STAGES = "omnipipe.families.qwen_image.stages"
 DENOISE = "omnipipe.families.qwen_image.denoise"
 EDIT = "omnipipe.families.qwen_image.edit"
-# Qwen-Image-Edit's graph, and Qwen-Image-Edit-Plus's: the same stages, which read the
+# Qwen-Image-Edit's stage classes, and Qwen-Image-Edit-Plus's: the same, which read the
 # checkpoint's pipeline class for how many inputs it takes and at what sizes.
-EDIT_STAGES = (
-    StageDefaults("encode", Role.TEXT_ENCODER, Engine.TRANSFORMERS),
-    StageDefaults("encode-image", Role.VAE_ENCODER, Engine.DIFFUSERS),
-    StageDefaults("denoise", Role.DENOISER, Engine.DIFFUSERS, inputs=("encode", "encode-image")),
-    StageDefaults("decode", Role.VAE_DECODER, Engine.DIFFUSERS, inputs=("denoise",)),
-)
 EDIT_CLASSES = {
     (Role.TEXT_ENCODER, Engine.TRANSFORMERS): f"{EDIT}:EditTextEncodeStage",
     (Role.VAE_ENCODER, Engine.DIFFUSERS): f"{EDIT}:ImageEncodeStage",
