@@ -22,11 +22,12 @@ if ARGV[5] ~= 'null' then redis.call('HSET', KEYS[1], 'prompt', ARGV[5]) end
 redis.call('SADD', KEYS[2], ARGV[4])
 return 1
 """
-# A prompt made after the upload, kept unless the voice was deleted meanwhile.
+# A prompt made after the upload, kept only for the voice it was made of: not when that
+# voice was deleted meanwhile, nor when another was uploaded under its name (its meta,
+# which carries its upload time, differs), nor over a prompt made meanwhile.
 _SET_PROMPT = """
-if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
-redis.call('HSET', KEYS[1], 'prompt', ARGV[1])
-return 1
+if redis.call('HGET', KEYS[1], 'meta') ~= ARGV[2] then return 0 end
+return redis.call('HSETNX', KEYS[1], 'prompt', ARGV[1])
 """
 _reported = reported("the voice store")
 
@@ -48,8 +49,13 @@ PromptMaker = Callable[[bytes, str | None], Awaitable[dict[str, Any] | None]]
 
 
 class StoredVoice:
-    def __init__(self, clip: bytes, meta: dict[str, Any], prompt: dict[str, Any] | None):
-        self.clip, self.meta, self.prompt = clip, meta, prompt
+    """`stored_meta`: the meta as stored, what names this upload of the voice."""
+
+    def __init__(
+        self, clip: bytes, stored_meta: str | bytes, prompt: dict[str, Any] | None
+    ) -> None:
+        self.clip, self.stored_meta, self.prompt = clip, stored_meta, prompt
+        self.meta: dict[str, Any] = json.loads(stored_meta)
 
 
 class VoiceStore:
@@ -88,11 +94,16 @@ class VoiceStore:
         if raw is None or meta is None:
             return None
         clip = raw if isinstance(raw, bytes) else raw.encode()
-        return StoredVoice(clip, json.loads(meta), json.loads(prompt) if prompt else None)
+        return StoredVoice(clip, meta, json.loads(prompt) if prompt else None)
 
     @_reported
-    async def set_prompt(self, name: str, prompt: dict[str, Any]) -> None:
-        await self._set_prompt(keys=[self._key(name)], args=[json.dumps(prompt)])
+    async def set_prompt(self, voice: str, made_of: StoredVoice, prompt: dict[str, Any]) -> bool:
+        """Keeps `prompt`, made of `made_of`, while `voice` is still that upload and has
+        none; whether it was kept."""
+        kept = await self._set_prompt(
+            keys=[self._key(voice)], args=[json.dumps(prompt), made_of.stored_meta]
+        )
+        return bool(kept)
 
     @_reported
     async def listed(self) -> list[dict[str, Any]]:

@@ -79,15 +79,19 @@ def test_the_input_is_encoded_at_its_nearest_trained_size() -> None:
 
 
 def test_edits_of_inputs_of_other_sizes_never_share_a_batch() -> None:
-    denoise = stage("denoise")
+    """Not even of one token count: a portrait and a landscape input of transposed trained
+    sizes (832x1248, 1248x832) place their tokens otherwise."""
+    image, denoise = stage("encode-image"), stage("denoise")
     text = {"prompt_embeds": torch.zeros(1, 512, 32), "pooled_prompt_embeds": torch.zeros(1, 32)}
 
-    def key(tokens: int) -> object:
-        image = {"image_latents": torch.zeros(1, tokens, 64), "image_ids": torch.zeros(tokens, 3)}
-        return denoise.batch_key(StageJob(BASE, {"encode": text, "encode-image": image}))
+    def key(picture_of: Any) -> object:
+        params = {**BASE, "images": [png_base64(picture_of)]}
+        inputs = image.run(StageJob(params, {})).tensors
+        return denoise.batch_key(StageJob(BASE, {"encode": text, "encode-image": inputs}))
 
-    assert key(52 * 78) != key(64 * 64)
-    assert key(52 * 78) == key(52 * 78)
+    wide, tall, square = key(picture(96, 64)), key(picture(64, 96)), key(picture(64, 64))
+    assert len({wide, tall, square}) == 3
+    assert key(picture(192, 128)) == wide  # another input of the same trained size
 
 
 @pytest.mark.parametrize("images", [[], [png_base64(WIDE)] * 2, "x"])

@@ -22,6 +22,7 @@ from omnipipe.api import ResolvedPipeline, parse_resource, resolve
 from omnipipe.local.video_store import start_redis
 from omnipipe.router.app import build_app
 from omnipipe.router.settings import RouterSettings
+from omnipipe.router.voice_store import VoiceStore
 from tests.unit import test_router_results
 from tests.unit.test_router_results import FakeWorker, results
 
@@ -306,3 +307,30 @@ def test_a_clip_the_talker_refuses_is_not_kept(
             "audio_sample: the clip is 0.80 s; a voice's clip is at least 1 s"
         )
         assert client.get("/v1/audio/voices").json()["data"] == []
+
+
+async def test_a_late_prompt_is_kept_only_for_the_upload_it_was_made_of(tmp_path: Path) -> None:
+    """A request that made a voice's prompt while that voice was deleted and another
+    uploaded under its name does not give the new voice the old one's prompt; nor does it
+    replace a prompt made meanwhile."""
+    server, url = start_redis(tmp_path / "redis")
+    store = VoiceStore(url, "ns", "tts", max_voices=4)
+    try:
+        await store.add("bob", b"old clip", {"name": "bob", "created_at": 1}, None)
+        old = await store.voice("bob")
+        assert old is not None
+        assert await store.delete("bob")
+        await store.add("bob", b"new clip", {"name": "bob", "created_at": 2}, None)
+        assert not await store.set_prompt("bob", old, {"format": 1, "of": "old"})
+        new = await store.voice("bob")
+        assert new is not None
+        assert new.prompt is None
+        assert await store.set_prompt("bob", new, {"format": 1, "of": "new"})
+        assert not await store.set_prompt("bob", new, {"format": 1, "of": "again"})
+        kept = await store.voice("bob")
+        assert kept is not None
+        assert kept.prompt == {"format": 1, "of": "new"}
+    finally:
+        await store.close()
+        server.terminate()
+        server.wait(10)

@@ -88,10 +88,12 @@ class FluxDenoiseStage(SteppedStage):
 
     def batch_key(self, job: StageJob) -> Hashable | None:
         # Rows at different steps, guidance and prompts share a forward: only the image's
-        # size (its positions), a Kontext input's and the LoRA adapter must agree.
-        context = job.inputs.get("encode-image", {}).get("image_latents")
-        shape = None if context is None else tuple(context.shape)
-        return (*size_of(job.params), shape, lora_key(job.params))
+        # size (its positions), a Kontext input's grid and the LoRA adapter must agree.
+        # The grid, not the token count: the trained sizes come in transposed pairs
+        # (832x1248, 1248x832) of one count and other positions.
+        ids = job.inputs.get("encode-image", {}).get("image_ids")
+        grid = None if ids is None else (int(ids[:, 1].max()) + 1, int(ids[:, 2].max()) + 1)
+        return (*size_of(job.params), grid, lora_key(job.params))
 
     def _make_schedule(self, steps: int, image_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The scheduler's shifted sigmas and timesteps, as the pipeline sets them."""

@@ -101,7 +101,8 @@ async def read_form(request: Request) -> FormData:
 
 
 async def parse_edit(form: FormData) -> ImageEditRequest:
-    images = [v for key in IMAGE_FIELDS for v in form.getlist(key)]
+    # In the order sent: "Picture N" and size=auto follow it.
+    images = [v for key, v in form.multi_items() if key in IMAGE_FIELDS]
     if not images:
         raise BadRequest("image: a file is required (multipart field image)", param="image")
     files = [image for image in images if isinstance(image, UploadFile)]

@@ -172,7 +172,7 @@ async def uploaded_voice(body: SpeechRequest, voices: VoiceStore | None) -> dict
             ) from None
         if prompt is not None:
             with contextlib.suppress(StoreUnavailable):  # made again by a later request
-                await voices.set_prompt(body.voice, prompt)
+                await voices.set_prompt(body.voice, found, prompt)
     uploaded: dict[str, Any] = (
         {"voice_prompt": prompt}
         if prompt is not None
