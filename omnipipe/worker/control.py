@@ -256,13 +256,14 @@ class StageControl:
     async def voice_prompt(self, clip: str, ref_text: str | None) -> dict[str, Any]:
         """An uploaded voice's prompt, made on the engine thread between batches (an
         upload is rare, and the encoders are the model's)."""
-        stage = self._loaded().stage
+        runtime = self._loaded()
+        stage = runtime.stage
         if stage is None:
             raise ControlRefused(f"stage {self.stage} is asleep: its encoders are not loaded")
         if type(stage).voice_prompt is Stage.voice_prompt:
             raise ControlRefused(f"stage {self.stage} clones no voice")
         try:
-            prompt: dict[str, Any] = await self._loaded().between_batches(
+            prompt: dict[str, Any] = await runtime.between_batches(
                 stage.voice_prompt, clip, ref_text
             )
         except NotImplementedError as exc:

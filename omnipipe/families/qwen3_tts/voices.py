@@ -108,16 +108,16 @@ def _cloned(
         raise StageInputError("x_vector_only_mode: true or false", "x_vector_only_mode")
     clip = params.get("ref_audio")
     if clip is None or clip == "":
+        # An uploaded voice's transcript: it is cloned in context with one.
+        text = None if only_x_vector else _text(params, UPLOADED_TEXT)
         prompt = params.get(UPLOADED_PROMPT)
         if prompt is not None:
-            text = None if only_x_vector else _text(params, UPLOADED_TEXT)
             x_vector, codes = read_prompt(config, prompt, in_context=text is not None)
             return Voice(
                 None, language, None, x_vector=x_vector, reference_text=text, reference_codes=codes
             )
         uploaded = params.get(UPLOADED_CLIP)
         if isinstance(uploaded, str) and uploaded:
-            text = None if only_x_vector else _text(params, UPLOADED_TEXT)
             return Voice(None, language, None, reference_clip=uploaded, reference_text=text)
         raise StageInputError(
             "ref_audio: a Base model clones the voice of a reference clip; send one (a WAV "

@@ -8,6 +8,9 @@ from omnipipe.api.roles import Engine, Role
 STAGES = "omnipipe.families.qwen_image.stages"
 DENOISE = "omnipipe.families.qwen_image.denoise"
 EDIT = "omnipipe.families.qwen_image.edit"
+# Qwen-Image-Edit-Plus's inputs at most, as Qwen's model cards give them: the router's
+# limit and its stages'.
+PLUS_MAX_IMAGES = 3
 # Qwen-Image-Edit's stage classes, and Qwen-Image-Edit-Plus's: the same, which read the
 # checkpoint's pipeline class for how many inputs it takes and at what sizes.
 EDIT_CLASSES = {
@@ -61,7 +64,7 @@ FAMILY = Family(
                 "tiny://qwen-image-edit-plus",
             ),
             checkpoints=("QwenImageEditPlusPipeline",),
-            max_edit_images=3,
+            max_edit_images=PLUS_MAX_IMAGES,
             stages=EDIT_STAGES,
             stage_classes=EDIT_CLASSES,
         ),

@@ -14,6 +14,7 @@ import torch
 from PIL import Image
 
 from omnipipe.api.edit import CONDITION_PIXELS, condition_size
+from omnipipe.families.qwen_image import PLUS_MAX_IMAGES
 from omnipipe.families.qwen_image.loading import QWEN_IMAGE_EDIT_PLUS, load_qwen_image
 from omnipipe.families.qwen_image.stages import schedule_shift
 from omnipipe.stagekit.media import decode_image
@@ -21,10 +22,8 @@ from omnipipe.stagekit.params import int_param, prompt_of
 from omnipipe.stagekit.stage import Stage, StageInputError, StageJob, StageResult, Tensors
 
 # QwenImageEditPlusPipeline's: its vision-language encoder sees each input at about
-# 384x384 (the VAE at a megapixel, as QwenImageEditPipeline's one input); Qwen's model
-# cards give it one to three inputs.
+# 384x384 (the VAE at a megapixel, as QwenImageEditPipeline's one input).
 PLUS_CONDITION_PIXELS = 384 * 384
-PLUS_MAX_IMAGES = 3
 
 
 def is_plus(pipe: Any) -> bool:

@@ -161,11 +161,12 @@ async def uploaded_voice(body: SpeechRequest, voices: VoiceStore | None) -> dict
         return None
     if found is None:
         return None
-    ref_text = found.meta.get("ref_text") if isinstance(found.meta.get("ref_text"), str) else None
+    said = found.meta.get("ref_text")
+    ref_text = said if isinstance(said, str) and said else None
     prompt = found.prompt
     if prompt is None and voices.make_prompt is not None:
         try:
-            prompt = await voices.make_prompt(found.clip, ref_text or None)
+            prompt = await voices.make_prompt(found.clip, ref_text)
         except ClipRefused as exc:
             raise BadRequest(
                 f"voice: {body.voice}'s clip is refused ({exc}): upload it again", param="voice"
