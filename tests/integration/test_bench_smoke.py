@@ -82,8 +82,11 @@ def beside(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Beside]:
 
 def test_autoscale_reaction_quick(tmp_path: Path) -> None:
     out, results = run_quick("autoscale_reaction", tmp_path)
-    assert "HPA default (replayed)" in out
+    # --quick replays the HPA at a 4 s sync, so that its load step is seconds.
+    assert "HPA (replayed, sync 4s)" in out
+    assert results["hpa_sync_s"] == 4
     assert results["up_decision_s"] > 0  # type: ignore[operator]
+    assert results["hpa_up_decision_s"] > 0  # type: ignore[operator]
 
 
 def check_engines(out: str, results: dict[str, object], rate: str) -> None:
