@@ -48,6 +48,15 @@ def machine() -> dict[str, Any]:
     }
 
 
+def percentile(values: list[float], q: float) -> float:
+    """Nearest rank, q from 0 to 1: the smallest value with at least q of the values at
+    or below it; nan for none."""
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
+
+
 def median(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
 

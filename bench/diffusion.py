@@ -30,7 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from _common import record, table, without_exit_collection
+from _common import percentile, record, table, without_exit_collection
 from _serves import Releasing, serving
 
 if TYPE_CHECKING:
@@ -153,8 +153,6 @@ def main() -> None:
         sys.argv[1:] = ["--device", "cuda", *rest]
         diffusion_real_size.main()
         return
-    from throughput import percentile
-
     from tests.e2e.conftest import start_serve
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -210,7 +208,7 @@ def main() -> None:
         for c, level in by_level.items():
             anchor = results["monolith"][c].throughput
             ratio = level.throughput / anchor if anchor else float("nan")
-            p50 = percentile(level.latencies, 50) * 1000
+            p50 = percentile(level.latencies, 0.5) * 1000
             rows.append(
                 [
                     name,

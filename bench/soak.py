@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import openai
-from _common import median, record, table
+from _common import median, percentile, record, table
 from _serves import Together
 
 from tests.e2e.conftest import Served, start_serve
@@ -194,14 +194,6 @@ def processes(served: dict[str, Served]) -> dict[str, int]:
         for name, (_url, pid) in s.workers.items():
             pids[f"{kind}/{name}"] = pid
     return pids
-
-
-def percentile(values: list[float], q: float) -> float:
-    """Nearest rank: the smallest value with at least q of the values at or below it."""
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
 
 
 def run(seconds: float, concurrency: int, quick: bool) -> dict[str, object]:

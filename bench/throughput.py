@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import openai
-from _common import REPO, median, record, table
+from _common import REPO, median, percentile, record, table
 from _serves import serving, worktree
 
 from tests.e2e.conftest import Served, start_serve
@@ -216,13 +216,6 @@ def drive(call: Callable[[int], None], concurrency: int, total: int, cap_s: floa
     for t in threads:
         t.join()
     return Level(latencies, time.monotonic() - started, errors[0])
-
-
-def percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 Row = dict[str, float]

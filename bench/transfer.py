@@ -37,7 +37,7 @@ os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
 import _nixl
 import _raw_ucxx
-from _common import REPO, median, record, table
+from _common import REPO, median, percentile, record, table
 from _handoff import KV_BLOCK_BYTES, KV_BLOCKS, WAKE_GAP, Receivers, idle_run, kv_run, omnipipe_run
 
 from omnipipe.local.ports import free_port
@@ -49,11 +49,6 @@ QUICK_ITERATIONS = {"4KiB": 100, "1MiB": 10, "64MiB": 3}
 # Idle CPU is read over this long; a smoke run only checks that it is read.
 IDLE_SECONDS, QUICK_IDLE_SECONDS = 3.0, 0.5
 ENV = {**os.environ, "UCX_NET_DEVICES": "lo", "UCX_WARN_UNUSED_ENV_VARS": "n"}
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 # ---- raw ucxx: the library's own ping-pong, no framing ---------------------------------

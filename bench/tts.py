@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from _common import median, record, table
+from _common import median, percentile, record, table
 from _serves import release, serving
 
 from omnipipe.checkpoints.tiny import resolve_model_path
@@ -66,11 +66,6 @@ spec:
 TEXT = "The train to the airport leaves from platform four at a quarter past noon."
 VOICE = "vivian"
 RATE = 24000  # 16-bit mono PCM
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))] if ordered else 0.0
 
 
 def one_request(url: str, seed: int, max_new_tokens: int) -> tuple[float, float, float]:

@@ -253,6 +253,15 @@ class TestSharedServes:
         assert shares["split graph"] == 0  # type: ignore[index]
         assert shares["split graph + step cache"] > 0  # type: ignore[index]
 
+    def test_diffusion_families_quick(self, tmp_path: Path, shared_serves: dict[str, str]) -> None:
+        out, results = run_quick("diffusion_families", tmp_path, env=shared_serves)
+        assert borrowed(out) == 1  # --quick: qwen-image's row, on the shared serve
+        assert "c1 / diffusers" in out
+        row = results["qwen-image"]
+        assert row["diffusers_s"] > 0  # type: ignore[index]
+        assert row["split_c1_s"] > 0  # type: ignore[index]
+        assert row["split_c4_img_per_s"] > 0  # type: ignore[index]
+
 
 # The second lane's benchmarks, checked as each has run there.
 
