@@ -94,7 +94,7 @@ def _is_file(target: str) -> bool:
 def _manifest_for_model(model: str) -> OmniPipeline:
     """The OmniPipeline for MODEL (a tiny:// name, a local checkpoint or a Hub id), from
     what its checkpoint says it is."""
-    from omnipipe.api.from_model import checkpoint_kinds, manifest_for_model
+    from omnipipe.api.from_model import checkpoint_descriptors, manifest_for_model
     from omnipipe.api.resolve import is_tiny
     from omnipipe.checkpoints.tiny import resolve_model_path
 
@@ -105,7 +105,7 @@ def _manifest_for_model(model: str) -> OmniPipeline:
             raise ManifestError(str(exc)) from None
     else:
         checkpoint = model
-    return manifest_for_model(model, checkpoint_kinds(checkpoint))
+    return manifest_for_model(model, checkpoint_descriptors(checkpoint))
 
 
 def _manifest_yaml(resource: OmniPipeline) -> str:

@@ -75,6 +75,11 @@ class PipelineType:
     # "module:Class": the checkpoint's own type picks the table, so one pipeline's
     # stages run on a checkpoint of another type with that type's classes.
     stage_classes: Mapping[tuple[Role, Engine], str] = field(default_factory=dict)
+    # The catch-all: it runs any diffusers pipeline checkpoint (one with a
+    # model_index.json) whole, with its own stage classes whatever type the checkpoint
+    # says it is, and serves a diffusers checkpoint that no other type claims. One
+    # installed type at most.
+    any_diffusers_checkpoint: bool = False
 
     @property
     def stage_names(self) -> tuple[str, ...]:
@@ -107,6 +112,8 @@ class RequestExtensions(Protocol):
 
     # Whether /v1/chat/completions may ask this family for an image (modalities).
     chat_makes_images: bool
+    # Optional (read with getattr): the guidance above which the family's CFG runs, so
+    # that a negative prompt at or below it is refused; 1 (true CFG's) where unsaid.
 
     def image_params(self, request: Mapping[str, Any]) -> dict[str, Any]:
         """Stage parameters for /v1/images/generations."""
@@ -205,6 +212,7 @@ def register(loaded: Iterable[tuple[str, str, Any]]) -> dict[str, Family]:
     owners: dict[str, str] = {}
     markers: dict[str, str] = {}
     tiny: dict[str, str] = {}
+    catch_all: str | None = None  # the family of the one any_diffusers_checkpoint type
     for name, package, family in loaded:
         where = f"family {name!r} (entry point of {package or 'an unnamed package'})"
         _check(family, where, owners)
@@ -213,6 +221,14 @@ def register(loaded: Iterable[tuple[str, str, Any]]) -> dict[str, Family]:
         checkpoints = (c for p in family.pipelines for c in p.checkpoints)
         _claim(markers, "checkpoint marker", checkpoints, family.name, where)
         _claim(tiny, "tiny model", family.tiny_models, family.name, where)
+        for pipeline in family.pipelines:
+            if pipeline.any_diffusers_checkpoint:
+                if catch_all is not None:
+                    raise FamilyError(
+                        f"{where}: {pipeline.name} runs any diffusers checkpoint, which "
+                        f"family {catch_all!r}'s pipeline type already does"
+                    )
+                catch_all = family.name
         families[family.name] = dataclasses.replace(family, package=package)
         owners.update(dict.fromkeys((p.name for p in family.pipelines), family.name))
     return dict(sorted(families.items()))
@@ -296,6 +312,15 @@ def family_for_checkpoint(kinds: Sequence[str]) -> tuple[Family, PipelineType] |
             for pipeline in family.pipelines:
                 if kind in pipeline.checkpoints:
                     return family, pipeline
+    return None
+
+
+def any_diffusers_type() -> tuple[Family, PipelineType] | None:
+    """The installed catch-all for diffusers checkpoints (any_diffusers_checkpoint)."""
+    for family in installed_families().values():
+        for pipeline in family.pipelines:
+            if pipeline.any_diffusers_checkpoint:
+                return family, pipeline
     return None
 
 

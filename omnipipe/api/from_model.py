@@ -11,13 +11,14 @@ from pathlib import Path
 from typing import Any
 
 from omnipipe.api import constants as c
-from omnipipe.api.families import pipeline_types
+from omnipipe.api.families import any_diffusers_type, pipeline_types
 from omnipipe.api.pipelines import pipeline_for_checkpoint
 from omnipipe.api.resolve import TINY_SCHEME
 from omnipipe.api.resource import MAX_PIPELINE_NAME, ManifestError, OmniPipeline, parse_resource
 
 # diffusers describes a pipeline in model_index.json, transformers a model in config.json.
-_DESCRIPTORS = (("model_index.json", "_class_name"), ("config.json", "model_type"))
+DIFFUSERS_DESCRIPTOR = "model_index.json"
+_DESCRIPTORS = ((DIFFUSERS_DESCRIPTOR, "_class_name"), ("config.json", "model_type"))
 # What names a file, never a model: `omnipipe serve nope.yaml` is a missing file.
 FILE_SUFFIXES = (".yaml", ".yml", ".json")
 # The Hub's own rule for a repository id (huggingface_hub.utils.validate_repo_id), with
@@ -87,6 +88,8 @@ def _read_hub(repo_id: str, filename: str) -> dict[str, Any] | None:
             "'omnipipe[models]'), or pass a local checkpoint directory"
         ) from None
     offline = hub_offline()
+    if offline and (cached := _offline_cached(repo_id, filename)) is not None:
+        return _read_local(cached.parent, cached.name) if cached.name else None
     try:
         path = hf_hub_download(repo_id, filename, local_files_only=offline)
     except RemoteEntryNotFoundError:  # the repository has no such file: try the next
@@ -104,15 +107,41 @@ def _read_hub(repo_id: str, filename: str) -> dict[str, Any] | None:
     return _read_local(Path(path).parent, Path(path).name)
 
 
-def checkpoint_kinds(checkpoint: str) -> list[str]:
-    """What the checkpoint (a local directory or a Hub id) says it is."""
+def _offline_cached(repo_id: str, filename: str) -> Path | None:
+    """With no network, what the local Hub cache says of the repository's `filename`:
+    its path; Path() where the repository is cached but the file is not (a diffusers
+    snapshot has no config.json: absent, not unreadable); None where the repository
+    itself is not cached."""
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    found = try_to_load_from_cache(repo_id, filename)
+    if isinstance(found, str):
+        return Path(found)
+    repo = Path(constants.HF_HUB_CACHE) / f"models--{repo_id.replace('/', '--')}"
+    snapshots = repo / "snapshots"
+    return Path() if snapshots.is_dir() and any(snapshots.iterdir()) else None
+
+
+def checkpoint_descriptors(checkpoint: str) -> dict[str, str]:
+    """What the checkpoint (a local directory or a Hub id) says it is, by the file that
+    says so: {"model_index.json": its pipeline class, "config.json": its model type}."""
     local = check_model_target(checkpoint)
-    kinds = []
+    said = {}
     for filename, key in _DESCRIPTORS:
         doc = _read_local(local, filename) if local else _read_hub(checkpoint, filename)
         if doc and isinstance(doc.get(key), str):
-            kinds.append(doc[key])
-    return kinds
+            said[filename] = doc[key]
+    return said
+
+
+def checkpoint_kinds(checkpoint: str) -> list[str]:
+    """What the checkpoint (a local directory or a Hub id) says it is."""
+    return list(checkpoint_descriptors(checkpoint).values())
+
+
+def is_diffusers_checkpoint(said: dict[str, str]) -> bool:
+    """A diffusers pipeline checkpoint: one that has a model_index.json."""
+    return DIFFUSERS_DESCRIPTOR in said
 
 
 def pipeline_name_for(model: str) -> str:
@@ -132,13 +161,18 @@ def known_checkpoints() -> str:
     )
 
 
-def manifest_for_model(model: str, kinds: list[str]) -> OmniPipeline:
-    """The OmniPipeline that serves `model`, whose checkpoint says it is `kinds`."""
+def manifest_for_model(model: str, said: dict[str, str]) -> OmniPipeline:
+    """The OmniPipeline that serves `model`, whose checkpoint says it is `said`
+    (checkpoint_descriptors): the type that claims it, else, for a diffusers checkpoint,
+    the catch-all that runs any diffusers pipeline whole."""
+    kinds = list(said.values())
     pipeline = pipeline_for_checkpoint(kinds)
+    if pipeline is None and is_diffusers_checkpoint(said) and (found := any_diffusers_type()):
+        pipeline = found[1].name
     if pipeline is None:
-        said = ", ".join(kinds) if kinds else "no model_index.json or config.json type"
+        said_text = ", ".join(kinds) if kinds else "no model_index.json or config.json type"
         raise ManifestError(
-            f"{model}: omnipipe has no pipeline for this architecture ({said}). "
+            f"{model}: omnipipe has no pipeline for this architecture ({said_text}). "
             f"Known: {known_checkpoints()}"
         )
     return parse_resource(

@@ -80,6 +80,10 @@ class StageJob:
     blocks: dict[str, list[torch.Tensor]] = field(default_factory=dict)
     # What StreamingStage.prepare made of the request (its decoded media), for open().
     prepared: Any = None
+    # A one-shot stage that loops over steps itself (a whole diffusers pipeline) calls
+    # this, on the engine thread, after each: (steps done, steps in all). The worker sends
+    # the request a progress event where it asked for them.
+    on_step: Callable[[int, int], None] = field(default=lambda step, steps: None)
 
 
 @dataclass

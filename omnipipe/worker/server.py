@@ -174,7 +174,9 @@ async def _new_stage(state: WorkerState, adapters: Sequence[Adapter] | None = No
     path = state.settings.model_path if spec.model == state.pipeline.model else None
     if path is None:
         path = await asyncio.to_thread(resolve_model_path, spec.model)
-    stage = stage_class(spec, path)(spec, path, _device(state.settings, spec.gpus))
+    stage = stage_class(spec, path, state.pipeline.pipeline)(
+        spec, path, _device(state.settings, spec.gpus)
+    )
     await asyncio.to_thread(stage.load)
     # Read now, inside the load's failure path: a family's limits that cannot be made
     # fail the load (and the worker exits), not the runtime's start later.

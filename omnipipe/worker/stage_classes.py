@@ -1,7 +1,9 @@
 """Which class runs a stage: the table of the pipeline type that the checkpoint's own files
-say it is (PipelineType.stage_classes), looked up by the stage's role and engine. The
-classes themselves are the families' (omnipipe.api.families); a family never chooses
-them by reading the checkpoint again."""
+say it is (PipelineType.stage_classes), looked up by the stage's role and engine; the
+diffusers fallback's table (PipelineType.any_diffusers_checkpoint) where the pipeline is
+named the fallback, or no type claims a diffusers checkpoint. The classes themselves are
+the families' (omnipipe.api.families); a family never chooses them by reading the
+checkpoint again."""
 
 from __future__ import annotations
 
@@ -9,12 +11,13 @@ from omnipipe.api import ResolvedPipeline, ResolvedStage
 from omnipipe.api.families import (
     Family,
     PipelineType,
+    any_diffusers_type,
     family_for_checkpoint,
     installed_families,
     installed_summary,
     load_attribute,
 )
-from omnipipe.api.from_model import checkpoint_kinds
+from omnipipe.api.from_model import checkpoint_descriptors, is_diffusers_checkpoint
 from omnipipe.stagekit.stage import Stage
 
 
@@ -28,23 +31,29 @@ def unimplemented_stages(pipeline: ResolvedPipeline) -> list[str]:
     ]
 
 
-def checkpoint_type(model_path: str) -> tuple[Family, PipelineType]:
+def checkpoint_type(model_path: str, pipeline: str | None = None) -> tuple[Family, PipelineType]:
     """The installed family and pipeline type whose checkpoints the model's own files say
-    it is one of."""
-    kinds = checkpoint_kinds(model_path)
-    found = family_for_checkpoint(kinds)
+    it is one of; the catch-all for a diffusers checkpoint when `pipeline` names it, or
+    when no other type claims the checkpoint."""
+    said = checkpoint_descriptors(model_path)
+    kinds = list(said.values())
+    catch_all = any_diffusers_type() if is_diffusers_checkpoint(said) else None
+    if catch_all is not None and pipeline == catch_all[1].name:
+        return catch_all
+    found = family_for_checkpoint(kinds) or catch_all
     if found is None:
-        said = ", ".join(kinds) if kinds else "no model_index.json or config.json type"
+        told = ", ".join(kinds) if kinds else "no model_index.json or config.json type"
         raise NotImplementedError(
-            f"{model_path}: no installed family runs this checkpoint ({said}); "
+            f"{model_path}: no installed family runs this checkpoint ({told}); "
             f"installed: {installed_summary()}"
         )
     return found
 
 
-def stage_class(spec: ResolvedStage, model_path: str) -> type[Stage]:
-    """The class that runs the stage on this checkpoint."""
-    family, kind = checkpoint_type(model_path)
+def stage_class(spec: ResolvedStage, model_path: str, pipeline: str | None = None) -> type[Stage]:
+    """The class that runs the stage on this checkpoint, as a stage of `pipeline` (its
+    type's name, where known)."""
+    family, kind = checkpoint_type(model_path, pipeline)
     reference = kind.stage_classes.get((spec.role, spec.engine))
     if reference is None:
         runs = ", ".join(sorted(f"{r.value} on {e.value}" for r, e in kind.stage_classes))

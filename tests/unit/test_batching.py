@@ -656,3 +656,33 @@ def test_prompts_of_different_lengths_share_a_step_and_equal_running_alone(
             output_type="latent",
         ).images
     torch.testing.assert_close(together[1], expected, rtol=1e-4, atol=1e-4)
+
+
+async def test_a_one_shot_stage_that_steps_itself_reports_each_step_to_who_asks() -> None:
+    """StageJob.on_step (a whole diffusers pipeline's step callback, on the engine thread)
+    becomes the asking request's progress events, in order and before its result; a
+    request that does not ask hears none."""
+
+    class Looping(Recording):
+        def run_batch(self, jobs: Sequence[StageJob]) -> list[StageResult]:
+            for step in range(1, 4):
+                for job in jobs:
+                    job.on_step(step, 3)
+            return [StageResult() for _ in jobs]
+
+    rt = runtime(Looping(), wait_s=0.0)
+    asked = request("a").model_copy(update={"progress": True})
+    jobs = [rt.submit(asked), rt.submit(request("b"))]
+    await deliver(rt, "a")
+    await deliver(rt, "b")
+    await asyncio.wait_for(asyncio.gather(*(j.task for j in jobs if j.task)), 10)
+    await rt.close()
+    heard: list[list[Any]] = [[], []]
+    for job, events in zip(jobs, heard, strict=True):
+        while not job.events.empty():
+            events.append(job.events.get_nowait())
+    assert [e.data for e in heard[0] if e.type == "progress"] == [
+        {"step": step, "steps": 3} for step in (1, 2, 3)
+    ]
+    assert [e.type for e in heard[0]][-1] == "done"
+    assert [e.type for e in heard[1] if e.type == "progress"] == []

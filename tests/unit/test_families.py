@@ -49,20 +49,26 @@ def test_installed_families_come_from_their_packages_entry_points() -> None:
     families = installed_families()
     assert {n: f.package for n, f in families.items()} == {
         "bagel": "omnipipe",
+        "diffusers": "omnipipe",
         "flux": "omnipipe",
+        "flux2": "omnipipe",
         "qwen-image": "omnipipe",
         "qwen-omni": "omnipipe",
         "qwen3-tts": "omnipipe",
         "sketch": "omnipipe-sketch",
         "wan": "omnipipe",
+        "z-image": "omnipipe",
     }
     assert sorted(own_family_names()) == [
         "bagel",
+        "diffusers",
         "flux",
+        "flux2",
         "qwen-image",
         "qwen-omni",
         "qwen3-tts",
         "wan",
+        "z-image",
     ]
     found = family_for_checkpoint(["omnipipe_sketch"])
     assert found is not None
@@ -231,3 +237,12 @@ def test_a_worker_names_what_no_installed_family_runs(tmp_path: Path) -> None:
     assert "the sketch family" in str(err.value)
     assert "not thinker on vllm" in str(err.value)
     assert stage_class(stage, sketch).__name__ == "SketchEncode"
+
+
+def test_one_type_at_most_runs_any_diffusers_checkpoint() -> None:
+    """Two catch-alls would leave it to load order which serves an unclaimed checkpoint."""
+    catch_all = PipelineType("any", "", (ENCODE,), any_diffusers_checkpoint=True)
+    other = dataclasses.replace(catch_all, name="any-2")
+    with pytest.raises(FamilyError, match="runs any diffusers checkpoint, which family 'one'"):
+        register([("one", "p", family("one", catch_all)), ("two", "q", family("two", other))])
+    assert set(register([("one", "p", family("one", catch_all))])) == {"one"}

@@ -90,3 +90,43 @@ def test_kontext_edits_take_its_defaults_and_refuse_a_negative_prompt(
     assert encode_image["images"] == [base64.b64encode(image.getvalue()).decode()]
     assert "images" not in encode
     assert "images" not in denoise
+
+
+def test_omni_generate_takes_the_familys_defaults_as_the_image_api_does(
+    tmp_path: Path, serve_worker: Callable[[FakeWorker], str]
+) -> None:
+    """/v1/omni/generate's image requests pass through the family's extensions too: the
+    diffusers fallback leaves unset steps and guidance to its pipeline (None), FLUX.1
+    gets its 28 and 3.5."""
+    worker = FakeWorker(results({"b64_json": PNG}))
+    for model, kind, stage, want in (
+        ("tiny://flux1-dev", "flux", ["encode"], (28, 3.5)),
+        ("tiny://sd3", "diffusers", [], (None, None)),
+    ):
+        with client_for(tmp_path, pipeline(model, kind), serve_worker(worker)) as client:
+            got = client.post("/v1/omni/generate", json={"model": "p", "prompt": "x"})
+            assert got.status_code == 200, got.text
+        params = sent(worker, stage)[-1]
+        assert (params["num_inference_steps"], params["guidance_scale"]) == want
+
+
+def test_a_negative_prompt_is_taken_where_the_familys_cfg_runs(
+    tmp_path: Path, serve_worker: Callable[[FakeWorker], str]
+) -> None:
+    """Z-Image's CFG runs at any guidance above 0: a negative prompt at 0.5 is served
+    (true CFG's rule, above 1, would refuse it), at 0 refused naming guidance_scale."""
+    worker = FakeWorker(results({"b64_json": PNG}))
+    body = {"model": "p", "prompt": "x", "size": "64x64", "negative_prompt": "fog"}
+    zimage = pipeline("tiny://z-image", "z-image")
+    with client_for(tmp_path, zimage, serve_worker(worker)) as client:
+        served = client.post("/v1/images/generations", json={**body, "guidance_scale": 0.5})
+        refused = client.post("/v1/images/generations", json={**body, "guidance_scale": 0})
+    assert served.status_code == 200, served.text
+    assert refused.status_code == 400
+    assert refused.json()["error"]["param"] == "guidance_scale"
+    assert "above 0" in refused.json()["error"]["message"]
+    qwen = pipeline("tiny://qwen-image", "qwen-image")
+    with client_for(tmp_path, qwen, serve_worker(worker)) as client:
+        refused = client.post("/v1/images/generations", json={**body, "guidance_scale": 0.5})
+    assert refused.status_code == 400
+    assert "above 1" in refused.json()["error"]["message"]

@@ -106,6 +106,17 @@ def family_requests(pipeline: ResolvedPipeline) -> RequestExtensions | None:
     return extensions
 
 
+# The guidance above which a model's CFG runs, where its family does not say: true CFG's
+# (Qwen-Image's, at 1 the negative prediction cancels out).
+DEFAULT_CFG_ABOVE = 1.0
+
+
+def cfg_guidance_above(extensions: RequestExtensions | None) -> float:
+    """The guidance above which the family's CFG runs, so that a negative prompt at or
+    below it is refused (RequestExtensions.cfg_guidance_above; 1 where unsaid)."""
+    return float(getattr(extensions, "cfg_guidance_above", DEFAULT_CFG_ABOVE))
+
+
 def request_fields(body: BaseModel) -> dict[str, Any]:
     """The body as a family's extensions read it: the fields the client set (not the
     API's defaults, which a family may replace with its model's) and its extensions."""

@@ -20,6 +20,7 @@ from omnipipe.api.families import edit_image_roles, max_edit_images
 from omnipipe.api.plain_text import PLAIN_DECIMAL, shown
 from omnipipe.router.api.common import (
     bad_request,
+    cfg_guidance_above,
     check_model,
     family_requests,
     request_fields,
@@ -185,9 +186,11 @@ def edits_router(orchestrator: Orchestrator, model_ids: Callable[[], set[str]]) 
         sizes = checked_images(body, max_edit_images(orchestrator.pipeline.pipeline))
         size = edit_size(body, *sizes[-1])
         fields = body.model_dump(exclude={"image", "size"})
-        params = image_params(ImageGenerationRequest(**fields), size)
         # A family's own defaults and refusals for an edit (FLUX.1 Kontext's).
         extensions = family_requests(orchestrator.pipeline)
+        params = image_params(
+            ImageGenerationRequest(**fields), size, cfg_guidance_above(extensions)
+        )
         edit_params = getattr(extensions, "edit_params", None)
         if edit_params is not None:
             extra = {k: v for k, v in request_fields(body).items() if k != "image"}

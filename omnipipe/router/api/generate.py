@@ -33,11 +33,15 @@ from omnipipe.router.api.chat import AudioOptions, ChatPlan, ChatRequest
 from omnipipe.router.api.common import (
     after,
     bad_request,
+    cfg_guidance_above,
     check_model,
+    family_requests,
     first_output,
     json_body,
     parse_body,
+    request_fields,
     stage_with_role,
+    with_family_checks,
 )
 from omnipipe.router.api.images import MAX_IMAGES, ImageGenerationRequest, image_params
 from omnipipe.router.api.messages import MESSAGE_SCHEMA
@@ -55,6 +59,8 @@ from omnipipe.router.voice_store import VoiceStore
 log = logging.getLogger(__name__)
 # The speech fields a text-to-speech graph's generate request may add (/v1/audio/speech's).
 SPEECH_EXTRA = SPEECH_FIELDS | {"speed"}
+# An image request's fields that /v1/omni/generate shares with /v1/images/generations.
+IMAGE_FIELDS = ("n", "size", "negative_prompt", "seed", "num_inference_steps", "guidance_scale")
 # The request's fields that a text-to-speech graph has no use for: refused when set,
 # never dropped unsaid.
 NOT_SPOKEN = frozenset(
@@ -152,18 +158,18 @@ def _plan(
             "sampling_params_list applies to AR stages; this graph has none",
             param="sampling_params_list",
         )
-    params = image_params(
-        ImageGenerationRequest(
-            model=body.model,
-            prompt=body.prompt,
-            n=body.n,
-            size=body.size,
-            negative_prompt=body.negative_prompt,
-            seed=body.seed,
-            num_inference_steps=body.num_inference_steps,
-            guidance_scale=body.guidance_scale,
-        )
+    # The fields the client set, as the image API's request: a family's extensions see
+    # those alone, and give their model's defaults for the rest (as on the image API).
+    image_body = ImageGenerationRequest(
+        model=body.model,
+        prompt=body.prompt,
+        **{k: getattr(body, k) for k in IMAGE_FIELDS if k in body.model_fields_set},
     )
+    extensions = family_requests(pipeline)
+    params = image_params(image_body, cfg_above=cfg_guidance_above(extensions))
+    if extensions is not None:
+        fields = {**request_fields(image_body), **(body.model_extra or {})}
+        params.update(with_family_checks(lambda: extensions.image_params(fields)))
     if (lora := lora_param(orchestrator.serving_pipeline(), body.model, body.lora)) is not None:
         params["lora"] = lora
     return {stage: params for stage in orchestrator.stages}, set(orchestrator.outputs)

@@ -19,7 +19,9 @@ from omnipipe.api.plain_text import shown
 from omnipipe.api.spec import Role
 from omnipipe.router.api.adapters import LoraRequest, lora_param
 from omnipipe.router.api.common import (
+    DEFAULT_CFG_ABOVE,
     after,
+    cfg_guidance_above,
     check_model,
     family_requests,
     first_output,
@@ -86,15 +88,18 @@ def parse_size(size: str) -> tuple[int, int]:
 
 
 def image_params(
-    body: ImageGenerationRequest, size: tuple[int, int] | None = None
+    body: ImageGenerationRequest,
+    size: tuple[int, int] | None = None,
+    cfg_above: float = DEFAULT_CFG_ABOVE,
 ) -> dict[str, object]:
-    """What every stage of a text-to-image graph is given for this request."""
+    """What every stage of a text-to-image graph is given for this request; its model's
+    CFG runs at a guidance above `cfg_above` (cfg_guidance_above)."""
     width, height = size or parse_size(body.size)
-    if body.negative_prompt and body.guidance_scale <= 1:
-        # True CFG runs only above 1: the negative prompt would be silently ignored.
+    if body.negative_prompt and body.guidance_scale <= cfg_above:
+        # No CFG at this guidance: the negative prompt would be silently ignored.
         raise BadRequest(
-            "guidance_scale: with a negative_prompt it must be above 1 (true CFG), got "
-            f"{body.guidance_scale:g}",
+            f"guidance_scale: with a negative_prompt it must be above {cfg_above:g} (true CFG), "
+            f"got {body.guidance_scale:g}",
             param="guidance_scale",
         )
     check_output_format(body)
@@ -219,11 +224,12 @@ def images_router(orchestrator: Orchestrator, model_ids: Callable[[], set[str]])
             raise BadRequest(
                 f"model {shown(body.model)} ({pipeline.pipeline}) makes no images", param="model"
             )
-        params = image_params(body)
+        extensions = family_requests(orchestrator.pipeline)
+        params = image_params(body, cfg_above=cfg_guidance_above(extensions))
         lora = lora_param(orchestrator.serving_pipeline(), body.model, body.lora)
         if lora is not None:
             params["lora"] = lora
-        if (extensions := family_requests(orchestrator.pipeline)) is not None:
+        if extensions is not None:
             fields = request_fields(body)
             params.update(with_family_checks(lambda: extensions.image_params(fields)))
         return await respond_with_images(

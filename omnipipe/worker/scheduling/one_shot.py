@@ -3,8 +3,25 @@ one engine call, run_batch."""
 
 from __future__ import annotations
 
+import asyncio
+
+from omnipipe.api.wire import StageEvent
 from omnipipe.stagekit.stage import Stage
+from omnipipe.worker.jobs import Job
 from omnipipe.worker.scheduling.queued import QueuedScheduler
+
+
+def report_steps(job: Job, loop: asyncio.AbstractEventLoop) -> None:
+    """Where the request asked for progress: each step the stage reports (on the engine
+    thread) becomes a progress event on the request's stream (on the loop)."""
+    if not job.request.progress or job.stage_job is None:
+        return
+
+    def on_step(step: int, steps: int) -> None:
+        event = StageEvent(type="progress", data={"step": step, "steps": steps})
+        loop.call_soon_threadsafe(job.events.put_nowait, event)
+
+    job.stage_job.on_step = on_step
 
 
 class OneShotScheduler(QueuedScheduler[Stage]):
@@ -16,6 +33,9 @@ class OneShotScheduler(QueuedScheduler[Stage]):
                 batch = await self._next_batch()
                 if not batch:
                     continue
+                loop = asyncio.get_running_loop()
+                for job in batch:
+                    report_steps(job, loop)
                 stage_jobs = [j.stage_job for j in batch if j.stage_job is not None]
                 try:
                     results = await self.host.engine.run(self.stage.run_batch, stage_jobs)

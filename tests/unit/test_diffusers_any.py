@@ -1,0 +1,212 @@
+"""The diffusers fallback (`pipeline: diffusers`) on two pipelines no family splits,
+Stable Diffusion 3 and Sana: requests run in one call of the pipeline equal the
+pipeline's own images for each alone; a client's unset steps and guidance keep the
+pipeline's defaults; each step is reported and a call whose requests are all cancelled
+stops; a checkpoint no type claims resolves to the fallback, and a spec that names it
+runs it on any diffusers checkpoint; a pipeline that does not make images is refused by
+what it makes."""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from omnipipe.api import parse_resource, resolve
+from omnipipe.api.from_model import checkpoint_descriptors, manifest_for_model
+from omnipipe.checkpoints.tiny import resolve_model_path
+from omnipipe.families.diffusers_any.requests import EXTENSIONS
+from omnipipe.families.diffusers_any.stage import WholePipelineStage, refusal
+from omnipipe.stagekit.stage import StageInputError, StageJob
+from omnipipe.worker.stage_classes import stage_class
+
+pytestmark = pytest.mark.timeout(600)
+BASE = {"width": 64, "height": 96, "num_inference_steps": 3, "guidance_scale": 5.0}
+REQUESTS = [
+    {**BASE, "prompt": "a lighthouse at dusk", "negative_prompt": "blurry", "seed": 1},
+    {**BASE, "prompt": "a cat", "negative_prompt": "a dog", "seed": 7, "n": 2},
+]
+# Float rounding: one call of several rows against the pipeline's calls of one.
+PIXEL_TOLERANCE = 1e-4
+MODELS = ("tiny://sd3", "tiny://sana")
+
+
+def spec_of(model: str) -> Any:
+    return resolve(
+        parse_resource(
+            {
+                "apiVersion": "omnipipe.io/v1alpha1",
+                "kind": "OmniPipeline",
+                "metadata": {"name": "fallback"},
+                "spec": {"model": model, "pipeline": "diffusers"},
+            }
+        )
+    ).stage("pipeline")
+
+
+def loaded(model: str) -> WholePipelineStage:
+    spec, path = spec_of(model), resolve_model_path(model)
+    stage = stage_class(spec, path, "diffusers")(spec, path, "cpu")
+    assert isinstance(stage, WholePipelineStage)
+    stage.load()
+    return stage
+
+
+def reference(stage: WholePipelineStage, params: dict[str, Any]) -> np.ndarray:
+    """The pipeline's own images for one request alone."""
+    n = int(params.get("n", 1))
+    with torch.inference_mode():
+        return np.asarray(
+            stage.pipe(
+                prompt=params["prompt"],
+                negative_prompt=params["negative_prompt"],
+                width=params["width"],
+                height=params["height"],
+                num_inference_steps=params["num_inference_steps"],
+                guidance_scale=params["guidance_scale"],
+                num_images_per_prompt=n,
+                generator=[torch.Generator().manual_seed(params["seed"] + i) for i in range(n)],
+                output_type="np",
+            ).images
+        )
+
+
+@pytest.fixture(scope="module", params=MODELS)
+def stage(request: pytest.FixtureRequest) -> WholePipelineStage:
+    return loaded(str(request.param))
+
+
+def test_requests_in_one_call_equal_the_pipeline_for_each_alone(
+    stage: WholePipelineStage,
+) -> None:
+    jobs = [StageJob(dict(p), {}) for p in REQUESTS]
+    assert len({stage.batch_key(j) for j in jobs}) == 1
+    made = stage.images(jobs, "np")
+    for params, images in zip(REQUESTS, made, strict=True):
+        assert images is not None
+        ours = np.stack(images)
+        alone = reference(stage, params)
+        assert ours.shape == alone.shape == (params.get("n", 1), 96, 64, 3)
+        assert np.abs(ours - alone).max() <= PIXEL_TOLERANCE
+    # Not the same picture twice: the seeds and prompts reach their rows.
+    first, second = made
+    assert first is not None
+    assert second is not None
+    assert np.abs(first[0] - second[0]).max() > 0.01
+    assert np.abs(second[0] - second[1]).max() > 0.01
+
+
+def test_the_served_result_is_the_requested_format(stage: WholePipelineStage) -> None:
+    [result] = stage.run_batch([StageJob({**REQUESTS[1], "output_format": "webp"}, {})])
+    assert len(result.outputs) == 2
+    assert base64.b64decode(result.outputs[0]["b64_json"])[8:12] == b"WEBP"
+
+
+def test_what_a_call_shares_is_its_key(stage: WholePipelineStage) -> None:
+    key = stage.batch_key(StageJob(dict(REQUESTS[0]), {}))
+    for change in (
+        {"width": 128},
+        {"num_inference_steps": 4},
+        {"guidance_scale": 3.0},
+        {"negative_prompt": None},
+    ):
+        assert stage.batch_key(StageJob({**REQUESTS[0], **change}, {})) != key
+    # The prompt, the seed and the count do not part requests.
+    same = {**REQUESTS[0], "prompt": "other", "seed": 99, "n": 3}
+    assert stage.batch_key(StageJob(same, {})) == key
+
+
+def test_unset_settings_keep_the_pipelines_defaults_and_each_step_is_reported() -> None:
+    """The router's image API defaults (50 steps at guidance 4) are not the pipeline's:
+    the fallback's request extensions leave what the client did not set to it."""
+    assert EXTENSIONS.image_params({"prompt": "x"}) == {
+        "num_inference_steps": None,
+        "guidance_scale": None,
+    }
+    assert EXTENSIONS.image_params({"num_inference_steps": 4, "guidance_scale": 2.0}) == {}
+    stage = loaded("tiny://sd3")
+    params = {"prompt": "a cat", "width": 32, "height": 32, "seed": 0}
+    params.update(EXTENSIONS.image_params(params))
+    steps: list[tuple[int, int]] = []
+    job = StageJob(params, {})
+    job.on_step = lambda step, total: steps.append((step, total))
+    stage.images([job], "np")
+    # StableDiffusion3Pipeline's own default: 28 steps.
+    assert steps == [(i, 28) for i in range(1, 29)]
+
+
+def test_a_call_whose_requests_are_all_cancelled_stops() -> None:
+    stage = loaded("tiny://sd3")
+    job = StageJob({**REQUESTS[0], "num_inference_steps": 20, "width": 32, "height": 32}, {})
+    steps: list[int] = []
+
+    def cancel_at_first(step: int, total: int) -> None:
+        steps.append(step)
+        job.cancelled.set()
+
+    job.on_step = cancel_at_first
+    [result] = stage.run_batch([job])
+    assert result.outputs == []
+    assert steps == [1]  # the other 19 were skipped
+
+
+def test_a_checkpoint_no_type_claims_is_served_by_the_fallback() -> None:
+    for model in MODELS:
+        said = checkpoint_descriptors(resolve_model_path(model))
+        assert manifest_for_model(model, said).spec.pipeline == "diffusers"
+    # A checkpoint a family claims keeps its family, unless the spec names the fallback.
+    flux = resolve_model_path("tiny://flux1-dev")
+    assert manifest_for_model("tiny://flux1-dev", checkpoint_descriptors(flux)).spec.pipeline == (
+        "flux"
+    )
+    spec = spec_of("tiny://flux1-dev")
+    assert stage_class(spec, flux, "diffusers") is WholePipelineStage
+    assert stage_class(spec, flux, "flux") is not WholePipelineStage
+
+
+def test_a_pipeline_that_makes_no_images_is_refused_by_what_it_makes() -> None:
+    spec, path = spec_of("tiny://wan"), resolve_model_path("tiny://wan")
+    stage = stage_class(spec, path, "diffusers")(spec, path, "cpu")
+    with pytest.raises(NotImplementedError, match=r"WanPipeline makes videos; the diffusers"):
+        stage.load()
+
+
+def test_what_the_fallback_cannot_serve_is_refused_by_its_class() -> None:
+    from diffusers import (
+        FluxInpaintPipeline,
+        StableDiffusion3Img2ImgPipeline,
+        StableDiffusion3Pipeline,
+        StableDiffusionXLControlNetPipeline,
+    )
+
+    assert refusal(StableDiffusion3Pipeline) is None
+    for needs_image in (
+        StableDiffusion3Img2ImgPipeline,
+        FluxInpaintPipeline,
+        StableDiffusionXLControlNetPipeline,
+    ):
+        assert f"{needs_image.__name__} needs an input image" in str(refusal(needs_image))
+
+
+def test_a_request_the_pipeline_refuses_is_the_clients_error() -> None:
+    """diffusers' own input checks (SD3's sides must be multiples of 16) are a 400, named
+    as the pipeline names them, not a failure of the stage."""
+    stage = loaded("tiny://sd3")
+    job = StageJob({**REQUESTS[0], "width": 40, "height": 40}, {})
+    with pytest.raises(StageInputError, match="divisible by 16"):
+        stage.images([job], "np")
+
+
+def test_a_true_cfg_pipeline_takes_the_guidance_as_its_true_cfg_scale() -> None:
+    """FLUX.1 run whole: with a negative prompt the request's guidance is FluxPipeline's
+    true_cfg_scale (its guidance_scale is the distilled one), as the image API means it."""
+    stage = loaded("tiny://flux1-dev")
+    negative = StageJob(dict(REQUESTS[0]), {})
+    assert stage._call_arguments(negative, negative=True)["true_cfg_scale"] == 5.0
+    plain = StageJob({**REQUESTS[0], "negative_prompt": None}, {})
+    arguments = stage._call_arguments(plain, negative=False)
+    assert "true_cfg_scale" not in arguments
+    assert arguments["guidance_scale"] == 5.0
