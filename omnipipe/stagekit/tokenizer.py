@@ -45,9 +45,11 @@ def save_byte_tokenizer(
     directory: Path,
     special_tokens: tuple[str, ...] = SPECIAL_TOKENS,
     named_tokens: dict[str, str] | None = None,
+    max_length: int | None = None,
 ) -> Qwen2Tokenizer:
     """special_tokens[0] is the pad/unk token; named_tokens become attributes such as
-    tokenizer.image_token, which multimodal processors read."""
+    tokenizer.image_token, which multimodal processors read; max_length, the length a
+    pipeline pads to where it reads the tokenizer's (CLIP's 77, T5's sequence)."""
     directory.mkdir(parents=True, exist_ok=True)
     tokenizer = Qwen2Tokenizer(
         vocab={ch: i for i, ch in enumerate(_byte_chars())},
@@ -64,5 +66,7 @@ def save_byte_tokenizer(
         [AddedToken(t, special=True, normalized=False) for t in special_tokens[1:]],
         special_tokens=True,
     )
+    if max_length is not None:
+        tokenizer.model_max_length = max_length
     tokenizer.save_pretrained(str(directory))
     return tokenizer

@@ -63,7 +63,9 @@ def offline_hub(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
 
 
 @pytest.mark.parametrize("repo_id", sorted(RELEASED))
-def test_a_released_ids_pipeline_class_resolves_to_its_type(repo_id: str, offline_hub: Path) -> None:
+def test_a_released_ids_pipeline_class_resolves_to_its_type(
+    repo_id: str, offline_hub: Path
+) -> None:
     pipeline_class, pipeline = RELEASED[repo_id]
     index = QWEN_IMAGE_2512 if repo_id == "Qwen/Qwen-Image-2512" else {}
     cached(offline_hub, repo_id, {**index, "_class_name": pipeline_class})

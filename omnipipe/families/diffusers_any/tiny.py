@@ -9,18 +9,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, cast
 
+from omnipipe.stagekit.tiny_vae import tiny_image_vae
+from omnipipe.stagekit.tokenizer import save_byte_tokenizer
+
 # The byte tokenizer's 256 bytes and its special tokens, rounded up.
 VOCAB = 272
 CLIP_DIM = 32
-
-
-def _tokenizer(directory: Path, max_length: int) -> Any:
-    from omnipipe.stagekit.tokenizer import save_byte_tokenizer
-
-    tokenizer = save_byte_tokenizer(directory)
-    tokenizer.model_max_length = max_length
-    tokenizer.save_pretrained(str(directory))
-    return tokenizer
 
 
 def _clip(tokenizer: Any) -> Any:
@@ -47,7 +41,6 @@ def build_sd3(target: Path) -> None:
     """StableDiffusion3Pipeline: two CLIP encoders and T5 -> the MMDiT -> the VAE."""
     import torch
     from diffusers import (
-        AutoencoderKL,
         FlowMatchEulerDiscreteScheduler,
         SD3Transformer2DModel,
         StableDiffusion3Pipeline,
@@ -57,7 +50,8 @@ def build_sd3(target: Path) -> None:
     torch.manual_seed(0)
     # The two CLIPs' sequences, side by side, are padded to T5's width.
     t5_dim = 2 * CLIP_DIM
-    tokenizer, tokenizer_2 = (_tokenizer(target / n, 77) for n in ("tokenizer", "tokenizer_2"))
+    tokenizer = save_byte_tokenizer(target / "tokenizer", max_length=77)
+    tokenizer_2 = save_byte_tokenizer(target / "tokenizer_2", max_length=77)
     clip, clip_2 = _clip(tokenizer), _clip(tokenizer_2)
     t5 = T5EncoderModel(
         T5Config(
@@ -84,18 +78,7 @@ def build_sd3(target: Path) -> None:
         out_channels=16,
         pos_embed_max_size=192,
     )
-    vae = AutoencoderKL(
-        down_block_types=("DownEncoderBlock2D",) * 4,
-        up_block_types=("UpDecoderBlock2D",) * 4,
-        block_out_channels=(8, 8, 8, 8),
-        layers_per_block=1,
-        latent_channels=16,
-        norm_num_groups=4,
-        use_quant_conv=False,
-        use_post_quant_conv=False,
-        scaling_factor=1.5305,
-        shift_factor=0.0609,
-    )
+    vae = tiny_image_vae(scaling_factor=1.5305, shift_factor=0.0609)
     pipe = StableDiffusion3Pipeline(
         transformer=transformer,
         scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0),
@@ -105,7 +88,7 @@ def build_sd3(target: Path) -> None:
         text_encoder_2=clip_2,
         tokenizer_2=tokenizer_2,
         text_encoder_3=t5,
-        tokenizer_3=_tokenizer(target / "tokenizer_3", 256),
+        tokenizer_3=save_byte_tokenizer(target / "tokenizer_3", max_length=256),
     )
     cast(Any, pipe).save_pretrained(str(target))
 
@@ -172,7 +155,7 @@ def build_sana(target: Path) -> None:
     )
     pipe = SanaPipeline(
         # Its pipeline reads 300 tokens of the prompt, after its long instruction.
-        tokenizer=_tokenizer(target / "tokenizer", 8192),
+        tokenizer=save_byte_tokenizer(target / "tokenizer", max_length=8192),
         text_encoder=gemma,
         vae=vae,
         transformer=transformer,

@@ -9,6 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, cast
 
+from omnipipe.stagekit.tiny_vae import tiny_image_vae
+from omnipipe.stagekit.tokenizer import save_byte_tokenizer
+
 # The byte tokenizer's 256 bytes and its special tokens, rounded up.
 VOCAB = 272
 TEXT_DIM = 32
@@ -30,25 +33,6 @@ def tiny_flux_transformer(guidance_embeds: bool) -> Any:
         pooled_projection_dim=TEXT_DIM,
         guidance_embeds=guidance_embeds,
         axes_dims_rope=(4, 6, 6),
-    )
-
-
-def tiny_flux_vae() -> Any:
-    import torch
-    from diffusers import AutoencoderKL
-
-    torch.manual_seed(0)
-    return AutoencoderKL(
-        down_block_types=("DownEncoderBlock2D",) * 4,
-        up_block_types=("UpDecoderBlock2D",) * 4,
-        block_out_channels=(8, 8, 8, 8),
-        layers_per_block=1,
-        latent_channels=16,
-        norm_num_groups=4,
-        use_quant_conv=False,
-        use_post_quant_conv=False,
-        scaling_factor=0.3611,
-        shift_factor=0.1159,
     )
 
 
@@ -83,16 +67,6 @@ def tiny_text_encoders() -> tuple[Any, Any]:
     return clip, t5
 
 
-def _tokenizer(directory: Path, max_length: int) -> Any:
-    from omnipipe.stagekit.tokenizer import save_byte_tokenizer
-
-    tokenizer = save_byte_tokenizer(directory)
-    # What the pipeline pads to: CLIP's 77 positions, T5's sequence.
-    tokenizer.model_max_length = max_length
-    tokenizer.save_pretrained(str(directory))
-    return tokenizer
-
-
 def _build(target: Path, guidance_embeds: bool, pipeline_class: str = "FluxPipeline") -> None:
     import diffusers
     from diffusers import FlowMatchEulerDiscreteScheduler
@@ -110,11 +84,11 @@ def _build(target: Path, guidance_embeds: bool, pipeline_class: str = "FluxPipel
     )
     pipe = getattr(diffusers, pipeline_class)(
         scheduler=scheduler,
-        vae=tiny_flux_vae(),
+        vae=tiny_image_vae(),
         text_encoder=clip,
-        tokenizer=_tokenizer(target / "tokenizer", 77),
+        tokenizer=save_byte_tokenizer(target / "tokenizer", max_length=77),
         text_encoder_2=t5,
-        tokenizer_2=_tokenizer(target / "tokenizer_2", 512),
+        tokenizer_2=save_byte_tokenizer(target / "tokenizer_2", max_length=512),
         transformer=tiny_flux_transformer(guidance_embeds),
     )
     cast(Any, pipe).save_pretrained(str(target))

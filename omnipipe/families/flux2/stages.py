@@ -8,11 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import torch
 
 from omnipipe.families.flux2.loading import DEV, load_flux2, runs_cfg
-from omnipipe.stagekit.image_output import encoded_image
+from omnipipe.stagekit.image_decode import ImageDecodeStage
 from omnipipe.stagekit.params import float_param, int_param, prompt_of
 from omnipipe.stagekit.stage import Stage, StageInputError, StageJob, StageResult, Tensors
 
@@ -68,47 +67,23 @@ class Flux2EncodeStage(Stage):
         return StageResult(tensors=out)
 
 
-class Flux2DecodeStage(Stage):
+class Flux2DecodeStage(ImageDecodeStage):
     """Packed latents -> the VAE's batch norm undone, unpatchified -> VAE decode ->
     images in the requested format, base64."""
 
     def load(self) -> None:
         self.pipe = load_flux2(self.model_path, self.device, {"vae"})
 
-    def _images(self, job: StageJob, output_type: str) -> list[Any] | None:
-        """Each image of the job, decoded one at a time (a cancel is seen between
-        images); None: cancelled."""
+    def vae_latents(self, job: StageJob) -> torch.Tensor:
         pipe, vae = self.pipe, self.pipe.vae
         width, height = int_param(job.params, "width", 1024), int_param(job.params, "height", 1024)
         latents = job.inputs["denoise"]["latents"].to(self.device)
         patches = pipe.vae_scale_factor * 2
         grid = torch.zeros(len(latents), 1, height // patches, width // patches)
-        with torch.inference_mode():
-            ids = pipe._prepare_latent_ids(grid).to(self.device)
-            latents = pipe._unpack_latents_with_ids(latents, ids)
-            mean = vae.bn.running_mean.view(1, -1, 1, 1).to(latents.device, latents.dtype)
-            std = torch.sqrt(vae.bn.running_var.view(1, -1, 1, 1) + vae.config.batch_norm_eps)
-            latents = latents * std.to(latents.device, latents.dtype) + mean
-            latents = pipe._unpatchify_latents(latents).to(vae.dtype)
-        images = []
-        for one in latents.split(1):
-            if job.cancelled.is_set():
-                return None
-            with torch.inference_mode():
-                decoded = vae.decode(one, return_dict=False)[0]
-                [image] = pipe.image_processor.postprocess(decoded, output_type=output_type)
-            images.append(image)
-            self.progress()
-        return images
-
-    def pixels(self, job: StageJob) -> np.ndarray:
-        """The images as the pipeline's output_type="np" gives them: (n, H, W, 3) in 0-1."""
-        images = self._images(job, "np")
-        assert images is not None
-        return np.stack(images)
-
-    def run(self, job: StageJob) -> StageResult:
-        images = self._images(job, "pil")
-        if images is None:
-            return StageResult()
-        return StageResult(outputs=[encoded_image(image, job.params) for image in images])
+        ids = pipe._prepare_latent_ids(grid).to(self.device)
+        latents = pipe._unpack_latents_with_ids(latents, ids)
+        mean = vae.bn.running_mean.view(1, -1, 1, 1).to(latents.device, latents.dtype)
+        std = torch.sqrt(vae.bn.running_var.view(1, -1, 1, 1) + vae.config.batch_norm_eps)
+        latents = latents * std.to(latents.device, latents.dtype) + mean
+        unpatched: torch.Tensor = pipe._unpatchify_latents(latents).to(vae.dtype)
+        return unpatched

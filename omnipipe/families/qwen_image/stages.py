@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from omnipipe.families.qwen_image.loading import load_qwen_image
-from omnipipe.stagekit.image_output import encoded_image
+from omnipipe.stagekit.image_decode import ImageDecodeStage
 from omnipipe.stagekit.params import int_param, prompt_of
 from omnipipe.stagekit.stage import Stage, StageJob, StageResult, Tensors
 
@@ -78,32 +78,24 @@ def geometry(params: dict[str, Any]) -> tuple[int, int, int, int, float]:
     return width, height, n, steps, guidance
 
 
-class DecodeStage(Stage):
+class DecodeStage(ImageDecodeStage):
     """Latents -> VAE decode -> images in the requested format, base64 for the router."""
 
     def load(self) -> None:
         self.pipe = load_qwen_image(self.model_path, self.device, {"vae"})
 
-    def run(self, job: StageJob) -> StageResult:
+    def vae_latents(self, job: StageJob) -> torch.Tensor:
         pipe = self.pipe
         width, height = int_param(job.params, "width", 1024), int_param(job.params, "height", 1024)
         latents = job.inputs["denoise"]["latents"].to(self.device)
-        with torch.inference_mode():
-            latents = pipe._unpack_latents(latents, height, width, pipe.vae_scale_factor)
-            latents = latents.to(pipe.vae.dtype)
-            z = pipe.vae.config.z_dim
-            mean = torch.tensor(pipe.vae.config.latents_mean).view(1, z, 1, 1, 1)
-            std = torch.tensor(pipe.vae.config.latents_std).view(1, z, 1, 1, 1)
-            latents = latents * std.to(latents) + mean.to(latents)
-        outputs = []
-        # One image at a time: a 2048x2048 decode's activations are held for one image,
-        # and a cancel or the watchdog sees the engine between images.
-        for one in latents.split(1):
-            if job.cancelled.is_set():
-                return StageResult()
-            with torch.inference_mode():
-                image = pipe.vae.decode(one, return_dict=False)[0][:, :, 0]
-                [img] = pipe.image_processor.postprocess(image, output_type="pil")
-            outputs.append(encoded_image(img, job.params))
-            self.progress()
-        return StageResult(outputs=outputs)
+        latents = pipe._unpack_latents(latents, height, width, pipe.vae_scale_factor)
+        latents = latents.to(pipe.vae.dtype)
+        z = pipe.vae.config.z_dim
+        mean = torch.tensor(pipe.vae.config.latents_mean).view(1, z, 1, 1, 1)
+        std = torch.tensor(pipe.vae.config.latents_std).view(1, z, 1, 1, 1)
+        unscaled: torch.Tensor = latents * std.to(latents) + mean.to(latents)
+        return unscaled
+
+    def decoded(self, one: torch.Tensor) -> torch.Tensor:
+        # The VAE is video-shaped: its one frame.
+        return super().decoded(one)[:, :, 0]

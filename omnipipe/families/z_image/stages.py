@@ -6,11 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import torch
 
 from omnipipe.families.z_image.loading import load_z_image
-from omnipipe.stagekit.image_output import encoded_image
+from omnipipe.stagekit.image_decode import ImageDecodeStage
 from omnipipe.stagekit.params import float_param, int_param, prompt_of
 from omnipipe.stagekit.stage import Stage, StageInputError, StageJob, StageResult
 
@@ -59,41 +58,17 @@ class ZImageEncodeStage(Stage):
         return StageResult(tensors=tensors)
 
 
-class ZImageDecodeStage(Stage):
+class ZImageDecodeStage(ImageDecodeStage):
     """Latents -> VAE decode -> images in the requested format, base64."""
 
     def load(self) -> None:
         self.pipe = load_z_image(self.model_path, self.device, {"vae"})
 
-    def _images(self, job: StageJob, output_type: str) -> list[Any] | None:
-        """Each image of the job, decoded one at a time (a large decode's activations are
-        held for one image, and a cancel is seen between images); None: cancelled."""
-        pipe = self.pipe
-        latents = job.inputs["denoise"]["latents"].to(self.device, pipe.vae.dtype)
-        config = pipe.vae.config
-        latents = latents / config.scaling_factor + config.shift_factor
-        images = []
-        for one in latents.split(1):
-            if job.cancelled.is_set():
-                return None
-            with torch.inference_mode():
-                decoded = pipe.vae.decode(one, return_dict=False)[0]
-                [image] = pipe.image_processor.postprocess(decoded, output_type=output_type)
-            images.append(image)
-            self.progress()
-        return images
-
-    def pixels(self, job: StageJob) -> np.ndarray:
-        """The images as ZImagePipeline's output_type="np" gives them: (n, H, W, 3) in 0-1."""
-        images = self._images(job, "np")
-        assert images is not None
-        return np.stack(images)
-
-    def run(self, job: StageJob) -> StageResult:
-        images = self._images(job, "pil")
-        if images is None:
-            return StageResult()
-        return StageResult(outputs=[encoded_image(image, job.params) for image in images])
+    def vae_latents(self, job: StageJob) -> torch.Tensor:
+        vae = self.pipe.vae
+        latents = job.inputs["denoise"]["latents"].to(self.device, vae.dtype)
+        scaled: torch.Tensor = latents / vae.config.scaling_factor + vae.config.shift_factor
+        return scaled
 
 
 def size_of(params: dict[str, Any]) -> tuple[int, int]:

@@ -13,6 +13,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, cast
 
+from omnipipe.stagekit.tiny_vae import tiny_image_vae
+
 # The byte tokenizer's 256 bytes and its special tokens, rounded up.
 VOCAB = 272
 TEXT_DIM = 32
@@ -54,26 +56,6 @@ def tiny_z_image_transformer() -> Any:
     )
 
 
-def tiny_z_image_vae() -> Any:
-    import torch
-    from diffusers import AutoencoderKL
-
-    torch.manual_seed(0)
-    return AutoencoderKL(
-        down_block_types=("DownEncoderBlock2D",) * 4,
-        up_block_types=("UpDecoderBlock2D",) * 4,
-        block_out_channels=(8, 8, 8, 8),
-        layers_per_block=1,
-        latent_channels=16,
-        norm_num_groups=4,
-        use_quant_conv=False,
-        use_post_quant_conv=False,
-        scaling_factor=0.3611,
-        shift_factor=0.1159,
-        force_upcast=True,
-    )
-
-
 def tiny_z_image_text_encoder() -> Any:
     """Qwen3 (the released 4B's shape of grouped-query attention) at a tiny size; the
     pipeline reads its second-to-last hidden state."""
@@ -112,7 +94,7 @@ def _build(target: Path, shift: float) -> None:
         scheduler=FlowMatchEulerDiscreteScheduler(
             num_train_timesteps=1000, shift=shift, use_dynamic_shifting=False
         ),
-        vae=tiny_z_image_vae(),
+        vae=tiny_image_vae(force_upcast=True),
         text_encoder=tiny_z_image_text_encoder(),
         tokenizer=_tokenizer(target / "tokenizer"),
         transformer=tiny_z_image_transformer(),
