@@ -9,10 +9,12 @@ VENV_INPUTS := pyproject.toml hack/install-venv.sh hack/constraints-cpu.txt hack
 EXTRAS ?= models,test
 VENV_KEY := $(shell (cat $(VENV_INPUTS); echo "$(EXTRAS) $$($(PYTHON) -V 2>&1)") | sha1sum | cut -c1-12)
 PYTEST_ARGS ?=
-# pytest-xdist workers for the e2e tier (0: one process). Two suit CI's two cores: its
-# serves wait on process start-up much of the time (the whole tier, 263 tests, passed on
-# two in 13:53 against 28:49 in one, docs/test-times.md).
-E2E_WORKERS ?= 2
+# pytest-xdist workers for the e2e tier (0: one process). Alone, the whole tier (263
+# tests) passed on two in 13:53 against 28:49 in one; but in a whole clean-clone run the
+# real-node tier beside it then overlaps the integration tier too, and that run failed
+# twice (a real-node load request timed out at 120 s; a bench smoke worker did not
+# start; docs/test-times.md). Serial until those are understood.
+E2E_WORKERS ?= 0
 
 .PHONY: serve setup test unit e2e integration realnode node node-images lint manifests bench venv system-deps k8s-binaries clean \
 	images test-worker-image sbom gitops-tools grafana-tools otel-collector qwen-tts-reference

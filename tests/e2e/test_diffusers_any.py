@@ -5,26 +5,16 @@ in OpenAI's shape."""
 
 from __future__ import annotations
 
-import base64
-import io
 from typing import Any
 
 import numpy as np
 import openai
 import pytest
 import torch
-from PIL import Image
 
 from omnipipe.checkpoints.tiny import resolve_model_path
 from tests.e2e.conftest import start_serve, stop_cleanly
-
-PNG_STEP = 1 / 255
-
-
-def pixels(b64: str | None) -> np.ndarray:
-    image = Image.open(io.BytesIO(base64.b64decode(b64 or "")))
-    assert image.format == "PNG"
-    return np.asarray(image.convert("RGB"), dtype=np.float64) / 255
+from tests.harness.pictures import PNG_STEP, pixels
 
 
 def reference(model: str, n: int, seed: int, **call: Any) -> np.ndarray:

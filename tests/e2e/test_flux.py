@@ -4,7 +4,6 @@ request; a negative prompt is refused by name in OpenAI's shape."""
 
 from __future__ import annotations
 
-import base64
 import io
 from collections.abc import Iterator
 
@@ -16,10 +15,9 @@ from PIL import Image
 
 from omnipipe.checkpoints.tiny import resolve_model_path
 from tests.e2e.conftest import Served, start_serve, stop_cleanly
+from tests.harness.pictures import PNG_STEP, pixels
 
 MODEL = "tiny://flux1-dev"
-# The PNG holds each pixel rounded to 1/255; FluxPipeline's own float pixels round the same.
-PNG_STEP = 1 / 255
 
 
 @pytest.fixture(scope="module")
@@ -30,12 +28,6 @@ def client() -> Iterator[openai.OpenAI]:
             yield c
     finally:
         stop_cleanly(served)
-
-
-def pixels(b64: str | None) -> np.ndarray:
-    image = Image.open(io.BytesIO(base64.b64decode(b64 or "")))
-    assert image.format == "PNG"
-    return np.asarray(image.convert("RGB"), dtype=np.float64) / 255
 
 
 def reference(seed: int, n: int) -> np.ndarray:

@@ -5,22 +5,18 @@ distilled: there is no CFG to take it)."""
 
 from __future__ import annotations
 
-import base64
-import io
 from collections.abc import Iterator
 
 import numpy as np
 import openai
 import pytest
 import torch
-from PIL import Image
 
 from omnipipe.checkpoints.tiny import resolve_model_path
 from tests.e2e.conftest import Served, start_serve, stop_cleanly
+from tests.harness.pictures import PNG_STEP, pixels
 
 MODEL = "tiny://flux2-dev"
-# The PNG holds each pixel rounded to 1/255; Flux2Pipeline's own float pixels round the same.
-PNG_STEP = 1 / 255
 
 
 @pytest.fixture(scope="module")
@@ -31,12 +27,6 @@ def client() -> Iterator[openai.OpenAI]:
             yield c
     finally:
         stop_cleanly(served)
-
-
-def pixels(b64: str | None) -> np.ndarray:
-    image = Image.open(io.BytesIO(base64.b64decode(b64 or "")))
-    assert image.format == "PNG"
-    return np.asarray(image.convert("RGB"), dtype=np.float64) / 255
 
 
 def reference(seed: int, n: int) -> np.ndarray:

@@ -1,12 +1,17 @@
 """Input images for the edit tests: a flat colour with a green diagonal (so an edit's
-input is not uniform), and as a request sends one (a PNG in base64)."""
+input is not uniform), and as a request sends one (a PNG in base64); and a served PNG's
+pixels as diffusers' output_type="np" gives them, with the PNG's rounding step."""
 
 from __future__ import annotations
 
 import base64
 import io
 
+import numpy as np
 from PIL import Image
+
+# A PNG holds each pixel rounded to 1/255; a pipeline's own float pixels round the same.
+PNG_STEP = 1 / 255
 
 
 def picture(width: int, height: int, colour: tuple[int, int, int] = (200, 30, 30)) -> Image.Image:
@@ -20,3 +25,10 @@ def png_base64(image: Image.Image) -> str:
     buf = io.BytesIO()
     image.save(buf, format="PNG")
     return base64.b64encode(buf.getvalue()).decode()
+
+
+def pixels(b64: str | None) -> np.ndarray:
+    """A served image (base64 PNG) as (H, W, 3) floats in 0-1."""
+    image = Image.open(io.BytesIO(base64.b64decode(b64 or "")))
+    assert image.format == "PNG"
+    return np.asarray(image.convert("RGB"), dtype=np.float64) / 255
