@@ -34,7 +34,7 @@ class SleepStage(Stage):
         return StageResult(tensors={"x": self.payload}, outputs=[{"b64_json": ""}])
 
 
-def _sleep_stage(spec: ResolvedStage, model_path: str) -> type[Stage]:
+def _sleep_stage(spec: ResolvedStage, model_path: str, pipeline: str | None = None) -> type[Stage]:
     return SleepStage
 
 
