@@ -10,10 +10,10 @@ EXTRAS ?= models,test
 VENV_KEY := $(shell (cat $(VENV_INPUTS); echo "$(EXTRAS) $$($(PYTHON) -V 2>&1)") | sha1sum | cut -c1-12)
 PYTEST_ARGS ?=
 # pytest-xdist workers for the e2e tier (0: one process). Alone, the whole tier (263
-# tests) passed on two in 13:53 against 28:49 in one; but in a whole clean-clone run the
-# real-node tier beside it then overlaps the integration tier too, and that run failed
-# twice (a real-node load request timed out at 120 s; a bench smoke worker did not
-# start; docs/test-times.md). Serial until those are understood.
+# tests) passed on two in 13:53 against 28:49 in one, and in a whole clean-clone run in
+# 22:19; but the real-node tier beside it then failed a scale-up test: two of its load
+# requests timed out at 120 s under the heavier load (docs/test-times.md). Serial until
+# the real-node tier holds beside two workers.
 E2E_WORKERS ?= 0
 
 .PHONY: serve setup test unit e2e integration realnode node node-images lint manifests bench venv system-deps k8s-binaries clean \
