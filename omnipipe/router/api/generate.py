@@ -33,17 +33,13 @@ from omnipipe.router.api.chat import AudioOptions, ChatPlan, ChatRequest
 from omnipipe.router.api.common import (
     after,
     bad_request,
-    cfg_guidance_above,
     check_model,
-    family_requests,
     first_output,
     json_body,
     parse_body,
-    request_fields,
     stage_with_role,
-    with_family_checks,
 )
-from omnipipe.router.api.images import MAX_IMAGES, ImageGenerationRequest, image_params
+from omnipipe.router.api.images import MAX_IMAGES, ImageGenerationRequest, family_image_params
 from omnipipe.router.api.messages import MESSAGE_SCHEMA
 from omnipipe.router.api.speech import (
     MAX_NEW_TOKENS,
@@ -165,11 +161,7 @@ def _plan(
         prompt=body.prompt,
         **{k: getattr(body, k) for k in IMAGE_FIELDS if k in body.model_fields_set},
     )
-    extensions = family_requests(pipeline)
-    params = image_params(image_body, cfg_above=cfg_guidance_above(extensions))
-    if extensions is not None:
-        fields = {**request_fields(image_body), **(body.model_extra or {})}
-        params.update(with_family_checks(lambda: extensions.image_params(fields)))
+    params = family_image_params(pipeline, image_body, body.model_extra)
     if (lora := lora_param(orchestrator.serving_pipeline(), body.model, body.lora)) is not None:
         params["lora"] = lora
     return {stage: params for stage in orchestrator.stages}, set(orchestrator.outputs)

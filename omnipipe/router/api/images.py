@@ -8,13 +8,14 @@ import logging
 import random
 import re
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
-from typing import Literal
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
+from typing import Any, Literal
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from omnipipe.api import ResolvedPipeline
 from omnipipe.api.plain_text import shown
 from omnipipe.api.spec import Role
 from omnipipe.router.api.adapters import LoraRequest, lora_param
@@ -116,6 +117,22 @@ def image_params(
     }
     if body.output_compression is not None:
         params["output_compression"] = body.output_compression
+    return params
+
+
+def family_image_params(
+    pipeline: ResolvedPipeline,
+    body: ImageGenerationRequest,
+    more: Mapping[str, Any] | None = None,
+) -> dict[str, object]:
+    """image_params with the family's part: its CFG threshold, then its defaults and
+    refusals, read off what the client set (`body`'s set fields and extensions, and
+    `more`: another endpoint's extensions)."""
+    extensions = family_requests(pipeline)
+    params = image_params(body, cfg_above=cfg_guidance_above(extensions))
+    if extensions is not None:
+        fields = {**request_fields(body), **(more or {})}
+        params.update(with_family_checks(lambda: extensions.image_params(fields)))
     return params
 
 
@@ -224,14 +241,10 @@ def images_router(orchestrator: Orchestrator, model_ids: Callable[[], set[str]])
             raise BadRequest(
                 f"model {shown(body.model)} ({pipeline.pipeline}) makes no images", param="model"
             )
-        extensions = family_requests(orchestrator.pipeline)
-        params = image_params(body, cfg_above=cfg_guidance_above(extensions))
+        params = family_image_params(pipeline, body)
         lora = lora_param(orchestrator.serving_pipeline(), body.model, body.lora)
         if lora is not None:
             params["lora"] = lora
-        if extensions is not None:
-            fields = request_fields(body)
-            params.update(with_family_checks(lambda: extensions.image_params(fields)))
         return await respond_with_images(
             request,
             orchestrator,
