@@ -7,6 +7,8 @@ checkpoint again."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from omnipipe.api import ResolvedPipeline, ResolvedStage
 from omnipipe.api.families import (
     Family,
@@ -18,7 +20,9 @@ from omnipipe.api.families import (
     load_attribute,
 )
 from omnipipe.api.from_model import checkpoint_descriptors, is_diffusers_checkpoint
-from omnipipe.stagekit.stage import Stage
+
+if TYPE_CHECKING:
+    from omnipipe.stagekit.stage import Stage
 
 
 def unimplemented_stages(pipeline: ResolvedPipeline) -> list[str]:
@@ -61,6 +65,9 @@ def stage_class(spec: ResolvedStage, model_path: str, pipeline: str | None = Non
             f"stage {spec.name}: the {family.name} family runs {runs} on a {kind.name} "
             f"checkpoint ({model_path}), not {spec.role.value} on {spec.engine.value}"
         )
+    # Here, not at the top: serve reads unimplemented_stages and should not load torch.
+    from omnipipe.stagekit.stage import Stage
+
     found = load_attribute(reference)
     if not (isinstance(found, type) and issubclass(found, Stage)):
         raise TypeError(f"{reference} (the {family.name} family's) is not a Stage class")

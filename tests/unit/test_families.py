@@ -168,6 +168,25 @@ def test_a_family_module_imports_only_api_as_the_router_and_operator_load_it() -
     assert out.stdout.strip() == "[]"
 
 
+def test_serve_checks_a_pipeline_against_the_families_without_loading_torch() -> None:
+    """`omnipipe serve` asks which stages no family runs before it starts anything: that
+    check costs no torch import (about a CPU-second and 400 MB in every serve process)."""
+    probe = (
+        "import sys\n"
+        "from omnipipe.api import parse_resource, resolve\n"
+        "from omnipipe.worker.stage_classes import unimplemented_stages\n"
+        "doc = {'apiVersion': 'omnipipe.io/v1alpha1', 'kind': 'OmniPipeline', "
+        "'metadata': {'name': 'p'}, 'spec': {'model': 'tiny://qwen-image', "
+        "'pipeline': 'qwen-image'}}\n"
+        "assert unimplemented_stages(resolve(parse_resource(doc))) == []\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert out.stdout.strip() == "[]"
+
+
 def test_no_import_cycle_and_no_family_module_over_400_lines() -> None:
     graph = grimp.build_graph("omnipipe", exclude_type_checking_imports=True)
     cycles = [
