@@ -17,6 +17,27 @@ PART_CHARS: Final = 256 * 1024
 MAX_EVENT_BYTES: Final = 8 * 1024 * 1024
 
 
+# A stage's `done` event may carry {"usage": {key: count}}: what it read and made of the
+# request. The router adds up every stage's into the response's OpenAI-shaped `usage`.
+TEXT_TOKENS: Final = "text_tokens"  # the prompt's tokens, as the text encoder read them
+IMAGE_TOKENS: Final = "image_tokens"  # the input images' tokens, as the DiT attends to them
+OUTPUT_TOKENS: Final = "output_tokens"  # the tokens of the images the DiT made
+USAGE_KEYS: Final = (TEXT_TOKENS, IMAGE_TOKENS, OUTPUT_TOKENS)
+
+
+def usage_counts(data: dict[str, Any]) -> dict[str, int]:
+    """The usage a `done` event's data carries: the known keys' whole, non-negative
+    counts; anything else is left out (a stage of another version may send more)."""
+    usage = data.get("usage")
+    if not isinstance(usage, dict):
+        return {}
+    return {
+        k: v
+        for k, v in usage.items()
+        if k in USAGE_KEYS and isinstance(v, int) and not isinstance(v, bool) and v >= 0
+    }
+
+
 class WireModel(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -48,7 +69,8 @@ class StageEvent(WireModel):
     `result` completes result `index`. Before it, `part` events may carry that result's
     long string fields in order, `text` a piece of field `key`; the result's `data` then
     leaves those fields out. `progress` says, in `data`, how many of its `steps` the
-    request has had (`step`). `error` and `done` end the stream."""
+    request has had (`step`). `error` and `done` end the stream; `done`'s data may hold
+    the stage's `usage` (usage_counts)."""
 
     type: Literal["result", "part", "progress", "error", "done"]
     index: int = 0

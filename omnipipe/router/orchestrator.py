@@ -204,11 +204,18 @@ class Orchestrator:
                 yield item
 
     def stream_parts(
-        self, params: dict[str, dict[str, Any]], emitters: set[str]
+        self,
+        params: dict[str, dict[str, Any]],
+        emitters: set[str],
+        usage: dict[str, int] | None = None,
     ) -> AsyncGenerator[Output | OutputPart]:
         """As stream(), but a result's long fields arrive in pieces (OutputParts, in order)
-        before its Output, so that no result is ever held whole."""
-        return cast(AsyncGenerator[Output | OutputPart], self._run(params, emitters, whole=False))
+        before its Output, so that no result is ever held whole. Once the last stage is
+        done, `usage` holds what the stages counted of the request, added up."""
+        return cast(
+            AsyncGenerator[Output | OutputPart],
+            self._run(params, emitters, whole=False, usage=usage),
+        )
 
     def stream_stages(
         self, params: dict[str, dict[str, Any]], emitters: set[str]
@@ -224,6 +231,7 @@ class Orchestrator:
         stage_done: bool = False,
         on_progress: Progress | None = None,
         limit_seconds: float | None = None,
+        usage: dict[str, int] | None = None,
     ) -> AsyncGenerator[Output | OutputPart | StageDone]:
         """_attempt(), planned again (fresh request id, the refusing replica marked down)
         when a replica declines it before anything reached the client."""
@@ -231,7 +239,9 @@ class Orchestrator:
             started = False
             try:
                 async with contextlib.aclosing(
-                    self._attempt(params, emitters, whole, stage_done, on_progress, limit_seconds)
+                    self._attempt(
+                        params, emitters, whole, stage_done, on_progress, limit_seconds, usage
+                    )
                 ) as items:
                     async for item in items:
                         started = True
@@ -250,8 +260,12 @@ class Orchestrator:
         stage_done: bool,
         on_progress: Progress | None,
         limit_seconds: float | None = None,
+        usage: dict[str, int] | None = None,
     ) -> AsyncGenerator[Output | OutputPart | StageDone]:
         timeout = limit_seconds or self.timeout
+        # This attempt's counts, added to `usage` only once it succeeds: an attempt that
+        # is planned again must not count twice.
+        counted: dict[str, int] = {}
         stages = self.needed(emitters)
         request_id = uuid.uuid4().hex
         # The span the router's middleware made current for this request.
@@ -319,11 +333,16 @@ class Orchestrator:
                     item, getter = getter.result(), None
                     if isinstance(item, StageDone):
                         remaining -= 1
+                        for key, count in item.usage.items():
+                            counted[key] = counted.get(key, 0) + count
                         if stage_done and item.stage in emitters:
                             yield item
                     else:
                         yield item
             finished = True
+            if usage is not None:
+                for key, count in counted.items():
+                    usage[key] = usage.get(key, 0) + count
         finally:
             for task in tasks:
                 task.cancel()

@@ -4,7 +4,7 @@ emitting stage's end, and a stepped stage's progress."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 # What hears a stepped stage's progress: (stage, steps done, steps in all).
@@ -33,6 +33,8 @@ class OutputPart:
 
 @dataclass(frozen=True)
 class StageDone:
-    """A stage finished this request (from stream_parts(..., stage_done=True))."""
+    """A stage finished this request (from stream_parts(..., stage_done=True)), with
+    what it counted of it (api/wire.py usage_counts)."""
 
     stage: str
+    usage: dict[str, int] = field(default_factory=dict)

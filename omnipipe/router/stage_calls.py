@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 import aiohttp
 
 from omnipipe.api.tracing import TRACEPARENT
-from omnipipe.api.wire import StageEvent, SubmitRequest
+from omnipipe.api.wire import StageEvent, SubmitRequest, usage_counts
 from omnipipe.router.errors import (
     BadRequest,
     GatewayTimeout,
@@ -109,7 +109,7 @@ async def stream_stage(
                 elif event.type == "error":
                     raise _error_for(stage, event)
                 else:
-                    await sink.put(StageDone(stage))
+                    await sink.put(StageDone(stage, usage_counts(event.data)))
                     return
     except OpenAIError:
         raise

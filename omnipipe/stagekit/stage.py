@@ -90,6 +90,9 @@ class StageJob:
 class StageResult:
     tensors: Tensors = field(default_factory=dict)  # handed to the next stage
     outputs: list[dict[str, Any]] = field(default_factory=list)  # returned to the router
+    # What this stage read and made of the request, counted (USAGE_KEYS): the router adds
+    # up every stage's into the response's `usage`.
+    usage: dict[str, int] = field(default_factory=dict)
 
 
 def _no_watchdog() -> None:

@@ -26,6 +26,7 @@ class Job:
     traceparent: str = ""  # the router's span, this stage's spans' parent
     admitted: bool = False  # past the pause gate: its work may start
     aborted: str = ""  # why the worker aborted it (a pause), if it did
+    usage: dict[str, int] = field(default_factory=dict)  # its StageResult's, for `done`
 
     def __post_init__(self) -> None:
         self.timeline.mark(tracing.SUBMITTED)

@@ -293,7 +293,8 @@ class StageRuntime:
                 for i, output in enumerate(outputs):
                     await job.events.put(StageEvent(type="result", index=i, data=output))
             job.timeline.mark(tracing.DONE)
-            await job.events.put(StageEvent(type="done"))
+            done = {"usage": job.usage} if job.usage else {}
+            await job.events.put(StageEvent(type="done", data=done))
             self.metrics.observe_duration(time.monotonic() - job.submitted)
         except asyncio.CancelledError:
             job.error = "aborted" if job.aborted else "cancelled"

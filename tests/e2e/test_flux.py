@@ -16,6 +16,7 @@ from PIL import Image
 from omnipipe.checkpoints.tiny import resolve_model_path
 from tests.e2e.conftest import Served, start_serve, stop_cleanly
 from tests.harness.pictures import PNG_STEP, pixels
+from tests.harness.usage import expected_usage
 
 MODEL = "tiny://flux1-dev"
 
@@ -61,6 +62,10 @@ def test_the_served_images_are_diffusers_own_for_the_seed(client: openai.OpenAI)
     assert images.shape == expected.shape == (2, 48, 64, 3)
     np.testing.assert_allclose(images, expected, rtol=0, atol=PNG_STEP / 2 + 1e-4)
     assert np.abs(images[0] - images[1]).max() > 0.05  # each image its own seed
+    # T5's tokens of the prompt; two images of (64/16) x (48/16) DiT tokens.
+    assert r.usage is not None
+    prompt = ["a lighthouse at dusk"]
+    assert r.usage.model_dump() == expected_usage(MODEL, prompt, 2 * 12, tokenizer="tokenizer_2")
 
 
 def test_a_negative_prompt_is_a_400_naming_it(client: openai.OpenAI) -> None:

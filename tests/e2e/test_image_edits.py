@@ -13,9 +13,11 @@ from pathlib import Path
 
 import openai
 import pytest
+from diffusers.pipelines.qwenimage.pipeline_qwenimage_edit import calculate_dimensions
 from PIL import Image
 
 from tests.e2e.conftest import Served, start_serve, stop_cleanly
+from tests.harness.usage import expected_usage
 
 pytestmark = pytest.mark.timeout(600)
 REPO = Path(__file__).resolve().parents[2]
@@ -61,6 +63,14 @@ def test_openai_images_edit_at_a_small_size(client: openai.OpenAI) -> None:
     assert [(i.format, i.size) for i in images] == [("PNG", (64, 48))] * 2
     # Two seeds, two different images.
     assert images[0].tobytes() != images[1].tobytes()
+    # In: the prompts' tokens, and the input's DiT tokens at the size the pipeline scales
+    # it to (about a megapixel, sides of 32). Out: two images of (64/16) x (48/16).
+    width, height, _ = calculate_dimensions(1024 * 1024, 80 / 48)
+    image_tokens = (width // 16) * (height // 16)
+    assert r.usage is not None
+    assert r.usage.model_dump() == expected_usage(
+        "tiny://qwen-image-edit", ["make it blue", "blurry"], 2 * 12, image_tokens
+    )
 
 
 def test_openai_list_form_and_bad_images(client: openai.OpenAI) -> None:

@@ -18,6 +18,7 @@ import pytest
 from PIL import Image
 
 from tests.e2e.conftest import Served, start_serve, stop_cleanly, write_pipeline
+from tests.harness.usage import expected_usage
 
 pytestmark = pytest.mark.timeout(300)
 FAST = {"num_inference_steps": 2}
@@ -79,6 +80,10 @@ def test_n_two_and_negative_prompt(served: Served) -> None:
     )
     assert [decode(d.b64_json).size for d in r.data] == [(32, 32), (32, 32)]
     assert r.data[0].b64_json != r.data[1].b64_json
+    # In: the prompt's and the negative prompt's tokens. Out: two images of (32/16)^2
+    # DiT tokens (8x VAE, 2x2 patches).
+    assert r.usage is not None
+    assert r.usage.model_dump() == expected_usage("tiny://qwen-image", ["a fox", "blurry"], 2 * 4)
 
 
 def test_ten_jpegs_and_a_webp_in_the_formats_asked_for_and_the_response_says_so(

@@ -16,6 +16,7 @@ import torch
 from omnipipe.checkpoints.tiny import resolve_model_path
 from tests.e2e.conftest import Served, start_serve, stop_cleanly
 from tests.harness.pictures import PNG_STEP, pixels
+from tests.harness.usage import expected_usage
 
 MODEL = "tiny://z-image"
 
@@ -68,6 +69,13 @@ def test_the_served_images_are_diffusers_own_for_the_seed(
     assert images.shape == expected.shape == (2, 48, 64, 3)
     np.testing.assert_allclose(images, expected, rtol=0, atol=PNG_STEP / 2 + 1e-4)
     assert np.abs(images[0] - images[1]).max() > 0.05  # each image its own seed
+    # The negative prompt's tokens count where CFG reads it; two images of 12 DiT tokens.
+    texts = [
+        "a lighthouse at dusk",
+        *([options["negative_prompt"]] if "negative_prompt" in options else []),
+    ]
+    assert r.usage is not None
+    assert r.usage.model_dump() == expected_usage(MODEL, texts, 2 * 12)
 
 
 @pytest.mark.parametrize(

@@ -16,6 +16,7 @@ from fastapi.testclient import TestClient
 from PIL import Image
 
 from omnipipe.api import load_file, resolve
+from omnipipe.router.api.edits import MAX_FORM_IMAGES
 from omnipipe.router.app import build_app
 from omnipipe.router.settings import RouterSettings
 
@@ -130,7 +131,8 @@ def test_an_edit_plus_model_takes_up_to_three_images_each_checked(tmp_path: Path
         bad = [*images((64, 48)), ("image[]", ("b.txt", b"no image", "text/plain"))]
         assert error(post(c, form, bad))["param"] == "image[1]"
         # Past what any model takes: the form itself is refused.
-        assert error(post(c, form, images(*[(16, 16)] * 11)))["param"] is None
+        too_many = images(*[(16, 16)] * (MAX_FORM_IMAGES + 1))
+        assert error(post(c, form, too_many))["param"] is None
 
 
 def test_unknown_model_is_404(client: TestClient) -> None:

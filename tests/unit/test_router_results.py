@@ -125,6 +125,8 @@ class FakeWorker:
     # None: a worker without it. Each call's body is kept.
     voice_prompt: Callable[[dict[str, Any]], tuple[int, dict[str, Any]]] | None = None
     prompt_calls: list[dict[str, Any]] = field(default_factory=list)
+    # The `done` event's data of a stage that emits nothing (what it counted).
+    done_data: Callable[[SubmitRequest], dict[str, Any]] = lambda _body: {}
 
     def app(self) -> FastAPI:
         app = FastAPI()
@@ -172,7 +174,8 @@ class FakeWorker:
                     while (line := await asyncio.to_thread(next, lines, None)) is not None:
                         yield line
                 else:
-                    yield StageEvent(type="done").model_dump_json().encode() + b"\n"
+                    done = StageEvent(type="done", data=self.done_data(body))
+                    yield done.model_dump_json().encode() + b"\n"
 
             return StreamingResponse(events(), media_type="application/x-ndjson")
 
@@ -266,7 +269,34 @@ def test_small_results_and_no_results(
         assert generate(client)["data"] == [{"b64_json": "aGk="}]
     nothing = FakeWorker(results())
     with router(tmp_path, serve_worker(nothing)) as client:
-        assert generate(client)["data"] == []
+        body = generate(client)
+    assert body["data"] == []
+    assert "usage" not in body  # no stage counted anything: no usage is made up
+
+
+def test_what_the_stages_count_adds_up_to_the_images_usage(
+    tmp_path: Path, serve_worker: Callable[[FakeWorker], str]
+) -> None:
+    """The encoder's prompt tokens and the denoiser's image tokens, each sent with its
+    `done`, become OpenAI's usage; a count the router does not know, or not a whole
+    non-negative number, is left out."""
+
+    def counted(body: SubmitRequest) -> dict[str, Any]:
+        if not body.inputs:  # the text encoder
+            return {"usage": {"text_tokens": 12, "seconds": 3}}
+        return {"usage": {"output_tokens": 2 * 64, "image_tokens": -1, "text_tokens": True}}
+
+    worker = FakeWorker(results({"b64_json": "aGk="}, {"b64_json": "aGk="}), done_data=counted)
+    with router(tmp_path, serve_worker(worker)) as client:
+        body = generate(client, n=2)
+    assert len(body["data"]) == 2  # type: ignore[arg-type]
+    assert body["usage"] == {
+        "input_tokens": 12,
+        "input_tokens_details": {"image_tokens": 0, "text_tokens": 12},
+        "output_tokens": 128,
+        "output_tokens_details": {"image_tokens": 128, "text_tokens": 0},
+        "total_tokens": 140,
+    }
 
 
 def test_a_minute_of_audio_in_one_result_reaches_speech_and_chat(

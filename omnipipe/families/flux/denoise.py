@@ -32,6 +32,7 @@ from omnipipe.stagekit.dit_adapters import (
 from omnipipe.stagekit.dit_quantize import quantize_weights
 from omnipipe.stagekit.params import float_param, int_param
 from omnipipe.stagekit.stage import StageJob, StageResult, SteppedStage
+from omnipipe.stagekit.usage import output_image_tokens
 
 
 @dataclass
@@ -195,4 +196,6 @@ class FluxDenoiseStage(SteppedStage):
         return state.index, len(state.timesteps)
 
     def finish(self, state: FluxDenoising) -> StageResult:
-        return StageResult(tensors={"latents": state.latents})
+        return StageResult(
+            tensors={"latents": state.latents}, usage=output_image_tokens(state.latents)
+        )

@@ -13,6 +13,7 @@ import torch
 from omnipipe.families.flux.loading import load_flux
 from omnipipe.stagekit.media import decode_image
 from omnipipe.stagekit.stage import Stage, StageInputError, StageJob, StageResult
+from omnipipe.stagekit.usage import input_image_tokens
 
 
 def kontext_size(pipe: Any, width: int, height: int) -> tuple[int, int]:
@@ -52,4 +53,6 @@ class KontextImageEncodeStage(Stage):
         packed = pipe._pack_latents(latents, 1, channels, lat_h, lat_w)
         ids = pipe._prepare_latent_image_ids(1, lat_h // 2, lat_w // 2, self.device, packed.dtype)
         ids[..., 0] = 1
-        return StageResult(tensors={"image_latents": packed, "image_ids": ids})
+        return StageResult(
+            tensors={"image_latents": packed, "image_ids": ids}, usage=input_image_tokens(packed)
+        )

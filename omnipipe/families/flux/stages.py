@@ -11,6 +11,7 @@ from omnipipe.families.flux.loading import load_flux
 from omnipipe.stagekit.image_decode import ImageDecodeStage
 from omnipipe.stagekit.params import int_param, prompt_of
 from omnipipe.stagekit.stage import Stage, StageJob, StageResult
+from omnipipe.stagekit.usage import prompt_tokens
 
 # FluxPipeline's default and its most: the T5 sequence is padded to this length.
 MAX_SEQUENCE_LENGTH = 512
@@ -36,7 +37,10 @@ class FluxEncodeStage(Stage):
                 device=self.device,
                 max_sequence_length=MAX_SEQUENCE_LENGTH,
             )
-        return StageResult(tensors={"prompt_embeds": embeds, "pooled_prompt_embeds": pooled})
+        return StageResult(
+            tensors={"prompt_embeds": embeds, "pooled_prompt_embeds": pooled},
+            usage=prompt_tokens(self.pipe.tokenizer_2, [prompt], MAX_SEQUENCE_LENGTH),
+        )
 
 
 class FluxDecodeStage(ImageDecodeStage):

@@ -7,9 +7,11 @@ do, and its positions depend only on the image's size, so requests of one size j
 running batch at any step boundary with no padding of ours, and leave it at the next.
 dev's guidance is an input of the model (distilled), one value per row. klein's CFG runs
 its unconditional rows in the same forward as every request's conditional ones, never a
-second forward; a step-distilled klein has none. LoRA adapters and weight quantization
-come from the stage kit (stagekit/dit_adapters.py, dit_quantize.py); a request's adapter
-and scale are part of its batch key."""
+second forward; a step-distilled klein has none. An edit's reference images ride along
+(edit.py): their tokens follow the noise's in each row, their own rows under CFG too, so
+an edit batches with the edits whose references have the same grids in the same order.
+LoRA adapters and weight quantization come from the stage kit (stagekit/dit_adapters.py,
+dit_quantize.py); a request's adapter and scale are part of its batch key."""
 
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ from omnipipe.stagekit.dit_adapters import LoadedAdapters, LoraChoice, lora_choi
 from omnipipe.stagekit.dit_quantize import quantize_weights
 from omnipipe.stagekit.params import float_param, int_param
 from omnipipe.stagekit.stage import StageJob, StageResult, SteppedStage
+from omnipipe.stagekit.usage import output_image_tokens
 
 # Both pipelines' default step count.
 DEFAULT_STEPS = 50
@@ -38,7 +41,7 @@ class Flux2Denoising:
     """One request in flight: its latents and where it is in its schedule."""
 
     latents: torch.Tensor  # (n, image tokens, channels), packed
-    image_ids: torch.Tensor  # (image tokens, 4)
+    image_ids: torch.Tensor  # (image tokens [+ reference tokens], 4)
     text: torch.Tensor  # (n, 512, dim)
     negative: torch.Tensor | None  # (n, 512, dim): klein's CFG, else None
     guidance: float
@@ -47,10 +50,32 @@ class Flux2Denoising:
     serial: int
     lora: LoraChoice = None
     index: int = 0
+    # An edit: its reference images' packed latents (n, reference tokens, channels), run
+    # after the noise's tokens at every step; their predictions are dropped.
+    context: torch.Tensor | None = None
+
+    def hidden(self) -> torch.Tensor:
+        if self.context is None:
+            return self.latents
+        return torch.cat([self.latents, self.context], dim=1)
 
 
 def size_of(params: dict[str, object]) -> tuple[int, int]:
     return int_param(params, "width", 1024), int_param(params, "height", 1024)
+
+
+def reference_grids(job: StageJob) -> tuple[tuple[int, int, int], ...] | None:
+    """Each reference image's (time, rows, columns) in order: what its positions are,
+    where the token count alone is not (a 2x3 and a 3x2 reference, or one 6x1)."""
+    ids = job.inputs.get("encode-image", {}).get("image_ids")
+    if ids is None:
+        return None
+    times, counts = torch.unique_consecutive(ids[:, 0], return_counts=True)
+    parts = torch.split(ids, counts.tolist())
+    return tuple(
+        (int(t), int(part[:, 1].max()) + 1, int(part[:, 2].max()) + 1)
+        for t, part in zip(times.tolist(), parts, strict=True)
+    )
 
 
 class Flux2DenoiseStage(SteppedStage):
@@ -80,8 +105,9 @@ class Flux2DenoiseStage(SteppedStage):
 
     def batch_key(self, job: StageJob) -> Hashable | None:
         # Rows at different steps, guidance and prompts, with CFG or without, share a
-        # forward: only the image's size (its positions) and the LoRA adapter must agree.
-        return (*size_of(job.params), lora_key(job.params))
+        # forward: only the image's size and an edit's references (their positions) and
+        # the LoRA adapter must agree.
+        return (*size_of(job.params), reference_grids(job), lora_key(job.params))
 
     def _make_schedule(self, steps: int, image_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The scheduler's shifted sigmas and timesteps, as the pipelines set them."""
@@ -113,9 +139,15 @@ class Flux2DenoiseStage(SteppedStage):
         negative = enc.get("negative_prompt_embeds")
         if negative is not None:
             negative = negative.to(device, dtype).repeat_interleave(n, dim=0)
+        # The shift above follows the noise's tokens alone, the references' aside.
+        ids, context = image_ids[0], None
+        if "encode-image" in job.inputs:
+            references = job.inputs["encode-image"]
+            context = references["image_latents"].to(device, dtype).repeat_interleave(n, dim=0)
+            ids = torch.cat([ids, references["image_ids"].to(device, ids.dtype)])
         return Flux2Denoising(
             latents=latents,
-            image_ids=image_ids[0],
+            image_ids=ids,
             text=text.repeat_interleave(n, dim=0),
             negative=negative,
             guidance=float_param(job.params, "guidance_scale", DEFAULT_GUIDANCE),
@@ -123,17 +155,19 @@ class Flux2DenoiseStage(SteppedStage):
             timesteps=timesteps,
             serial=next(self._serials),
             lora=lora,
+            context=context,
         )
 
     def _predict(self, states: Sequence[Flux2Denoising]) -> list[torch.Tensor]:
         """Each request's noise prediction, from one forward of every request's
-        conditional rows followed by the CFG requests' unconditional ones."""
+        conditional rows followed by the CFG requests' unconditional ones (an edit's
+        with its references, as the pipeline's)."""
         device = self.device
         cfg = [s for s in states if s.negative is not None and s.guidance > 1]
         rows = [*states, *cfg]
         texts = [*(s.text for s in states), *(s.negative for s in cfg if s.negative is not None)]
         sizes = [len(s.latents) for s in rows]
-        hidden = torch.cat([s.latents for s in rows]).to(self.pipe.transformer.dtype)
+        hidden = torch.cat([s.hidden() for s in rows]).to(self.pipe.transformer.dtype)
         times = torch.cat([s.timesteps[s.index].expand(len(s.latents)) for s in rows])
         guidance = None
         if self.guidance_embeds:
@@ -152,7 +186,11 @@ class Flux2DenoiseStage(SteppedStage):
                 joint_attention_kwargs={},
                 return_dict=False,
             )[0]
-        parts = list(torch.split(pred, sizes))
+        # The noise's tokens come first in every row; the references' are dropped.
+        parts = [
+            part[:, : s.latents.shape[1]]
+            for s, part in zip(rows, torch.split(pred, sizes), strict=True)
+        ]
         uncond = dict(zip(map(id, cfg), parts[len(states) :], strict=True))
         preds = []
         for state, cond in zip(states, parts[: len(states)], strict=True):
@@ -180,4 +218,6 @@ class Flux2DenoiseStage(SteppedStage):
         return state.index, len(state.timesteps)
 
     def finish(self, state: Flux2Denoising) -> StageResult:
-        return StageResult(tensors={"latents": state.latents})
+        return StageResult(
+            tensors={"latents": state.latents}, usage=output_image_tokens(state.latents)
+        )

@@ -1,9 +1,10 @@
-"""FLUX.2's request fields on the image API: diffusers' defaults where the client sent
-none (Flux2Pipeline's and Flux2KleinPipeline's 50 steps and guidance 4). A negative
-prompt is the checkpoint's to take or refuse: klein's base checkpoints run CFG with one,
-dev and the step-distilled klein refuse it by name in their encode stage (this family's
-pipeline types share these extensions, and only the loaded checkpoint knows which it
-is). Imported by the router, so it stays light: no torch, no diffusers."""
+"""FLUX.2's request fields on the image API (and its edits' on the edit API): diffusers'
+defaults where the client sent none (Flux2Pipeline's and Flux2KleinPipeline's 50 steps
+and guidance 4). A negative prompt is the checkpoint's to take or refuse: klein's base
+checkpoints run CFG with one, dev and the step-distilled klein refuse it by name in their
+encode stage (this family's pipeline types share these extensions, and only the loaded
+checkpoint knows which it is). Imported by the router, so it stays light: no torch, no
+diffusers."""
 
 from __future__ import annotations
 
@@ -27,6 +28,11 @@ class Flux2Requests:
         if request.get("guidance_scale") is None:
             params["guidance_scale"] = DEFAULT_GUIDANCE
         return params
+
+    def edit_params(self, request: Mapping[str, Any]) -> dict[str, Any]:
+        """An edit's, on /v1/images/edits: the pipelines take `image=` with the same
+        defaults."""
+        return self.image_params(request)
 
     def chat_image_params(
         self, request: Mapping[str, Any], parse_size: Callable[[str], tuple[int, int]]

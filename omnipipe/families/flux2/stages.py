@@ -14,6 +14,7 @@ from omnipipe.families.flux2.loading import DEV, load_flux2, runs_cfg
 from omnipipe.stagekit.image_decode import ImageDecodeStage
 from omnipipe.stagekit.params import float_param, int_param, prompt_of
 from omnipipe.stagekit.stage import Stage, StageInputError, StageJob, StageResult, Tensors
+from omnipipe.stagekit.usage import prompt_tokens
 
 # Both pipelines' default and what they pad every prompt to: the DiT sees 512 text tokens.
 MAX_SEQUENCE_LENGTH = 512
@@ -64,7 +65,8 @@ class Flux2EncodeStage(Stage):
         out: Tensors = {"prompt_embeds": embeds[:1]}
         if len(prompts) == 2:
             out["negative_prompt_embeds"] = embeds[1:]
-        return StageResult(tensors=out)
+        counted = prompt_tokens(self.text_tokenizer(), prompts, MAX_SEQUENCE_LENGTH)
+        return StageResult(tensors=out, usage=counted)
 
 
 class Flux2DecodeStage(ImageDecodeStage):

@@ -37,6 +37,7 @@ from omnipipe.stagekit.dit_adapters import (
 from omnipipe.stagekit.dit_quantize import quantize_weights
 from omnipipe.stagekit.params import int_param
 from omnipipe.stagekit.stage import StageJob, StageResult, SteppedStage
+from omnipipe.stagekit.usage import output_image_tokens
 
 log = logging.getLogger(__name__)
 
@@ -230,7 +231,9 @@ class SteppedDenoiseStage(SteppedStage):
                 state.index - state.reused,
                 state.reused,
             )
-        return StageResult(tensors={"latents": state.latents})
+        return StageResult(
+            tensors={"latents": state.latents}, usage=output_image_tokens(state.latents)
+        )
 
     def step(self, states: Sequence[Denoising]) -> None:
         cfg = [s for s in states if s.neg_text is not None and s.guidance > 1]

@@ -20,6 +20,7 @@ from omnipipe.families.qwen_image.stages import schedule_shift
 from omnipipe.stagekit.media import decode_image
 from omnipipe.stagekit.params import int_param, prompt_of
 from omnipipe.stagekit.stage import Stage, StageInputError, StageJob, StageResult, Tensors
+from omnipipe.stagekit.usage import input_image_tokens, output_image_tokens, prompt_tokens
 
 # QwenImageEditPlusPipeline's: its vision-language encoder sees each input at about
 # 384x384 (the VAE at a megapixel, as QwenImageEditPipeline's one input).
@@ -100,7 +101,8 @@ class EditTextEncodeStage(Stage):
             if mask is None:  # the pipeline's way of saying "no padding"
                 mask = torch.ones(embeds.shape[:2], dtype=torch.long, device=embeds.device)
             out[f"{prefix}_embeds"], out[f"{prefix}_mask"] = embeds, mask
-        return StageResult(tensors=out)
+        texts = [str(t) for t in (prompt, negative) if t]
+        return StageResult(tensors=out, usage=prompt_tokens(self.pipe.tokenizer, texts))
 
 
 class ImageEncodeStage(Stage):
@@ -124,11 +126,10 @@ class ImageEncodeStage(Stage):
                 latents = (latents - mean.to(latents)) / std.to(latents)
             packed.append(pack(latents))
             shapes.append([latents.shape[3] // 2, latents.shape[4] // 2])
+        joined = torch.cat(packed, dim=1)
         return StageResult(
-            tensors={
-                "image_latents": torch.cat(packed, dim=1),
-                "image_shapes": torch.tensor(shapes),
-            }
+            tensors={"image_latents": joined, "image_shapes": torch.tensor(shapes)},
+            usage=input_image_tokens(joined),
         )
 
 
@@ -260,6 +261,7 @@ class EditDenoiseStage(Stage):
                 self.progress()
         results, start = [], 0
         for n in counts:
-            results.append(StageResult(tensors={"latents": latents[start : start + n]}))
+            mine = latents[start : start + n]
+            results.append(StageResult(tensors={"latents": mine}, usage=output_image_tokens(mine)))
             start += n
         return results

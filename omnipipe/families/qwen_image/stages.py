@@ -12,6 +12,7 @@ from omnipipe.families.qwen_image.loading import load_qwen_image
 from omnipipe.stagekit.image_decode import ImageDecodeStage
 from omnipipe.stagekit.params import int_param, prompt_of
 from omnipipe.stagekit.stage import Stage, StageJob, StageResult, Tensors
+from omnipipe.stagekit.usage import prompt_tokens
 
 MAX_SEQUENCE_LENGTH = 512
 
@@ -40,7 +41,8 @@ class TextEncodeStage(Stage):
             length = int(mask[i].sum())
             out[f"{prefix}_embeds"] = embeds[i : i + 1, :length]
             out[f"{prefix}_mask"] = mask[i : i + 1, :length]
-        return StageResult(tensors=out)
+        counted = prompt_tokens(self.pipe.tokenizer, prompts, MAX_SEQUENCE_LENGTH)
+        return StageResult(tensors=out, usage=counted)
 
 
 def padded(rows: list[torch.Tensor]) -> torch.Tensor:

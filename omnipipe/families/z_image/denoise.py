@@ -40,6 +40,7 @@ from omnipipe.stagekit.dit_adapters import LoadedAdapters, LoraChoice, lora_choi
 from omnipipe.stagekit.dit_quantize import quantize_weights
 from omnipipe.stagekit.params import float_param, int_param
 from omnipipe.stagekit.stage import StageInputError, StageJob, StageResult, SteppedStage
+from omnipipe.stagekit.usage import output_image_tokens
 
 log = logging.getLogger(__name__)
 # ZImagePipeline.__call__'s default step count.
@@ -227,4 +228,7 @@ class ZImageDenoiseStage(SteppedStage):
                 state.index - state.reused,
                 state.reused,
             )
-        return StageResult(tensors={"latents": state.latents})
+        patch = self.pipe.transformer.config.all_patch_size[0]
+        return StageResult(
+            tensors={"latents": state.latents}, usage=output_image_tokens(state.latents, patch)
+        )

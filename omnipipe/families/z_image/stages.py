@@ -12,6 +12,7 @@ from omnipipe.families.z_image.loading import load_z_image
 from omnipipe.stagekit.image_decode import ImageDecodeStage
 from omnipipe.stagekit.params import float_param, int_param, prompt_of
 from omnipipe.stagekit.stage import Stage, StageInputError, StageJob, StageResult
+from omnipipe.stagekit.usage import prompt_tokens
 
 # ZImagePipeline's default and its most: the prompt is cut at this many tokens.
 MAX_SEQUENCE_LENGTH = 512
@@ -55,7 +56,9 @@ class ZImageEncodeStage(Stage):
             raise StageInputError(
                 "negative_prompt: Z-Image uses it only under CFG, with guidance_scale above 0"
             )
-        return StageResult(tensors=tensors)
+        texts = [prompt, negative] if guided(job.params) else [prompt]
+        counted = prompt_tokens(self.pipe.tokenizer, texts, MAX_SEQUENCE_LENGTH)
+        return StageResult(tensors=tensors, usage=counted)
 
 
 class ZImageDecodeStage(ImageDecodeStage):

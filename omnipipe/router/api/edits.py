@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import logging
+import re
 from collections.abc import Callable
 from typing import Annotated, Any
 
@@ -18,6 +19,7 @@ from starlette.exceptions import HTTPException
 from omnipipe.api.edit import condition_size
 from omnipipe.api.families import edit_image_roles, max_edit_images
 from omnipipe.api.plain_text import PLAIN_DECIMAL, shown
+from omnipipe.router.api.adapters import LoraRequest, lora_param
 from omnipipe.router.api.common import (
     bad_request,
     cfg_guidance_above,
@@ -47,9 +49,12 @@ log = logging.getLogger(__name__)
 # The openai client sends a list of images as `image[]`; one image is `image`.
 IMAGE_FIELDS = ("image", "image[]")
 MAX_FORM_FIELDS = 32
-# Files a form may carry: more than any model edits with, so that one over a model's
-# limit is refused naming the limit.
-MAX_FORM_IMAGES = 10
+# Files a form may carry: more than any model edits with (FLUX.2 dev: 10), so that one
+# over a model's limit is refused naming the limit.
+MAX_FORM_IMAGES = 16
+# The openai client sends extra_body's {"lora": {"name": ..., "scale": ...}} in a form as
+# the fields lora[name] and lora[scale].
+LORA_FIELD = re.compile(r"lora\[(\w+)\]")
 
 
 class ImageEditRequest(BaseModel):
@@ -63,7 +68,7 @@ class ImageEditRequest(BaseModel):
     )
     """The images to edit (image, or image[] for several): PNG, JPEG or WebP files, each
     at most 4096x4096 pixels; as many as the model edits with (one for Qwen-Image-Edit,
-    up to three for Qwen-Image-Edit-Plus)."""
+    up to three for Qwen-Image-Edit-Plus, four for FLUX.2 klein, ten for FLUX.2 dev)."""
     prompt: str = Field(min_length=1, max_length=32_000)
     n: int = Field(default=1, ge=1, le=MAX_IMAGES)
     size: str = Field(default="auto", examples=["auto", "1024x1024"])
@@ -78,6 +83,9 @@ class ImageEditRequest(BaseModel):
     seed: int | None = Field(default=None, ge=0, lt=2**63)
     num_inference_steps: int = Field(default=50, ge=1, le=200)
     guidance_scale: float = Field(default=4.0, ge=0, le=50)
+    lora: LoraRequest | None = None
+    """A LoRA adapter of the pipeline's, as lora[name] and lora[scale] (or name the
+    adapter as the model)."""
 
 
 def form_body(model: type[BaseModel]) -> dict[str, Any]:
@@ -112,13 +120,17 @@ async def parse_edit(form: FormData) -> ImageEditRequest:
     if "mask" in form:
         raise BadRequest("mask: masked edits are not supported; the prompt says what changes")
     fields: dict[str, Any] = {}
+    lora: dict[str, str] = {}
     for key in form:
         if key in IMAGE_FIELDS:
             continue
         values = form.getlist(key)
         if len(values) > 1 or not isinstance(values[0], str):
             raise BadRequest(f"{key}: expected one text field", param=key)
-        fields[key] = values[0]
+        if part := LORA_FIELD.fullmatch(key):
+            lora[part[1]] = values[0]
+        else:
+            fields[key] = values[0]
     for key in NUMBER_FIELDS & set(fields):
         if not PLAIN_DECIMAL.fullmatch(fields[key]):
             raise BadRequest(
@@ -126,12 +138,24 @@ async def parse_edit(form: FormData) -> ImageEditRequest:
             )
     raws = [await image.read(MAX_EDIT_IMAGE_BYTES + 1) for image in files]
     try:
-        body = ImageEditRequest.model_validate({**fields, "image": raws})
+        body = ImageEditRequest.model_validate({**fields, **lora_of(lora), "image": raws})
     except ValidationError as exc:
-        raise bad_request(exc, fields) from None
+        raise bad_request(exc, {**fields, **lora_of(lora)}) from None
     if body.model_extra:
         log.info("ignoring unknown image edit fields: %s", sorted(body.model_extra))
     return body
+
+
+def lora_of(parts: dict[str, str]) -> dict[str, Any]:
+    """The lora field from its form parts; a scale read as the other numbers are."""
+    if not parts:
+        return {}
+    scale = parts.get("scale")
+    if scale is not None and not PLAIN_DECIMAL.fullmatch(scale):
+        raise BadRequest(
+            f"lora.scale: must be a plain decimal number, got {shown(scale)}", param="lora.scale"
+        )
+    return {"lora": parts}
 
 
 def checked_images(body: ImageEditRequest, most: int) -> list[tuple[int, int]]:
@@ -195,6 +219,10 @@ def edits_router(orchestrator: Orchestrator, model_ids: Callable[[], set[str]]) 
         if edit_params is not None:
             extra = {k: v for k, v in request_fields(body).items() if k != "image"}
             params.update(with_family_checks(lambda: edit_params(extra)))
+        # The adapter the model or the lora field names, for the stage that applies it.
+        lora = lora_param(orchestrator.serving_pipeline(), body.model, body.lora)
+        if lora is not None:
+            params["lora"] = lora
         images = [base64.b64encode(raw).decode() for raw in body.image]
         # The stages that read the inputs get them; the rest, the request without them.
         readers = edit_image_roles(orchestrator.pipeline.pipeline)

@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from omnipipe.api import ResolvedPipeline
 from omnipipe.api.plain_text import shown
 from omnipipe.api.spec import Role
+from omnipipe.api.wire import IMAGE_TOKENS, OUTPUT_TOKENS, TEXT_TOKENS
 from omnipipe.router.api.adapters import LoraRequest, lora_param
 from omnipipe.router.api.common import (
     DEFAULT_CFG_ABOVE,
@@ -159,14 +160,34 @@ def response_fields(params: dict[str, object]) -> dict[str, object]:
     }
 
 
+def openai_usage(counted: Mapping[str, int]) -> dict[str, object]:
+    """The stages' counts (api/wire.py USAGE_KEYS) as OpenAI's image API says usage."""
+    text, images = counted.get(TEXT_TOKENS, 0), counted.get(IMAGE_TOKENS, 0)
+    output = counted.get(OUTPUT_TOKENS, 0)
+    return {
+        "input_tokens": text + images,
+        "input_tokens_details": {"image_tokens": images, "text_tokens": text},
+        "output_tokens": output,
+        "output_tokens_details": {"image_tokens": output, "text_tokens": 0},
+        "total_tokens": text + images + output,
+    }
+
+
+def with_usage(fields: dict[str, object], counted: Mapping[str, int]) -> dict[str, object]:
+    """`fields` and, where the stages counted any, their usage."""
+    return {**fields, "usage": openai_usage(counted)} if counted else fields
+
+
 async def image_json(
     created: int,
     first: Output | OutputPart,
     rest: AsyncGenerator[Output | OutputPart],
-    trailer: dict[str, object],
+    trailer: Callable[[], dict[str, object]],
 ) -> AsyncIterator[bytes]:
     """The response, {"created": ..., "data": [...], TRAILER}, written as the images
-    arrive, each image's base64 piece by piece: the router never holds a whole image."""
+    arrive, each image's base64 piece by piece: the router never holds a whole image.
+    The trailer is asked for once the last image is out (the stages' usage is known
+    only then)."""
     yield b'{"created": %d, "data": [' % created
     count, open_key = 0, None
 
@@ -193,7 +214,8 @@ async def image_json(
             # The status line is gone: cut the body short, so the client sees a failure.
             log.warning("image response cut short: %s", exc.message)
             raise
-    yield b"]" + b"".join(b", " + json.dumps({k: v})[1:-1].encode() for k, v in trailer.items())
+    ending = trailer().items()
+    yield b"]" + b"".join(b", " + json.dumps({k: v})[1:-1].encode() for k, v in ending)
     yield b"}"
 
 
@@ -204,15 +226,17 @@ async def respond_with_images(
     fields: dict[str, object],
 ) -> Response:
     """Run every stage with its params; answer with the output stages' images, then
-    `fields` (response_fields)."""
-    outputs = orchestrator.stream_parts(params, set(orchestrator.outputs))
+    `fields` (response_fields) and the usage that the stages counted."""
+    counted: dict[str, int] = {}
+    outputs = orchestrator.stream_parts(params, set(orchestrator.outputs), counted)
     # Wait for the first piece before the status line, so errors keep their status.
     first = await unless_disconnected(request, first_output(outputs))
     created = int(time.time())
     if first is None:
-        return JSONResponse({"created": created, "data": [], **fields})
+        return JSONResponse({"created": created, "data": [], **with_usage(fields, counted)})
     return StreamingResponse(
-        image_json(created, first, outputs, fields), media_type="application/json"
+        image_json(created, first, outputs, lambda: with_usage(fields, counted)),
+        media_type="application/json",
     )
 
 

@@ -52,6 +52,7 @@ class QueuedScheduler(Scheduler, Generic[StageT]):
             ]
         )
         job.timeline.mark(tracing.HANDED_OFF)
+        job.usage = result.usage
         return result.outputs
 
     def _take_batch(self) -> list[Job]:
