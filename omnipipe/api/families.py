@@ -71,6 +71,11 @@ class PipelineType:
     # The roles of its stages that read an edit's input images (its VAE encoder, and its
     # text encoder where that is a vision-language model): the others are not sent them.
     edit_image_roles: frozenset[Role] = frozenset({Role.TEXT_ENCODER, Role.VAE_ENCODER})
+    # Whether an edit of this type takes /v1/images/edits' `mask` (OpenAI's: a PNG the
+    # size of the first image, its fully transparent pixels where the image is edited),
+    # sent with the images to the stages of edit_image_roles. The router refuses a mask
+    # by name on every other type.
+    takes_mask: bool = False
     # The Stage class that runs each (role, engine) on a checkpoint of this type, as
     # "module:Class": the checkpoint's own type picks the table, so one pipeline's
     # stages run on a checkpoint of another type with that type's classes.
@@ -114,6 +119,10 @@ class RequestExtensions(Protocol):
     chat_makes_images: bool
     # Optional (read with getattr): the guidance above which the family's CFG runs, so
     # that a negative prompt at or below it is refused; 1 (true CFG's) where unsaid.
+    # Optional methods (read with getattr): edit_params(request), stage parameters for
+    # /v1/images/edits; masked_edit_size(width, height), the (width, height) a masked
+    # edit of a first input of width x height is made at, where its model fixes it (size
+    # auto is that size, and another is refused).
 
     def image_params(self, request: Mapping[str, Any]) -> dict[str, Any]:
         """Stage parameters for /v1/images/generations."""
@@ -356,6 +365,13 @@ def edit_image_roles(pipeline: str) -> frozenset[Role]:
     `pipeline` (a custom pipeline's: its encoders)."""
     kind = pipeline_types().get(pipeline)
     return PipelineType.edit_image_roles if kind is None else kind.edit_image_roles
+
+
+def takes_mask(pipeline: str) -> bool:
+    """Whether an edit on pipeline type `pipeline` takes a mask (a custom pipeline's
+    does not)."""
+    kind = pipeline_types().get(pipeline)
+    return kind is not None and kind.takes_mask
 
 
 def keeps_voices(pipeline: str) -> bool:

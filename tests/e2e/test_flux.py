@@ -84,12 +84,25 @@ def test_a_negative_prompt_is_a_400_naming_it(client: openai.OpenAI) -> None:
 
 def test_kontext_edits_through_the_openai_client_as_diffusers_does() -> None:
     """`omnipipe serve tiny://flux1-kontext`: images.edit gives FluxKontextPipeline's
-    image for the seed, at the size asked; a second input image is refused by name."""
+    image for the seed, at the size asked; with a mask (OpenAI's: transparent where it
+    edits), FluxKontextInpaintPipeline's (white where it repaints), at the input's trained
+    size; a second input image is refused by name."""
     from diffusers import FluxKontextPipeline
 
     source = Image.new("RGB", (96, 64), (200, 30, 30))
     buf = io.BytesIO()
     source.save(buf, format="PNG")
+    # A masked edit keeps the input's own latents outside the mask, so its pixels carry
+    # the tiny VAE encoder's rounding, which a flat input's near-zero GroupNorm variance
+    # blows up with the thread count (0.1 between 1 and 2 threads, seen); noise does not.
+    textured = Image.fromarray(np.random.default_rng(0).integers(0, 256, (64, 96, 3), np.uint8))
+    textured_png = io.BytesIO()
+    textured.save(textured_png, format="PNG")
+    box = (24, 8, 72, 40)
+    mask = Image.new("RGBA", (96, 64), (0, 0, 0, 255))
+    mask.paste((0, 0, 0, 0), box)
+    mask_png = io.BytesIO()
+    mask.save(mask_png, format="PNG")
     served = start_serve("tiny://flux1-kontext")
     try:
         with openai.OpenAI(base_url=served.base_url, api_key="any", max_retries=0) as c:
@@ -99,6 +112,13 @@ def test_kontext_edits_through_the_openai_client_as_diffusers_does() -> None:
                 prompt="make it blue",
                 size="64x48",  # type: ignore[arg-type]
                 extra_body={"seed": 3, "num_inference_steps": 2, "guidance_scale": 2.5},
+            )
+            masked = c.images.edit(
+                model="tiny://flux1-kontext",
+                image=("in.png", textured_png.getvalue(), "image/png"),
+                mask=("mask.png", mask_png.getvalue(), "image/png"),
+                prompt="a hat on it",
+                extra_body={"seed": 4, "num_inference_steps": 2, "guidance_scale": 2.5},
             )
             with pytest.raises(openai.BadRequestError, match="at most 1 input image, got 2"):
                 c.images.edit(
@@ -124,6 +144,29 @@ def test_kontext_edits_through_the_openai_client_as_diffusers_does() -> None:
     [item] = r.data or []
     # Past the PNG's rounding, float rounding between the worker's process and this one
     # over the input's 4096 tokens beside the noise's 12 (2.2e-4 at most, seen).
+    np.testing.assert_allclose(
+        pixels(item.b64_json)[None],
+        np.asarray(expected, dtype=np.float64),
+        rtol=0,
+        atol=PNG_STEP / 2 + 5e-4,
+    )
+    from diffusers import FluxKontextInpaintPipeline
+
+    inpaint = FluxKontextInpaintPipeline.from_pretrained(resolve_model_path("tiny://flux1-kontext"))
+    inpaint.set_progress_bar_config(disable=True)
+    repaint = Image.new("L", (96, 64), 0)
+    repaint.paste(255, box)
+    expected = inpaint(
+        image=textured,
+        mask_image=repaint,
+        prompt="a hat on it",
+        num_inference_steps=2,
+        guidance_scale=2.5,
+        generator=[torch.Generator().manual_seed(4)],
+        output_type="np",
+    ).images
+    [item] = masked.data or []
+    assert masked.size == "1248x832"  # the 96x64 input's trained size, as diffusers makes it
     np.testing.assert_allclose(
         pixels(item.b64_json)[None],
         np.asarray(expected, dtype=np.float64),

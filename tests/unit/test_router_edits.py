@@ -98,7 +98,7 @@ def test_a_valid_edit_passes_every_check_and_waits_for_stages(client: TestClient
         ({**FORM, "output_compression": " 3 "}, None, "output_compression", "plain decimal"),
         ({**FORM, "seed": "\u0663"}, None, "seed", "plain decimal number"),
         ({**FORM, "response_format": "url"}, None, "response_format", "b64_json"),
-        ({**FORM, "mask": "m"}, None, None, "mask"),
+        ({**FORM, "mask": "m"}, None, "mask", "mask: must be one file part"),
     ],
 )
 def test_bad_edits_are_400_naming_the_problem(

@@ -41,12 +41,15 @@ FAMILY = Family(
             description=(
                 "Image editing: CLIP and T5 encoders (the edit prompt) and VAE encoder (the "
                 "input image, at its nearest trained size) -> FLUX DiT denoiser (the "
-                "image's tokens after the noise's, guidance distilled) -> VAE."
+                "image's tokens after the noise's, guidance distilled) -> VAE; a mask keeps the "
+                "input outside it (FluxKontextInpaintPipeline)."
             ),
             example_models=("black-forest-labs/FLUX.1-Kontext-dev", "tiny://flux1-kontext"),
             checkpoints=("FluxKontextPipeline",),
             # CLIP and T5 read the prompt alone: the input image goes to the VAE.
             edit_image_roles=frozenset({Role.VAE_ENCODER}),
+            # A masked edit: diffusers' FluxKontextInpaintPipeline (inpaint.py).
+            takes_mask=True,
             stages=EDIT_STAGES,
             stage_classes={
                 (Role.TEXT_ENCODER, Engine.TRANSFORMERS): f"{STAGES}:FluxEncodeStage",

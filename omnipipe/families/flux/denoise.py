@@ -7,9 +7,11 @@ positions depend only on the image's size, so requests of one size join a runnin
 at any step boundary with no padding or mask, and leave it at the next. No CFG: dev's
 guidance is an input of the model (distilled), and schnell has none. Kontext's input
 image rides along: its tokens follow the noise's in each row (their positions set apart
-by the first axis), so its requests batch with those of the same input size. LoRA
-adapters and weight quantization come from the stage kit (stagekit/dit_adapters.py,
-dit_quantize.py); a request's adapter and scale are part of its batch key."""
+by the first axis), so its requests batch with those of the same input size. A masked
+edit's rows put its input back outside the mask after each step (inpaint.py), each row
+its own, so masked and unmasked edits share a batch. LoRA adapters and weight
+quantization come from the stage kit (stagekit/dit_adapters.py, dit_quantize.py); a
+request's adapter and scale are part of its batch key."""
 
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ import numpy as np
 import torch
 
 from omnipipe.api.adapters import Adapter
+from omnipipe.families.flux.inpaint import MaskedBlend, pack_mask
 from omnipipe.families.flux.loading import load_flux
 from omnipipe.stagekit.dit_adapters import (
     LoadedAdapters,
@@ -31,7 +34,7 @@ from omnipipe.stagekit.dit_adapters import (
 )
 from omnipipe.stagekit.dit_quantize import quantize_weights
 from omnipipe.stagekit.params import float_param, int_param
-from omnipipe.stagekit.stage import StageJob, StageResult, SteppedStage
+from omnipipe.stagekit.stage import StageInputError, StageJob, StageResult, SteppedStage
 from omnipipe.stagekit.usage import output_image_tokens
 
 
@@ -52,6 +55,8 @@ class FluxDenoising:
     # Kontext: the input image's packed latents (n, context tokens, channels), run after
     # the noise's tokens at every step; their predictions are dropped.
     context: torch.Tensor | None = None
+    # A masked Kontext edit: what it keeps of its input after each step.
+    blend: MaskedBlend | None = None
 
     def hidden(self) -> torch.Tensor:
         if self.context is None:
@@ -135,10 +140,13 @@ class FluxDenoiseStage(SteppedStage):
         )
         # The shift follows the noise's tokens alone, a Kontext input's aside.
         sigmas, timesteps = self._schedule(steps, int(latents.shape[1]))
-        context = None
+        context = blend = None
         if "encode-image" in job.inputs:
             image = job.inputs["encode-image"]
             context = image["image_latents"].to(device, dtype).repeat_interleave(n, dim=0)
+            if "mask" in image:
+                blend = self._masked(image, latents, context, width, height)
+                latents = blend.start(sigmas)
             image_ids = torch.cat([image_ids, image["image_ids"].to(device, image_ids.dtype)])
         return FluxDenoising(
             latents=latents,
@@ -151,7 +159,31 @@ class FluxDenoiseStage(SteppedStage):
             serial=next(self._serials),
             lora=lora,
             context=context,
+            blend=blend,
         )
+
+    def _masked(
+        self,
+        image: dict[str, torch.Tensor],
+        noise: torch.Tensor,
+        context: torch.Tensor,
+        width: int,
+        height: int,
+    ) -> MaskedBlend:
+        """A masked edit's blend: the input's latents are what it keeps, so the edit is
+        made at the input's size (the router asks for that size)."""
+        multiple = self.pipe.vae_scale_factor * 2
+        ids = image["image_ids"]
+        made = (int(ids[:, 2].max()) + 1) * multiple, (int(ids[:, 1].max()) + 1) * multiple
+        if made != (width, height):
+            raise StageInputError(
+                f"size: a masked edit is made at its input's trained size, {made[0]}x{made[1]}, "
+                f"not {width}x{height}",
+                "size",
+            )
+        channels = noise.shape[2] // 4
+        mask = pack_mask(image["mask"].to(self.device), channels).to(noise.dtype)
+        return MaskedBlend(mask=mask.expand_as(noise), image=context.to(noise.dtype), noise=noise)
 
     def step(self, states: Sequence[FluxDenoising]) -> None:
         device = self.device
@@ -186,6 +218,8 @@ class FluxDenoiseStage(SteppedStage):
             sigma, after = state.sigmas[state.index], state.sigmas[state.index + 1]
             step = state.latents.to(torch.float32) + (after - sigma) * noise
             state.latents = step.to(noise.dtype)
+            if state.blend is not None:
+                state.latents = state.blend.keep(state.latents, state.sigmas, state.index)
             state.index += 1
         self.progress()
 

@@ -1,10 +1,11 @@
 """/v1/images/edits: OpenAI's image-edit API (a multipart form) on an image-edit stage
-graph, with as many input images as its model edits with. The router reads each image's
-header only; the encoders decode them."""
+graph, with as many input images as its model edits with, and a `mask` where its model
+takes one. The router reads each image's header only; the encoders decode them."""
 
 from __future__ import annotations
 
 import base64
+import io
 import logging
 import re
 from collections.abc import Callable
@@ -17,7 +18,7 @@ from starlette.datastructures import FormData, UploadFile
 from starlette.exceptions import HTTPException
 
 from omnipipe.api.edit import condition_size
-from omnipipe.api.families import edit_image_roles, max_edit_images
+from omnipipe.api.families import RequestProblem, edit_image_roles, max_edit_images, takes_mask
 from omnipipe.api.plain_text import PLAIN_DECIMAL, shown
 from omnipipe.router.api.adapters import LoraRequest, lora_param
 from omnipipe.router.api.common import (
@@ -83,6 +84,10 @@ class ImageEditRequest(BaseModel):
     seed: int | None = Field(default=None, ge=0, lt=2**63)
     num_inference_steps: int = Field(default=50, ge=1, le=200)
     guidance_scale: float = Field(default=4.0, ge=0, le=50)
+    mask: Annotated[bytes, Field(max_length=MAX_EDIT_IMAGE_BYTES)] | None = None
+    """A PNG of the (first) image's size with an alpha channel: its fully transparent
+    pixels (alpha 0) are where the image is edited, the rest is kept; for a model that
+    takes one (FLUX.1 Kontext)."""
     lora: LoraRequest | None = None
     """A LoRA adapter of the pipeline's, as lora[name] and lora[scale] (or name the
     adapter as the model)."""
@@ -117,12 +122,14 @@ async def parse_edit(form: FormData) -> ImageEditRequest:
     files = [image for image in images if isinstance(image, UploadFile)]
     if len(files) < len(images):
         raise BadRequest("image: must be a file part, not a text field", param="image")
-    if "mask" in form:
-        raise BadRequest("mask: masked edits are not supported; the prompt says what changes")
+    masks = form.getlist("mask")
+    mask_files = [m for m in masks if isinstance(m, UploadFile)]
+    if len(masks) > 1 or len(mask_files) < len(masks):
+        raise BadRequest("mask: must be one file part, a PNG", param="mask")
     fields: dict[str, Any] = {}
     lora: dict[str, str] = {}
     for key in form:
-        if key in IMAGE_FIELDS:
+        if key in (*IMAGE_FIELDS, "mask"):
             continue
         values = form.getlist(key)
         if len(values) > 1 or not isinstance(values[0], str):
@@ -137,8 +144,9 @@ async def parse_edit(form: FormData) -> ImageEditRequest:
                 f"{key}: must be a plain decimal number, got {shown(fields[key])}", param=key
             )
     raws = [await image.read(MAX_EDIT_IMAGE_BYTES + 1) for image in files]
+    mask = {"mask": await mask_files[0].read(MAX_EDIT_IMAGE_BYTES + 1)} if mask_files else {}
     try:
-        body = ImageEditRequest.model_validate({**fields, **lora_of(lora), "image": raws})
+        body = ImageEditRequest.model_validate({**fields, **lora_of(lora), "image": raws, **mask})
     except ValidationError as exc:
         raise bad_request(exc, {**fields, **lora_of(lora)}) from None
     if body.model_extra:
@@ -189,6 +197,57 @@ def edit_size(body: ImageEditRequest, width: int, height: int) -> tuple[int, int
     return parse_size(body.size)
 
 
+def checked_mask(body: ImageEditRequest, kind: str, image: tuple[int, int]) -> str | None:
+    """The mask, base64, once its model takes one and its header says it is OpenAI's:
+    a PNG with an alpha channel (or PNG transparency) of the first image's size."""
+    if body.mask is None:
+        return None
+    if not takes_mask(kind):
+        raise BadRequest(f"mask: model {shown(body.model)} ({kind}) takes no mask", param="mask")
+    # Its pixel count and readable header, as an input image's.
+    size = check_edit_image(body.mask, "mask")
+    from PIL import Image
+
+    with Image.open(io.BytesIO(body.mask)) as mask:
+        kind_of = mask.format
+        alpha = "A" in mask.getbands() or "transparency" in mask.info
+    if kind_of != "PNG":
+        raise BadRequest(f"mask: must be a PNG, got {kind_of}", param="mask")
+    if not alpha:
+        raise BadRequest(
+            "mask: the PNG has no alpha channel (its transparent pixels are where the image "
+            "is edited)",
+            param="mask",
+        )
+    if size != image:
+        raise BadRequest(
+            f"mask: {size[0]}x{size[1]}, not the size of the image, {image[0]}x{image[1]}",
+            param="mask",
+        )
+    return base64.b64encode(body.mask).decode()
+
+
+def masked_edit_size(
+    body: ImageEditRequest, extensions: object, image: tuple[int, int]
+) -> tuple[int, int] | None:
+    """The size of a masked edit whose model fixes it (its family's masked_edit_size, of
+    the first input's size): auto is that size, another is refused. None: not fixed."""
+    made_at = getattr(extensions, "masked_edit_size", None)
+    if made_at is None:
+        return None
+    try:
+        width, height = made_at(*image)
+    except RequestProblem as exc:
+        raise BadRequest(exc.message, param=exc.param) from None
+    if body.size != "auto" and parse_size(body.size) != (width, height):
+        raise BadRequest(
+            f"size: model {shown(body.model)} makes a masked edit at its input's trained size, "
+            f"{width}x{height}: send size=auto or {width}x{height}, got {body.size}",
+            param="size",
+        )
+    return int(width), int(height)
+
+
 def edits_router(orchestrator: Orchestrator, model_ids: Callable[[], set[str]]) -> APIRouter:
     router = APIRouter()
 
@@ -207,30 +266,35 @@ def edits_router(orchestrator: Orchestrator, model_ids: Callable[[], set[str]]) 
                 f"pipeline {orchestrator.pipeline.name} generates images from text and does "
                 "not edit them: use POST /v1/images/generations"
             )
-        sizes = checked_images(body, max_edit_images(orchestrator.pipeline.pipeline))
-        size = edit_size(body, *sizes[-1])
-        fields = body.model_dump(exclude={"image", "size"})
+        kind = orchestrator.pipeline.pipeline
+        sizes = checked_images(body, max_edit_images(kind))
+        mask = checked_mask(body, kind, sizes[0])
         # A family's own defaults and refusals for an edit (FLUX.1 Kontext's).
         extensions = family_requests(orchestrator.pipeline)
+        masked_size = None if mask is None else masked_edit_size(body, extensions, sizes[0])
+        size = masked_size or edit_size(body, *sizes[-1])
+        fields = body.model_dump(exclude={"image", "size", "mask"})
         params = image_params(
             ImageGenerationRequest(**fields), size, cfg_guidance_above(extensions)
         )
         edit_params = getattr(extensions, "edit_params", None)
         if edit_params is not None:
-            extra = {k: v for k, v in request_fields(body).items() if k != "image"}
+            extra = {k: v for k, v in request_fields(body).items() if k not in ("image", "mask")}
             params.update(with_family_checks(lambda: edit_params(extra)))
         # The adapter the model or the lora field names, for the stage that applies it.
         lora = lora_param(orchestrator.serving_pipeline(), body.model, body.lora)
         if lora is not None:
             params["lora"] = lora
-        images = [base64.b64encode(raw).decode() for raw in body.image]
+        inputs: dict[str, Any] = {"images": [base64.b64encode(raw).decode() for raw in body.image]}
+        if mask is not None:
+            inputs["mask"] = mask
         # The stages that read the inputs get them; the rest, the request without them.
-        readers = edit_image_roles(orchestrator.pipeline.pipeline)
+        readers = edit_image_roles(kind)
         return await respond_with_images(
             request,
             orchestrator,
             {
-                s.name: {**params, "images": images} if s.role in readers else params
+                s.name: {**params, **inputs} if s.role in readers else params
                 for s in orchestrator.pipeline.stages
             },
             response_fields(params),
