@@ -98,7 +98,13 @@ def reference(
         pipe.set_progress_bar_config(disable=True)
         pipe.load_lora_weights(lora[0], adapter_name="ink")
         pipe.set_adapters(["ink"], adapter_weights=[lora[1]])
-    more = {}
+    return pipeline_images(pipe, params)
+
+
+def pipeline_images(pipe: Any, params: dict[str, Any], **more: Any) -> np.ndarray:
+    """`pipe`'s images for the request `params` (and `more` of its call's arguments), each
+    row its own seed; a negative prompt given as the pipeline takes one (its embeddings:
+    its own would be "")."""
     if params.get("negative_prompt"):
         more["negative_prompt_embeds"] = pipe.encode_prompt(params["negative_prompt"])[0]
     n, seed = params.get("n", 1), params.get("seed", 0)
@@ -107,7 +113,7 @@ def reference(
         width=params["width"],
         height=params["height"],
         num_inference_steps=params["num_inference_steps"],
-        guidance_scale=params["guidance_scale"],
+        guidance_scale=params.get("guidance_scale", 4.0),
         num_images_per_prompt=n,
         generator=[torch.Generator().manual_seed(seed + i) for i in range(n)],
         output_type="np",

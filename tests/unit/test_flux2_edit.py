@@ -22,7 +22,15 @@ from PIL import Image
 from omnipipe.families.flux2.edit import Flux2ReferenceEncodeStage
 from omnipipe.stagekit.stage import StageInputError, StageJob
 from tests.harness.pictures import picture, png_base64
-from tests.unit.test_flux2 import DEV, KLEIN, KLEIN_BASE, PIXEL_TOLERANCE, loaded, one_process
+from tests.unit.test_flux2 import (
+    DEV,
+    KLEIN,
+    KLEIN_BASE,
+    PIXEL_TOLERANCE,
+    loaded,
+    one_process,
+    pipeline_images,
+)
 
 pytestmark = pytest.mark.timeout(600)
 EDIT = {DEV: "flux2-edit", KLEIN_BASE: "flux2-klein-edit", KLEIN: "flux2-klein-edit"}
@@ -82,26 +90,8 @@ def decoded(params: dict[str, Any]) -> list[Image.Image]:
 
 def reference(model: str, params: dict[str, Any], pipe: Any = None) -> np.ndarray:
     """The checkpoint's own pipeline's images for the edit `params` (its references as
-    the PIL images the request's PNGs hold); a negative prompt given as the pipeline
-    takes one (its embeddings)."""
-    pipe = pipe or one_process(model)
-    more = {}
-    if params.get("negative_prompt"):
-        more["negative_prompt_embeds"] = pipe.encode_prompt(params["negative_prompt"])[0]
-    n, seed = params.get("n", 1), params.get("seed", 0)
-    images = pipe(
-        image=decoded(params),
-        prompt=params["prompt"],
-        width=params["width"],
-        height=params["height"],
-        num_inference_steps=params["num_inference_steps"],
-        guidance_scale=params.get("guidance_scale", 4.0),
-        num_images_per_prompt=n,
-        generator=[torch.Generator().manual_seed(seed + i) for i in range(n)],
-        output_type="np",
-        **more,
-    ).images
-    return np.asarray(images)
+    the PIL images the request's PNGs hold)."""
+    return pipeline_images(pipe or one_process(model), params, image=decoded(params))
 
 
 def inputs(model: str, params: dict[str, Any]) -> dict[str, Any]:
