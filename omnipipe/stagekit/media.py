@@ -163,12 +163,24 @@ def charge_image(data: object, where: str, budget: MediaBudget) -> None:
         budget.take_image(*image.size, where)
 
 
+# What PIL raises for a file whose header reads well and whose body does not (a PNG
+# chunk of a bad type raises SyntaxError, a cut-off one EOFError).
+UNDECODABLE = (
+    OSError,
+    ValueError,
+    SyntaxError,
+    EOFError,
+    struct.error,
+    Image.DecompressionBombError,
+)
+
+
 def decode_image(data: object, where: str) -> Image.Image:
     """The image, once its header says it is within the pixel and aspect-ratio limits."""
     with _open_image(_bytes(data, where), where) as image:
         try:
             return image.convert("RGB")
-        except (OSError, ValueError, Image.DecompressionBombError):
+        except UNDECODABLE:
             raise StageInputError(_undecodable(where)) from None
 
 

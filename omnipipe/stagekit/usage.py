@@ -15,7 +15,8 @@ from omnipipe.api.wire import IMAGE_TOKENS, OUTPUT_TOKENS, TEXT_TOKENS
 def prompt_tokens(tokenizer: Any, texts: Sequence[str], limit: int | None = None) -> dict[str, int]:
     """The texts' tokens (the prompt, and the negative prompt where CFG reads it), without
     the tokenizer's special tokens or the model's template, each at most `limit` (what
-    the encoder reads of it)."""
+    the encoder reads of it, where its limit counts the prompt alone; an encoder whose
+    limit counts its template too reads a little less of a prompt near the limit)."""
     ids = tokenizer(list(texts), add_special_tokens=False)["input_ids"]
     return {TEXT_TOKENS: sum(len(row) if limit is None else min(len(row), limit) for row in ids)}
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import base64
 import io
+import struct
+import zlib
 
 import numpy as np
 from PIL import Image
@@ -32,3 +34,26 @@ def pixels(b64: str | None) -> np.ndarray:
     image = Image.open(io.BytesIO(base64.b64decode(b64 or "")))
     assert image.format == "PNG"
     return np.asarray(image.convert("RGB"), dtype=np.float64) / 255
+
+
+def broken_png(width: int, height: int) -> bytes:
+    """An RGBA PNG whose header reads well and whose body does not: its image data split
+    in two chunks, the second of a type no PNG has (PIL raises SyntaxError decoding it)."""
+    buf = io.BytesIO()
+    Image.new("RGBA", (width, height), (0, 0, 0, 255)).save(buf, format="PNG")
+    raw, out, pos = buf.getvalue(), buf.getvalue()[:8], 8
+    while pos < len(raw):
+        (length,) = struct.unpack(">I", raw[pos : pos + 4])
+        kind, data = raw[pos + 4 : pos + 8], raw[pos + 8 : pos + 8 + length]
+        pos += 12 + length
+        if kind != b"IDAT":
+            out += chunk(kind, data)
+            continue
+        half = len(data) // 2
+        out += chunk(b"IDAT", data[:half]) + chunk(b"\x00\x01\x02\x03", data[half:])
+    return out
+
+
+def chunk(kind: bytes, data: bytes) -> bytes:
+    crc = zlib.crc32(kind + data) & 0xFFFFFFFF
+    return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", crc)

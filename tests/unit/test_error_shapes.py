@@ -21,11 +21,13 @@ from fastapi.testclient import TestClient
 from PIL import Image
 
 from omnipipe.api.wire import StageEvent, SubmitRequest, event_lines
+from omnipipe.families.flux.inpaint import decode_mask
 from omnipipe.router.api.inputs import MAX_EDIT_IMAGE_PIXELS, check_edit_image
 from omnipipe.router.api.messages import thinker_messages
 from omnipipe.router.errors import BadRequest
 from omnipipe.stagekit.media import MAX_IMAGE_PIXELS, decode_image
 from omnipipe.stagekit.stage import StageInputError, refusal_message
+from tests.harness.pictures import broken_png
 from tests.unit.test_router_edges import app_for, openai_error
 from tests.unit.test_router_results import FakeWorker, router, serve_worker
 
@@ -69,6 +71,18 @@ def test_a_long_strip_is_refused_naming_its_size_and_the_ratio(width: int, heigh
         "longer side must be less than 200 times the shorter"
     )
     assert err.value.param == "messages[0].content[1]"
+
+
+def test_an_image_whose_body_breaks_after_a_good_header_is_a_400_naming_it() -> None:
+    """The router reads headers only: a PNG with a chunk of a bad type passes them, and
+    PIL's SyntaxError decoding it was a stage error (a 500)."""
+    raw = broken_png(96, 64)
+    assert check_edit_image(raw, "image[1]") == (96, 64)
+    with pytest.raises(StageInputError, match="image\\[1\\]: not a decodable image"):
+        decode_image(b64(raw), "image[1]")
+    with pytest.raises(StageInputError, match="mask: not a decodable PNG") as refused:
+        decode_mask(b64(raw), (96, 64))
+    assert refused.value.param == "mask"
 
 
 def test_an_image_within_the_ratio_decodes() -> None:

@@ -101,11 +101,18 @@ def test_a_lora_adapter_reaches_the_stages_by_field_or_by_model(
             data={**edit, "model": "p", "lora[scale]": "0.5"},
             files=files((64, 64)),
         )
+        both = client.post(
+            "/v1/images/edits",
+            data={**edit, "model": "p", "lora": "ink", "lora[name]": "ink"},
+            files=files((64, 64)),
+        )
     by_field, by_model = (p["lora"] for p in sent(worker, ["encode", "encode-image"]))
     assert by_field == {"name": "ink", "scale": 0.7}
     assert by_model == {"name": "ink", "scale": 0.5}
     assert unknown.status_code == 400
     assert unknown.json()["error"]["param"] == "lora.name"
+    assert both.status_code == 400
+    assert both.json()["error"]["param"] == "lora"
     assert "no adapter 'neon'" in unknown.json()["error"]["message"]
     assert bad_scale.status_code == 400
     assert bad_scale.json()["error"]["param"] == "lora.scale"

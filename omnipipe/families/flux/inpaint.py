@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from PIL import Image, UnidentifiedImageError
 
+from omnipipe.stagekit.media import UNDECODABLE
 from omnipipe.stagekit.stage import StageInputError
 
 
@@ -33,7 +34,7 @@ def repaint_mask(mask: Image.Image) -> Image.Image:
     are repainted, black ones preserved. So alpha 0 becomes white (255) and any other
     alpha, partly transparent included, black (0): a greyscale image of the mask's size."""
     alpha = np.asarray(mask.convert("RGBA"))[..., 3]
-    return Image.fromarray(np.where(alpha == 0, 255, 0).astype(np.uint8), mode="L")
+    return Image.fromarray(np.where(alpha == 0, np.uint8(255), np.uint8(0)), mode="L")
 
 
 def decode_mask(data: object, size: tuple[int, int]) -> Image.Image:
@@ -42,7 +43,7 @@ def decode_mask(data: object, size: tuple[int, int]) -> Image.Image:
     the stage's own guard, before any pixel is decoded)."""
     try:
         image = Image.open(io.BytesIO(base64.b64decode(str(data), validate=True)))
-    except (binascii.Error, UnidentifiedImageError, OSError, ValueError):
+    except (binascii.Error, UnidentifiedImageError, *UNDECODABLE):
         raise StageInputError("mask: not a decodable PNG", "mask") from None
     with image:
         if image.format != "PNG" or not has_alpha(image):
@@ -54,7 +55,7 @@ def decode_mask(data: object, size: tuple[int, int]) -> Image.Image:
             )
         try:
             return repaint_mask(image)
-        except (OSError, ValueError):
+        except UNDECODABLE:
             raise StageInputError("mask: not a decodable PNG", "mask") from None
 
 

@@ -138,6 +138,9 @@ async def parse_edit(form: FormData) -> ImageEditRequest:
             lora[part[1]] = values[0]
         else:
             fields[key] = values[0]
+    if lora and "lora" in fields:
+        # One would be dropped: refused rather than pick for the client.
+        raise BadRequest("lora: send lora[name] and lora[scale], or lora, not both", param="lora")
     for key in NUMBER_FIELDS & set(fields):
         if not PLAIN_DECIMAL.fullmatch(fields[key]):
             raise BadRequest(
