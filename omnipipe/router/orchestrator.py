@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
+from collections import Counter
 from collections.abc import AsyncGenerator, Iterable
 from typing import Any, cast
 
@@ -207,7 +208,7 @@ class Orchestrator:
         self,
         params: dict[str, dict[str, Any]],
         emitters: set[str],
-        usage: dict[str, int] | None = None,
+        usage: Counter[str] | None = None,
     ) -> AsyncGenerator[Output | OutputPart]:
         """As stream(), but a result's long fields arrive in pieces (OutputParts, in order)
         before its Output, so that no result is ever held whole. Once the last stage is
@@ -231,7 +232,7 @@ class Orchestrator:
         stage_done: bool = False,
         on_progress: Progress | None = None,
         limit_seconds: float | None = None,
-        usage: dict[str, int] | None = None,
+        usage: Counter[str] | None = None,
     ) -> AsyncGenerator[Output | OutputPart | StageDone]:
         """_attempt(), planned again (fresh request id, the refusing replica marked down)
         when a replica declines it before anything reached the client."""
@@ -260,12 +261,12 @@ class Orchestrator:
         stage_done: bool,
         on_progress: Progress | None,
         limit_seconds: float | None = None,
-        usage: dict[str, int] | None = None,
+        usage: Counter[str] | None = None,
     ) -> AsyncGenerator[Output | OutputPart | StageDone]:
         timeout = limit_seconds or self.timeout
         # This attempt's counts, added to `usage` only once it succeeds: an attempt that
         # is planned again must not count twice.
-        counted: dict[str, int] = {}
+        counted: Counter[str] = Counter()
         stages = self.needed(emitters)
         request_id = uuid.uuid4().hex
         # The span the router's middleware made current for this request.
@@ -333,16 +334,14 @@ class Orchestrator:
                     item, getter = getter.result(), None
                     if isinstance(item, StageDone):
                         remaining -= 1
-                        for key, count in item.usage.items():
-                            counted[key] = counted.get(key, 0) + count
+                        counted.update(item.usage)
                         if stage_done and item.stage in emitters:
                             yield item
                     else:
                         yield item
             finished = True
             if usage is not None:
-                for key, count in counted.items():
-                    usage[key] = usage.get(key, 0) + count
+                usage.update(counted)
         finally:
             for task in tasks:
                 task.cancel()

@@ -8,6 +8,7 @@ import logging
 import random
 import re
 import time
+from collections import Counter
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from typing import Any, Literal
 
@@ -227,7 +228,7 @@ async def respond_with_images(
 ) -> Response:
     """Run every stage with its params; answer with the output stages' images, then
     `fields` (response_fields) and the usage that the stages counted."""
-    counted: dict[str, int] = {}
+    counted: Counter[str] = Counter()
     outputs = orchestrator.stream_parts(params, set(orchestrator.outputs), counted)
     # Wait for the first piece before the status line, so errors keep their status.
     first = await unless_disconnected(request, first_output(outputs))
