@@ -37,6 +37,7 @@ from omnipipe.operator.planner import (
 )
 from omnipipe.operator.settings import OperatorSettings
 from omnipipe.operator.stall import ObservedPod
+from omnipipe.operator.stall_events import stall_event
 from omnipipe.operator.status_rollup import compute_status
 from omnipipe.operator.uninstalled import uninstalled_pipeline_type, uninstalled_status
 from omnipipe.operator.weights_status import ObservedFetch, fetch_stall, model_cached
@@ -360,3 +361,6 @@ async def _write_status(
     cleared = {key: None for key in before if key not in status} if clear_the_rest else {}
     meta = body["metadata"]
     await kube.patch_status(meta["namespace"], meta["name"], {**cleared, **status})
+    if (event := stall_event(before, computed)) is not None:
+        reason, message, kind = event
+        await kube.post_event(body, reason, message, kind)

@@ -260,6 +260,12 @@ def test_a_model_the_source_refuses_stalls_at_its_first_attempt(
     live = get_json(cluster, "omnip", name, "-n", namespace)
     assert kstatus(live)[0] == "Failed"
     assert argo_health(live) == ("Degraded", f"ModelRefused: {stalled['message']}")
+    # The stall is an Event too, once (`kubectl get events`, `kubectl describe omnip`).
+    warned = wait_for(
+        "the Stalled event",
+        lambda: [e for e in events(cluster, namespace) if e[1] == "Stalled"],
+    )
+    assert warned == [("Warning", "Stalled", f"ModelRefused: {stalled['message']}")]
 
 
 def test_the_operator_may_fill_caches_but_only_list_and_watch_pods(cluster: Cluster) -> None:

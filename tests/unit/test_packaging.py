@@ -43,3 +43,19 @@ def test_dockerfile_is_clean_under_checkov() -> None:
     assert proc.returncode == 0, proc.stdout[-4000:]
     assert "Failed checks: 0" in proc.stdout
     assert f"Skipped checks: {len(skips)}" in proc.stdout
+
+
+def test_the_install_notes_point_to_an_example_that_runs_without_a_gpu() -> None:
+    """`helm install` prints NOTES.txt: each example it names exists, the first runs on
+    tiny weights, and the router it port-forwards to is that example's."""
+    import re
+
+    import yaml
+
+    notes = (REPO / "charts/omnipipe/templates/NOTES.txt").read_text()
+    examples = re.findall(r"examples/[\w.-]+\.yaml", notes)
+    assert examples
+    assert all((REPO / e).is_file() for e in examples), examples
+    first = yaml.safe_load((REPO / examples[0]).read_text())
+    assert first["spec"]["model"].startswith("tiny://")
+    assert f"svc/{first['metadata']['name']}-router 8000:8000" in notes
