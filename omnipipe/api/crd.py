@@ -99,27 +99,39 @@ def build_crd() -> Schema:
                     "served": True,
                     "storage": True,
                     "subresources": {"status": {}},
+                    # What `kubectl get omnip` shows: what it serves, whether it is
+                    # ready and, when not, why; the revisions with -o wide.
                     "additionalPrinterColumns": [
+                        {"name": "Model", "type": "string", "jsonPath": ".spec.model"},
+                        {"name": "Stages", "type": "string", "jsonPath": ".status.stagesReady"},
                         {
                             "name": "Ready",
                             "type": "string",
                             "jsonPath": '.status.conditions[?(@.type=="Ready")].status',
                         },
-                        {"name": "Stages", "type": "string", "jsonPath": ".status.stagesReady"},
+                        {
+                            "name": "Reason",
+                            "type": "string",
+                            "description": "Why the pipeline is or is not ready",
+                            "jsonPath": '.status.conditions[?(@.type=="Ready")].reason',
+                        },
                         {
                             "name": "Progressing",
                             "type": "string",
+                            "priority": 1,
                             "jsonPath": '.status.conditions[?(@.type=="Progressing")].status',
                         },
                         {
                             "name": "Current",
                             "type": "string",
+                            "priority": 1,
                             "description": "The revision serving requests",
                             "jsonPath": ".status.currentRevision",
                         },
                         {
                             "name": "Update",
                             "type": "string",
+                            "priority": 1,
                             "description": "The revision the spec asks for",
                             "jsonPath": ".status.updateRevision",
                         },

@@ -62,6 +62,9 @@ class PipelineType:
     # Its output stage writes videos (an MP4 a result): the router serves it at
     # /v1/videos, as asynchronous jobs, and not at the image or chat endpoints.
     makes_video: bool = False
+    # Its output stage writes generated audio (music, sound): the router serves it at
+    # /v1/audio/generate, and not at the image, video or chat endpoints.
+    makes_audio: bool = False
     # The optional /v1/audio/speech fields its stages read (SPEECH_FIELDS); a request
     # that sets another is refused by name, not served as if it had not.
     speech_fields: frozenset[str] = frozenset()
@@ -76,6 +79,9 @@ class PipelineType:
     # sent with the images to the stages of edit_image_roles. The router refuses a mask
     # by name on every other type.
     takes_mask: bool = False
+    # It edits images (/v1/images/edits) though it has no VAE encoder stage, the mark of
+    # an edit graph (the fallback's diffusers-edit, whose one stage is the whole pipeline).
+    edits: bool = False
     # The Stage class that runs each (role, engine) on a checkpoint of this type, as
     # "module:Class": the checkpoint's own type picks the table, so one pipeline's
     # stages run on a checkpoint of another type with that type's classes.
@@ -85,6 +91,12 @@ class PipelineType:
     # says it is, and serves a diffusers checkpoint that no other type claims. One
     # installed type at most.
     any_diffusers_checkpoint: bool = False
+    # The catch-all's: "module:function" from a diffusers pipeline class name (its
+    # model_index.json `_class_name`) to the name of the family's type that serves it
+    # (the class's output decides: images, videos or audio), for a model named alone.
+    type_for_class: str | None = None
+    # Request extensions of its own, where its family's (Family.requests) do not fit it.
+    requests: str | None = None
 
     @property
     def stage_names(self) -> tuple[str, ...]:
@@ -120,9 +132,11 @@ class RequestExtensions(Protocol):
     # Optional (read with getattr): the guidance above which the family's CFG runs, so
     # that a negative prompt at or below it is refused; 1 (true CFG's) where unsaid.
     # Optional methods (read with getattr): edit_params(request), stage parameters for
-    # /v1/images/edits; masked_edit_size(width, height), the (width, height) a masked
+    # /v1/images/edits (from the extension fields in edit_fields); edit_size(width,
+    # height), the size of an edit sent with none; masked_edit_size(width, height), the (width, height) a masked
     # edit of a first input of width x height is made at, where its model fixes it (size
-    # auto is that size, and another is refused).
+    # auto is that size, and another is refused); video_params(request) and
+    # audio_params(request), stage parameters for /v1/videos and /v1/audio/generate.
 
     def image_params(self, request: Mapping[str, Any]) -> dict[str, Any]:
         """Stage parameters for /v1/images/generations."""
@@ -286,15 +300,25 @@ def load_installed() -> dict[str, Family]:
     stops it there, not at the first reconcile or request that needs the family."""
     families = installed_families()
     for family in families.values():
-        if family.requests is not None:
+        own = (p.requests for p in family.pipelines)
+        for reference in {r for r in (family.requests, *own) if r is not None}:
             try:
-                load_attribute(family.requests)
+                load_attribute(reference)
             except Exception as exc:
                 raise FamilyError(
                     f"family {family.name!r} (from {family.package}): its request "
-                    f"extensions {family.requests} do not load: {exc}"
+                    f"extensions {reference} do not load: {exc}"
                 ) from exc
     return families
+
+
+def requests_of(pipeline: str) -> str | None:
+    """The request extensions of pipeline type `pipeline`: its own, else its family's."""
+    family = family_of(pipeline)
+    if family is None:
+        return None
+    own = next((p.requests for p in family.pipelines if p.name == pipeline), None)
+    return own or family.requests
 
 
 def pipeline_types() -> dict[str, PipelineType]:
@@ -331,64 +355,6 @@ def any_diffusers_type() -> tuple[Family, PipelineType] | None:
             if pipeline.any_diffusers_checkpoint:
                 return family, pipeline
     return None
-
-
-# /v1/audio/speech's fields (OpenAI's and vLLM-Omni's) that only some models take: voice
-# style, language, cloning from a reference clip, and the first chunk's size.
-SPEECH_FIELDS = frozenset(
-    {
-        "instructions",
-        "language",
-        "task_type",
-        "ref_audio",
-        "ref_text",
-        "x_vector_only_mode",
-        "initial_codec_chunk_frames",
-    }
-)
-
-
-def speech_fields(pipeline: str) -> frozenset[str]:
-    """The optional speech fields pipeline type `pipeline` takes."""
-    kind = pipeline_types().get(pipeline)
-    return frozenset() if kind is None else kind.speech_fields
-
-
-def max_edit_images(pipeline: str) -> int:
-    """How many input images an edit on pipeline type `pipeline` takes at most."""
-    kind = pipeline_types().get(pipeline)
-    return 1 if kind is None else kind.max_edit_images
-
-
-def edit_image_roles(pipeline: str) -> frozenset[Role]:
-    """The roles of the stages that read an edit's input images on pipeline type
-    `pipeline` (a custom pipeline's: its encoders)."""
-    kind = pipeline_types().get(pipeline)
-    return PipelineType.edit_image_roles if kind is None else kind.edit_image_roles
-
-
-def takes_mask(pipeline: str) -> bool:
-    """Whether an edit on pipeline type `pipeline` takes a mask (a custom pipeline's
-    does not)."""
-    kind = pipeline_types().get(pipeline)
-    return kind is not None and kind.takes_mask
-
-
-def keeps_voices(pipeline: str) -> bool:
-    """Whether pipeline type `pipeline` clones voices, so that its routers keep uploaded
-    ones (/v1/audio/voices) in their store."""
-    return "ref_audio" in speech_fields(pipeline)
-
-
-def needs_store(pipeline: str) -> bool:
-    """Whether a pipeline of this type keeps video jobs or voices in the router's Redis."""
-    return makes_video(pipeline) or keeps_voices(pipeline)
-
-
-def makes_video(pipeline: str) -> bool:
-    """Whether pipeline type `pipeline` writes videos (served at /v1/videos as jobs)."""
-    kind = pipeline_types().get(pipeline)
-    return kind is not None and kind.makes_video
 
 
 def installed_summary() -> str:

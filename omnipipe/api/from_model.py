@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from omnipipe.api import constants as c
-from omnipipe.api.families import any_diffusers_type, pipeline_types
+from omnipipe.api.families import any_diffusers_type, load_attribute, pipeline_types
 from omnipipe.api.pipelines import pipeline_for_checkpoint
 from omnipipe.api.resolve import TINY_SCHEME
 from omnipipe.api.resource import MAX_PIPELINE_NAME, ManifestError, OmniPipeline, parse_resource
@@ -164,11 +164,15 @@ def known_checkpoints() -> str:
 def manifest_for_model(model: str, said: dict[str, str]) -> OmniPipeline:
     """The OmniPipeline that serves `model`, whose checkpoint says it is `said`
     (checkpoint_descriptors): the type that claims it, else, for a diffusers checkpoint,
-    the catch-all that runs any diffusers pipeline whole."""
+    the catch-all that runs any diffusers pipeline whole (of its family's types, the one
+    its type_for_class picks for the checkpoint's class)."""
     kinds = list(said.values())
     pipeline = pipeline_for_checkpoint(kinds)
     if pipeline is None and is_diffusers_checkpoint(said) and (found := any_diffusers_type()):
-        pipeline = found[1].name
+        catch_all = found[1]
+        pipeline = catch_all.name
+        if catch_all.type_for_class is not None:
+            pipeline = str(load_attribute(catch_all.type_for_class)(said[DIFFUSERS_DESCRIPTOR]))
     if pipeline is None:
         said_text = ", ".join(kinds) if kinds else "no model_index.json or config.json type"
         raise ManifestError(

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from omnipipe.api import ResolvedPipeline
 from omnipipe.api.constants import VIDEO_STORE_ENV
-from omnipipe.api.families import makes_video, needs_store
+from omnipipe.api.pipeline_traits import makes_video, needs_store
 from omnipipe.local.children import die_with_parent
 
 START_TIMEOUT_SECONDS = 10.0

@@ -23,11 +23,16 @@ from starlette.requests import ClientDisconnect
 
 from omnipipe.api import ResolvedPipeline
 from omnipipe.api.constants import CREDENTIAL_HEADER, UPSTREAM_KEEP_ALIVE_SECONDS
-from omnipipe.api.families import keeps_voices, makes_video
 from omnipipe.api.loading import new_versions
+from omnipipe.api.pipeline_traits import keeps_voices, makes_audio, makes_video
 from omnipipe.api.roles import Role
 from omnipipe.api.tracing import make_tracer
 from omnipipe.router.api.admin import AdminService, admin_router
+from omnipipe.router.api.audio_generate import (
+    AudioGenerateRequest,
+    audio_generate_router,
+    audio_only_router,
+)
 from omnipipe.router.api.chat import ChatRequest, chat_router
 from omnipipe.router.api.common import error_param, stage_with_role
 from omnipipe.router.api.edits import ImageEditRequest, edits_router
@@ -68,6 +73,7 @@ BODY_MODELS: tuple[type[BaseModel], ...] = (
     SpeechRequest,
     GenerateRequest,
     VideoCreateRequest,
+    AudioGenerateRequest,
 )
 
 
@@ -261,7 +267,14 @@ def build_app(pipeline: ResolvedPipeline, settings: RouterSettings) -> FastAPI:
     )
     if voices is not None:
         voices.make_prompt = admin.voice_prompt
-    if videos is None:
+    if videos is not None:
+        known = KnownLimits(pool, client, {CREDENTIAL_HEADER: credential} if credential else {})
+        app.include_router(videos_router(orchestrator, serving_ids, videos, known))
+        app.include_router(video_only_router(pipeline))
+    elif makes_audio(pipeline.pipeline):
+        app.include_router(audio_generate_router(orchestrator, serving_ids))
+        app.include_router(audio_only_router(pipeline))
+    else:
         app.include_router(images_router(orchestrator, serving_ids))
         app.include_router(edits_router(orchestrator, serving_ids))
         app.include_router(chat_router(pipeline, orchestrator, serving_ids))
@@ -272,10 +285,6 @@ def build_app(pipeline: ResolvedPipeline, settings: RouterSettings) -> FastAPI:
         if stage_with_role(pipeline, Role.TALKER) is not None:
             app.include_router(voices_router(voices, admin.preset_voices))
         app.include_router(generate_router(pipeline, orchestrator, serving_ids, voices))
-    else:
-        known = KnownLimits(pool, client, {CREDENTIAL_HEADER: credential} if credential else {})
-        app.include_router(videos_router(orchestrator, serving_ids, videos, known))
-        app.include_router(video_only_router(pipeline))
     app.include_router(admin_router(admin))
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     return app

@@ -1,9 +1,9 @@
 """Which class runs a stage: the table of the pipeline type that the checkpoint's own files
 say it is (PipelineType.stage_classes), looked up by the stage's role and engine; the
-diffusers fallback's table (PipelineType.any_diffusers_checkpoint) where the pipeline is
-named the fallback, or no type claims a diffusers checkpoint. The classes themselves are
-the families' (omnipipe.api.families); a family never chooses them by reading the
-checkpoint again."""
+diffusers fallback's tables (PipelineType.any_diffusers_checkpoint) where the pipeline is
+named one of the fallback family's types, or no type claims a diffusers checkpoint. The
+classes themselves are the families' (omnipipe.api.families); a family never chooses
+them by reading the checkpoint again."""
 
 from __future__ import annotations
 
@@ -42,8 +42,11 @@ def checkpoint_type(model_path: str, pipeline: str | None = None) -> tuple[Famil
     said = checkpoint_descriptors(model_path)
     kinds = list(said.values())
     catch_all = any_diffusers_type() if is_diffusers_checkpoint(said) else None
-    if catch_all is not None and pipeline == catch_all[1].name:
-        return catch_all
+    if catch_all is not None:
+        # The fallback's types (images, videos, audio, edits) each run with their own table.
+        named = (p for p in catch_all[0].pipelines if p.name == pipeline)
+        if (kind := next(named, None)) is not None:
+            return catch_all[0], kind
     found = family_for_checkpoint(kinds) or catch_all
     if found is None:
         told = ", ".join(kinds) if kinds else "no model_index.json or config.json type"

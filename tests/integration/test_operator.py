@@ -184,27 +184,15 @@ def test_status_becomes_ready_with_kwok_pods_and_printer_columns(
         "denoise": 1,
         "decode": 1,
     }
+    endpoint = f"http://qwen-image-router.{namespace}.svc:8000/v1"
     table = cluster.kubectl("get", "omnip", "-n", namespace).stdout.splitlines()
-    assert table[0].split() == [
-        "NAME",
-        "READY",
-        "STAGES",
-        "PROGRESSING",
-        "CURRENT",
-        "UPDATE",
-        "ENDPOINT",
-        "AGE",
-    ]
+    assert table[0].split() == ["NAME", "MODEL", "STAGES", "READY", "REASON", "ENDPOINT", "AGE"]
     row = table[1].split()
-    assert row[:7] == [
-        "qwen-image",
-        "True",
-        "3/3",
-        "False",
-        REV,
-        REV,
-        f"http://qwen-image-router.{namespace}.svc:8000/v1",
-    ]
+    assert row[:6] == ["qwen-image", "Qwen/Qwen-Image", "3/3", "True", "Serving", endpoint]
+    # The rollout's columns are kubectl's wide ones.
+    wide = cluster.kubectl("get", "omnip", "-n", namespace, "-o", "wide").stdout.splitlines()
+    assert wide[0].split()[5:8] == ["PROGRESSING", "CURRENT", "UPDATE"]
+    assert wide[1].split()[5:8] == ["False", REV, REV]
     events = cluster.kubectl(
         "get", "events", "-n", namespace, "--field-selector", "involvedObject.kind=OmniPipeline"
     ).stdout
@@ -609,9 +597,9 @@ def test_model_change_rolls_out_a_revision_then_rollback_and_in_place_change(
     for rev, model in ((REV, "Qwen/Qwen-Image"), (rev2, "Qwen/Qwen-Image-2512")):
         config = get_json(cluster, "configmap", f"qwen-image-config-{rev}", "-n", namespace)
         assert f"model: {model}\n" in config["data"]["pipeline.yaml"]
-    table = cluster.kubectl("get", "omnip", "-n", namespace).stdout.splitlines()
+    table = cluster.kubectl("get", "omnip", "-n", namespace, "-o", "wide").stdout.splitlines()
     print("\n".join(table))  # the README shows this table (pytest -s)
-    assert table[1].split()[1:6] == ["True", "3/3", "True", REV, rev2]
+    assert table[1].split()[2:8] == ["3/3", "True", "Serving", "True", REV, rev2]
     assert "RolloutStarted" in _reasons(cluster, namespace)
     assert "RevisionSwitched" not in _reasons(cluster, namespace)
 
@@ -620,7 +608,7 @@ def test_model_change_rolls_out_a_revision_then_rollback_and_in_place_change(
     assert revision(changed) == rev2
     apply(cluster, namespace, changed)
     wait_for("revision 2 to serve alone", lambda: _rolled_to(cluster, namespace, rev2), timeout=90)
-    print(cluster.kubectl("get", "omnip", "-n", namespace).stdout)
+    print(cluster.kubectl("get", "omnip", "-n", namespace, "-o", "wide").stdout)
     assert not any(name.endswith(REV) for _, name in children(cluster, namespace, "qwen-image")), (
         "the old revision's children were not deleted"
     )

@@ -16,11 +16,12 @@ import torch
 
 from omnipipe.api.cpus import cores_of, split_cores, threads_for
 from omnipipe.api.spec import Role
-from omnipipe.api.wire import SubmitRequest
+from omnipipe.api.wire import StageEvent, SubmitRequest
 from omnipipe.stagekit.stage import (
     Chunk,
     Session,
     Stage,
+    StageInputError,
     StageJob,
     StageResult,
     StepOutcome,
@@ -686,3 +687,32 @@ async def test_a_one_shot_stage_that_steps_itself_reports_each_step_to_who_asks(
     ]
     assert [e.type for e in heard[0]][-1] == "done"
     assert [e.type for e in heard[1] if e.type == "progress"] == []
+
+
+async def test_a_request_whose_input_a_batch_refuses_fails_alone() -> None:
+    """A whole pipeline's call refuses a batch when one request's input is bad (diffusers'
+    check_inputs, an undecodable image): that request gets its 400, the others in the
+    call their results, not another client's error."""
+
+    class Refusing(Recording):
+        def run_batch(self, jobs: Sequence[StageJob]) -> list[StageResult]:
+            super().run_batch(jobs)
+            if any(job.params["id"] == "bad" for job in jobs):
+                raise StageInputError("image: not a decodable image", "image")
+            return [StageResult(outputs=[{"id": job.params["id"]}]) for job in jobs]
+
+    stage = Refusing()
+    rt = runtime(stage, wait_s=0.5)
+    jobs = {rid: rt.submit(request(rid)) for rid in ("a", "bad", "c")}
+    for rid in jobs:
+        await deliver(rt, rid)
+    await asyncio.wait_for(asyncio.gather(*(j.task for j in jobs.values() if j.task)), 10)
+    await rt.close()
+    assert stage.batches[0] == ["a", "bad", "c"]  # one call, refused
+    assert sorted(map(tuple, stage.batches[1:])) == [("a",), ("bad",), ("c",)]
+    ends: dict[str, StageEvent] = {}
+    for rid, job in jobs.items():
+        while not job.events.empty():
+            ends[rid] = job.events.get_nowait()
+    assert (ends["bad"].type, ends["bad"].param) == ("error", "image")
+    assert [ends[r].type for r in ("a", "c")] == ["done", "done"]

@@ -62,15 +62,16 @@ def test_crd_shape() -> None:
     assert crd["spec"]["scope"] == "Namespaced"
     version = crd["spec"]["versions"][0]
     assert version["subresources"] == {"status": {}}
-    assert [c["name"] for c in version["additionalPrinterColumns"]] == [
-        "Ready",
+    columns = version["additionalPrinterColumns"]
+    assert [c["name"] for c in columns if not c.get("priority")] == [
+        "Model",
         "Stages",
-        "Progressing",
-        "Current",
-        "Update",
+        "Ready",
+        "Reason",
         "Endpoint",
         "Age",
     ]
+    assert [c["name"] for c in columns if c.get("priority")] == ["Progressing", "Current", "Update"]
     spec = version["schema"]["openAPIV3Schema"]["properties"]["spec"]
     stages = spec["properties"]["stages"]
     assert stages["x-kubernetes-list-type"] == "map"

@@ -18,8 +18,9 @@ import torch
 from omnipipe.api import parse_resource, resolve
 from omnipipe.api.from_model import checkpoint_descriptors, manifest_for_model
 from omnipipe.checkpoints.tiny import resolve_model_path
+from omnipipe.families.diffusers_any.classes import refusal, type_for_class
 from omnipipe.families.diffusers_any.requests import EXTENSIONS
-from omnipipe.families.diffusers_any.stage import WholePipelineStage, refusal
+from omnipipe.families.diffusers_any.stage import WholePipelineStage
 from omnipipe.stagekit.stage import StageInputError, StageJob
 from omnipipe.worker.stage_classes import stage_class
 
@@ -167,11 +168,28 @@ def test_a_checkpoint_no_type_claims_is_served_by_the_fallback() -> None:
     assert stage_class(spec, flux, "flux") is not WholePipelineStage
 
 
-def test_a_pipeline_that_makes_no_images_is_refused_by_what_it_makes() -> None:
+def test_a_pipeline_that_makes_no_images_is_refused_naming_the_type_that_serves_it() -> None:
     spec, path = spec_of("tiny://wan"), resolve_model_path("tiny://wan")
     stage = stage_class(spec, path, "diffusers")(spec, path, "cpu")
-    with pytest.raises(NotImplementedError, match=r"WanPipeline makes videos; the diffusers"):
+    with pytest.raises(
+        NotImplementedError,
+        match=r"WanPipeline makes videos: serve it as pipeline diffusers-video, not diffusers",
+    ):
         stage.load()
+
+
+def test_what_a_class_makes_picks_the_fallback_type_of_a_model_named_alone() -> None:
+    """`omnipipe serve MODEL` on a checkpoint no family claims: its class's output decides
+    the endpoint; an unknown class falls to `diffusers`, whose stage refuses it by name."""
+    assert type_for_class("StableDiffusion3Pipeline") == "diffusers"
+    assert type_for_class("SanaPipeline") == "diffusers"
+    assert type_for_class("StableDiffusion3InpaintPipeline") == "diffusers-edit"
+    assert type_for_class("FluxImg2ImgPipeline") == "diffusers-edit"
+    assert type_for_class("CogVideoXPipeline") == "diffusers-video"
+    assert type_for_class("LTXPipeline") == "diffusers-video"
+    assert type_for_class("AudioLDMPipeline") == "diffusers-audio"
+    assert type_for_class("StableAudioPipeline") == "diffusers-audio"
+    assert type_for_class("NoSuchPipeline") == "diffusers"
 
 
 def test_what_the_fallback_cannot_serve_is_refused_by_its_class() -> None:
@@ -182,13 +200,25 @@ def test_what_the_fallback_cannot_serve_is_refused_by_its_class() -> None:
         StableDiffusionXLControlNetPipeline,
     )
 
-    assert refusal(StableDiffusion3Pipeline) is None
-    for needs_image in (
-        StableDiffusion3Img2ImgPipeline,
-        FluxInpaintPipeline,
-        StableDiffusionXLControlNetPipeline,
-    ):
-        assert f"{needs_image.__name__} needs an input image" in str(refusal(needs_image))
+    assert refusal(StableDiffusion3Pipeline, "diffusers") is None
+    # A ControlNet pipeline's image is its control, not the image an edit changes.
+    for serves in ("diffusers", "diffusers-edit"):
+        assert "takes a control image" in str(refusal(StableDiffusionXLControlNetPipeline, serves))
+    for needs_image in (StableDiffusion3Img2ImgPipeline, FluxInpaintPipeline):
+        assert f"{needs_image.__name__} edits images: serve it as pipeline diffusers-edit" in str(
+            refusal(needs_image, "diffusers")
+        )
+    assert "serve it as pipeline diffusers, not diffusers-video" in str(
+        refusal(StableDiffusion3Pipeline, "diffusers-video")
+    )
+    # /v1/videos and /v1/audio/generate take text alone: an image-to-video pipeline
+    # would load, then fail every job for want of its `image`.
+    from diffusers import CogVideoXImageToVideoPipeline, CogVideoXVideoToVideoPipeline
+
+    for needs_media in (CogVideoXImageToVideoPipeline, CogVideoXVideoToVideoPipeline):
+        assert f"{needs_media.__name__} needs an input image, video or clip" in str(
+            refusal(needs_media, "diffusers-video")
+        )
 
 
 def test_a_request_the_pipeline_refuses_is_the_clients_error() -> None:

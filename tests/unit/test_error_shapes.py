@@ -21,10 +21,10 @@ from fastapi.testclient import TestClient
 from PIL import Image
 
 from omnipipe.api.wire import StageEvent, SubmitRequest, event_lines
-from omnipipe.families.flux.inpaint import decode_mask
 from omnipipe.router.api.inputs import MAX_EDIT_IMAGE_PIXELS, check_edit_image
 from omnipipe.router.api.messages import thinker_messages
 from omnipipe.router.errors import BadRequest
+from omnipipe.stagekit.masks import decode_mask
 from omnipipe.stagekit.media import MAX_IMAGE_PIXELS, decode_image
 from omnipipe.stagekit.stage import StageInputError, refusal_message
 from tests.harness.pictures import broken_png

@@ -267,3 +267,17 @@ def test_one_type_at_most_runs_any_diffusers_checkpoint() -> None:
     with pytest.raises(FamilyError, match="runs any diffusers checkpoint, which family 'one'"):
         register([("one", "p", family("one", catch_all)), ("two", "q", family("two", other))])
     assert set(register([("one", "p", family("one", catch_all))])) == {"one"}
+
+
+def test_a_type_with_request_extensions_of_its_own_is_checked_by_them() -> None:
+    """The fallback's types take different requests (an image, a video, a clip of audio),
+    so each names its own extensions; a type that names none has its family's."""
+    from omnipipe.api.families import load_installed, requests_of
+
+    here = "omnipipe.families.diffusers_any"
+    assert requests_of("diffusers") == f"{here}.requests:EXTENSIONS"
+    assert requests_of("diffusers-video") == f"{here}.video_requests:EXTENSIONS"
+    assert requests_of("diffusers-audio") == f"{here}.audio_requests:EXTENSIONS"
+    assert requests_of("wan") == "omnipipe.families.wan.requests:EXTENSIONS"
+    assert requests_of("no-such-type") is None
+    assert "diffusers" in load_installed()

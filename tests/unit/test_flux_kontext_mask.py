@@ -17,8 +17,9 @@ import torch
 from PIL import Image
 
 from omnipipe.checkpoints.tiny import resolve_model_path
-from omnipipe.families.flux.inpaint import decode_mask, latent_mask, pack_mask
+from omnipipe.families.flux.inpaint import latent_mask, pack_mask
 from omnipipe.families.flux.requests import EXTENSIONS, KONTEXT_RESOLUTIONS, kontext_size
+from omnipipe.stagekit.masks import decode_mask
 from omnipipe.stagekit.stage import StageInputError, StageJob
 from tests.harness.pictures import picture, png_base64
 from tests.unit.test_flux import PIXEL_TOLERANCE, reference

@@ -3,18 +3,20 @@ family splits. Requests whose call settings agree (size, steps, guidance, whethe
 have a negative prompt) run in one call of the pipeline, each row with its own prompt and
 its own seeded generator, so a request's images are the ones the pipeline makes for it
 alone (tests/unit/test_diffusers_any.py). The pipeline's step callback reports progress
-and stops the loop once every request of the call is cancelled."""
+and ends the call once every request of it is cancelled. WholePipeline is what the
+fallback's four types share: the checkpoint's class, checked for the type, loaded whole,
+and its step callback."""
 
 from __future__ import annotations
 
 import inspect
 import logging
-import sys
 from collections.abc import Hashable, Sequence
 from typing import Any
 
 import torch
 
+from omnipipe.families.diffusers_any.classes import call_arguments, pipeline_class_named, refusal
 from omnipipe.stagekit.image_output import encoded_image
 from omnipipe.stagekit.params import int_param, prompt_of
 from omnipipe.stagekit.stage import (
@@ -26,56 +28,8 @@ from omnipipe.stagekit.stage import (
 )
 
 log = logging.getLogger(__name__)
-# What a pipeline's output dataclass holds, by the field that holds it.
-OUTPUT_FIELDS = {"images": "images", "frames": "videos", "audios": "audio"}
 # Call arguments a request sets; the rest keep the pipeline's defaults.
 SETTINGS = ("width", "height", "num_inference_steps", "guidance_scale")
-# What an image-to-image pipeline takes beside the prompt, by argument and by class name
-# (diffusers' own naming: StableDiffusion3Img2ImgPipeline, FluxInpaintPipeline, ...).
-IMAGE_INPUTS = frozenset({"image", "mask_image", "control_image"})
-IMAGE_INPUT_NAMES = ("Img2Img", "Inpaint", "ControlNet", "Edit")
-
-
-def output_kind(pipeline_class: type) -> str | None:
-    """What a pipeline class makes ("images", "videos" or "audio"), by the fields of the
-    output dataclasses its module defines or imports (diffusers' `BaseOutput`s:
-    StableDiffusion3PipelineOutput.images, WanPipelineOutput.frames,
-    AudioPipelineOutput.audios); None where they do not say one thing."""
-    from diffusers.utils.outputs import BaseOutput
-
-    module = sys.modules[pipeline_class.__module__]
-    kinds = {
-        OUTPUT_FIELDS[name]
-        for value in vars(module).values()
-        if isinstance(value, type) and issubclass(value, BaseOutput) and value is not BaseOutput
-        for name in getattr(value, "__dataclass_fields__", {})
-        if name in OUTPUT_FIELDS
-    }
-    return kinds.pop() if len(kinds) == 1 else None
-
-
-def refusal(pipeline_class: type) -> str | None:
-    """Why the fallback cannot serve a pipeline class on the image API, if it cannot: it
-    makes no images, it needs an input image (img2img, inpainting, ControlNet and edit
-    pipelines take `image` and the like, which a prompt alone does not give), or it has
-    no step callback (its steps could be neither watched nor cancelled)."""
-    name = pipeline_class.__name__
-    kind = output_kind(pipeline_class)
-    if kind != "images":
-        return (
-            f"{name} makes {kind or 'an output omnipipe cannot tell'}; the diffusers pipeline "
-            "serves image pipelines (POST /v1/images/generations)"
-        )
-    takes = set(inspect.signature(pipeline_class.__call__).parameters)
-    if missing := {"prompt", "generator", "output_type"} - takes:
-        return (
-            f"{name} takes no {', '.join(sorted(missing))}: it does not make images from a prompt"
-        )
-    if IMAGE_INPUTS & takes or any(word in name for word in IMAGE_INPUT_NAMES):
-        return f"{name} needs an input image: the diffusers pipeline serves text to image"
-    if "callback_on_step_end" not in takes:
-        return f"{name} has no step callback: its steps could not be watched or cancelled"
-    return None
 
 
 def optional_str(params: dict[str, Any], key: str) -> str | None:
@@ -87,28 +41,95 @@ def optional_str(params: dict[str, Any], key: str) -> str | None:
     return value
 
 
-class WholePipelineStage(Stage):
-    """Prompt -> the checkpoint's own diffusers pipeline -> images in the requested
-    format, base64."""
+class CallCancelled(Exception):
+    """Raised by the step callback once every request of a call is cancelled: it ends the
+    call at once. A pipeline's own `_interrupt` skips the steps left but still decodes
+    (for a video, the VAE's pass over every frame, the costliest piece after the steps),
+    and the older pipelines' `callback` has no interrupt at all."""
 
-    def load(self) -> None:
-        import diffusers
-        from diffusers import DiffusionPipeline
 
-        # Refused by its class, before any weights are read.
-        name = str(DiffusionPipeline.load_config(self.model_path)["_class_name"])
-        pipeline_class = getattr(diffusers, name, None)
-        if not isinstance(pipeline_class, type):
+class WholePipeline(Stage):
+    """A checkpoint's own diffusers pipeline, loaded whole, for the fallback's type
+    `serves`: a class that another of its types serves is refused naming that type."""
+
+    serves = "diffusers"
+
+    def checkpoint_class(self) -> type:
+        """The diffusers class the checkpoint's model_index.json names."""
+        name = str(pipeline_config(self.model_path)["_class_name"])
+        pipeline_class = pipeline_class_named(name)
+        if pipeline_class is None:
             raise NotImplementedError(f"{self.model_path}: diffusers has no pipeline {name!r}")
-        if (why := refusal(pipeline_class)) is not None:
+        return pipeline_class
+
+    def pipeline_class(self) -> type:
+        """The checkpoint's pipeline class, refused by its class before any weights are
+        read."""
+        pipeline_class = self.checkpoint_class()
+        if (why := refusal(pipeline_class, self.serves)) is not None:
             raise NotImplementedError(f"{self.model_path}: {why}")
+        return pipeline_class
+
+    def load_whole(self, pipeline_class: Any) -> Any:
+        """The pipeline, on the stage's device, with its progress bar off."""
         dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
-        log.info("loading %s whole on %s", self.model_path, self.device)
-        pipe: Any = DiffusionPipeline.from_pretrained(self.model_path, dtype=dtype)
+        log.info("loading %s whole on %s as %s", self.model_path, self.device, self.serves)
+        pipe: Any = pipeline_class.from_pretrained(self.model_path, dtype=dtype)
         pipe.to(self.device)
         pipe.set_progress_bar_config(disable=True)
-        self.pipe = pipe
-        self.takes = frozenset(inspect.signature(pipe.__call__).parameters)
+        return pipe
+
+    def load(self) -> None:
+        self.pipe = self.load_whole(self.pipeline_class())
+        self.takes = frozenset(inspect.signature(self.pipe.__call__).parameters)
+
+    def step_arguments(self, pipe: Any, jobs: Sequence[StageJob]) -> dict[str, Any]:
+        """The call's step callback, as the argument `pipe` takes one: the watchdog's
+        progress, each request's step count, and CallCancelled once all of the call's
+        requests are cancelled."""
+
+        def after_step(index: int) -> None:
+            self.progress()
+            # num_timesteps: the step-end pipelines' (after strength cuts an edit's); the
+            # older ones leave it to the scheduler.
+            steps = int(getattr(pipe, "num_timesteps", 0) or len(pipe.scheduler.timesteps))
+            for job in jobs:
+                job.on_step(index + 1, steps)
+            if all(job.cancelled.is_set() for job in jobs):
+                raise CallCancelled
+
+        takes = call_arguments(type(pipe))
+        if "callback_on_step_end" in takes:
+
+            def on_step_end(
+                caller: Any, index: int, timestep: Any, tensors: dict[str, Any]
+            ) -> dict[str, Any]:
+                after_step(index)
+                return {}
+
+            return {"callback_on_step_end": on_step_end}
+
+        # The older pipelines' (AudioLDM's, ModelScope's text-to-video): called after a
+        # step, every callback_steps.
+        def callback(index: int, timestep: Any, latents: Any) -> None:
+            after_step(index)
+
+        return {
+            "callback": callback,
+            **({"callback_steps": 1} if "callback_steps" in takes else {}),
+        }
+
+
+def pipeline_config(model_path: str) -> dict[str, Any]:
+    from diffusers import DiffusionPipeline
+
+    config: dict[str, Any] = DiffusionPipeline.load_config(model_path)
+    return config
+
+
+class WholePipelineStage(WholePipeline):
+    """Prompt -> the checkpoint's own diffusers pipeline -> images in the requested
+    format, base64."""
 
     def batch_key(self, job: StageJob) -> Hashable | None:
         # Validated in images(): a key never raises (the scheduler reads it unguarded).
@@ -157,7 +178,7 @@ class WholePipelineStage(Stage):
         arguments = self._call_arguments(jobs[0], bool(negatives))
         if negatives:
             arguments["negative_prompt"] = negatives
-        arguments["callback_on_step_end"] = self._on_step_end(jobs)
+        arguments.update(self.step_arguments(self.pipe, jobs))
         try:
             with torch.inference_mode():
                 made = list(
@@ -165,6 +186,8 @@ class WholePipelineStage(Stage):
                         prompt=prompts, generator=generators, output_type=output_type, **arguments
                     ).images
                 )
+        except CallCancelled:
+            return [None] * len(jobs)
         except ValueError as exc:
             # diffusers' check_inputs: what the pipeline refuses of a request (a size it
             # cannot make, a prompt too long) is the client's to change.
@@ -183,23 +206,3 @@ class WholePipelineStage(Stage):
 
     def run(self, job: StageJob) -> StageResult:
         return self.run_batch([job])[0]
-
-    def _on_step_end(self, jobs: Sequence[StageJob]) -> Any:
-        """The pipeline's step callback: the watchdog's progress, each request's step
-        count, and the loop interrupted once all are cancelled: the pipelines' own `_interrupt`
-        (diffusers 0.42; test_a_call_whose_requests_are_all_cancelled_stops fails the day it
-        goes)."""
-        pipe = self.pipe
-
-        def on_step_end(
-            caller: Any, index: int, timestep: Any, tensors: dict[str, Any]
-        ) -> dict[str, Any]:
-            self.progress()
-            steps = int(getattr(caller, "num_timesteps", 0) or 0)
-            for job in jobs:
-                job.on_step(index + 1, steps)
-            if all(job.cancelled.is_set() for job in jobs):
-                pipe._interrupt = True
-            return {}
-
-        return on_step_end

@@ -12,8 +12,9 @@ from typing import Any
 import torch
 
 from omnipipe.families.flux import requests
-from omnipipe.families.flux.inpaint import decode_mask, latent_mask
+from omnipipe.families.flux.inpaint import latent_mask
 from omnipipe.families.flux.loading import load_flux
+from omnipipe.stagekit.masks import decode_mask
 from omnipipe.stagekit.media import decode_image
 from omnipipe.stagekit.stage import Stage, StageInputError, StageJob, StageResult
 from omnipipe.stagekit.usage import input_image_tokens

@@ -5,17 +5,12 @@ by the router, so it stays light: no torch, no diffusers."""
 
 from __future__ import annotations
 
-import math
-import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from omnipipe.api.families import RequestProblem
-from omnipipe.api.plain_text import PLAIN_DECIMAL, shown
+from omnipipe.api.request_fields import given, integer_field, number_field, size_field
 
-# ASCII digits only: \d alone takes any script's (fullwidth, Arabic-Indic), and int()
-# reads them.
-SIZE = re.compile(r"([0-9]{1,5})x([0-9]{1,5})")
 SIDE_MULTIPLE, MIN_SIDE, MAX_SIDE = 16, 16, 1280
 FRAME_STEP, MAX_FRAMES = 4, 257
 MAX_FPS = 60
@@ -48,41 +43,11 @@ DEFAULT_FRAMES = frames_for(DEFAULT_SECONDS, DEFAULT_FPS)
 
 
 def _number(request: Mapping[str, Any], key: str, default: float, low: float, high: float) -> float:
-    value = request.get(key)
-    if value is None or value == "":
-        return default
-    if isinstance(value, bool) or (isinstance(value, str) and not PLAIN_DECIMAL.fullmatch(value)):
-        raise RequestProblem(f"{key} must be a number, got {shown(value)}", key)
-    try:
-        number = float(value)
-    except (TypeError, ValueError, OverflowError):
-        raise RequestProblem(f"{key} must be a number, got {shown(value)}", key) from None
-    if not math.isfinite(number) or not low <= number <= high:
-        raise RequestProblem(f"{key} must be between {low:g} and {high:g}, got {shown(value)}", key)
-    return number
+    return number_field(request, key, low, high) if given(request, key) else default
 
 
 def _integer(request: Mapping[str, Any], key: str, default: int, low: int, high: int) -> int:
-    number = _number(request, key, default, low, high)
-    if number != int(number):
-        raise RequestProblem(f"{key} must be an integer, got {request.get(key)!r}", key)
-    return int(number)
-
-
-def _size(request: Mapping[str, Any]) -> tuple[int, int]:
-    size = request.get("size") or DEFAULT_SIZE
-    m = SIZE.fullmatch(str(size))
-    if not m:
-        raise RequestProblem(f"size must look like {DEFAULT_SIZE}, got {size!r}", "size")
-    width, height = int(m[1]), int(m[2])
-    for side in (width, height):
-        if not MIN_SIDE <= side <= MAX_SIDE or side % SIDE_MULTIPLE:
-            raise RequestProblem(
-                f"size sides must be multiples of {SIDE_MULTIPLE} from {MIN_SIDE} to "
-                f"{MAX_SIDE}, got {size!r}",
-                "size",
-            )
-    return width, height
+    return integer_field(request, key, low, high) if given(request, key) else default
 
 
 def _frames(request: Mapping[str, Any], fps: int) -> int:
@@ -144,7 +109,7 @@ class WanRequests:
 
     def video_params(self, request: Mapping[str, Any]) -> dict[str, Any]:
         """The stages' parameters for a video request (prompt and seed are the router's)."""
-        width, height = _size(request)
+        width, height = size_field(request, DEFAULT_SIZE, SIDE_MULTIPLE, MIN_SIDE, MAX_SIDE)
         fps = _integer(request, "fps", DEFAULT_FPS, 1, MAX_FPS)
         negative = request.get("negative_prompt")
         if negative is not None and not isinstance(negative, str):

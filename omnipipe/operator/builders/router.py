@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from omnipipe.api import constants as c
-from omnipipe.api.families import needs_store
 from omnipipe.api.names import router_labels, router_object_name, router_selector
+from omnipipe.api.pipeline_traits import needs_store
 from omnipipe.operator.builders.common import (
     Manifest,
     config_mount,

@@ -14,7 +14,7 @@ from fastapi import Request
 from pydantic import BaseModel, ValidationError
 
 from omnipipe.api import ResolvedPipeline
-from omnipipe.api.families import RequestExtensions, RequestProblem, family_of, load_attribute
+from omnipipe.api.families import RequestExtensions, RequestProblem, load_attribute, requests_of
 from omnipipe.api.plain_text import shown
 from omnipipe.api.spec import Role
 from omnipipe.api.stage_spec import Sampling
@@ -98,11 +98,11 @@ def check_model(model: str, model_ids: set[str]) -> None:
 
 
 def family_requests(pipeline: ResolvedPipeline) -> RequestExtensions | None:
-    """The request extensions of the family that registered the pipeline's type."""
-    family = family_of(pipeline.pipeline)
-    if family is None or family.requests is None:
+    """The request extensions of the pipeline's type (its own, or its family's)."""
+    reference = requests_of(pipeline.pipeline)
+    if reference is None:
         return None
-    extensions: RequestExtensions = load_attribute(family.requests)
+    extensions: RequestExtensions = load_attribute(reference)
     return extensions
 
 

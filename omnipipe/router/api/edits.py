@@ -18,7 +18,8 @@ from starlette.datastructures import FormData, UploadFile
 from starlette.exceptions import HTTPException
 
 from omnipipe.api.edit import condition_size
-from omnipipe.api.families import RequestProblem, edit_image_roles, max_edit_images, takes_mask
+from omnipipe.api.families import RequestProblem
+from omnipipe.api.pipeline_traits import edit_image_roles, max_edit_images, takes_mask
 from omnipipe.api.plain_text import PLAIN_DECIMAL, shown
 from omnipipe.router.api.adapters import LoraRequest, lora_param
 from omnipipe.router.api.common import (
@@ -152,8 +153,6 @@ async def parse_edit(form: FormData) -> ImageEditRequest:
         body = ImageEditRequest.model_validate({**fields, **lora_of(lora), "image": raws, **mask})
     except ValidationError as exc:
         raise bad_request(exc, {**fields, **lora_of(lora)}) from None
-    if body.model_extra:
-        log.info("ignoring unknown image edit fields: %s", sorted(body.model_extra))
     return body
 
 
@@ -193,11 +192,21 @@ def checked_images(body: ImageEditRequest, most: int) -> list[tuple[int, int]]:
     return sizes
 
 
-def edit_size(body: ImageEditRequest, width: int, height: int) -> tuple[int, int]:
-    """The output size: the size asked, or auto: the last input's conditioning size."""
-    if body.size == "auto":
+def edit_size(
+    body: ImageEditRequest, extensions: object, width: int, height: int
+) -> tuple[int, int]:
+    """The output size: the size asked, or auto: the last input's size as its family
+    makes it (its extensions' edit_size), else its conditioning size."""
+    if body.size != "auto":
+        return parse_size(body.size)
+    made_at = getattr(extensions, "edit_size", None)
+    if made_at is None:
         return condition_size(width, height)
-    return parse_size(body.size)
+    try:
+        made_w, made_h = made_at(width, height)
+    except RequestProblem as exc:
+        raise BadRequest(exc.message, param=exc.param) from None
+    return int(made_w), int(made_h)
 
 
 def checked_mask(body: ImageEditRequest, kind: str, image: tuple[int, int]) -> str | None:
@@ -274,8 +283,13 @@ def edits_router(orchestrator: Orchestrator, model_ids: Callable[[], set[str]]) 
         mask = checked_mask(body, kind, sizes[0])
         # A family's own defaults and refusals for an edit (FLUX.1 Kontext's).
         extensions = family_requests(orchestrator.pipeline)
+        # What the family reads of the form's other fields (diffusers-edit's strength).
+        if unread := sorted(
+            set(body.model_extra or {}) - getattr(extensions, "edit_fields", set())
+        ):
+            log.info("ignoring unknown image edit fields: %s", unread)
         masked_size = None if mask is None else masked_edit_size(body, extensions, sizes[0])
-        size = masked_size or edit_size(body, *sizes[-1])
+        size = masked_size or edit_size(body, extensions, *sizes[-1])
         fields = body.model_dump(exclude={"image", "size", "mask"})
         params = image_params(
             ImageGenerationRequest(**fields), size, cfg_guidance_above(extensions)

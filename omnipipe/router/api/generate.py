@@ -25,7 +25,7 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from omnipipe.api import ResolvedPipeline
-from omnipipe.api.families import SPEECH_FIELDS
+from omnipipe.api.pipeline_traits import SPEECH_FIELDS
 from omnipipe.api.plain_text import shown
 from omnipipe.api.spec import Role
 from omnipipe.router.api.adapters import LoraRequest, lora_param, set_stage_lora

@@ -17,6 +17,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from omnipipe.api import ResolvedPipeline
+from omnipipe.api.pipeline_traits import edits
 from omnipipe.api.plain_text import shown
 from omnipipe.api.spec import Role
 from omnipipe.api.wire import IMAGE_TOKENS, OUTPUT_TOKENS, TEXT_TOKENS
@@ -242,8 +243,10 @@ async def respond_with_images(
 
 
 def edits_images(orchestrator: Orchestrator) -> bool:
-    """An image-edit graph: it has a stage that encodes the input image."""
-    return stage_with_role(orchestrator.pipeline, Role.VAE_ENCODER) is not None
+    """An image-edit graph: it has a stage that encodes the input image, or its type says
+    it edits (a whole pipeline in one stage)."""
+    pipeline = orchestrator.pipeline
+    return stage_with_role(pipeline, Role.VAE_ENCODER) is not None or edits(pipeline.pipeline)
 
 
 def images_router(orchestrator: Orchestrator, model_ids: Callable[[], set[str]]) -> APIRouter:

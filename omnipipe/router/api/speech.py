@@ -16,7 +16,7 @@ from fastapi.responses import Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from omnipipe.api import ResolvedPipeline
-from omnipipe.api.families import SPEECH_FIELDS, speech_fields
+from omnipipe.api.pipeline_traits import SPEECH_FIELDS, speech_fields
 from omnipipe.api.plain_text import shown
 from omnipipe.api.spec import Role
 from omnipipe.router.api.adapters import set_stage_lora

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from omnipipe.api.wire import StageEvent
-from omnipipe.stagekit.stage import Stage
+from omnipipe.stagekit.stage import Stage, StageInputError
 from omnipipe.worker.jobs import Job
 from omnipipe.worker.scheduling.queued import QueuedScheduler
 
@@ -36,13 +36,25 @@ class OneShotScheduler(QueuedScheduler[Stage]):
                 loop = asyncio.get_running_loop()
                 for job in batch:
                     report_steps(job, loop)
-                stage_jobs = [j.stage_job for j in batch if j.stage_job is not None]
-                try:
-                    results = await self.host.engine.run(self.stage.run_batch, stage_jobs)
-                except Exception as exc:
-                    for job in batch:
-                        self._settle(job, None, exc)
-                else:
-                    for job, result in zip(batch, results, strict=True):
-                        self._settle(job, result, None)
+                await self._run(batch)
                 self.host.load_changed()
+
+    async def _run(self, batch: list[Job]) -> None:
+        stage_jobs = [j.stage_job for j in batch if j.stage_job is not None]
+        try:
+            results = await self.host.engine.run(self.stage.run_batch, stage_jobs)
+        except StageInputError as exc:
+            if len(batch) == 1:
+                self._settle(batch[0], None, exc)
+                return
+            # One request's input refused fails the call it shares: each runs again
+            # alone, so that the refusal reaches the request it is about and the others
+            # are answered, not failed with another client's 400.
+            for job in batch:
+                await self._run([job])
+        except Exception as exc:
+            for job in batch:
+                self._settle(job, None, exc)
+        else:
+            for job, result in zip(batch, results, strict=True):
+                self._settle(job, result, None)
