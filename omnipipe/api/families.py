@@ -133,10 +133,11 @@ class RequestExtensions(Protocol):
     # that a negative prompt at or below it is refused; 1 (true CFG's) where unsaid.
     # Optional methods (read with getattr): edit_params(request), stage parameters for
     # /v1/images/edits (from the extension fields in edit_fields); edit_size(width,
-    # height), the size of an edit sent with none; masked_edit_size(width, height), the (width, height) a masked
-    # edit of a first input of width x height is made at, where its model fixes it (size
-    # auto is that size, and another is refused); video_params(request) and
-    # audio_params(request), stage parameters for /v1/videos and /v1/audio/generate.
+    # height), the size of an edit sent with none; masked_edit_size(width, height), the
+    # (width, height) a masked edit of a first input of width x height is made at, where
+    # its model fixes it (size auto is that size, and another is refused);
+    # video_params(request) and audio_params(request), stage parameters for /v1/videos
+    # and /v1/audio/generate.
 
     def image_params(self, request: Mapping[str, Any]) -> dict[str, Any]:
         """Stage parameters for /v1/images/generations."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from omnipipe.api.families import RequestProblem
@@ -62,3 +62,33 @@ def size_field(
                 "size",
             )
     return width, height
+
+
+def text_field(request: Mapping[str, Any], key: str, most: int) -> str:
+    """The field's text, at most `most` characters; "" where unset."""
+    value = request.get(key)
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise RequestProblem(f"{key} must be a string", key)
+    if len(value) > most:
+        raise RequestProblem(f"{key}: at most {most} characters, got {len(value)}", key)
+    return value
+
+
+class TextToVideoRequests:
+    """What a text-to-video type's request extensions share: /v1/videos alone, and the
+    extension fields its video_params reads (the router logs the others it is sent)."""
+
+    chat_makes_images = False
+    video_fields = frozenset(
+        {"num_frames", "fps", "negative_prompt", "num_inference_steps", "guidance_scale"}
+    )
+
+    def image_params(self, request: Mapping[str, Any]) -> dict[str, Any]:
+        raise RequestProblem("this pipeline makes videos: send the prompt to POST /v1/videos")
+
+    def chat_image_params(
+        self, request: Mapping[str, Any], parse_size: Callable[[str], tuple[int, int]]
+    ) -> dict[str, Any]:
+        raise RequestProblem("this pipeline makes videos: send the prompt to POST /v1/videos")

@@ -27,12 +27,16 @@ from omnipipe.families.diffusers_any.classes import (
     refusal,
     type_of,
 )
-from omnipipe.families.diffusers_any.stage import CallCancelled, WholePipeline, optional_str
-from omnipipe.stagekit.image_output import encoded_image
+from omnipipe.families.diffusers_any.stage import (
+    CallCancelled,
+    WholeImagePipeline,
+    optional_str,
+    rows_of,
+)
 from omnipipe.stagekit.masks import decode_mask
 from omnipipe.stagekit.media import decode_image
 from omnipipe.stagekit.params import int_param, prompt_of
-from omnipipe.stagekit.stage import StageInputError, StageJob, StageResult, refusal_message
+from omnipipe.stagekit.stage import StageInputError, StageJob, refusal_message
 
 TEXT_TO_IMAGE = TYPE_FOR_OUTPUT["images"]
 # Call arguments a request sets, by its field; None keeps the pipeline's default.
@@ -52,7 +56,7 @@ class EditRequest:
     size: tuple[int, int]
 
 
-class WholeEditStage(WholePipeline):
+class WholeEditStage(WholeImagePipeline):
     """An input image and a prompt (and OpenAI's mask) -> the checkpoint's img2img (or
     inpainting) pipeline -> images in the requested format, base64."""
 
@@ -224,17 +228,4 @@ class WholeEditStage(WholePipeline):
             # diffusers' check_inputs: what the pipeline refuses of a request (a size it
             # cannot make, a strength that leaves no step) is the client's to change.
             raise StageInputError(refusal_message(exc)) from exc
-        each: list[list[Any] | None] = []
-        for job, r in zip(jobs, requests, strict=True):
-            mine, made = made[: r.n], made[r.n :]
-            each.append(None if job.cancelled.is_set() else mine)
-        return each
-
-    def run_batch(self, jobs: Sequence[StageJob]) -> list[StageResult]:
-        return [
-            StageResult(outputs=[encoded_image(i, job.params) for i in images or ()])
-            for job, images in zip(jobs, self.images(jobs, "pil"), strict=True)
-        ]
-
-    def run(self, job: StageJob) -> StageResult:
-        return self.run_batch([job])[0]
+        return rows_of(jobs, [r.n for r in requests], made)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+from abc import abstractmethod
 from collections.abc import Hashable, Sequence
 from typing import Any
 
@@ -127,7 +128,38 @@ def pipeline_config(model_path: str) -> dict[str, Any]:
     return config
 
 
-class WholePipelineStage(WholePipeline):
+def rows_of(
+    jobs: Sequence[StageJob], counts: Sequence[int], made: Sequence[Any]
+) -> list[list[Any] | None]:
+    """Each job's rows of one call's output, counts[i] rows the i-th job's, in order;
+    None for a job cancelled meanwhile."""
+    each: list[list[Any] | None] = []
+    start = 0
+    for job, n in zip(jobs, counts, strict=True):
+        each.append(None if job.cancelled.is_set() else list(made[start : start + n]))
+        start += n
+    return each
+
+
+class WholeImagePipeline(WholePipeline):
+    """A whole pipeline whose requests' results are its images, each encoded as the
+    request asked (PNG, JPEG or WebP, base64)."""
+
+    @abstractmethod
+    def images(self, jobs: Sequence[StageJob], output_type: str) -> list[list[Any] | None]:
+        """Each job's images, from one call of the pipeline; None for a job cancelled."""
+
+    def run_batch(self, jobs: Sequence[StageJob]) -> list[StageResult]:
+        return [
+            StageResult(outputs=[encoded_image(i, job.params) for i in images or ()])
+            for job, images in zip(jobs, self.images(jobs, "pil"), strict=True)
+        ]
+
+    def run(self, job: StageJob) -> StageResult:
+        return self.run_batch([job])[0]
+
+
+class WholePipelineStage(WholeImagePipeline):
     """Prompt -> the checkpoint's own diffusers pipeline -> images in the requested
     format, base64."""
 
@@ -192,17 +224,4 @@ class WholePipelineStage(WholePipeline):
             # diffusers' check_inputs: what the pipeline refuses of a request (a size it
             # cannot make, a prompt too long) is the client's to change.
             raise StageInputError(refusal_message(exc)) from exc
-        each: list[list[Any] | None] = []
-        for job, n in zip(jobs, counts, strict=True):
-            mine, made = made[:n], made[n:]
-            each.append(None if job.cancelled.is_set() else mine)
-        return each
-
-    def run_batch(self, jobs: Sequence[StageJob]) -> list[StageResult]:
-        return [
-            StageResult(outputs=[encoded_image(i, job.params) for i in images or ()])
-            for job, images in zip(jobs, self.images(jobs, "pil"), strict=True)
-        ]
-
-    def run(self, job: StageJob) -> StageResult:
-        return self.run_batch([job])[0]
+        return rows_of(jobs, counts, made)

@@ -8,11 +8,18 @@ the router, so it stays light: no torch, no diffusers."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from omnipipe.api.families import RequestProblem
-from omnipipe.api.request_fields import given, integer_field, number_field, size_field
+from omnipipe.api.request_fields import (
+    TextToVideoRequests,
+    given,
+    integer_field,
+    number_field,
+    size_field,
+    text_field,
+)
 
 # A VAE 8x down and a DiT's 2x2 patches (CogVideoX's, Wan's, HunyuanVideo's, Mochi's);
 # the largest side is CogVideoX 1.5's 1360x768.
@@ -91,41 +98,13 @@ def _check_work(
         )
 
 
-def _negative_prompt(request: Mapping[str, Any]) -> str:
-    negative = request.get("negative_prompt")
-    if negative is None:
-        return ""
-    if not isinstance(negative, str):
-        raise RequestProblem("negative_prompt must be a string", "negative_prompt")
-    if len(negative) > MAX_PROMPT_CHARS:
-        raise RequestProblem(
-            f"negative_prompt: at most {MAX_PROMPT_CHARS} characters, got {len(negative)}",
-            "negative_prompt",
-        )
-    return negative
-
-
-class DiffusersVideoRequests:
-    chat_makes_images = False
-    # The extension fields video_params reads: the router logs the others it is sent.
-    video_fields = frozenset(
-        {"num_frames", "fps", "negative_prompt", "num_inference_steps", "guidance_scale"}
-    )
-
-    def image_params(self, request: Mapping[str, Any]) -> dict[str, Any]:
-        raise RequestProblem("this pipeline makes videos: send the prompt to POST /v1/videos")
-
-    def chat_image_params(
-        self, request: Mapping[str, Any], parse_size: Callable[[str], tuple[int, int]]
-    ) -> dict[str, Any]:
-        raise RequestProblem("this pipeline makes videos: send the prompt to POST /v1/videos")
-
+class DiffusersVideoRequests(TextToVideoRequests):
     def video_params(self, request: Mapping[str, Any]) -> dict[str, Any]:
         """The stage's parameters for a video request (prompt and seed are the router's);
         None: the pipeline's own default."""
         width, height = size_field(request, DEFAULT_SIZE, SIDE_MULTIPLE, MIN_SIDE, MAX_SIDE)
         fps = integer_field(request, "fps", 1, MAX_FPS) if given(request, "fps") else DEFAULT_FPS
-        negative = _negative_prompt(request)
+        negative = text_field(request, "negative_prompt", MAX_PROMPT_CHARS)
         frames = _frames(request, fps)
         steps = None
         if given(request, "num_inference_steps"):

@@ -5,11 +5,18 @@ by the router, so it stays light: no torch, no diffusers."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from omnipipe.api.families import RequestProblem
-from omnipipe.api.request_fields import given, integer_field, number_field, size_field
+from omnipipe.api.request_fields import (
+    TextToVideoRequests,
+    given,
+    integer_field,
+    number_field,
+    size_field,
+    text_field,
+)
 
 SIDE_MULTIPLE, MIN_SIDE, MAX_SIDE = 16, 16, 1280
 FRAME_STEP, MAX_FRAMES = 4, 257
@@ -92,33 +99,12 @@ def _check_work(
         )
 
 
-class WanRequests:
-    chat_makes_images = False
-    # The extension fields video_params reads: the router logs the others it is sent.
-    video_fields = frozenset(
-        {"num_frames", "fps", "negative_prompt", "num_inference_steps", "guidance_scale"}
-    )
-
-    def image_params(self, request: Mapping[str, Any]) -> dict[str, Any]:
-        raise RequestProblem("this pipeline makes videos: send the prompt to POST /v1/videos")
-
-    def chat_image_params(
-        self, request: Mapping[str, Any], parse_size: Callable[[str], tuple[int, int]]
-    ) -> dict[str, Any]:
-        raise RequestProblem("this pipeline makes videos: send the prompt to POST /v1/videos")
-
+class WanRequests(TextToVideoRequests):
     def video_params(self, request: Mapping[str, Any]) -> dict[str, Any]:
         """The stages' parameters for a video request (prompt and seed are the router's)."""
         width, height = size_field(request, DEFAULT_SIZE, SIDE_MULTIPLE, MIN_SIDE, MAX_SIDE)
         fps = _integer(request, "fps", DEFAULT_FPS, 1, MAX_FPS)
-        negative = request.get("negative_prompt")
-        if negative is not None and not isinstance(negative, str):
-            raise RequestProblem("negative_prompt must be a string", "negative_prompt")
-        if negative is not None and len(negative) > MAX_PROMPT_CHARS:
-            raise RequestProblem(
-                f"negative_prompt: at most {MAX_PROMPT_CHARS} characters, got {len(negative)}",
-                "negative_prompt",
-            )
+        negative = text_field(request, "negative_prompt", MAX_PROMPT_CHARS)
         frames = _frames(request, fps)
         steps = _integer(request, "num_inference_steps", DEFAULT_STEPS, 1, MAX_STEPS)
         _check_work(request, width, height, frames, steps)
@@ -129,7 +115,7 @@ class WanRequests:
             "num_frames": frames,
             "num_inference_steps": steps,
             "guidance_scale": _number(request, "guidance_scale", DEFAULT_GUIDANCE, 0, 50),
-            "negative_prompt": negative or "",
+            "negative_prompt": negative,
         }
 
 
