@@ -15,7 +15,6 @@ import numpy as np
 import pytest
 import torch
 
-from omnipipe.api import parse_resource, resolve
 from omnipipe.api.from_model import checkpoint_descriptors, manifest_for_model
 from omnipipe.checkpoints.tiny import resolve_model_path
 from omnipipe.families.diffusers_any.classes import refusal, type_for_class
@@ -23,6 +22,7 @@ from omnipipe.families.diffusers_any.requests import EXTENSIONS
 from omnipipe.families.diffusers_any.stage import WholePipelineStage
 from omnipipe.stagekit.stage import StageInputError, StageJob
 from omnipipe.worker.stage_classes import stage_class
+from tests.harness.fallback import cancelled_at_first_step, fallback_spec, fallback_stage
 
 pytestmark = pytest.mark.timeout(600)
 BASE = {"width": 64, "height": 96, "num_inference_steps": 3, "guidance_scale": 5.0}
@@ -35,25 +35,14 @@ PIXEL_TOLERANCE = 1e-4
 MODELS = ("tiny://sd3", "tiny://sana")
 
 
-def spec_of(model: str) -> Any:
-    return resolve(
-        parse_resource(
-            {
-                "apiVersion": "omnipipe.io/v1alpha1",
-                "kind": "OmniPipeline",
-                "metadata": {"name": "fallback"},
-                "spec": {"model": model, "pipeline": "diffusers"},
-            }
-        )
-    ).stage("pipeline")
-
-
 def loaded(model: str) -> WholePipelineStage:
-    spec, path = spec_of(model), resolve_model_path(model)
-    stage = stage_class(spec, path, "diffusers")(spec, path, "cpu")
-    assert isinstance(stage, WholePipelineStage)
+    stage = fallback_stage(model, "diffusers", WholePipelineStage)
     stage.load()
     return stage
+
+
+def spec_of(model: str) -> Any:
+    return fallback_spec(model, "diffusers")
 
 
 def reference(stage: WholePipelineStage, params: dict[str, Any]) -> np.ndarray:
@@ -141,17 +130,10 @@ def test_unset_settings_keep_the_pipelines_defaults_and_each_step_is_reported() 
 
 def test_a_call_whose_requests_are_all_cancelled_stops() -> None:
     stage = loaded("tiny://sd3")
-    job = StageJob({**REQUESTS[0], "num_inference_steps": 20, "width": 32, "height": 32}, {})
-    steps: list[int] = []
-
-    def cancel_at_first(step: int, total: int) -> None:
-        steps.append(step)
-        job.cancelled.set()
-
-    job.on_step = cancel_at_first
-    [result] = stage.run_batch([job])
+    params = {**REQUESTS[0], "num_inference_steps": 20, "width": 32, "height": 32}
+    result, steps = cancelled_at_first_step(stage, params)
     assert result.outputs == []
-    assert steps == [1]  # the other 19 were skipped
+    assert steps == [(1, 20)]  # the other 19 were skipped
 
 
 def test_a_checkpoint_no_type_claims_is_served_by_the_fallback() -> None:

@@ -15,14 +15,14 @@ import numpy as np
 import pytest
 import torch
 
-from omnipipe.api import parse_resource, resolve
 from omnipipe.api.families import RequestProblem
 from omnipipe.api.from_model import checkpoint_descriptors, manifest_for_model
 from omnipipe.checkpoints.tiny import resolve_model_path
 from omnipipe.families.diffusers_any.audio import WholeAudioStage, mono
 from omnipipe.families.diffusers_any.audio_requests import EXTENSIONS, MAX_AUDIO_SECONDS
+from omnipipe.families.diffusers_any.stage import WholePipelineStage
 from omnipipe.stagekit.stage import StageInputError, StageJob
-from omnipipe.worker.stage_classes import stage_class
+from tests.harness.fallback import cancelled_at_first_step, fallback_stage
 
 pytestmark = pytest.mark.timeout(120)
 MODEL = "tiny://audioldm"
@@ -38,24 +38,9 @@ TOLERANCE = 1e-4
 PCM_TOLERANCE = TOLERANCE + 1 / 32767
 
 
-def spec_of(pipeline: str) -> Any:
-    return resolve(
-        parse_resource(
-            {
-                "apiVersion": "omnipipe.io/v1alpha1",
-                "kind": "OmniPipeline",
-                "metadata": {"name": "sounds"},
-                "spec": {"model": MODEL, "pipeline": pipeline},
-            }
-        )
-    ).stage("pipeline")
-
-
 @pytest.fixture(scope="module")
 def stage() -> WholeAudioStage:
-    spec, path = spec_of("diffusers-audio"), resolve_model_path(MODEL)
-    loaded = stage_class(spec, path, "diffusers-audio")(spec, path, "cpu")
-    assert isinstance(loaded, WholeAudioStage)
+    loaded = fallback_stage(MODEL, "diffusers-audio", WholeAudioStage)
     loaded.load()
     return loaded
 
@@ -153,17 +138,9 @@ def test_unset_settings_keep_the_pipelines_defaults_and_each_step_is_reported(
 
 
 def test_a_call_whose_requests_are_all_cancelled_stops(stage: WholeAudioStage) -> None:
-    job = StageJob({**REQUESTS[0], "num_inference_steps": 20}, {})
-    steps: list[int] = []
-
-    def cancel_at_first(step: int, total: int) -> None:
-        steps.append(step)
-        job.cancelled.set()
-
-    job.on_step = cancel_at_first
-    [result] = stage.run_batch([job])
+    result, steps = cancelled_at_first_step(stage, {**REQUESTS[0], "num_inference_steps": 20})
     assert result.outputs == []
-    assert steps == [1]  # the other 19 were skipped
+    assert steps == [(1, 20)]  # the other 19 were skipped
 
 
 def test_a_cancelled_request_leaves_the_others_of_its_call(stage: WholeAudioStage) -> None:
@@ -199,8 +176,7 @@ def test_the_model_named_alone_is_served_as_audio_and_no_other_type_runs_it() ->
     assert manifest_for_model(MODEL, checkpoint_descriptors(path)).spec.pipeline == (
         "diffusers-audio"
     )
-    spec = spec_of("diffusers")
-    image_stage = stage_class(spec, path, "diffusers")(spec, path, "cpu")
+    image_stage = fallback_stage(MODEL, "diffusers", WholePipelineStage)
     with pytest.raises(
         NotImplementedError,
         match="AudioLDMPipeline makes audio: serve it as pipeline diffusers-audio, not diffusers",

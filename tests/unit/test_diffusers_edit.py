@@ -16,13 +16,12 @@ import pytest
 import torch
 from PIL import Image
 
-from omnipipe.api import parse_resource, resolve
 from omnipipe.api.families import RequestProblem
 from omnipipe.checkpoints.tiny import resolve_model_path
 from omnipipe.families.diffusers_any.edit import WholeEditStage
 from omnipipe.families.diffusers_any.edit_requests import EXTENSIONS
 from omnipipe.stagekit.stage import StageInputError, StageJob
-from omnipipe.worker.stage_classes import stage_class
+from tests.harness.fallback import cancelled_at_first_step, fallback_stage
 from tests.harness.pictures import broken_png, picture, png_base64
 
 pytestmark = pytest.mark.timeout(300)
@@ -34,24 +33,8 @@ EDITED_COLUMNS = 32
 LATENT = 8
 
 
-def spec_of(model: str) -> Any:
-    return resolve(
-        parse_resource(
-            {
-                "apiVersion": "omnipipe.io/v1alpha1",
-                "kind": "OmniPipeline",
-                "metadata": {"name": "edit"},
-                "spec": {"model": model, "pipeline": "diffusers-edit"},
-            }
-        )
-    ).stage("pipeline")
-
-
 def edit_stage(model: str) -> WholeEditStage:
-    spec, path = spec_of(model), resolve_model_path(model)
-    stage = stage_class(spec, path, "diffusers-edit")(spec, path, "cpu")
-    assert isinstance(stage, WholeEditStage)
-    return stage
+    return fallback_stage(model, "diffusers-edit", WholeEditStage)
 
 
 @pytest.fixture(scope="module")
@@ -290,14 +273,7 @@ def test_the_edit_fields_and_the_other_endpoints() -> None:
 
 
 def test_a_call_whose_requests_are_all_cancelled_stops(stage: WholeEditStage) -> None:
-    job = StageJob(request(mask=png(openai_mask(64, 48)), num_inference_steps=20), {})
-    steps: list[int] = []
-
-    def cancel_at_first(step: int, total: int) -> None:
-        steps.append(step)
-        job.cancelled.set()
-
-    job.on_step = cancel_at_first
-    [result] = stage.run_batch([job])
+    params = request(mask=png(openai_mask(64, 48)), num_inference_steps=20)
+    result, steps = cancelled_at_first_step(stage, params)
     assert result.outputs == []
-    assert steps == [1]  # the other 14 were skipped
+    assert steps == [(1, 15)]  # strength 0.75 of 20: the other 14 were skipped

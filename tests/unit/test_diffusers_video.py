@@ -18,7 +18,6 @@ import numpy as np
 import pytest
 import torch
 
-from omnipipe.api import parse_resource, resolve
 from omnipipe.api.families import RequestProblem
 from omnipipe.api.from_model import checkpoint_descriptors, manifest_for_model
 from omnipipe.checkpoints.tiny import resolve_model_path
@@ -30,6 +29,7 @@ from omnipipe.stagekit.stage import StageJob
 from omnipipe.stagekit.tiny_vae import tiny_image_vae
 from omnipipe.stagekit.tokenizer import save_byte_tokenizer
 from omnipipe.worker.stage_classes import stage_class
+from tests.harness.fallback import cancelled_at_first_step, fallback_spec, fallback_stage
 
 pytestmark = pytest.mark.timeout(300)
 MODEL = "tiny://cogvideox"
@@ -50,22 +50,11 @@ PIXEL_TOLERANCE = 1e-4
 
 
 def spec_of(pipeline: str, model: str = MODEL) -> Any:
-    return resolve(
-        parse_resource(
-            {
-                "apiVersion": "omnipipe.io/v1alpha1",
-                "kind": "OmniPipeline",
-                "metadata": {"name": "fallback"},
-                "spec": {"model": model, "pipeline": pipeline},
-            }
-        )
-    ).stage("pipeline")
+    return fallback_spec(model, pipeline)
 
 
 def loaded(model: str) -> WholeVideoStage:
-    spec, path = spec_of("diffusers-video", model), resolve_model_path(model)
-    made = stage_class(spec, path, "diffusers-video")(spec, path, "cpu")
-    assert isinstance(made, WholeVideoStage)
+    made = fallback_stage(model, "diffusers-video", WholeVideoStage)
     made.load()
     return made
 
@@ -196,15 +185,7 @@ def test_a_call_whose_jobs_are_all_cancelled_ends_before_decoding(
         return decode(*args, **kwargs)
 
     monkeypatch.setattr(stage.pipe.vae, "decode", counted)
-    job = StageJob({**asked, "prompt": "a cat", "seed": 0}, {})
-    steps: list[tuple[int, int]] = []
-
-    def cancel_at_first(step: int, total: int) -> None:
-        steps.append((step, total))
-        job.cancelled.set()
-
-    job.on_step = cancel_at_first
-    [result] = stage.run_batch([job])
+    result, steps = cancelled_at_first_step(stage, {**asked, "prompt": "a cat", "seed": 0})
     assert result.outputs == []
     assert steps == [(1, 50)]  # the other 49 were skipped
     assert decodes == []
