@@ -98,6 +98,6 @@ class DecodeStage(ImageDecodeStage):
         unscaled: torch.Tensor = latents * std.to(latents) + mean.to(latents)
         return unscaled
 
-    def decoded(self, one: torch.Tensor) -> torch.Tensor:
+    def decoded(self, rows: torch.Tensor) -> torch.Tensor:
         # The VAE is video-shaped: its one frame.
-        return super().decoded(one)[:, :, 0]
+        return super().decoded(rows)[:, :, 0]
