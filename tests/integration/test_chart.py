@@ -142,7 +142,9 @@ def test_install_creates_crds_operator_and_peering(installed: Cluster) -> None:
     assert dep["status"]["readyReplicas"] == 2
     installed.kubectl("get", "clusterkopfpeering", "omnipipe")
     notes = helm("status", "omnipipe", "-n", NAMESPACE, cluster=installed).stdout
-    assert "kubectl apply -f examples/qwen-image.yaml" in notes
+    # A first try that needs no GPU, and how to reach it.
+    assert "kubectl apply -f examples/tiny-text-to-image.yaml" in notes
+    assert "kubectl port-forward svc/tiny-image-router 8000:8000" in notes
 
 
 def test_chart_service_account_is_enough_to_reconcile_and_no_more(installed: Cluster) -> None:
