@@ -15,6 +15,7 @@ import torch
 from omnipipe.checkpoints.tiny import resolve_model_path
 from tests.e2e.conftest import start_serve, stop_cleanly
 from tests.harness.pictures import PNG_STEP, pixels
+from tests.harness.usage import expected_usage
 
 
 def reference(model: str, n: int, seed: int, **call: Any) -> np.ndarray:
@@ -32,8 +33,11 @@ def reference(model: str, n: int, seed: int, **call: Any) -> np.ndarray:
     return np.asarray(images, dtype=np.float64)
 
 
-@pytest.mark.parametrize("model", ["tiny://sd3", "tiny://sana"])
-def test_a_model_with_no_family_is_served_as_its_pipeline_makes_it(model: str) -> None:
+# Each image's tokens in the usage, as its DiT attends to them at 64x48: SD3's 8x6
+# latents in 2x2 patches; Sana's pipeline bins the size to 576x416, 18x13 latents of its
+# 32x down DC-AE, one token each.
+@pytest.mark.parametrize(("model", "tokens"), [("tiny://sd3", 12), ("tiny://sana", 18 * 13)])
+def test_a_model_with_no_family_is_served_as_its_pipeline_makes_it(model: str, tokens: int) -> None:
     served = start_serve(model)
     try:
         with openai.OpenAI(base_url=served.base_url, api_key="any", max_retries=0) as c:
@@ -59,6 +63,10 @@ def test_a_model_with_no_family_is_served_as_its_pipeline_makes_it(model: str) -
     finally:
         stop_cleanly(served)
     assert "edit" in str(refused.value.body)
+    assert r.usage is not None
+    assert r.usage.model_dump() == expected_usage(
+        model, ["a lighthouse at dusk", "blurry"], 2 * tokens
+    )
     images = np.stack([pixels(d.b64_json) for d in r.data or []])
     expected = reference(
         model,

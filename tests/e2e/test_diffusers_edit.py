@@ -20,6 +20,7 @@ from PIL import Image
 from omnipipe.checkpoints.tiny import resolve_model_path
 from tests.e2e.conftest import start_serve, stop_cleanly
 from tests.harness.pictures import PNG_STEP, pixels
+from tests.harness.usage import expected_usage
 
 pytestmark = pytest.mark.timeout(300)
 MANIFEST = """
@@ -112,6 +113,11 @@ def test_images_edit_with_and_without_a_mask(tmp_path: Path) -> None:
     made = [decoded(d.b64_json) for d in masked.data or []]
     assert [(i.format, i.size) for i in made] == [("PNG", (32, 32))] * 2
     assert masked.size == "32x32"
+    # 32x32 is 4x4 latents, 2x2 of the DiT's 2x2 patches: the input, resized, and 2 images.
+    assert masked.usage is not None
+    assert masked.usage.model_dump() == expected_usage(
+        "tiny://sd3", ["a red door"], 2 * 4, image_tokens=4
+    )
     served_images = np.stack([pixels(d.b64_json) for d in masked.data or []])
     own = inpainted(
         2, 5, prompt="a red door", image=source, mask_image=repaint, width=32, height=32,

@@ -23,6 +23,7 @@ from omnipipe.families.diffusers_any.stage import WholePipelineStage
 from omnipipe.stagekit.stage import StageInputError, StageJob
 from omnipipe.worker.stage_classes import stage_class
 from tests.harness.fallback import cancelled_at_first_step, fallback_spec, fallback_stage
+from tests.harness.usage import expected_usage
 
 pytestmark = pytest.mark.timeout(600)
 BASE = {"width": 64, "height": 96, "num_inference_steps": 3, "guidance_scale": 5.0}
@@ -89,10 +90,34 @@ def test_requests_in_one_call_equal_the_pipeline_for_each_alone(
     assert np.abs(second[0] - second[1]).max() > 0.01
 
 
-def test_the_served_result_is_the_requested_format(stage: WholePipelineStage) -> None:
-    [result] = stage.run_batch([StageJob({**REQUESTS[1], "output_format": "webp"}, {})])
+def latent_tokens(stage: WholePipelineStage, params: dict[str, Any]) -> int:
+    """The tokens the pipeline's DiT attends to for one of the request's images: its
+    own latents for the request (output_type "latent"), in the DiT's patches."""
+    call = {k: params[k] for k in ("prompt", "width", "height", "num_inference_steps")}
+    with torch.inference_mode():
+        latents = stage.pipe(**call, output_type="latent").images
+    patch = stage.pipe.transformer.config.patch_size
+    return int(latents.shape[-2] // patch * (latents.shape[-1] // patch))
+
+
+def test_the_served_result_is_the_requested_format_with_its_usage(
+    stage: WholePipelineStage,
+) -> None:
+    params = {**REQUESTS[1], "output_format": "webp"}
+    [result] = stage.run_batch([StageJob(params, {})])
     assert len(result.outputs) == 2
     assert base64.b64decode(result.outputs[0]["b64_json"])[8:12] == b"WEBP"
+    # The prompt and, under CFG, the negative prompt; each of the two images' latents.
+    text = expected_usage(stage.model_path, ["a cat", "a dog"], 0)["input_tokens"]
+    assert result.usage == {"text_tokens": text, "output_tokens": 2 * latent_tokens(stage, params)}
+    assert text > 0
+    assert result.usage["output_tokens"] > 0
+    unguided = {**params, "guidance_scale": 1.0}
+    [result] = stage.run_batch([StageJob(unguided, {})])
+    assert (
+        result.usage["text_tokens"]
+        == expected_usage(stage.model_path, ["a cat"], 0)["input_tokens"]
+    )
 
 
 def test_what_a_call_shares_is_its_key(stage: WholePipelineStage) -> None:

@@ -23,6 +23,7 @@ from omnipipe.families.diffusers_any.edit_requests import EXTENSIONS
 from omnipipe.stagekit.stage import StageInputError, StageJob
 from tests.harness.fallback import cancelled_at_first_step, fallback_stage
 from tests.harness.pictures import broken_png, picture, png_base64
+from tests.harness.usage import expected_usage
 
 pytestmark = pytest.mark.timeout(300)
 # Float rounding: one call of several rows against diffusers' call of one.
@@ -156,6 +157,15 @@ def test_masked_and_unmasked_edits_equal_diffusers_own_pipelines(stage: WholeEdi
     first = cases[0][1][0]
     assert first is not None
     assert np.abs(first[0] - first[1]).max() > 0.01  # each row its own seed
+
+
+def test_an_edits_usage_counts_its_text_its_input_and_its_images(stage: WholeEditStage) -> None:
+    [result] = stage.run_batch([StageJob(dict(MASKED[0]), {})])
+    assert len(result.outputs) == 2
+    # 64x48 is 8x6 latents (SD3's VAE is 8x down), 4x3 of its DiT's 2x2 patches: the
+    # input (resized to the output's size) and each of the two images.
+    text = expected_usage("tiny://sd3", ["a red door", "blurry"], 0)["input_tokens"]
+    assert result.usage == {"text_tokens": text, "image_tokens": 12, "output_tokens": 2 * 12}
 
 
 def test_what_changes_is_where_openais_mask_is_transparent(stage: WholeEditStage) -> None:

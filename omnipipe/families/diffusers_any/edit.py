@@ -33,6 +33,7 @@ from omnipipe.families.diffusers_any.stage import (
     optional_str,
     rows_of,
 )
+from omnipipe.families.diffusers_any.usage import image_usage
 from omnipipe.stagekit.masks import decode_mask
 from omnipipe.stagekit.media import decode_image
 from omnipipe.stagekit.params import int_param, prompt_of
@@ -118,6 +119,11 @@ class WholeEditStage(WholeImagePipeline):
             pipe = self.pipe if edit_class is own else auto[masked].from_pipe(self.pipe)
             pipe.set_progress_bar_config(disable=True)
             self.pipes[masked] = pipe
+
+    def usage(self, job: StageJob, images: int) -> dict[str, int]:
+        """As a text-to-image request's, and its input image, resized to the output's
+        size, as many tokens as an output."""
+        return image_usage(self.called, job.params, images, self.row_tokens, inputs=1)
 
     def batch_key(self, job: StageJob) -> Hashable | None:
         # Validated in images(): a key never raises (the scheduler reads it unguarded).

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from omnipipe.families.diffusers_any.classes import call_arguments, pipeline_class_named, refusal
+from omnipipe.families.diffusers_any.usage import image_usage, row_patches
 from omnipipe.stagekit.image_output import encoded_image
 from omnipipe.stagekit.params import int_param, prompt_of
 from omnipipe.stagekit.stage import (
@@ -54,6 +55,9 @@ class WholePipeline(Stage):
     `serves`: a class that another of its types serves is refused naming that type."""
 
     serves = "diffusers"
+    # The last call's pipeline and one row's latent tokens (step_arguments), for usage.
+    called: Any = None
+    row_tokens = 0
 
     def checkpoint_class(self) -> type:
         """The diffusers class the checkpoint's model_index.json names."""
@@ -87,10 +91,13 @@ class WholePipeline(Stage):
     def step_arguments(self, pipe: Any, jobs: Sequence[StageJob]) -> dict[str, Any]:
         """The call's step callback, as the argument `pipe` takes one: the watchdog's
         progress, each request's step count, and CallCancelled once all of the call's
-        requests are cancelled."""
+        requests are cancelled. It also keeps what the call ran for usage: the pipeline,
+        and a row's latent tokens."""
+        self.called, self.row_tokens = pipe, 0
 
-        def after_step(index: int) -> None:
+        def after_step(index: int, latents: Any) -> None:
             self.progress()
+            self.row_tokens = row_patches(pipe, latents)
             # num_timesteps: the step-end pipelines' (after strength cuts an edit's); the
             # older ones leave it to the scheduler.
             steps = int(getattr(pipe, "num_timesteps", 0) or len(pipe.scheduler.timesteps))
@@ -105,7 +112,7 @@ class WholePipeline(Stage):
             def on_step_end(
                 caller: Any, index: int, timestep: Any, tensors: dict[str, Any]
             ) -> dict[str, Any]:
-                after_step(index)
+                after_step(index, tensors.get("latents"))
                 return {}
 
             return {"callback_on_step_end": on_step_end}
@@ -113,7 +120,7 @@ class WholePipeline(Stage):
         # The older pipelines' (AudioLDM's, ModelScope's text-to-video): called after a
         # step, every callback_steps.
         def callback(index: int, timestep: Any, latents: Any) -> None:
-            after_step(index)
+            after_step(index, latents)
 
         return {
             "callback": callback,
@@ -151,9 +158,16 @@ class WholeImagePipeline(WholePipeline):
 
     def run_batch(self, jobs: Sequence[StageJob]) -> list[StageResult]:
         return [
-            StageResult(outputs=[encoded_image(i, job.params) for i in images or ()])
+            StageResult(
+                outputs=[encoded_image(i, job.params) for i in images or ()],
+                usage=self.usage(job, len(images)) if images else {},
+            )
             for job, images in zip(jobs, self.images(jobs, "pil"), strict=True)
         ]
+
+    def usage(self, job: StageJob, images: int) -> dict[str, int]:
+        """What the last call counted of `job`, which got `images` of its images."""
+        return image_usage(self.called, job.params, images, self.row_tokens)
 
     def run(self, job: StageJob) -> StageResult:
         return self.run_batch([job])[0]
