@@ -13,6 +13,9 @@
 #   pause-oci/            the pod sandbox image (a static C pause) as an OCI image layout
 #                         for `ctr images import`, named registry.k8s.io/pause:3.10 as the
 #                         CRI asks
+#   local-path-oci/       Rancher's local-path-provisioner (kind's default StorageClass),
+#                         static, in an image of its own: the claims `weights.source: cache`
+#                         makes get hostPath volumes on the node's disk
 # A second run with everything present is a no-op. Needs Go, gcc and buildah.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,11 +28,14 @@ CACHE="${OMNIPIPE_K8S_CACHE:-$HOME/.cache/omnipipe/k8s}/${K8S_VERSION}"
 BIN="$CACHE/bin"
 PAUSE="$CACHE/pause-oci"
 PAUSE_IMAGE="registry.k8s.io/pause:3.10"
+LOCAL_PATH_VERSION="${LOCAL_PATH_VERSION:-v0.0.30}"
+LOCAL_PATH="$CACHE/local-path-oci"
+LOCAL_PATH_IMAGE="localhost/local-path-provisioner:$LOCAL_PATH_VERSION"
 log() { printf '[build-node %s] %s\n' "$(date +%H:%M:%S)" "$*"; }
 
 have_all() {
   for b in kubelet kube-proxy coredns prometheus; do [[ -x "$BIN/$b" ]] || return 1; done
-  [[ -s "$PAUSE/index.json" ]]
+  [[ -s "$PAUSE/index.json" ]] && [[ -s "$LOCAL_PATH/index.json" ]]
 }
 if have_all; then
   echo "node binaries: cached in $BIN"
@@ -126,5 +132,22 @@ C
   rm -rf "$PAUSE"
   "$HACK/buildah" push --quiet --disable-compression "$PAUSE_IMAGE" "oci:$PAUSE:$PAUSE_IMAGE"
   log "pause image: $PAUSE"
+fi
+if [[ ! -s "$LOCAL_PATH/index.json" ]]; then
+  log "building local-path-provisioner $LOCAL_PATH_VERSION"
+  start=$SECONDS
+  lp_work=$(mktemp -d)
+  trap 'rm -rf "${work:-}" "$lp_work"' EXIT
+  GOBIN="$lp_work" go install -trimpath -ldflags "-s -w" \
+    "github.com/rancher/local-path-provisioner@$LOCAL_PATH_VERSION"
+  ctr=$("$HACK/buildah" from scratch)
+  "$HACK/buildah" copy --quiet "$ctr" "$lp_work/local-path-provisioner" /local-path-provisioner >/dev/null
+  "$HACK/buildah" config --entrypoint '["/local-path-provisioner"]' "$ctr"
+  "$HACK/buildah" commit --quiet "$ctr" "$LOCAL_PATH_IMAGE" >/dev/null
+  "$HACK/buildah" rm "$ctr" >/dev/null
+  rm -rf "$LOCAL_PATH"
+  "$HACK/buildah" push --quiet --disable-compression "$LOCAL_PATH_IMAGE" \
+    "oci:$LOCAL_PATH:$LOCAL_PATH_IMAGE"
+  log "local-path-provisioner image: $LOCAL_PATH ($((SECONDS - start)) s)"
 fi
 log "done: $BIN"
