@@ -47,6 +47,13 @@ def manifest(name: str, autoscaling: dict[str, Any]) -> str:
                         "autoscaling": autoscaling,
                         # One request at a time: demand then stays steady under load.
                         "maxBatch": 1,
+                        # One thread (the worker takes OMP_NUM_THREADS as its budget): the
+                        # realnode tier shares the machine's 2 cores with the other tiers,
+                        # and a 2-thread OpenMP team there waited on its descheduled half
+                        # at every barrier, so a 0.45 s request took about 50 s and the
+                        # load's first requests timed out (CI, cold). Not resources.cpu:
+                        # two replicas' requests of a core each do not fit the node.
+                        "env": [{"name": "OMP_NUM_THREADS", "value": "1"}],
                     }
                 ],
             },
