@@ -7,6 +7,14 @@ and test_changes.py, on the pipelines those tests run."""
 
 from __future__ import annotations
 
+import http.client
+import json
+import socket
+import ssl
+import threading
+import urllib.parse
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -37,27 +45,81 @@ def stalled_condition(node: RealNode, namespace: str, name: str) -> dict[str, An
     return found
 
 
+@contextmanager
+def versions_after(
+    node: RealNode, namespace: str, name: str, since: str
+) -> Iterator[list[dict[str, Any]]]:
+    """Every version of the pipeline after resourceVersion `since`, in order, as the API
+    server's watch sends them while the block runs: each status write, however short it
+    stood (a poll can miss one that stood for less than a kubectl call under load)."""
+    context = ssl.create_default_context(cafile=str(node.workdir / "ca.crt"))
+    context.load_cert_chain(node.workdir / "admin.crt", node.workdir / "admin.key")
+    query = urllib.parse.urlencode(
+        {
+            "watch": "1",
+            "resourceVersion": since,
+            "fieldSelector": f"metadata.name={name}",
+            "timeoutSeconds": "600",  # the server's end of a watch this block forgot
+        }
+    )
+    server = urllib.parse.urlsplit(node.server)
+    connection = http.client.HTTPSConnection(server.netloc, context=context, timeout=600)
+    connection.request(
+        "GET", f"/apis/omnipipe.io/v1alpha1/namespaces/{namespace}/omnipipelines?{query}"
+    )
+    # Kept to end the watch: closing the response would wait for the reader's blocked read.
+    sock = connection.sock
+    response = connection.getresponse()
+    assert response.status == 200, response.read()
+    versions: list[dict[str, Any]] = []
+
+    def read() -> None:
+        try:
+            for line in response:
+                event = json.loads(line)
+                if event.get("type") in ("ADDED", "MODIFIED"):
+                    versions.append(event["object"])
+        except (OSError, ValueError, http.client.HTTPException):
+            pass  # the socket shut when the block ends
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        yield versions
+    finally:
+        if sock is not None:
+            sock.shutdown(socket.SHUT_RDWR)
+        reader.join(timeout=10)
+        connection.close()
+
+
 def expect_failed(
     node: RealNode, namespace: str, name: str, manifest: str, reason: str, detail: str
 ) -> None:
-    """Apply, then watch both verdicts: InProgress/Progressing (or nothing yet) until the
-    pipeline is Failed/Degraded with the reason; never Current/Healthy on the way."""
-    node.kubectl("apply", "-n", namespace, "-f", "-", input=manifest)
-    seen: list[tuple[str, str]] = []
+    """Apply, then watch both verdicts on every version of the pipeline: InProgress/
+    Progressing from the operator's first status write until the pipeline is
+    Failed/Degraded with the reason; never Current/Healthy on the way."""
+    created = json.loads(
+        node.kubectl("apply", "-n", namespace, "-f", "-", "-o", "json", input=manifest).stdout
+    )
 
     def failed() -> bool:
         obj = get_json(node, "omnipipeline", name, "-n", namespace)
-        if "status" not in obj:
-            # kstatus reads a custom resource with no status at all as Current: the
-            # moment between the create and the operator's first status write.
-            return False
         (flux, _), (argo, argo_msg) = kstatus(obj), argo_health(obj)
-        seen.append((flux, argo))
         return flux == "Failed" and argo == "Degraded" and reason in argo_msg
 
-    wait_for(f"{name} to be Failed (kstatus) and Degraded (Argo CD)", failed, 300)
-    assert all(flux != "Current" and argo != "Healthy" for flux, argo in seen), seen
-    assert seen[0][0] == "InProgress", seen
+    with versions_after(node, namespace, name, created["metadata"]["resourceVersion"]) as seen:
+        wait_for(f"{name} to be Failed (kstatus) and Degraded (Argo CD)", failed, 300)
+        # The watch's copy of the Failed version, and so of every one before it.
+        wait_for("the watch to see it", lambda: seen and kstatus(seen[-1])[0] == "Failed", 30)
+        versions = list(seen)
+    # kstatus reads a custom resource with no status at all as Current: the versions
+    # between the create and the operator's first status write (a finalizer) are not read.
+    verdicts = [(kstatus(v)[0], argo_health(v)[0]) for v in versions if "status" in v]
+    assert verdicts, versions
+    assert all(flux != "Current" and argo != "Healthy" for flux, argo in verdicts), verdicts
+    assert verdicts[0][0] == "InProgress", verdicts
+    assert verdicts[-1] == ("Failed", "Degraded"), verdicts
     stalled = stalled_condition(node, namespace, name)
     assert stalled["reason"] == reason
     assert detail in stalled["message"], stalled["message"]
