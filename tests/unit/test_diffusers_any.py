@@ -108,7 +108,7 @@ def test_the_served_result_is_the_requested_format_with_its_usage(
     assert len(result.outputs) == 2
     assert base64.b64decode(result.outputs[0]["b64_json"])[8:12] == b"WEBP"
     # The prompt and, under CFG, the negative prompt; each of the two images' latents.
-    text = expected_usage(stage.model_path, ["a cat", "a dog"], 0)["input_tokens"]
+    text = text_tokens(stage.model_path, ["a cat", "a dog"])
     assert result.usage == {"text_tokens": text, "output_tokens": 2 * latent_tokens(stage, params)}
     assert text > 0
     assert result.usage["output_tokens"] > 0
@@ -247,3 +247,18 @@ def test_a_true_cfg_pipeline_takes_the_guidance_as_its_true_cfg_scale() -> None:
     arguments = stage._call_arguments(plain, negative=False)
     assert "true_cfg_scale" not in arguments
     assert arguments["guidance_scale"] == 5.0
+    # The usage counts the negative prompt only where the call ran true CFG: not at
+    # FluxPipeline's own true_cfg_scale, 1.0, when the request sends no guidance.
+    prompt, negative_prompt = str(REQUESTS[0]["prompt"]), str(REQUESTS[0]["negative_prompt"])
+    unguided = StageJob({**REQUESTS[0], "guidance_scale": None}, {})
+    [result] = stage.run_batch([unguided])
+    assert result.usage["text_tokens"] == text_tokens("tiny://flux1-dev", [prompt])
+    [result] = stage.run_batch([negative])
+    both = text_tokens("tiny://flux1-dev", [prompt, negative_prompt])
+    assert result.usage["text_tokens"] == both > text_tokens("tiny://flux1-dev", [prompt])
+
+
+def text_tokens(model: str, texts: list[str]) -> int:
+    counted = expected_usage(model, texts, 0)["input_tokens"]
+    assert isinstance(counted, int)
+    return counted

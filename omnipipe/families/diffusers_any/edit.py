@@ -33,7 +33,7 @@ from omnipipe.families.diffusers_any.stage import (
     optional_str,
     rows_of,
 )
-from omnipipe.families.diffusers_any.usage import image_usage
+from omnipipe.families.diffusers_any.usage import cfg_ran, image_usage
 from omnipipe.stagekit.masks import decode_mask
 from omnipipe.stagekit.media import decode_image
 from omnipipe.stagekit.params import int_param, prompt_of
@@ -123,7 +123,7 @@ class WholeEditStage(WholeImagePipeline):
     def usage(self, job: StageJob, images: int) -> dict[str, int]:
         """As a text-to-image request's, and its input image, resized to the output's
         size, as many tokens as an output."""
-        return image_usage(self.called, job.params, images, self.row_tokens, inputs=1)
+        return image_usage(self.called, job.params, self.ran_cfg, images, self.row_tokens, inputs=1)
 
     def batch_key(self, job: StageJob) -> Hashable | None:
         # Validated in images(): a key never raises (the scheduler reads it unguarded).
@@ -234,4 +234,5 @@ class WholeEditStage(WholeImagePipeline):
             # diffusers' check_inputs: what the pipeline refuses of a request (a size it
             # cannot make, a strength that leaves no step) is the client's to change.
             raise StageInputError(refusal_message(exc)) from exc
+        self.ran_cfg = cfg_ran(pipe, call)
         return rows_of(jobs, [r.n for r in requests], made)

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from omnipipe.families.diffusers_any.classes import call_arguments, pipeline_class_named, refusal
-from omnipipe.families.diffusers_any.usage import image_usage, row_patches
+from omnipipe.families.diffusers_any.usage import cfg_ran, image_usage, row_patches
 from omnipipe.stagekit.image_output import encoded_image
 from omnipipe.stagekit.params import int_param, prompt_of
 from omnipipe.stagekit.stage import (
@@ -55,9 +55,11 @@ class WholePipeline(Stage):
     `serves`: a class that another of its types serves is refused naming that type."""
 
     serves = "diffusers"
-    # The last call's pipeline and one row's latent tokens (step_arguments), for usage.
+    # The last call's pipeline and one row's latent tokens (step_arguments), and whether
+    # it ran CFG (set after the call), for usage.
     called: Any = None
     row_tokens = 0
+    ran_cfg = False
 
     def checkpoint_class(self) -> type:
         """The diffusers class the checkpoint's model_index.json names."""
@@ -93,7 +95,7 @@ class WholePipeline(Stage):
         progress, each request's step count, and CallCancelled once all of the call's
         requests are cancelled. It also keeps what the call ran for usage: the pipeline,
         and a row's latent tokens."""
-        self.called, self.row_tokens = pipe, 0
+        self.called, self.row_tokens, self.ran_cfg = pipe, 0, False
 
         def after_step(index: int, latents: Any) -> None:
             self.progress()
@@ -167,7 +169,7 @@ class WholeImagePipeline(WholePipeline):
 
     def usage(self, job: StageJob, images: int) -> dict[str, int]:
         """What the last call counted of `job`, which got `images` of its images."""
-        return image_usage(self.called, job.params, images, self.row_tokens)
+        return image_usage(self.called, job.params, self.ran_cfg, images, self.row_tokens)
 
     def run(self, job: StageJob) -> StageResult:
         return self.run_batch([job])[0]
@@ -238,4 +240,5 @@ class WholePipelineStage(WholeImagePipeline):
             # diffusers' check_inputs: what the pipeline refuses of a request (a size it
             # cannot make, a prompt too long) is the client's to change.
             raise StageInputError(refusal_message(exc)) from exc
+        self.ran_cfg = cfg_ran(self.pipe, arguments)
         return rows_of(jobs, counts, made)
