@@ -87,6 +87,12 @@ def stage_logs(node: RealNode, namespace: str, name: str) -> Iterator[list[str]]
     finally:
         stop.set()
         watcher.join(timeout=30)
+        # And the whole log of each pod still there: a follower that exited at its start
+        # (the log not there yet, under load) read nothing. A line read twice counts once.
+        for p in pods(node, namespace, f"omnipipe.io/pipeline={name},omnipipe.io/stage"):
+            pod = p["metadata"]["name"]
+            whole = node.kubectl("logs", "-n", namespace, pod, check=False).stdout
+            lines.extend(whole.splitlines(keepends=True))
         for proc in followers.values():
             proc.terminate()
             proc.wait(timeout=10)
