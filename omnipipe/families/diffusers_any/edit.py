@@ -123,7 +123,7 @@ class WholeEditStage(WholeImagePipeline):
     def usage(self, job: StageJob, images: int) -> dict[str, int]:
         """As a text-to-image request's, and its input image, resized to the output's
         size, as many tokens as an output."""
-        return image_usage(self.called, job.params, self.ran_cfg, images, self.row_tokens, inputs=1)
+        return image_usage(self.pipe, job.params, self.ran_cfg, images, self.row_tokens, inputs=1)
 
     def batch_key(self, job: StageJob) -> Hashable | None:
         # Validated in images(): a key never raises (the scheduler reads it unguarded).

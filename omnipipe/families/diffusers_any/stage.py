@@ -55,9 +55,8 @@ class WholePipeline(Stage):
     `serves`: a class that another of its types serves is refused naming that type."""
 
     serves = "diffusers"
-    # The last call's pipeline and one row's latent tokens (step_arguments), and whether
-    # it ran CFG (set after the call), for usage.
-    called: Any = None
+    # The last call's row of latent tokens (step_arguments) and whether it ran CFG (set
+    # after the call), for usage.
     row_tokens = 0
     ran_cfg = False
 
@@ -93,9 +92,8 @@ class WholePipeline(Stage):
     def step_arguments(self, pipe: Any, jobs: Sequence[StageJob]) -> dict[str, Any]:
         """The call's step callback, as the argument `pipe` takes one: the watchdog's
         progress, each request's step count, and CallCancelled once all of the call's
-        requests are cancelled. It also keeps what the call ran for usage: the pipeline,
-        and a row's latent tokens."""
-        self.called, self.row_tokens, self.ran_cfg = pipe, 0, False
+        requests are cancelled. It also keeps a row's latent tokens, for usage."""
+        self.row_tokens, self.ran_cfg = 0, False
 
         def after_step(index: int, latents: Any) -> None:
             self.progress()
@@ -168,8 +166,9 @@ class WholeImagePipeline(WholePipeline):
         ]
 
     def usage(self, job: StageJob, images: int) -> dict[str, int]:
-        """What the last call counted of `job`, which got `images` of its images."""
-        return image_usage(self.called, job.params, self.ran_cfg, images, self.row_tokens)
+        """What the last call counted of `job`, which got `images` of its images (the
+        checkpoint's own pipeline holds the tokenizer every pipeline of it shares)."""
+        return image_usage(self.pipe, job.params, self.ran_cfg, images, self.row_tokens)
 
     def run(self, job: StageJob) -> StageResult:
         return self.run_batch([job])[0]
