@@ -103,15 +103,16 @@ def expect_failed(
         node.kubectl("apply", "-n", namespace, "-f", "-", "-o", "json", input=manifest).stdout
     )
 
-    def failed() -> bool:
-        obj = get_json(node, "omnipipeline", name, "-n", namespace)
+    def failed(obj: dict[str, Any]) -> bool:
         (flux, _), (argo, argo_msg) = kstatus(obj), argo_health(obj)
         return flux == "Failed" and argo == "Degraded" and reason in argo_msg
 
     with versions_after(node, namespace, name, created["metadata"]["resourceVersion"]) as seen:
-        wait_for(f"{name} to be Failed (kstatus) and Degraded (Argo CD)", failed, 300)
-        # The watch's copy of the Failed version, and so of every one before it.
-        wait_for("the watch to see it", lambda: seen and kstatus(seen[-1])[0] == "Failed", 30)
+        wait_for(
+            f"{name} to be Failed (kstatus) and Degraded (Argo CD)",
+            lambda: bool(seen) and failed(seen[-1]),
+            300,
+        )
         versions = list(seen)
     # kstatus reads a custom resource with no status at all as Current: the versions
     # between the create and the operator's first status write (a finalizer) are not read.
