@@ -13,7 +13,7 @@
 #   pause-oci/            the pod sandbox image (a static C pause) as an OCI image layout
 #                         for `ctr images import`, named registry.k8s.io/pause:3.10 as the
 #                         CRI asks
-#   local-path-oci/       Rancher's local-path-provisioner (kind's default StorageClass),
+#   local-path-oci-<v>/   Rancher's local-path-provisioner (kind's default StorageClass),
 #                         static, in an image of its own: the claims `weights.source: cache`
 #                         makes get hostPath volumes on the node's disk
 # A second run with everything present is a no-op. Needs Go, gcc and buildah.
@@ -29,7 +29,7 @@ BIN="$CACHE/bin"
 PAUSE="$CACHE/pause-oci"
 PAUSE_IMAGE="registry.k8s.io/pause:3.10"
 LOCAL_PATH_VERSION="${LOCAL_PATH_VERSION:-v0.0.30}"
-LOCAL_PATH="$CACHE/local-path-oci"
+LOCAL_PATH="$CACHE/local-path-oci-$LOCAL_PATH_VERSION"
 LOCAL_PATH_IMAGE="localhost/local-path-provisioner:$LOCAL_PATH_VERSION"
 log() { printf '[build-node %s] %s\n' "$(date +%H:%M:%S)" "$*"; }
 

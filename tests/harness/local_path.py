@@ -8,11 +8,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.harness.cluster import BIN
+from tests.harness.cluster import BIN, REPO
+from tests.harness.gotools import pinned_default
 
-VERSION = "v0.0.30"
+VERSION = pinned_default(REPO / "hack/build-node.sh", "LOCAL_PATH_VERSION")
 IMAGE = f"localhost/local-path-provisioner:{VERSION}"
-LAYOUT = BIN.parent / "local-path-oci"
+LAYOUT = BIN.parent / f"local-path-oci-{VERSION}"
 NAMESPACE = "local-path-storage"
 STORAGE_CLASS = "local-path"
 PROVISIONER = "rancher.io/local-path"
